@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import enum
 import hashlib
@@ -323,59 +324,41 @@ def check_image(
         backoff: first wait in seconds; it doubles per retry. A ``Retry-After`` header
             replaces it. Every wait is capped at ``max_backoff``.
     """
-    secrets = tuple(s for s in (password,) if s)
     try:
         image = parse_image_reference(ref)
     except MalformedReference as exc:
-        result = ImageCheckResult(
-            ImageCheckOutcome.MALFORMED, _redact(str(ref), secrets), _redact(f"malformed: {exc}", secrets)
+        result = ImageCheckResult(ImageCheckOutcome.MALFORMED, str(ref), f"malformed: {exc}")
+    else:
+        checker = _ImageChecker(
+            image,
+            username=username,
+            password=password,
+            insecure=insecure,
+            timeout=timeout,
+            retries=max(0, retries),
+            backoff=max(0.0, backoff),
+            max_backoff=max(0.0, max_backoff),
         )
-        log.warning("image check: %s", result.message)
-        return result
-
-    checker = _ImageChecker(
-        image,
-        username=username,
-        password=password,
-        insecure=insecure,
-        timeout=timeout,
-        retries=max(0, retries),
-        backoff=max(0.0, backoff),
-        max_backoff=max(0.0, max_backoff),
-    )
-    try:
-        result = checker.run()
-    finally:
-        checker.close()
-    result = ImageCheckResult(
-        outcome=result.outcome,
-        reference=_redact(result.reference, secrets),
-        message=_redact(result.message, secrets),
-        digest=result.digest,
-        media_type=result.media_type,
-        status_code=result.status_code,
-    )
-    level = logging.INFO if result.ok else logging.WARNING
-    log.log(level, "image check: %s", result.message)
+        try:
+            result = checker.run()
+        finally:
+            checker.close()
+    if password:  # e.g. a reference written as user:password@host/repo
+        result = dataclasses.replace(
+            result,
+            reference=result.reference.replace(password, "***"),
+            message=result.message.replace(password, "***"),
+        )
+    log.log(logging.INFO if result.ok else logging.WARNING, "image check: %s", result.message)
     return result
-
-
-def _redact(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
 
 
 @dataclass(frozen=True)
 class _Credentials:
     """What the manifest request sends after the challenge: headers and/or Basic auth."""
 
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     auth: tuple[str, str] | None = field(default=None, repr=False)
-    sent: bool = False  # whether the caller's credentials were used
-
-    def __repr__(self) -> str:
-        return f"_Credentials(sent={self.sent!r})"
 
 
 def _has_challenge(response: requests.Response) -> bool:
@@ -450,7 +433,8 @@ class _ImageChecker:
     def _check(self) -> ImageCheckResult:
         ping = self._request("GET", f"{self.base_url}/v2/")
         credentials: _Credentials | ImageCheckResult = _Credentials()
-        if ping.status_code in (401, 403):
+        challenged = ping.status_code in (401, 403)
+        if challenged:
             credentials = self._answer_challenge(ping)
         elif ping.status_code != 200:
             return self._result(
@@ -462,7 +446,7 @@ class _ImageChecker:
         if isinstance(credentials, ImageCheckResult):
             return credentials
         response = self._head_manifest(credentials)
-        if response.status_code == 401 and not credentials.sent and _has_challenge(response):
+        if response.status_code == 401 and not challenged and _has_challenge(response):
             # /v2/ was open, but this repository asks for credentials.
             credentials = self._answer_challenge(response)
             if isinstance(credentials, ImageCheckResult):
@@ -489,7 +473,7 @@ class _ImageChecker:
                     f"{self.image.registry} rejected the credentials of user {self.username!r}",
                     status_code=verify.status_code,
                 )
-            return _Credentials(auth=self._basic, sent=True)
+            return _Credentials(auth=self._basic)
         return self._result(
             ImageCheckOutcome.UNAUTHORIZED,
             f"{self.image.registry} answered {response.status_code} without a Basic or "
@@ -536,7 +520,7 @@ class _ImageChecker:
                 "without a token",
                 status_code=response.status_code,
             )
-        return _Credentials(headers={"Authorization": f"Bearer {token}"}, sent=auth is not None)
+        return _Credentials(headers={"Authorization": f"Bearer {token}"})
 
     def _manifest_url(self) -> str:
         return (

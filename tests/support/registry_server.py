@@ -126,7 +126,9 @@ def start_registry(
         except RegistryStartError as exc:
             server.stop()
             last_error = exc
-    raise RegistryStartError(f"registry did not start: {last_error}; see {tmp_path / 'registry.log'}")
+    raise RegistryStartError(
+        f"registry did not start: {last_error}; see {tmp_path / 'registry.log'}"
+    )
 
 
 def push_test_image(
