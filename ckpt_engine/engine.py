@@ -1,0 +1,512 @@
+"""The checkpoint engine: stage -> persist -> commit, each separately awaitable.
+
+Call order: ``save(step, state)`` (returns a :class:`SaveHandle` once the state is
+planned; with ``lazy=False`` also once it is staged) -> keep training, but call
+``handle.wait_staged()`` before the optimizer next mutates parameters when ``lazy`` ->
+``wait()`` before exit -> ``load(step=None)`` on restart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import io
+import json
+import logging
+import queue
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ckpt_engine.errors import CheckpointNotFoundError, CorruptCheckpointError, PersistError
+from ckpt_engine.formats import (
+    FilePlan,
+    is_flat_tensor_dict,
+    parse_safetensors,
+    plan_safetensors,
+    plan_torch_file,
+)
+from ckpt_engine.manifest import (
+    MANIFEST_NAME,
+    TMP_PREFIX,
+    FileEntry,
+    Manifest,
+    checkpoint_dir,
+    format_checksum,
+    list_checkpoint_steps,
+    new_hasher,
+    read_manifest,
+    utc_now,
+    verify_checkpoint,
+)
+from ckpt_engine.pool import DEFAULT_SLAB_BYTES, HostBufferPool, Slab
+from ckpt_engine.storage import Storage, StorageWriter, open_storage
+
+log = logging.getLogger("ckpt_engine")
+
+PROGRESS_NAME = "progress.json"
+ON_ERROR_CHOICES = ("continue", "raise")
+_KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_GIB = 1 << 30
+
+
+@dataclass
+class Segment:
+    """A staged run of bytes in a slab; ``event`` (CUDA) must complete before it is read."""
+
+    slab: Slab
+    offset: int
+    nbytes: int
+    event: Any = None
+
+
+@dataclass
+class _Abort:
+    error: BaseException
+
+
+@dataclass
+class CommitRecord:
+    """What one committed checkpoint cost."""
+
+    step: int
+    directory: str
+    total_bytes: int
+    blocking_s: float
+    stage_s: float
+    persist_s: float
+    commit_s: float
+    waited_for_previous_s: float
+
+
+@dataclass
+class ProgressRecord:
+    """Contents of ``progress.json`` (read by the orchestrator and the UI)."""
+
+    step: int | None = None
+    last_committed_step: int | None = None
+    committed_steps: list[int] = field(default_factory=list)
+    in_flight_step: int | None = None
+    updated_at: str = field(default_factory=utc_now)
+    last_error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class SaveHandle:
+    """One checkpoint in flight: ``staged`` and ``persisted`` are separately awaitable futures."""
+
+    def __init__(self, step: int, staged: cf.Future[float], persisted: cf.Future[CommitRecord | None]) -> None:
+        self.step = step
+        self.staged = staged
+        self.persisted = persisted
+        self.blocking_s = 0.0
+
+    def wait_staged(self, timeout: float | None = None) -> float:
+        """Block until every tensor is copied to host buffers; returns the staging time."""
+        return self.staged.result(timeout)
+
+    def wait(self, timeout: float | None = None) -> CommitRecord | None:
+        """Block until committed; raises PersistError if the checkpoint failed."""
+        return self.persisted.result(timeout)
+
+    def done(self) -> bool:
+        """Whether the checkpoint is committed or has failed."""
+        return self.persisted.done()
+
+
+class _HashingSink:
+    def __init__(self, writer: StorageWriter) -> None:
+        self.writer, self.hasher, self.size = writer, new_hasher(), 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.hasher.update(data)
+        self.writer.write(data)
+        self.size += len(memoryview(data).cast("B"))
+
+
+def _done_future(value: Any) -> cf.Future[Any]:
+    future: cf.Future[Any] = cf.Future()
+    future.set_result(value)
+    return future
+
+
+def plan_state(state: Mapping[str, Any]) -> tuple[list[FilePlan], dict[str, str]]:
+    """One file per top-level key: flat tensor dicts as safetensors, anything else as torch zip."""
+    files: list[FilePlan] = []
+    keys: dict[str, str] = {}
+    for key, value in state.items():
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise ValueError(f"state key {key!r} must match {_KEY_RE.pattern} (it becomes a file name)")
+        if is_flat_tensor_dict(value):
+            keys[key] = f"{key}.safetensors"
+            files.append(plan_safetensors(keys[key], value, drop_shared=False))
+        else:
+            keys[key] = f"{key}.pt"
+            files.append(plan_torch_file(keys[key], value))
+    return files, keys
+
+
+class CheckpointEngine:
+    """Concurrent checkpoints of a training state under one storage root.
+
+    Parameters: ``root`` (path or URL, e.g. ``file:///ckpt``), ``host_cache_size`` (GB
+    of host staging memory, allocated lazily up to this bound), ``parser_threads``
+    (writer threads), ``pin_host_cache`` (pinned buffers when CUDA is present),
+    ``keep_last`` (retention; 0 keeps all), ``max_in_flight`` (checkpoints persisting at
+    once), ``on_error`` (``"continue"``: log a failed checkpoint and train on;
+    ``"raise"``: the next ``save``/``wait`` raises PersistError).
+    """
+
+    def __init__(self, root: str | Storage, *, host_cache_size: float = 1.0, parser_threads: int = 1,
+                 pin_host_cache: bool = True, keep_last: int = 3, max_in_flight: int = 1,
+                 on_error: str = "continue", slab_bytes: int = DEFAULT_SLAB_BYTES, rank: int = 0,
+                 clean_stale: bool = True) -> None:
+        if on_error not in ON_ERROR_CHOICES:
+            raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
+        if parser_threads < 1 or max_in_flight < 1 or keep_last < 0 or host_cache_size <= 0:
+            raise ValueError("parser_threads and max_in_flight must be >= 1, keep_last >= 0, host_cache_size > 0")
+        self.storage = open_storage(root)
+        self.keep_last, self.max_in_flight, self.on_error, self.rank = keep_last, max_in_flight, on_error, rank
+        self.pool = HostBufferPool(int(host_cache_size * _GIB), slab_bytes=slab_bytes, pin=pin_host_cache)
+        if pin_host_cache and not torch.cuda.is_available():
+            log.info("[Concurrent Checkpoint] pin_host_cache ignored: no CUDA device")
+        self._stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self._writers = cf.ThreadPoolExecutor(parser_threads, thread_name_prefix="ckpt-writer")
+        self._stager = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-stage")
+        self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
+        self._lock = threading.Lock()
+        self._in_flight: list[SaveHandle] = []
+        self.last_error: BaseException | None = None
+        self.records: list[CommitRecord] = []
+        self.progress = ProgressRecord(committed_steps=self._committed_steps())
+        self.progress.last_committed_step = self.progress.committed_steps[0] if self.progress.committed_steps else None
+        if clean_stale and rank <= 0:
+            for name in self.storage.list_dir(""):
+                if name.startswith(TMP_PREFIX):
+                    log.warning("[Concurrent Checkpoint] removing incomplete %s left by an earlier run", name)
+                    self.storage.delete_tree(name)
+
+    # ---- save -------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Mapping[str, Any], *, lazy: bool = False,
+             metadata: Mapping[str, Any] | None = None) -> SaveHandle:
+        """Checkpoint ``state`` (a mapping of names to tensors, state dicts or picklable values)."""
+        files, keys = plan_state(state)
+        return self.save_files(step, files, layout="state", metadata={**(metadata or {}), "keys": keys}, lazy=lazy)
+
+    def save_files(self, step: int, files: Sequence[FilePlan], *, layout: str = "files",
+                   metadata: Mapping[str, Any] | None = None, lazy: bool = False) -> SaveHandle:
+        """Checkpoint planned files as ``checkpoint-<step>``; the lower-level entry the adapters use."""
+        started = time.perf_counter()
+        self.raise_if_failed()
+        waited = self._wait_for_slot(step)
+        if step in self.progress.committed_steps and step == self.progress.last_committed_step:
+            log.info("[Concurrent Checkpoint] checkpoint-%d already committed; not saving it again", step)
+            handle = SaveHandle(step, _done_future(0.0), _done_future(None))
+            return handle
+        tmp = f"{TMP_PREFIX}{step}-{uuid.uuid4().hex[:8]}"
+        queues: list[queue.SimpleQueue[Segment | _Abort]] = [queue.SimpleQueue() for _ in files]
+        file_futures = [self._writers.submit(self._write_file, tmp, plan, q) for plan, q in zip(files, queues)]
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
+        if lazy:
+            staged = self._stager.submit(self._stage, files, queues)
+        else:
+            staged = cf.Future()
+            try:
+                staged.set_result(self._stage(files, queues))
+            except BaseException as exc:
+                staged.set_exception(exc)
+        blocking = time.perf_counter() - started
+        persisted = self._committer.submit(self._commit, step, tmp, files, file_futures, staged, layout,
+                                           dict(metadata or {}), started, waited, blocking)
+        handle = SaveHandle(step, staged, persisted)
+        handle.blocking_s = blocking
+        with self._lock:
+            self._in_flight.append(handle)
+        if not lazy and staged.exception() is not None:
+            raise staged.exception()  # type: ignore[misc]
+        return handle
+
+    def _wait_for_slot(self, step: int) -> float:
+        with self._lock:
+            pending = [h for h in self._in_flight if not h.done()]
+        waited = 0.0
+        while len(pending) >= self.max_in_flight:
+            oldest = pending[0]
+            start = time.perf_counter()
+            try:
+                oldest.persisted.exception()
+            finally:
+                waited += time.perf_counter() - start
+            pending = pending[1:]
+        if waited > 0.001:
+            log.info("[Concurrent Checkpoint] checkpoint-%d waited %.3fs for the previous checkpoint to commit",
+                     step, waited)
+        return waited
+
+    def _stage(self, files: Sequence[FilePlan], queues: Sequence[queue.SimpleQueue[Segment | _Abort]]) -> float:
+        started = time.perf_counter()
+        slab: Slab | None = None
+        stream = self._stream
+        try:
+            for plan, out in zip(files, queues):
+                for blob in plan.blobs:
+                    position = 0
+                    on_gpu = stream is not None and blob.source.is_cuda
+                    while position < blob.nbytes:
+                        if slab is None or slab.fill >= slab.capacity:
+                            if slab is not None:
+                                self.pool.seal(slab)
+                            slab = self.pool.acquire()
+                        count = min(slab.capacity - slab.fill, blob.nbytes - position)
+                        target = slab.tensor[slab.fill:slab.fill + count]
+                        source = blob.source[position:position + count]
+                        event = None
+                        if on_gpu:
+                            with torch.cuda.stream(stream):
+                                target.copy_(source, non_blocking=True)
+                                event = torch.cuda.Event()
+                                event.record(stream)
+                        else:
+                            target.copy_(source)
+                        self.pool.ref(slab)
+                        out.put(Segment(slab, slab.fill, count, event))
+                        slab.fill = min(slab.capacity, slab.fill + count + (-count % 64))
+                        position += count
+            if stream is not None:
+                stream.synchronize()
+        except BaseException as exc:
+            for out in queues:
+                out.put(_Abort(exc))
+            raise
+        finally:
+            if slab is not None:
+                self.pool.seal(slab)
+        return time.perf_counter() - started
+
+    def _write_file(self, tmp: str, plan: FilePlan, segments_queue: queue.SimpleQueue[Segment | _Abort]) -> FileEntry:
+        consumed = 0
+
+        def segments(index: int) -> Iterator[memoryview]:
+            nonlocal consumed
+            remaining = plan.blobs[index].nbytes
+            while remaining > 0:
+                item = segments_queue.get()
+                if isinstance(item, _Abort):
+                    raise PersistError("staging failed") from item.error
+                try:
+                    if item.event is not None:
+                        item.event.synchronize()
+                    yield memoryview(item.slab.array[item.offset:item.offset + item.nbytes])
+                finally:
+                    self.pool.unref(item.slab)
+                    consumed += item.nbytes
+                remaining -= item.nbytes
+
+        writer = None
+        try:
+            writer = self.storage.open_writer(f"{tmp}/{plan.name}")
+            sink = _HashingSink(writer)
+            plan.render(sink, segments)
+            writer.close()
+            return FileEntry(size=sink.size, checksum=format_checksum(sink.hasher))
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            while consumed < plan.payload_bytes:  # free the slabs still queued for this file
+                item = segments_queue.get()
+                if isinstance(item, _Abort):
+                    break
+                self.pool.unref(item.slab)
+                consumed += item.nbytes
+            raise
+
+    def _commit(self, step: int, tmp: str, files: Sequence[FilePlan], file_futures: list[cf.Future[FileEntry]],
+                staged: cf.Future[float], layout: str, metadata: dict[str, Any], started: float,
+                waited: float, blocking: float) -> CommitRecord:
+        self._write_progress(step=step, in_flight_step=step)
+        try:
+            cf.wait(file_futures)
+            stage_s = staged.result()
+            entries = {plan.name: future.result() for plan, future in zip(files, file_futures)}
+            persisted_at = time.perf_counter()
+            manifest = Manifest(step=step, files=entries, layout=layout, metadata=metadata)
+            self.storage.write_atomic(f"{tmp}/{MANIFEST_NAME}", manifest.to_json())
+            final = checkpoint_dir(step)
+            if self.storage.exists(final):
+                trash = f".trash-{final}-{uuid.uuid4().hex[:8]}"
+                self.storage.promote(final, trash)
+                self.storage.promote(tmp, final)
+                self.storage.delete_tree(trash)
+            else:
+                self.storage.promote(tmp, final)
+        except BaseException as exc:
+            self.storage.delete_tree(tmp)
+            self.last_error = exc
+            self._write_progress(in_flight_step=None, last_error=f"checkpoint-{step}: {exc!r}")
+            log.error("[Concurrent Checkpoint] checkpoint-%d failed and was discarded (previous checkpoint %s is "
+                      "intact): %r", step, self.progress.last_committed_step, exc)
+            raise PersistError(f"checkpoint-{step} failed: {exc!r}") from exc
+        done = time.perf_counter()
+        record = CommitRecord(step=step, directory=final, total_bytes=sum(e.size for e in entries.values()),
+                              blocking_s=blocking, stage_s=stage_s, persist_s=persisted_at - started,
+                              commit_s=done - persisted_at, waited_for_previous_s=waited)
+        self.records.append(record)
+        committed = self._apply_retention(step)
+        self._write_progress(last_committed_step=step, committed_steps=committed, in_flight_step=None,
+                             timings={k: v for k, v in asdict(record).items() if k.endswith("_s")} |
+                             {"total_s": done - started, "bytes": float(record.total_bytes)})
+        log.info("[Concurrent Checkpoint] committed checkpoint-%d (%.1f MB, persist %.2fs)", step,
+                 record.total_bytes / 1e6, record.persist_s)
+        return record
+
+    def _committed_steps(self) -> list[int]:
+        return [s for s in list_checkpoint_steps(self.storage) if self.storage.exists(f"{checkpoint_dir(s)}/{MANIFEST_NAME}")]
+
+    def _apply_retention(self, newest: int) -> list[int]:
+        committed = self._committed_steps()
+        if self.keep_last:
+            for step in committed[self.keep_last:]:
+                if step != newest:
+                    self.storage.delete_tree(checkpoint_dir(step))
+            committed = [s for s in committed[: self.keep_last]] + ([newest] if newest not in committed[: self.keep_last] else [])
+        return sorted(set(committed), reverse=True)
+
+    def _write_progress(self, **changes: Any) -> None:
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self.progress, key, value)
+            self.progress.updated_at = utc_now()
+            raw = json.dumps(asdict(self.progress), indent=1).encode()
+        try:
+            self.storage.write_atomic(PROGRESS_NAME, raw)
+        except OSError as exc:
+            log.warning("[Concurrent Checkpoint] could not write %s: %r", PROGRESS_NAME, exc)
+
+    def record_step(self, step: int) -> None:
+        """Note the training step in ``progress.json`` (cheap; no fsync on the training thread)."""
+        self.progress.step = step
+
+    # ---- wait / errors ------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> list[CommitRecord]:
+        """Wait for every in-flight checkpoint; raises PersistError only with ``on_error='raise'``."""
+        with self._lock:
+            handles, self._in_flight = list(self._in_flight), []
+        records: list[CommitRecord] = []
+        for handle in handles:
+            try:
+                record = handle.wait(timeout)
+            except PersistError:
+                continue
+            if record is not None:
+                records.append(record)
+        self.raise_if_failed()
+        return records
+
+    def raise_if_failed(self) -> None:
+        """With ``on_error='raise'``, re-raise the last persist failure (once)."""
+        if self.on_error == "raise" and self.last_error is not None:
+            error, self.last_error = self.last_error, None
+            raise PersistError(f"an earlier checkpoint failed: {error!r}") from error
+
+    def wait_staged(self) -> None:
+        """Block until every in-flight checkpoint has finished staging (call before the optimizer steps)."""
+        with self._lock:
+            handles = list(self._in_flight)
+        for handle in handles:
+            if not handle.staged.done():
+                handle.staged.exception()
+
+    def close(self) -> None:
+        """Wait for in-flight checkpoints, then stop the threads and free the buffers."""
+        try:
+            self.wait()
+        finally:
+            self._writers.shutdown(wait=True)
+            self._stager.shutdown(wait=True)
+            self._committer.shutdown(wait=True)
+            self.pool.close()
+
+    # ---- resume / load ----------------------------------------------------------------------
+
+    def find_checkpoint(self, step: int | None = None, *, deep: bool = True) -> Manifest:
+        """Manifest of checkpoint ``step`` (or the newest verified one), skipping corrupt ones."""
+        for candidate in list_checkpoint_steps(self.storage):
+            if step is not None and step >= 0 and candidate != step:
+                continue
+            report = verify_checkpoint(self.storage, checkpoint_dir(candidate), deep=deep)
+            if report.ok and report.manifest is not None:
+                return report.manifest
+            log.warning("[Concurrent Checkpoint] skipping corrupt checkpoint-%d: %s", candidate,
+                        "; ".join(report.problems))
+        raise CheckpointNotFoundError(f"no complete, verified checkpoint (step {step}) in {self.storage.url}")
+
+    def load(self, step: int | None = None, *, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any]:
+        """The saved state of ``step`` (default: newest verified); checksums are checked while reading."""
+        problems: list[str] = []
+        for candidate in list_checkpoint_steps(self.storage):
+            if step is not None and step >= 0 and candidate != step:
+                continue
+            report = verify_checkpoint(self.storage, checkpoint_dir(candidate), deep=False)
+            if not report.ok or report.manifest is None:
+                problems.append(f"checkpoint-{candidate}: {'; '.join(report.problems)}")
+                log.warning("[Concurrent Checkpoint] skipping corrupt %s", problems[-1])
+                continue
+            try:
+                return self._read_state(report.manifest, map_location, weights_only)
+            except CorruptCheckpointError as exc:
+                problems.append(f"checkpoint-{candidate}: {exc}")
+                log.warning("[Concurrent Checkpoint] skipping corrupt %s", problems[-1])
+        raise CheckpointNotFoundError(f"no complete, verified checkpoint (step {step}) in {self.storage.url}: "
+                                      f"{problems}")
+
+    def _read_state(self, manifest: Manifest, map_location: Any, weights_only: bool) -> dict[str, Any]:
+        directory = checkpoint_dir(manifest.step)
+        names = manifest.metadata.get("keys") or {name: name for name in manifest.files}
+        state: dict[str, Any] = {}
+        for key, name in names.items():
+            buffer = read_verified(self.storage, f"{directory}/{name}", manifest.files[name])
+            state[key] = decode_file(name, buffer, map_location=map_location, weights_only=weights_only)
+        return state
+
+
+def read_verified(storage: Storage, key: str, entry: FileEntry) -> np.ndarray:
+    """Read a whole file into memory, checking its size and checksum in the same pass."""
+    buffer = np.empty(entry.size, dtype=np.uint8)
+    view = memoryview(buffer)
+    hasher, offset = new_hasher(), 0
+    with storage.open_reader(key) as fh:
+        while offset < entry.size:
+            count = fh.readinto(view[offset:offset + (64 << 20)])
+            if not count:
+                break
+            hasher.update(view[offset:offset + count])
+            offset += count
+        extra = fh.read(1)
+    if offset != entry.size or extra:
+        raise CorruptCheckpointError(f"{key}: size differs from the manifest (truncated?)")
+    if format_checksum(hasher) != entry.checksum:
+        raise CorruptCheckpointError(f"{key}: checksum mismatch")
+    return buffer
+
+
+def decode_file(name: str, buffer: np.ndarray, *, map_location: Any = "cpu", weights_only: bool = True) -> Any:
+    """Turn a file's verified bytes back into Python objects according to its extension."""
+    if name.endswith(".safetensors"):
+        tensors = parse_safetensors(buffer)
+        if map_location not in (None, "cpu"):
+            tensors = {k: v.to(map_location) for k, v in tensors.items()}
+        return tensors
+    if name.endswith((".pt", ".pth", ".bin")):
+        return torch.load(io.BytesIO(buffer.data), map_location=map_location, weights_only=weights_only)
+    if name.endswith(".json"):
+        return json.loads(buffer.tobytes())
+    return buffer.tobytes()

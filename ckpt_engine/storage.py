@@ -1,0 +1,387 @@
+"""Storage backends, chosen by URL scheme: ``file://`` and an in-memory test double.
+
+Call order the engine follows for one checkpoint (every backend must make it safe):
+
+1. ``open_writer(tmp/<file>)`` -> ``write()``... -> ``close()`` (data is durable after close);
+2. ``write_atomic(tmp/manifest.json)`` last;
+3. ``promote(tmp, final)``: one atomic rename makes the checkpoint visible;
+4. ``delete_tree(old)`` for retention.
+
+A reader treats a directory without a manifest as incomplete, never as data. New
+backends (an ``s3://`` mirror, say) register a factory with :func:`register_scheme`;
+their SDKs are imported inside the factory, never at import time of this module.
+"""
+
+from __future__ import annotations
+
+import errno as errno_codes
+import io
+import os
+import shutil
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import BinaryIO
+from urllib.parse import urlparse
+
+from ckpt_engine.errors import StorageError, UnsupportedSchemeError
+
+
+class StorageWriter(ABC):
+    """A file being written; ``close()`` makes the bytes durable (fsync)."""
+
+    @abstractmethod
+    def write(self, data: bytes | memoryview) -> None:
+        """Append all of ``data``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush, fsync and close."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Close without any durability promise (the caller discards the file)."""
+
+
+class Storage(ABC):
+    """A flat namespace of ``/``-separated keys under one root URL."""
+
+    url: str
+
+    @abstractmethod
+    def open_writer(self, key: str) -> StorageWriter:
+        """Create (or truncate) ``key`` for writing."""
+
+    @abstractmethod
+    def open_reader(self, key: str) -> BinaryIO:
+        """Open ``key`` for binary reading."""
+
+    @abstractmethod
+    def write_atomic(self, key: str, data: bytes) -> None:
+        """Replace ``key`` with ``data`` durably and atomically (temp, fsync, rename)."""
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> list[str]:
+        """Names of the direct children of ``prefix`` (empty if it does not exist)."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` names a file or a directory."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """Size of file ``key`` in bytes."""
+
+    @abstractmethod
+    def promote(self, src: str, dst: str) -> None:
+        """Atomically rename directory ``src`` to ``dst`` (``dst`` must not exist)."""
+
+    @abstractmethod
+    def delete_tree(self, prefix: str) -> None:
+        """Remove ``prefix`` and everything under it; missing is not an error."""
+
+    def read_bytes(self, key: str) -> bytes:
+        """Whole content of ``key``."""
+        with self.open_reader(key) as fh:
+            return fh.read()
+
+    def local_path(self, key: str) -> str | None:
+        """A local filesystem path for ``key`` when the backend has one, else None."""
+        return None
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class _LocalWriter(StorageWriter):
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write(self, data: bytes | memoryview) -> None:
+        _write_all(self._fd, data)
+
+    def close(self) -> None:
+        try:
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+
+    def abort(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileStorage(Storage):
+    """Local or mounted filesystem; durability through fsync of files and directories."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.url = "file://" + self.root
+
+    def _path(self, key: str) -> str:
+        path = os.path.normpath(os.path.join(self.root, key))
+        if path != self.root and not path.startswith(self.root + os.sep):
+            raise StorageError(f"key {key!r} escapes the storage root")
+        return path
+
+    def open_writer(self, key: str) -> StorageWriter:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return _LocalWriter(path)
+
+    def open_reader(self, key: str) -> BinaryIO:
+        return open(self._path(key), "rb")
+
+    def write_atomic(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        writer = _LocalWriter(tmp)
+        try:
+            writer.write(data)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            _remove_quietly(tmp)
+            raise
+        os.replace(tmp, path)
+        _fsync_dir(parent)
+
+    def list_dir(self, prefix: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(prefix)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def size(self, key: str) -> int:
+        return os.path.getsize(self._path(key))
+
+    def promote(self, src: str, dst: str) -> None:
+        src_path, dst_path = self._path(src), self._path(dst)
+        _fsync_dir(src_path)
+        os.rename(src_path, dst_path)
+        _fsync_dir(os.path.dirname(dst_path))
+
+    def delete_tree(self, prefix: str) -> None:
+        shutil.rmtree(self._path(prefix), ignore_errors=True)
+
+    def local_path(self, key: str) -> str | None:
+        return self._path(key)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+class _MemoryWriter(StorageWriter):
+    def __init__(self, store: MemoryStorage, key: str) -> None:
+        self._store, self._key, self._buf = store, key, io.BytesIO()
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._buf.write(data)
+
+    def close(self) -> None:
+        with self._store._lock:
+            self._store._files[self._key] = self._buf.getvalue()
+
+    def abort(self) -> None:
+        self._buf = io.BytesIO()
+
+
+class MemoryStorage(Storage):
+    """In-memory storage for tests (as httpx ships ``MockTransport``); thread-safe."""
+
+    _named: dict[str, MemoryStorage] = {}
+
+    def __init__(self, name: str = "") -> None:
+        self.url = f"memory://{name}"
+        self._files: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def named(cls, name: str) -> MemoryStorage:
+        """The process-wide instance called ``name`` (created on first use)."""
+        return cls._named.setdefault(name, cls(name))
+
+    @staticmethod
+    def _norm(key: str) -> str:
+        return "/".join(part for part in key.split("/") if part and part != ".")
+
+    def open_writer(self, key: str) -> StorageWriter:
+        return _MemoryWriter(self, self._norm(key))
+
+    def open_reader(self, key: str) -> BinaryIO:
+        with self._lock:
+            try:
+                return io.BytesIO(self._files[self._norm(key)])
+            except KeyError:
+                raise FileNotFoundError(errno_codes.ENOENT, "no such key", key) from None
+
+    def write_atomic(self, key: str, data: bytes) -> None:
+        with self._lock:
+            self._files[self._norm(key)] = bytes(data)
+
+    def list_dir(self, prefix: str) -> list[str]:
+        base = self._norm(prefix)
+        base = base + "/" if base else ""
+        with self._lock:
+            names = {k[len(base):].split("/", 1)[0] for k in self._files if k.startswith(base)}
+        return sorted(names)
+
+    def exists(self, key: str) -> bool:
+        key = self._norm(key)
+        with self._lock:
+            return key in self._files or any(k.startswith(key + "/") for k in self._files)
+
+    def size(self, key: str) -> int:
+        with self._lock:
+            return len(self._files[self._norm(key)])
+
+    def promote(self, src: str, dst: str) -> None:
+        src, dst = self._norm(src) + "/", self._norm(dst) + "/"
+        with self._lock:
+            if any(k.startswith(dst) for k in self._files):
+                raise FileExistsError(errno_codes.EEXIST, "destination exists", dst)
+            for key in [k for k in self._files if k.startswith(src)]:
+                self._files[dst + key[len(src):]] = self._files.pop(key)
+
+    def delete_tree(self, prefix: str) -> None:
+        prefix = self._norm(prefix)
+        with self._lock:
+            for key in [k for k in self._files if k == prefix or k.startswith(prefix + "/")]:
+                del self._files[key]
+
+    def corrupt(self, key: str, data: bytes) -> None:
+        """Replace a file's bytes behind the engine's back (for corruption tests)."""
+        with self._lock:
+            self._files[self._norm(key)] = data
+
+
+class _FaultyWriter(StorageWriter):
+    def __init__(self, owner: FaultyStorage, inner: StorageWriter) -> None:
+        self._owner, self._inner = owner, inner
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._owner._account(len(memoryview(data).cast("B")))
+        self._inner.write(data)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+
+class FaultyStorage(Storage):
+    """Wraps a backend and fails writes with ``OSError(errno)`` once armed (ENOSPC, EIO tests)."""
+
+    def __init__(self, inner: Storage, *, error: int = errno_codes.ENOSPC, after_bytes: int = 0) -> None:
+        self.inner, self.error, self.after_bytes = inner, error, after_bytes
+        self.url = inner.url
+        self.armed = False
+        self.failures = 0
+        self._written = 0
+        self._lock = threading.Lock()
+
+    def arm(self, *, error: int | None = None, after_bytes: int | None = None) -> None:
+        """Fail every write once ``after_bytes`` more bytes were written."""
+        with self._lock:
+            self.error = self.error if error is None else error
+            self.after_bytes = self.after_bytes if after_bytes is None else after_bytes
+            self._written, self.armed = 0, True
+
+    def disarm(self) -> None:
+        """Let writes succeed again."""
+        with self._lock:
+            self.armed = False
+
+    def _account(self, nbytes: int) -> None:
+        with self._lock:
+            if not self.armed:
+                return
+            self._written += nbytes
+            if self._written > self.after_bytes:
+                self.failures += 1
+                raise OSError(self.error, os.strerror(self.error))
+
+    def open_writer(self, key: str) -> StorageWriter:
+        return _FaultyWriter(self, self.inner.open_writer(key))
+
+    def open_reader(self, key: str) -> BinaryIO:
+        return self.inner.open_reader(key)
+
+    def write_atomic(self, key: str, data: bytes) -> None:
+        if not key.endswith("progress.json"):
+            self._account(len(data))
+        self.inner.write_atomic(key, data)
+
+    def list_dir(self, prefix: str) -> list[str]:
+        return self.inner.list_dir(prefix)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
+    def promote(self, src: str, dst: str) -> None:
+        self.inner.promote(src, dst)
+
+    def delete_tree(self, prefix: str) -> None:
+        self.inner.delete_tree(prefix)
+
+    def local_path(self, key: str) -> str | None:
+        return self.inner.local_path(key)
+
+
+StorageFactory = Callable[[str], Storage]
+_SCHEMES: dict[str, StorageFactory] = {}
+
+
+def register_scheme(scheme: str, factory: StorageFactory) -> None:
+    """Make ``open_storage`` build ``factory(url)`` for URLs starting with ``scheme://``."""
+    _SCHEMES[scheme] = factory
+
+
+def open_storage(url: str | os.PathLike[str] | Storage) -> Storage:
+    """The backend for ``url``; a bare path means ``file://``."""
+    if isinstance(url, Storage):
+        return url
+    text = os.fspath(url)
+    scheme = urlparse(text).scheme if "://" in text else "file"
+    try:
+        factory = _SCHEMES[scheme]
+    except KeyError:
+        raise UnsupportedSchemeError(
+            f"no storage backend for {scheme}:// (known: {sorted(_SCHEMES)}); register one with register_scheme()"
+        ) from None
+    return factory(text)
+
+
+def _file_factory(url: str) -> Storage:
+    return FileStorage(url[len("file://"):] if url.startswith("file://") else url)
+
+
+register_scheme("file", _file_factory)
+register_scheme("memory", lambda url: MemoryStorage.named(url[len("memory://"):]))
