@@ -129,6 +129,11 @@ def parse_image_reference(ref: str) -> ImageReference:
             f"image reference {ref!r} has a URL scheme; write host/repository[:tag] without it"
         )
 
+    if "@" in ref and "/" in ref.split("@", 1)[1]:  # user:password@host/... ; never echo it
+        raise MalformedReference(
+            "image reference carries credentials (user:password@host/...); give them "
+            "as username and password instead"
+        )
     remainder, digest = ref, None
     if "@" in remainder:
         remainder, digest = remainder.split("@", 1)
@@ -358,7 +363,7 @@ class _Credentials:
     """What the manifest request sends after the challenge: headers and/or Basic auth."""
 
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    auth: tuple[str, str] | None = field(default=None, repr=False)
+    auth: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
 
 def _has_challenge(response: requests.Response) -> bool:
@@ -404,10 +409,11 @@ class _ImageChecker:
         self.session.close()
 
     @property
-    def _basic(self) -> tuple[str, str] | None:
+    def _basic(self) -> tuple[bytes, bytes] | None:
+        """Basic credentials as UTF-8 (requests would encode str as latin-1 and fail)."""
         if self.username is None and self._password is None:
             return None
-        return (self.username or "", self._password or "")
+        return ((self.username or "").encode(), (self._password or "").encode())
 
     def _result(
         self, outcome: ImageCheckOutcome, message: str, **fields: Any

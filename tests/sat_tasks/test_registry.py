@@ -30,6 +30,7 @@ from tests.support.registry_server import RegistryServer, push_test_image, start
 
 USER = "trainer"
 PASSWORD = "S3cr3t-pa55word-never-logged"
+UTF8_USER, UTF8_PASSWORD = "jürgen", "pässwörd-€"
 FAST = {"retries": 2, "backoff": 0.01, "max_backoff": 0.05, "timeout": 2}
 DIGEST_A = "sha256:" + "a" * 64
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -48,7 +49,8 @@ class PushedImages:
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PushedImages]:
-    with start_registry(tmp_path_factory.mktemp("registry"), users={USER: PASSWORD}) as server:
+    users = {USER: PASSWORD, UTF8_USER: UTF8_PASSWORD}
+    with start_registry(tmp_path_factory.mktemp("registry"), users=users) as server:
         yield PushedImages(
             server=server,
             by_tag=push_test_image(server, "team/model", "v1", USER, PASSWORD),
@@ -74,6 +76,11 @@ def test_ok_by_tag_of_an_index(registry: PushedImages) -> None:
     result = check_local(registry, "team/model:multi")
     assert result.outcome is ImageCheckOutcome.OK
     assert (result.digest, result.media_type) == (registry.index, OCI_INDEX)
+
+
+def test_ok_with_non_ascii_credentials(registry: PushedImages) -> None:
+    result = check_local(registry, "team/model:v1", username=UTF8_USER, password=UTF8_PASSWORD)
+    assert result.outcome is ImageCheckOutcome.OK
 
 
 def test_ok_by_digest(registry: PushedImages) -> None:
@@ -141,7 +148,10 @@ def test_no_password_in_logs_results_or_reprs(
         check_image(f"{USER}:{PASSWORD}@{registry.server.host}/x", password=PASSWORD),
     ]
     assert results[-1].outcome is ImageCheckOutcome.MALFORMED
-    texts = [caplog.text] + [repr(r) + str(r) + json.dumps(r.to_dict()) for r in results]
+    with pytest.raises(MalformedReference, match="carries credentials") as raised:
+        parse_image_reference(f"{USER}:{PASSWORD}@{registry.server.host}/team/model:v1")
+    texts = [caplog.text, str(raised.value), repr(raised.value)]
+    texts += [repr(r) + str(r) + json.dumps(r.to_dict()) for r in results]
     access = RegistryAccess(username=USER, password=PASSWORD, insecure=True)
     texts.append(repr(access) + str(access))
     for text in texts:
