@@ -241,15 +241,8 @@ class RegistryAccess:
     """
 
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     insecure: bool = False
-
-    def __repr__(self) -> str:
-        secret = "'***'" if self.password else "None"
-        return (
-            f"RegistryAccess(username={self.username!r}, password={secret}, "
-            f"insecure={self.insecure!r})"
-        )
 
 
 def registry_access_from_connection(conn: Any, ref: str | ImageReference) -> RegistryAccess:
@@ -272,7 +265,7 @@ def registry_access_from_connection(conn: Any, ref: str | ImageReference) -> Reg
         parts = urlsplit(raw_host)
         insecure = insecure or parts.scheme == "http"
         host = parts.netloc
-    host = host.rstrip("/")
+    host = host.split("/", 1)[0]
     if host and not _same_registry(host, image):
         log.warning(
             "registry connection is for %s, image %s is on %s: checking without credentials",
