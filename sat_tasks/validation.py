@@ -126,7 +126,8 @@ def resolve_suite_path(suite: str | Path | None) -> Path:
         if candidate.is_file():
             return candidate
     tried = ", ".join(str(c) for c in candidates)
-    raise ExpectationSuiteError(f"expectation suite {str(suite or DEFAULT_SUITE)!r} not found (tried {tried})")
+    shown = str(suite or DEFAULT_SUITE)
+    raise ExpectationSuiteError(f"expectation suite {shown!r} not found (tried {tried})")
 
 
 def load_suite_file(path: Path) -> tuple[str, list[dict[str, Any]]]:
@@ -142,7 +143,8 @@ def load_suite_file(path: Path) -> tuple[str, list[dict[str, Any]]]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ExpectationSuiteError(f"expectation suite {path} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ExpectationSuiteError(f"expectation suite {path} must be a JSON object, got {type(raw).__name__}")
+        got = type(raw).__name__
+        raise ExpectationSuiteError(f"expectation suite {path} must be a JSON object, got {got}")
     name = raw.get("name") or raw.get("expectation_suite_name") or path.stem
     expectations = raw.get("expectations")
     if not isinstance(expectations, list):
@@ -176,8 +178,9 @@ def validate_dataset(
 
     Call order: resolve, read and build the suite (so a bad suite fails before any file is
     read), profile every data file into one row of the per-file table (`FILE_COLUMNS`),
-    then run the suite on that table in a fresh ephemeral, offline GX context. A failing expectation is a report with ``success=False``, not an
-    exception; `DataValidationError` means nothing could be validated.
+    then run the suite on that table in a fresh ephemeral, offline GX context. A failing
+    expectation is a report with ``success=False``, not an exception;
+    `DataValidationError` (or its `ExpectationSuiteError`) means nothing could be validated.
 
     Parameters:
         data_dir: the staged data (hidden files and directories, names starting with '.',
@@ -246,7 +249,8 @@ def profile_files(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
     skipped: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
-        skipped.extend(f"{(here / d).relative_to(root).as_posix()}/" for d in sorted(dirnames) if d.startswith("."))
+        hidden = [d for d in sorted(dirnames) if d.startswith(".")]
+        skipped.extend(f"{(here / d).relative_to(root).as_posix()}/" for d in hidden)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             path = here / name
@@ -414,12 +418,13 @@ def _outcome(config: dict[str, Any], result: Any) -> ExpectationOutcome:
     kwargs = {k: _jsonable(v) for k, v in config["kwargs"].items() if k not in _NOISE_KWARGS}
     details = result.result or {}
     column = kwargs.get("column") if isinstance(kwargs.get("column"), str) else None
-    unexpected_files = [
-        str(item.get("path")) for item in details.get("partial_unexpected_index_list") or [] if isinstance(item, Mapping)
-    ]
-    exception = (result.exception_info or {}) if isinstance(result.exception_info, dict) else {}
+    index_rows = details.get("partial_unexpected_index_list") or []
+    unexpected_files = [str(row.get("path")) for row in index_rows if isinstance(row, Mapping)]
+    exception = result.exception_info if isinstance(result.exception_info, dict) else {}
     observed = _observed(details, exception, unexpected_files)
-    description = config.get("description") or (config.get("meta") or {}).get("notes")
+    description = config.get("description") or (config.get("meta") or {}).get("notes")  # 0.x: meta.notes
+    if not isinstance(description, str):
+        description = None
     label = f"{exp_type}({_short_kwargs(kwargs)})"
     if description:
         label += f" [{description}]"
