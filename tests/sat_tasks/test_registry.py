@@ -5,11 +5,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import datetime
+import ipaddress
 import logging
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
@@ -186,7 +190,7 @@ class StubRegistry:
     A route is a callable or a list of replies consumed in order (the last one repeats).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.routes: dict[tuple[str, str], Route | list[Reply]] = {}
         self.seen: list[Seen] = []
         stub = self
@@ -218,8 +222,10 @@ class StubRegistry:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
-        self.url = f"http://{self.host}"
+        self.url = f"{'https' if tls else 'http'}://{self.host}"
         self.thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
@@ -409,6 +415,76 @@ def test_bearer_token_service_down_is_unreachable(bearer_stub: StubRegistry) -> 
     assert bearer_stub.count("GET", "/token") == FAST["retries"] + 1
 
 
+@pytest.fixture
+def tls_stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StubRegistry]:
+    """An https stub whose self-signed certificate requests trusts via REQUESTS_CA_BUNDLE."""
+    cert, key = _self_signed_certificate(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
+    server = StubRegistry(tls=context)
+    server.routes[("GET", "/v2/")] = [Reply(200)]
+    yield server
+    server.stop()
+
+
+def test_https_is_the_default(tls_stub: StubRegistry) -> None:
+    tls_stub.routes[("HEAD", MANIFEST_PATH)] = [MANIFEST_OK]
+    result = check_image(f"{tls_stub.host}/team/model:v1", **FAST)
+    assert result.outcome is ImageCheckOutcome.OK
+
+
+def test_no_credentials_to_a_plain_http_realm_of_an_https_registry(
+    tls_stub: StubRegistry, stub: StubRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    challenge = f'Bearer realm="{stub.url}/token",service="s"'
+    tls_stub.routes[("GET", "/v2/")] = [Reply(401, {"WWW-Authenticate": challenge})]
+    tls_stub.routes[("HEAD", MANIFEST_PATH)] = [Reply(401, {"WWW-Authenticate": challenge})]
+    stub.routes[("GET", "/token")] = [Reply(200, {}, b'{"token":"anonymous"}')]
+    ref = f"{tls_stub.host}/team/model:v1"
+    result = check_image(ref, username=USER, password=PASSWORD, **FAST)
+    assert result.outcome is ImageCheckOutcome.UNAUTHORIZED
+    token_request = next(s for s in stub.seen if s.path == "/token")
+    assert "Authorization" not in token_request.headers
+    assert "not sending credentials" in caplog.text
+
+
+def _self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
 def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -530,10 +606,20 @@ def test_result_to_dict_is_json() -> None:
             RegistryAccess(),
             id="other-registry-gets-no-credentials",
         ),
+        pytest.param(
+            SimpleNamespace(host="https://r.example.com/v2/", login="u", password="p"),
+            RegistryAccess("u", "p", insecure=False),
+            id="url-with-path",
+        ),
     ],
 )
 def test_registry_access_from_connection(conn: SimpleNamespace, expected: RegistryAccess) -> None:
     assert registry_access_from_connection(conn, "r.example.com/team/model:v1") == expected
+
+
+def test_docker_hub_connection_matches_docker_hub_images() -> None:
+    conn = SimpleNamespace(host="index.docker.io", login="u", password="p")
+    assert registry_access_from_connection(conn, "ubuntu") == RegistryAccess("u", "p")
 
 
 def test_image_reference_is_a_value() -> None:
