@@ -30,7 +30,12 @@ from sat_tasks.registry import (
     parse_image_reference,
     registry_access_from_connection,
 )
-from tests.support.registry_server import RegistryServer, push_test_image, start_registry
+from tests.support.registry_server import (
+    RegistryServer,
+    free_port,
+    push_test_image,
+    start_registry,
+)
 
 USER = "trainer"
 PASSWORD = "S3cr3t-pa55word-never-logged"
@@ -132,9 +137,9 @@ def test_plain_http_registry_needs_insecure(registry: PushedImages) -> None:
     assert not result.pulls_fail
 
 
-def test_unreachable_port_is_retried_then_unreachable(unused_port: int) -> None:
+def test_unreachable_port_is_retried_then_unreachable() -> None:
     started = time.monotonic()
-    result = check_image(f"127.0.0.1:{unused_port}/team/model:v1", insecure=True, **FAST)
+    result = check_image(f"127.0.0.1:{free_port()}/team/model:v1", insecure=True, **FAST)
     assert result.outcome is ImageCheckOutcome.UNREACHABLE
     assert "cannot connect" in result.message and "3 tries" in result.message
     assert not result.pulls_fail
@@ -257,14 +262,6 @@ def stub() -> Iterator[StubRegistry]:
     server.routes[("GET", "/v2/")] = [Reply(200)]
     yield server
     server.stop()
-
-
-@pytest.fixture
-def unused_port() -> int:
-    server = StubRegistry()
-    port = int(server.host.rsplit(":", 1)[1])
-    server.stop()
-    return port
 
 
 def check_stub(stub: StubRegistry, **kwargs) -> object:

@@ -100,7 +100,7 @@ def start_registry(
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
     last_error: Exception | None = None
     for _ in range(3):  # a free port can be taken between probe and bind: try again
-        port = _free_port()
+        port = free_port()
         config_path = tmp_path / "registry.yml"
         config_path.write_text(_config(tmp_path, port, htpasswd_path if users else None))
         log_path = tmp_path / "registry.log"
@@ -285,7 +285,8 @@ def _config(root: Path, port: int, htpasswd: Path | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
