@@ -367,6 +367,16 @@ class SpecError(ValueError):
         super().__init__("\n".join(f"{source}: {p}" for p in problems))
 
 
+class SpecFileErrors(ImportError):
+    """One or more job spec files break rules; the message lists `<file>: <field>: <rule>` lines."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = errors
+        super().__init__(
+            f"{len(errors)} job spec file(s) are invalid and have no DAG:\n" + "\n".join(errors.values())
+        )
+
+
 def _problems_from(exc: ValidationError) -> list[SpecProblem]:
     problems = []
     for err in exc.errors(include_url=False):

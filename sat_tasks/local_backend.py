@@ -1,0 +1,267 @@
+"""The local backend: run an attempt as a subprocess on a named local "node", watch it, record it.
+
+It produces the same `AttemptRecord` as the Kubernetes path, so `classify` does not care
+where an attempt ran. A small pool of named nodes stands in for machines; each node has a
+kernel log (`nodes/<node>/kern.log`) where injected hardware faults leave Xid lines, as
+a real GPU node's dmesg would.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+from sat_tasks.attempt import AttemptRecord
+from sat_tasks.spec import Fault, FaultKind
+
+Log = Callable[[str], None]
+LOG_TAIL_LINES = 200
+PROGRESS_RELATIVE = Path("concurrent_checkpoint") / "progress.json"
+START_MARKER = "Starting dataset initialization"
+
+
+class NoHealthyNodeError(RuntimeError):
+    """Every node of the local pool is excluded (they all failed earlier attempts)."""
+
+
+def pick_node(pool: Sequence[str], exclude: Sequence[str]) -> str:
+    """The first node of the pool that is not excluded."""
+    for node in pool:
+        if node not in exclude:
+            return node
+    raise NoHealthyNodeError(f"no healthy node left: pool {list(pool)}, excluded {list(exclude)}")
+
+
+def now_utc() -> datetime:
+    """The current time, UTC, tz-aware."""
+    return datetime.now(timezone.utc)
+
+
+def xid_line(node: str, xid: int, pid: int) -> str:
+    """A kernel-log line like the NVIDIA driver writes for an Xid event."""
+    messages = {
+        79: "GPU has fallen off the bus.",
+        48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
+        74: "NVLink: fatal error detected on link 3",
+        95: "Uncontained ECC error",
+        13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    }
+    stamp = f"[{time.monotonic():12.6f}]"
+    return f"{stamp} NVRM: Xid (PCI:0000:3b:00): {xid}, pid={pid}, name=python, {messages.get(xid, 'GPU error')}"
+
+
+@dataclass
+class LocalAttempt:
+    """One attempt to run on the local backend.
+
+    Call order: build it, then `run(log)` once; it returns the `AttemptRecord`.
+    """
+
+    job: str
+    attempt: int
+    node: str
+    command: str
+    env: dict[str, str]
+    cwd: Path
+    output_dir: Path
+    job_log: Path
+    node_dir: Path
+    image: str | None = None
+    faults: list[Fault] = field(default_factory=list)
+    heartbeat_timeout: float = 300.0
+    grace_seconds: float = 30.0
+    poll_seconds: float = 0.2
+
+    def run(self, log: Log = print) -> AttemptRecord:
+        """Start the command, stream its output, inject faults, watch for hangs; return the record."""
+        self.node_dir.mkdir(parents=True, exist_ok=True)
+        self.job_log.parent.mkdir(parents=True, exist_ok=True)
+        kern_log = self.node_dir / "kern.log"
+        kern_offset = kern_log.stat().st_size if kern_log.exists() else 0
+        tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        state = _WatchState()
+        env = {**os.environ, **self.env}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        started = now_utc()
+        with open(self.job_log, "a", encoding="utf-8") as job_log:
+            header = (
+                f"{started.isoformat()} [sat] attempt {self.attempt} of job {self.job} on node {self.node}: "
+                f"{START_MARKER}"
+            )
+            job_log.write(header + "\n")
+            job_log.flush()
+            log(header)
+            proc = subprocess.Popen(
+                ["bash", "-c", self.command],
+                cwd=self.cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+            state.last_progress = time.monotonic()
+            reader = threading.Thread(
+                target=self._pump, args=(proc, job_log, tail, state, log), name="sat-log-pump", daemon=True
+            )
+            reader.start()
+            self._watch(proc, state, kern_log, log)
+            reader.join(timeout=10)
+            finished = now_utc()
+            footer = f"{finished.isoformat()} [sat] attempt {self.attempt} ended: exit status {proc.returncode}"
+            job_log.write(footer + "\n")
+            log(footer)
+        return self._record(proc.returncode, started, finished, list(tail), kern_log, kern_offset, state)
+
+    # ---- steps ------------------------------------------------------------------------------
+    def _pump(self, proc, job_log, tail, state: _WatchState, log: Log) -> None:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            job_log.write(line + "\n")
+            job_log.flush()
+            log(line)
+            state.last_progress = time.monotonic()
+
+    def _watch(self, proc: subprocess.Popen, state: _WatchState, kern_log: Path, log: Log) -> None:
+        started = time.monotonic()
+        pending = [f for f in self.faults if f.attempt == self.attempt]
+        progress_path = self.output_dir / PROGRESS_RELATIVE
+        last_mtime = None
+        while proc.poll() is None:
+            time.sleep(self.poll_seconds)
+            progress = _read_json(progress_path)
+            mtime = progress_path.stat().st_mtime if progress_path.exists() else None
+            if mtime != last_mtime:
+                last_mtime = mtime
+                state.last_progress = time.monotonic()
+            step = int((progress or {}).get("step") or 0)
+            elapsed = time.monotonic() - started
+            for fault in list(pending):
+                due = (fault.at_step is not None and step >= fault.at_step) or (
+                    fault.after_seconds is not None and elapsed >= fault.after_seconds
+                )
+                if due:
+                    pending.remove(fault)
+                    self._inject(fault, proc, state, kern_log, step, log)
+            if state.hung:
+                continue  # a stopped process makes no progress; the heartbeat below catches it
+            if time.monotonic() - state.last_progress > self.heartbeat_timeout and not state.heartbeat_timeout:
+                state.heartbeat_timeout = True
+                log(f"[sat] no training progress for {self.heartbeat_timeout:.0f}s on {self.node}: killing the hung attempt")
+                _kill_group(proc, signal.SIGKILL)
+        if state.hung and not state.heartbeat_timeout:
+            state.heartbeat_timeout = True
+
+    def _inject(self, fault: Fault, proc, state: _WatchState, kern_log: Path, step: int, log: Log) -> None:
+        log(f"[sat] injecting fault {fault.kind.value} on {self.node} at step {step} (attempt {self.attempt})")
+        if fault.kind is FaultKind.HARDWARE:
+            with open(kern_log, "a", encoding="utf-8") as handle:
+                handle.write(xid_line(self.node, fault.xid, proc.pid) + "\n")
+            _kill_group(proc, signal.SIGKILL)  # a dead GPU takes the process down with it
+        elif fault.kind is FaultKind.NODE_LOSS:
+            state.node_lost = True
+            _kill_group(proc, signal.SIGKILL)
+        elif fault.kind is FaultKind.PREEMPTION:
+            state.preemption_notice = True
+            _kill_group(proc, signal.SIGTERM)
+            threading.Thread(target=_kill_after, args=(proc, self.grace_seconds), daemon=True).start()
+        elif fault.kind is FaultKind.HANG:
+            state.hung = True
+            _kill_group(proc, signal.SIGSTOP)
+            threading.Thread(
+                target=_hang_watchdog, args=(proc, self.heartbeat_timeout, log, self.node), daemon=True
+            ).start()
+
+    def _record(self, returncode, started, finished, tail, kern_log, kern_offset, state) -> AttemptRecord:
+        node_log = []
+        if kern_log.exists():
+            with open(kern_log, encoding="utf-8", errors="replace") as handle:
+                handle.seek(kern_offset)
+                node_log = [line.rstrip("\n") for line in handle]
+        sig = -returncode if returncode is not None and returncode < 0 else None
+        exit_code = 128 + sig if sig else returncode
+        node_conditions = []
+        if state.node_lost:
+            node_conditions.append(
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "reason": "NodeStatusUnknown",
+                    "message": "Kubelet stopped posting node status.",
+                }
+            )
+        return AttemptRecord(
+            job=self.job,
+            attempt=self.attempt,
+            backend="local",
+            node=self.node,
+            exit_code=exit_code,
+            signal=sig,
+            termination_reason="Completed" if returncode == 0 else "Error",
+            log_tail=tail,
+            node_log=node_log,
+            node_conditions=node_conditions,
+            started_at=started,
+            finished_at=finished,
+            progress=_read_json(self.output_dir / PROGRESS_RELATIVE),
+            preemption_notice=state.preemption_notice,
+            heartbeat_timeout=state.heartbeat_timeout,
+            image=self.image,
+        )
+
+
+@dataclass
+class _WatchState:
+    last_progress: float = 0.0
+    preemption_notice: bool = False
+    heartbeat_timeout: bool = False
+    node_lost: bool = False
+    hung: bool = False
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_after(proc: subprocess.Popen, grace: float) -> None:
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return
+        time.sleep(0.1)
+    _kill_group(proc, signal.SIGKILL)
+
+
+def _hang_watchdog(proc: subprocess.Popen, timeout: float, log: Log, node: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return
+        time.sleep(0.1)
+    log(f"[sat] no training progress for {timeout:.0f}s on {node}: killing the hung attempt")
+    _kill_group(proc, signal.SIGKILL)
+    _kill_group(proc, signal.SIGCONT)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
