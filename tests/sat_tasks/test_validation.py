@@ -227,6 +227,30 @@ def test_table_level_failure_reports_observed_value(tmp_path: Path) -> None:
     assert "size_bytes" in report.summary_lines()[0]
 
 
+def test_expectation_that_errors_at_run_time_is_a_failed_outcome(tmp_path: Path) -> None:
+    data = write_good_corpus(tmp_path / "data")
+    suite = write_suite(
+        tmp_path / "s.json",
+        [{"type": "expect_column_mean_to_be_between", "kwargs": {"column": "path", "min_value": 1}}],
+    )
+
+    report = validate_dataset(data, suite, log=lambda _: None)
+
+    assert not report.success
+    assert report.failed[0].observed.startswith("error: ")
+
+
+def test_readme_example_suite_builds(tmp_path: Path) -> None:
+    readme = (REPO / "include" / "expectations" / "README.md").read_text(encoding="utf-8")
+    example = readme.split("```json\n", 1)[1].split("```", 1)[0]
+    suite = tmp_path / "example.json"
+    suite.write_text(example, encoding="utf-8")
+
+    report = validate_dataset(write_good_corpus(tmp_path / "data"), suite, log=lambda _: None)
+
+    assert report.suite_name == "my_corpus" and len(report.results) == 4
+
+
 def test_legacy_suite_spelling_is_accepted(tmp_path: Path) -> None:
     data = write_good_corpus(tmp_path / "data")
     suite = tmp_path / "legacy.json"
