@@ -33,7 +33,7 @@ FILE_COLUMNS: dict[str, str] = {
 # kwargs that name a column of the table; checked before GX runs so a typo is a clear error.
 _COLUMN_KWARGS = ("column", "column_A", "column_B")
 _COLUMN_LIST_KWARGS = ("column_list",)
-# kwargs GX adds to a result that say nothing to a reader.
+# kwargs that are GX bookkeeping, left out of an outcome.
 _NOISE_KWARGS = frozenset({"batch_id", "result_format", "include_config", "catch_exceptions"})
 _READ_CHUNK = 1 << 20
 _MAX_LISTED_FILES = 10
