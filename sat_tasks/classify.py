@@ -74,7 +74,9 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Verdict:
-        return cls(kind=VerdictKind(data["kind"]), evidence=list(data.get("evidence", [])), reason=data.get("reason", ""))
+        return cls(
+            kind=VerdictKind(data["kind"]), evidence=list(data.get("evidence", [])), reason=data.get("reason", "")
+        )
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ _TEXT_RULES: tuple[_TextRule, ...] = (
     _rule(r"\bGPU is lost\b|NVML_ERROR_GPU_IS_LOST", _HW, "GPU is lost"),
     _rule(r"uncorrectable ECC error encountered|\buncorrectable\b.*\bECC\b|\bECC\b.*\buncorrectable\b"
           r"|double bit error|\bDBE\b|uncontained ECC", _HW, "uncorrectable ECC error"),
-    _rule(r"\[Hardware Error\].*(uncorrected|fatal)|EDAC .*\bUE\b", _HW, "uncorrected machine check"),
+    _rule(r"\[Hardware Error\].*(uncorrected|fatal)|EDAC .*\bUE\b", _HW, "uncorrected machine check / memory error"),
     _rule(r"Memory failure: 0x[0-9a-f]+", _HW, "host memory failure (hwpoison)"),
     _rule(r"RmInitAdapter failed", _HW, "GPU failed to initialize"),
     _rule(r"Driver/library version mismatch", _HW, "NVIDIA driver/library mismatch on the node"),
@@ -332,6 +334,14 @@ def _find_flags(record: AttemptRecord) -> Iterator[_Finding]:
                        "training hung (no progress before the heartbeat timeout)")
 
 
+def _recovery_action_needed(line: str) -> bool:
+    """Xid 154 names the recovery action the GPU now needs; `to 0x0 (None)` clears it."""
+    target = re.search(r"\bto (0x[0-9a-f]+)", line, re.IGNORECASE)
+    if target:
+        return int(target.group(1), 16) != 0
+    return bool(re.search(r"reboot|reset|drain", line, re.IGNORECASE))
+
+
 def _find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[_Finding]:
     for line in lines:
         match = _XID_LINE.search(line)
@@ -343,7 +353,7 @@ def _find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[_Fi
             yield _Finding(_HW, describe(line), f"Xid {xid}{on}: {HARDWARE_XIDS[xid]}")
         elif xid in APPLICATION_XIDS:
             yield _Finding(_INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}")
-        elif xid == _XID_RECOVERY_ACTION and re.search(r"\bto 0x[1-9a-f]|reboot|reset|drain", line, re.I):
+        elif xid == _XID_RECOVERY_ACTION and _recovery_action_needed(line):
             yield _Finding(_HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot")
         # 63/92/94 and unknown Xids are not evidence of a node fault on their own.
 
@@ -460,6 +470,8 @@ def _find_pod_conditions(record: AttemptRecord) -> Iterator[_Finding]:
             yield _Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted ({reason or 'DisruptionTarget'})")
         elif reason == "TerminationByKubelet" and _SHUTDOWN_MESSAGE.search(message):
             yield _Finding(VerdictKind.PREEMPTED, line, "the node shut down (graceful node shutdown)")
+        elif reason == "TerminationByKubelet":
+            yield _Finding(_HW, line, "the kubelet evicted the pod (node pressure)")
         else:
             yield _Finding(_HW, line, f"the node disrupted the pod ({reason or 'DisruptionTarget'})")
 
