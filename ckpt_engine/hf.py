@@ -1,0 +1,258 @@
+"""Hugging Face Trainer integration: periodic saves become concurrent checkpoints, resume finds verified ones.
+
+Uses only the Trainer's public extension points (a TrainerCallback and ``add_callback``)
+plus two instance-level wraps: the Trainer's checkpoint-save step and ``train`` (to
+resolve ``resume_from_checkpoint=True`` / ``CKPT_LAST_STEP`` to a verified checkpoint).
+The Trainer itself does all loading, so a plain Trainer can also resume from these
+directories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import random
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from ckpt_engine.config import RuntimeConfig
+from ckpt_engine.engine import CheckpointEngine, SaveHandle
+from ckpt_engine.errors import ConfigError
+from ckpt_engine.formats import BytesFile, FilePlan, plan_safetensors, plan_torch_file
+from ckpt_engine.manifest import checkpoint_dir, list_checkpoint_steps, verify_checkpoint
+from ckpt_engine.signals import GracefulTermination
+
+log = logging.getLogger("ckpt_engine")
+
+CKPT_LAST_STEP_ENV = "CKPT_LAST_STEP"
+CONCURRENT_DIR = "concurrent_checkpoint"
+_TRAINER_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def ensure_visible_logging() -> None:
+    """Make the engine's INFO lines reach stderr when the script configured no logging."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def collect_rng_state() -> dict[str, Any]:
+    """RNG states in the layout the Trainer's resume expects in ``rng_state.pth``."""
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all() if torch.distributed.is_initialized() \
+            else torch.cuda.random.get_rng_state()
+    return states
+
+
+class ConcurrentCheckpointCallback(TrainerCallback):
+    """Trainer hooks: wait for staging before the optimizer, finish saves at the end, react to SIGTERM."""
+
+    def __init__(self, owner: DecoratedCheckpointing) -> None:
+        self.owner = owner
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Lazy staging must finish before parameters change."""
+        self.owner.engine.wait_staged()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Record progress; after SIGTERM ask the Trainer for one more save, then a stop."""
+        self.owner.engine.record_step(state.global_step)
+        if self.owner.termination.requested:
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Every in-flight checkpoint is committed before train() returns."""
+        self.owner.engine.wait()
+
+
+class DecoratedCheckpointing:
+    """Hooks a Hugging Face Trainer so that its periodic saves become concurrent checkpoints.
+
+    Call order: build the Trainer -> ``DecoratedCheckpointing(runtime_config={...,
+    "trainer": trainer}, rank=local_rank)`` -> ``trainer.train(resume_from_checkpoint=...)``.
+    ``resume_from_checkpoint=True`` (or ``CKPT_LAST_STEP=-1``) resumes from the newest
+    complete, verified checkpoint (concurrent or the Trainer's own); ``CKPT_LAST_STEP=n``
+    from step n (falling back past a corrupt one). See RuntimeConfig for the keys.
+    """
+
+    def __init__(self, runtime_config: Mapping[str, Any], rank: int = -1) -> None:
+        self.config = RuntimeConfig.from_mapping(runtime_config)
+        trainer = self.config.trainer
+        if trainer is None or not hasattr(trainer, "_save_checkpoint") or not hasattr(trainer, "args"):
+            raise ConfigError("runtime_config['trainer'] must be a transformers.Trainer")
+        ensure_visible_logging()
+        self.trainer = trainer
+        self.rank = rank
+        self.root = self.config.checkpoint_dir or os.path.join(trainer.args.output_dir, CONCURRENT_DIR)
+        self.is_writer = trainer.args.process_index == 0 or getattr(trainer, "is_deepspeed_enabled", False)
+        self.engine = CheckpointEngine(
+            self.root, host_cache_size=self.config.host_cache_size, parser_threads=self.config.parser_threads,
+            pin_host_cache=self.config.pin_host_cache, keep_last=self.config.keep_last,
+            max_in_flight=self.config.max_in_flight, on_error=self.config.on_error,
+            rank=max(rank, 0) if trainer.args.process_index == 0 else 1)
+        self.termination = GracefulTermination(self.config.effective_grace_seconds(), on_timeout=self._grace_expired)
+        if self.config.handle_sigterm:
+            self.termination.install()
+        self.callback = ConcurrentCheckpointCallback(self)
+        trainer.add_callback(self.callback)
+        self._trainer_save_checkpoint = trainer._save_checkpoint
+        self._trainer_train = trainer.train
+        trainer._save_checkpoint = self._save_checkpoint
+        trainer.train = self.train
+        self.last_handle: SaveHandle | None = None
+
+    # ---- resume -------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train`` with ``True`` / ``CKPT_LAST_STEP`` resolved to a verified checkpoint path."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = self.resolve_resume(self.requested_step())
+        try:
+            output = self._trainer_train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self.engine.wait()
+        if self.termination.requested:
+            self.termination.finish()
+        return output
+
+    @staticmethod
+    def requested_step() -> int:
+        """Step asked for by ``CKPT_LAST_STEP`` (-1, the newest, when unset)."""
+        raw = os.environ.get(CKPT_LAST_STEP_ENV, "-1").strip() or "-1"
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{CKPT_LAST_STEP_ENV}={raw!r} is not an integer step") from None
+
+    def resolve_resume(self, step: int = -1) -> str | None:
+        """Path of the checkpoint to resume from, or None (logged) to start fresh."""
+        candidates: list[tuple[int, int, str]] = []
+        for found in list_checkpoint_steps(self.engine.storage):
+            candidates.append((found, 1, os.path.join(self.root, checkpoint_dir(found))))
+        output_dir = self.trainer.args.output_dir
+        for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
+            match = _TRAINER_CKPT_RE.match(name)
+            if match:
+                candidates.append((int(match.group(1)), 0, os.path.join(output_dir, name)))
+        candidates.sort(reverse=True)
+        for found, concurrent, path in candidates:
+            if step >= 0 and found > step:
+                continue
+            problem = self._check_candidate(path, concurrent=bool(concurrent))
+            if problem:
+                log.warning("[Concurrent Checkpoint] checkpoint-%d at %s is not usable, skipping it: %s",
+                            found, path, problem)
+                continue
+            if step >= 0 and found != step:
+                log.warning("[Concurrent Checkpoint] checkpoint-%d requested but not usable; falling back to "
+                            "checkpoint-%d", step, found)
+            log.info("[Concurrent Checkpoint] Resuming from checkpoint-%d (%s)", found, path)
+            return path
+        log.info("[Concurrent Checkpoint] No Checkpoint found with step: %d", step)
+        return None
+
+    def _check_candidate(self, path: str, *, concurrent: bool) -> str | None:
+        if concurrent:
+            report = verify_checkpoint(self.engine.storage, os.path.basename(path))
+            return None if report.ok else "; ".join(report.problems)
+        if not os.path.isfile(os.path.join(path, "trainer_state.json")):
+            return "no trainer_state.json (incomplete Trainer checkpoint)"
+        return None
+
+    # ---- save ---------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model: Any, trial: Any = None) -> None:
+        trainer = self.trainer
+        if self.config.keep_trainer_saves:
+            self._trainer_save_checkpoint(model, trial)
+        if trial is None and getattr(trainer, "hp_search_backend", None) is None:
+            trainer.store_flos()
+        step = trainer.state.global_step
+        deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
+        if not self.is_writer:
+            return
+        files = self.plan_checkpoint(step, deepspeed=deepspeed)
+        lazy = not deepspeed  # DeepSpeed steps its optimizer inside backward(): stage before returning
+        self.last_handle = self.engine.save_files(step, files, layout="hf", lazy=lazy,
+                                                  metadata={"global_step": step, "deepspeed": deepspeed})
+        if self.termination.requested:
+            self.termination.note_final_checkpoint(step)
+
+    def plan_checkpoint(self, step: int, *, deepspeed: bool = False) -> list[FilePlan]:
+        """The files of an HF-layout checkpoint at ``step`` (only metadata is copied here)."""
+        trainer, args = self.trainer, self.trainer.args
+        model = trainer.model
+        files: list[FilePlan] = [plan_safetensors("model.safetensors", model.state_dict(), {"format": "pt"})]
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(config, "to_json_string"):
+            files.append(BytesFile(name="config.json", data=config.to_json_string().encode()))
+        generation = getattr(model, "generation_config", None)
+        if generation is not None and hasattr(generation, "to_json_string"):
+            files.append(BytesFile(name="generation_config.json", data=generation.to_json_string().encode()))
+        if not args.save_only_model:
+            if deepspeed:
+                from ckpt_engine.deepspeed_compat import plan_deepspeed_files
+
+                files.extend(plan_deepspeed_files(trainer.model_wrapped, step, self.root))
+            elif trainer.optimizer is not None:
+                files.append(plan_torch_file("optimizer.pt", trainer.optimizer.state_dict()))
+            if trainer.lr_scheduler is not None and (not deepspeed or not _is_deepspeed_scheduler(trainer)):
+                files.append(plan_torch_file("scheduler.pt", trainer.lr_scheduler.state_dict()))
+            scaler = getattr(trainer.accelerator, "scaler", None)
+            if scaler is not None:
+                files.append(plan_torch_file("scaler.pt", scaler.state_dict()))
+            rng_name = "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
+            files.append(plan_torch_file(rng_name, collect_rng_state()))
+        files.append(BytesFile(name="trainer_state.json", data=self._trainer_state_json()))
+        files.append(BytesFile(name="training_args.bin", data=_torch_bytes(args)))
+        return files
+
+    def _trainer_state_json(self) -> bytes:
+        from transformers.trainer_callback import ExportableState
+
+        trainer = self.trainer
+        for callback in trainer.callback_handler.callbacks + [trainer.control]:
+            if isinstance(callback, ExportableState):
+                name = callback.__class__.__name__
+                if isinstance(trainer.state.stateful_callbacks.get(name), list):
+                    trainer.state.stateful_callbacks[name].append(callback.state())
+                else:
+                    trainer.state.stateful_callbacks[name] = callback.state()
+        return (json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n").encode()
+
+    def _grace_expired(self) -> None:
+        log.error("[Concurrent Checkpoint] grace period expired before the final checkpoint committed; exiting")
+
+    def wait(self) -> None:
+        """Block until every in-flight checkpoint is committed."""
+        self.engine.wait()
+
+
+def _is_deepspeed_scheduler(trainer: Any) -> bool:
+    try:
+        from accelerate.utils import DeepSpeedSchedulerWrapper
+    except ImportError:  # pragma: no cover - accelerate always ships it
+        return False
+    return isinstance(trainer.lr_scheduler, DeepSpeedSchedulerWrapper)

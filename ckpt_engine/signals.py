@@ -1,0 +1,79 @@
+"""SIGTERM (a Spot notice): finish the in-flight checkpoint, take a final one within a grace period, exit 143."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("ckpt_engine")
+
+EXIT_STATUS = 128 + signal.SIGTERM
+
+
+class GracefulTermination:
+    """Turns SIGTERM into a request the training loop honours at its next step boundary.
+
+    Call order: ``install()`` -> (signal arrives: ``requested`` becomes True and a
+    watchdog starts) -> the loop saves a final checkpoint and waits for it ->
+    ``finish()`` exits with 128+15. If that takes longer than ``grace_seconds`` the
+    watchdog calls ``on_timeout`` and exits with the same status anyway.
+    """
+
+    def __init__(self, grace_seconds: float, *, on_timeout: Callable[[], None] | None = None) -> None:
+        self.grace_seconds = grace_seconds
+        self.on_timeout = on_timeout
+        self.requested = False
+        self.requested_at: float | None = None
+        self.final_step: int | None = None
+        self._previous: Any = None
+        self._finished = threading.Event()
+
+    def install(self) -> bool:
+        """Register the SIGTERM handler (only possible from the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("[Concurrent Checkpoint] not in the main thread: SIGTERM handling disabled")
+            return False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return True
+
+    def uninstall(self) -> None:
+        """Restore the previous SIGTERM handler."""
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            return
+        self.requested, self.requested_at = True, time.monotonic()
+        log.warning("[Concurrent Checkpoint] SIGTERM received: finishing the in-flight checkpoint and taking a "
+                    "final one within %.0fs", self.grace_seconds)
+        threading.Thread(target=self._watchdog, name="ckpt-sigterm-watchdog", daemon=True).start()
+
+    def _watchdog(self) -> None:
+        if self._finished.wait(self.grace_seconds):
+            return
+        if self.on_timeout is not None:
+            self.on_timeout()
+        logging.shutdown()
+        os._exit(EXIT_STATUS)
+
+    def note_final_checkpoint(self, step: int) -> None:
+        """Remember which step the final checkpoint is."""
+        self.final_step = step
+
+    def finish(self) -> None:
+        """Everything is committed: exit with the signal's status."""
+        self._finished.set()
+        log.warning("[Concurrent Checkpoint] final checkpoint %s committed; exiting with status %d",
+                    f"checkpoint-{self.final_step}" if self.final_step is not None else "(none)", EXIT_STATUS)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(EXIT_STATUS)
