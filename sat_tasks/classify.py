@@ -482,7 +482,7 @@ def _find_node(record: AttemptRecord) -> Iterator[_Finding]:
         kind, status = condition.get("type"), str(condition.get("status"))
         line = _describe_condition("node", condition)
         text = f"{condition.get('reason') or ''} {condition.get('message') or ''}"
-        if kind == "Ready" and status != "True":
+        if kind == "Ready" and status in {"False", "Unknown"}:
             yield _Finding(_HW, line, "the node is NotReady", beats_success=False)
         elif kind not in _PRESSURE_CONDITIONS and kind != "Ready" and status == "True":
             if _SPOT_WORDS.search(text):
