@@ -43,6 +43,8 @@ __all__ = [
     "VerdictKind",
     "Verdict",
     "classify",
+    "load_record",
+    "UnreadableInput",
     "register_cli",
     "run_classify_cli",
     "HARDWARE_XIDS",
@@ -203,7 +205,7 @@ _INTERNAL_TERMINATION_REASONS = frozenset({"OOMKilled", "ContainerCannotRun", "S
 _HARDWARE_TERMINATION_REASONS = frozenset({"Evicted", "NodeLost", "UnexpectedAdmissionError", "NodeAffinity"})
 _PREEMPTED_TERMINATION_REASONS = frozenset({"Preempted", "Preempting", "Shutdown", "Terminated", "NodeShutdown"})
 _SHUTDOWN_MESSAGE = re.compile(r"node shutdown|shutting down|imminent node shutdown", re.IGNORECASE)
-_SPOT_WORDS = re.compile(r"spot|preempt|interrupt", re.IGNORECASE)
+_SPOT_WORDS = re.compile(r"\bspot\b|spot.?interrupt|preempt", re.IGNORECASE)
 _PREEMPTING_DISRUPTIONS = frozenset({"PreemptionByScheduler", "PreemptionByKubeScheduler"})
 _IMAGE_EVENT_MESSAGE = re.compile(
     r"Failed to pull image|Back-off pulling image|ErrImagePull|ImagePullBackOff|InvalidImageName"
