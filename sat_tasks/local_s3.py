@@ -41,8 +41,11 @@ class LocalS3Server:
 
     def start(self) -> LocalS3Server:
         """Start the server on a free port (or the given one)."""
+        import logging
+
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
         self.port = self.port or free_port()
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()

@@ -185,10 +185,14 @@ def stage_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
 # ---- validate_data ----------------------------------------------------------------------------
 def validate_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
     """Run the Great Expectations suite on the staged data; a failure stops the job before training."""
-    from sat_tasks.validation import validate_dataset
+    from sat_tasks.validation import DataValidationError, validate_dataset
 
     run = JobRun(job, run_id)
-    report = validate_dataset(run.data_dir, job.data.expectation_suite, log=log)
+    try:
+        report = validate_dataset(run.data_dir, job.data.expectation_suite, log=log)
+    except DataValidationError as exc:
+        run.history(log).record(JobStatus.INTERNAL_ERROR, f"data validation could not run: {exc}", task="validate_data")
+        raise JobStopped(f"data validation could not run: {exc}") from None
     if not report.success:
         lines = report.summary_lines()
         run.history(log).record(

@@ -65,15 +65,14 @@ def object_storage_hook(conn_id: str = DEFAULT_CONN_ID) -> S3Hook:
 def safe_relative_path(key: str, prefix: str) -> PurePosixPath:
     """The path of `key` below `prefix`, refusing keys that would escape the target directory."""
     rel = key[len(prefix):] if key.startswith(prefix) else key
-    rel = rel.lstrip("/") if prefix.endswith("/") or not prefix else rel
-    if rel.startswith("/"):
-        rel = rel[1:]
+    if prefix and not prefix.endswith("/") and rel.startswith("/"):
+        rel = rel[1:]  # prefix "data" and key "data/x": the separator is not part of the path
     if not rel:
         raise UnsafeKeyError(f"object key {key!r} names the prefix itself, not a file below it")
     if "\\" in rel or "\x00" in rel:
         raise UnsafeKeyError(f"object key {key!r}: backslashes and NUL bytes are not allowed in staged keys")
     path = PurePosixPath(rel)
-    if path.is_absolute() or any(part in ("..", ".") for part in path.parts) or key.startswith("/"):
+    if rel.startswith("/") or any(part in ("..", ".") for part in path.parts) or key.startswith("/"):
         raise UnsafeKeyError(
             f"object key {key!r} would escape the target directory ('..', '.' or absolute paths are refused)"
         )

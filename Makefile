@@ -1,0 +1,50 @@
+# SAT: the two commands are `make demo` and `make test`; both create .venv from the lock file.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+export AIRFLOW_HOME := $(CURDIR)/.airflow
+export AIRFLOW_CONFIG := $(CURDIR)/airflow.cfg
+export GX_ANALYTICS_ENABLED := false
+export DS_BUILD_OPS := 0
+
+.PHONY: demo test test-slow benchmarks vendor system-deps clean
+
+# The virtual environment, (re)built when the lock file or pyproject is newer than it.
+# torch first (the pinned CPU wheel), then the lock without build isolation so that
+# packages which build against torch (deepspeed) see it instead of fetching another.
+$(VENV)/.installed: requirements.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check pip==26.3 setuptools==84.2.1 wheel==0.48.0
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -r requirements.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+.venv: $(VENV)/.installed
+	@touch $@
+
+# Debian's registry server (and htpasswd) for the image-check tests against a real registry.
+system-deps:
+	@command -v docker-registry >/dev/null && command -v htpasswd >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry apache2-utils >/dev/null; }
+
+demo: .venv
+	$(VENV)/bin/sat demo
+
+test: .venv system-deps
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: .venv system-deps
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+benchmarks: .venv
+	$(PY) -m pytest tests/benchmarks -s -p no:cacheprovider $(PYTEST_ARGS) || true
+
+vendor: .venv
+	$(VENV)/bin/sat vendor build/checkpoint_vendor
+
+clean:
+	rm -rf .airflow .sat build

@@ -1,0 +1,93 @@
+"""Test set-up: a throwaway Airflow home and metadata DB, the embedded S3 server, marker skips."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_HOME = Path(tempfile.mkdtemp(prefix="sat-test-airflow-"))
+
+# Before anything imports Airflow: a private AIRFLOW_HOME, the project's config, and
+# overrides for the paths that airflow.cfg derives from AIRFLOW_HOME.
+os.environ["AIRFLOW_HOME"] = str(_HOME)
+os.environ["AIRFLOW_CONFIG"] = str(ROOT / "airflow.cfg")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(ROOT / "plugins")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__SAT__WORK_DIR"] = str(_HOME / "work")
+os.environ["AIRFLOW__SAT__JOBS_DIR"] = str(ROOT / "include" / "jobs")
+os.environ["AIRFLOW__SAT__BACKEND"] = "local"
+os.environ["AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS"] = "20"
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """gpu and k8s tests are reported as skipped where there is no GPU or cluster."""
+    has_kube = bool(os.environ.get("KUBECONFIG"))
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        has_gpu = False
+    for item in items:
+        if "k8s" in item.keywords and not has_kube:
+            item.add_marker(pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG"))
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated SQLite metadata DB in the session's Airflow home."""
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL, env=os.environ
+    )
+    return _HOME / "airflow.db"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 for the session, exported as the sat_object_storage connection."""
+    from sat_tasks.local_s3 import LocalS3Server
+
+    server = LocalS3Server().start()
+    previous = {k: os.environ.get(k) for k in server.connection_env()}
+    os.environ.update(server.connection_env())
+    yield server
+    server.stop()
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def s3_hook(s3_server):
+    """An S3Hook on the session's S3 server."""
+    from sat_tasks.storage import object_storage_hook
+
+    return object_storage_hook()
+
+
+@pytest.fixture(scope="session")
+def demo_bucket(s3_hook):
+    """The demo bucket seeded with the shipped corpus and scripts."""
+    from sat_tasks.local_s3 import DEMO_BUCKET, seed_demo_bucket
+
+    seed_demo_bucket(s3_hook)
+    return DEMO_BUCKET

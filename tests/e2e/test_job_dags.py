@@ -1,0 +1,161 @@
+"""Training Job DAGs end to end with dag.test(): local backend, embedded S3, injected faults.
+
+These runs use a stand-in trainer (tests/e2e/scripts/fake_train.py) that writes
+progress.json like the checkpoint engine, so each scenario takes seconds of "training";
+the real tiny-Llama job with the engine runs in test_demo_job.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sat_tasks.cli import run_job
+from sat_tasks.pipeline import JobRun
+from sat_tasks.spec import parse_spec
+from sat_tasks.storage import read_json
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FAKE = "python fake_train.py"
+
+
+@pytest.fixture(scope="module")
+def scripts_in_bucket(s3_hook, demo_bucket, airflow_db):
+    for path in SCRIPTS.glob("*.py"):
+        s3_hook.load_file(filename=path, key=f"test-scripts/{path.name}", bucket_name=demo_bucket, replace=True)
+    return f"s3://{demo_bucket}/test-scripts/"
+
+
+def make_job(name: str, script: str = "fake_train.py", **fields):
+    spec = {
+        "name": name,
+        "learning_type": "on-demand",
+        "framework": "pytorch",
+        "job_failover": True,
+        "image": {"url": "registry.sat.local/sat/training:0.1.0"},
+        "data": {"source": "s3://sat-demo/datasets/tiny-corpus/"},
+        "storage": {"script_url": f"s3://sat-demo/test-scripts/{script}"},
+        "results": {"destination": "s3://sat-demo/results/"},
+        "command": f"python {script}",
+        "env": {"FAKE_STEPS": "40", "FAKE_SAVE_EVERY": "5", "FAKE_STEP_SECONDS": "0.05"},
+        "heartbeat_timeout_seconds": 20,
+    }
+    spec.update(fields)
+    return parse_spec(spec)
+
+
+def run(job) -> tuple[dict, list[dict]]:
+    """Run the job through the generic DAG; return the job report and the attempts' verdicts."""
+    report = run_job(job, None, quiet=True)
+    assert report is not None, "no job report written"
+    return report, report["attempts"]
+
+
+def job_log(s3_hook, job, report) -> str:
+    bucket, _, key = (report["results"] + "job.log")[len("s3://"):].partition("/")
+    return s3_hook.read_key(key, bucket_name=bucket)
+
+
+def statuses(report) -> list[str]:
+    return [entry["status"] for entry in report["history"]]
+
+
+def test_hardware_fault_fails_over_and_resumes_from_last_commit(scripts_in_bucket, s3_hook):
+    job = make_job("e2e-failover", faults=[{"kind": "hardware", "attempt": 1, "at_step": 17, "xid": 79}])
+    report, attempts = run(job)
+    assert report["status"] == "Completed"
+    assert statuses(report) == ["Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
+    assert [a["verdict"] for a in attempts] == ["HARDWARE", "SUCCEEDED"]
+    assert attempts[0]["node"] != attempts[1]["node"]
+    assert any("Xid" in line and "79" in line for line in attempts[0]["evidence"])
+    log = job_log(s3_hook, job, report)
+    assert log.count("Starting dataset initialization") == 2
+    committed_at_fault = attempts[0]["last_committed_step"]
+    assert committed_at_fault == 15
+    assert f"resumed from step {committed_at_fault} (CKPT_LAST_STEP={committed_at_fault})" in log
+    assert 17 - committed_at_fault <= 5  # lost work at most one checkpoint interval
+    # Results and history are in the bucket under <results>/<job>/<run_id>/.
+    assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
+    assert s3_hook.check_for_key(report["results"][len("s3://sat-demo/"):] + "output/trainer_state.json",
+                                 bucket_name="sat-demo")
+
+
+def test_four_hardware_faults_end_in_max_retries(scripts_in_bucket):
+    faults = [{"kind": "hardware", "attempt": n, "at_step": 3, "xid": 48} for n in range(1, 5)]
+    report, attempts = run(make_job("e2e-maxretries", faults=faults))
+    assert report["status"] == "Pending - maxretriesexceeded"
+    assert len(attempts) == 4  # the first attempt and three failovers, no fourth failover
+    assert statuses(report).count("Pending - failoverinprogress") == 3
+    assert len({a["node"] for a in attempts}) == 4  # never back on a node that failed
+
+
+def test_broken_script_is_internal_after_one_attempt(scripts_in_bucket, s3_hook):
+    job = make_job("e2e-broken", script="broken_train.py")
+    report, attempts = run(job)
+    assert report["status"] == "Pending - internalerror"
+    assert len(attempts) == 1 and attempts[0]["verdict"] == "INTERNAL"
+    assert any("KeyError" in line for line in attempts[0]["evidence"])
+
+
+def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):
+    faults = [
+        {"kind": "preemption", "attempt": 1, "at_step": 12},
+        {"kind": "preemption", "attempt": 2, "at_step": 26},
+    ]
+    job = make_job("e2e-spot", learning_type="spot", job_failover=False, faults=faults,
+                   spot={"max_resumes": 3, "max_wait_seconds": 120, "poll_seconds": 1})
+    report, attempts = run(job)
+    assert report["status"] == "Completed"
+    assert [a["verdict"] for a in attempts] == ["PREEMPTED", "PREEMPTED", "SUCCEEDED"]
+    assert statuses(report).count("Pending - preempted") == 2
+    log = job_log(s3_hook, job, report)
+    # SIGTERM makes the trainer commit a final checkpoint; each resume starts from it.
+    for attempt in attempts[:2]:
+        step = attempt["last_committed_step"]
+        assert f"SIGTERM: final checkpoint at step {step}" in log
+        assert f"resumed from step {step}" in log
+
+
+def test_bad_image_reference_stops_before_training(scripts_in_bucket):
+    job = make_job("e2e-bad-image", image={"url": "registry.sat.local/Team/UPPER:tag"})
+    report, attempts = run(job)
+    assert report["status"] == "Pending - imagepullbackoff"
+    assert attempts == []
+
+
+def test_hardware_fault_without_failover_fails(scripts_in_bucket):
+    job = make_job("e2e-no-failover", job_failover=False,
+                   faults=[{"kind": "hardware", "attempt": 1, "at_step": 5}])
+    report, attempts = run(job)
+    assert report["status"] == "Failed"
+    assert len(attempts) == 1 and attempts[0]["verdict"] == "HARDWARE"
+
+
+def test_hang_is_detected_by_heartbeat_and_failed_over(scripts_in_bucket):
+    job = make_job("e2e-hang", heartbeat_timeout_seconds=4,
+                   faults=[{"kind": "hang", "attempt": 1, "at_step": 8}])
+    report, attempts = run(job)
+    assert report["status"] == "Completed"
+    assert [a["verdict"] for a in attempts] == ["HARDWARE", "SUCCEEDED"]
+
+
+def test_invalid_data_stops_before_training(scripts_in_bucket, s3_hook, demo_bucket):
+    s3_hook.load_bytes(b"\xff\xfe\x00 not utf-8", key="datasets/broken/part-0.txt", bucket_name=demo_bucket,
+                       replace=True)
+    job = make_job("e2e-bad-data", data={"source": f"s3://{demo_bucket}/datasets/broken/"})
+    report, attempts = run(job)
+    assert report["status"] == "Pending - internalerror"
+    assert "utf8_ok" in report["history"][-1]["reason"]
+    assert attempts == []
+
+
+def test_job_report_is_json_and_free_of_secrets(scripts_in_bucket, s3_hook, s3_server):
+    job = make_job("e2e-secrets")
+    report, _ = run(job)
+    blob = json.dumps(report)
+    assert "sat-local-secret" not in blob
+    run_ = JobRun(job, report["run_id"])
+    status = read_json(s3_hook, run_.status_uri)
+    assert "sat-local-secret" not in json.dumps(status)
