@@ -10,7 +10,8 @@ Call order for one attempt (the DAG does the wiring):
 3. ``build_pod_operator_kwargs(...)`` (one per node rank): keyword arguments for the
    provider's ``KubernetesPodOperator``; the pod it builds is the rendered pod (one source:
    ``build_attempt_pods``), kept after it finishes so ``classify`` can read it.
-4. ``cleanup`` afterwards: ``attempt_label_selector`` selects every object of the attempt.
+4. Multi-node: the operator's ``gang_teardown_callback`` stops the other ranks when one fails.
+5. ``cleanup_attempt`` afterwards (pods and Service of the attempt; ``attempt_label_selector``).
 
 Nothing here talks to a cluster and nothing imports Airflow or the kubernetes client at
 module level (the DAG files import this module at parse time). ADR 0007 explains the choices.
@@ -48,6 +49,8 @@ __all__ = [
     "attempt_name",
     "build_attempt_pods",
     "build_pod_operator_kwargs",
+    "cleanup_attempt",
+    "gang_teardown_callback",
     "label_value",
     "launch_command",
     "pull_secret_name",
@@ -56,6 +59,7 @@ __all__ = [
     "render_run_volume_claim",
     "run_volume_claim_name",
     "run_volume_subpaths",
+    "teardown_peers",
 ]
 
 # Label keys every SAT object carries (selectors, classify and cleanup read them).
@@ -645,7 +649,81 @@ def build_pod_operator_kwargs(
         "startup_timeout_seconds": settings.startup_timeout_seconds,
         "deferrable": deferrable,
         "do_xcom_push": False,
+        "callbacks": [gang_teardown_callback()] if job.distributed else [],
     }
+
+
+# ---- teardown and cleanup ----------------------------------------------------------------------
+def teardown_peers(pod: Any, client: Any) -> list[str]:
+    """When `pod` (one rank) failed, delete the attempt's other ranks that still run.
+
+    They get SIGTERM and their grace period, so they write a final checkpoint, instead of
+    hanging in a collective until NCCL times out. The failed pod itself is kept for
+    classify. `pod` is a V1Pod, `client` a CoreV1Api; returns the names deleted.
+    """
+    if (pod.status.phase if pod.status else None) != "Failed":
+        return []
+    labels = pod.metadata.labels or {}
+    attempt_id, rank = labels.get(LABEL_ATTEMPT_ID), labels.get(LABEL_NODE_RANK)
+    if not attempt_id:
+        return []
+    selector = f"{LABEL_ATTEMPT_ID}={attempt_id}" + (f",{LABEL_NODE_RANK}!={rank}" if rank is not None else "")
+    peers = client.list_namespaced_pod(pod.metadata.namespace, label_selector=selector).items
+    deleted = []
+    for peer in peers:
+        if peer.status and peer.status.phase in ("Succeeded", "Failed"):
+            continue
+        client.delete_namespaced_pod(peer.metadata.name, peer.metadata.namespace,
+                                     grace_period_seconds=pod.spec.termination_grace_period_seconds)
+        deleted.append(peer.metadata.name)
+    return deleted
+
+
+_GANG_TEARDOWN: type | None = None
+
+
+def gang_teardown_callback() -> type:
+    """A `KubernetesPodOperatorCallback` that runs `teardown_peers` when a rank's pod completes."""
+    global _GANG_TEARDOWN
+    if _GANG_TEARDOWN is None:
+        from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
+
+        class GangTeardown(KubernetesPodOperatorCallback):
+            """If one rank of a multi-node attempt fails, stop the others (they checkpoint on SIGTERM)."""
+
+            @staticmethod
+            def on_pod_completion(*, pod: Any, client: Any, mode: str, **kwargs: Any) -> None:
+                if pod is not None and client is not None:
+                    teardown_peers(pod, client)
+
+        _GANG_TEARDOWN = GangTeardown
+    return _GANG_TEARDOWN
+
+
+def cleanup_attempt(client: Any, job: TrainingJob, *, run_id: str, attempt: int,
+                    namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """Delete an attempt's pods and rendezvous Service (after classify has read them).
+
+    `client` is a CoreV1Api; idempotent (objects already gone are skipped). Returns
+    `kind/name` of what was deleted. The run's claim stays: the next attempt resumes from it.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    selector = attempt_label_selector(job, run_id, attempt)
+    deleted = []
+    for kind, lister, deleter in (
+        ("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
+        ("service", client.list_namespaced_service, client.delete_namespaced_service),
+    ):
+        for item in lister(namespace, label_selector=selector).items:
+            try:
+                deleter(item.metadata.name, namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            deleted.append(f"{kind}/{item.metadata.name}")
+    return deleted
 
 
 # ---- CLI ---------------------------------------------------------------------------------------

@@ -509,6 +509,89 @@ def _without_defaults(value):
     return value
 
 
+class _FakeCoreV1:
+    """Records calls of the CoreV1Api methods the backend uses; lists filter by label selector."""
+
+    def __init__(self, pods: list[dict], services: list[dict] = ()):
+        from kubernetes.client import ApiClient
+
+        api = ApiClient()
+        self.pods = [api._ApiClient__deserialize(p, "V1Pod") for p in pods]
+        self.services = [api._ApiClient__deserialize(s, "V1Service") for s in services]
+        self.deleted: list[tuple[str, str, int | None]] = []
+
+    @staticmethod
+    def _select(items, selector: str):
+        from kubernetes.client import V1PodList
+
+        def ok(labels):
+            for term in selector.split(","):
+                if "!=" in term:
+                    key, value = term.split("!=")
+                    if labels.get(key) == value:
+                        return False
+                else:
+                    key, value = term.split("=")
+                    if labels.get(key) != value:
+                        return False
+            return True
+
+        return V1PodList(items=[i for i in items if ok(i.metadata.labels or {})])
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        return self._select(self.pods, label_selector)
+
+    def list_namespaced_service(self, namespace, label_selector):
+        return self._select(self.services, label_selector)
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
+        self.deleted.append(("pod", name, grace_period_seconds))
+
+    def delete_namespaced_service(self, name, namespace):
+        self.deleted.append(("service", name, None))
+
+
+def _with_phase(pod: dict, phase: str) -> dict:
+    return {**pod, "status": {"phase": phase}}
+
+
+def test_a_failed_rank_tears_down_the_running_ranks():
+    from kubernetes.client import ApiClient
+
+    job = parse_spec({**EXTRA_SPECS["on-demand-pytorch-3nodes"], "nodes": 4})
+    pods = _pods(_render(job))
+    other_attempt = _pods(_render(job, attempt=2))[0]
+    client = _FakeCoreV1([_with_phase(pods[0], "Running"), _with_phase(pods[1], "Failed"),
+                          _with_phase(pods[2], "Succeeded"), _with_phase(pods[3], "Pending"),
+                          _with_phase(other_attempt, "Running")])
+    failed = ApiClient()._ApiClient__deserialize(_with_phase(pods[1], "Failed"), "V1Pod")
+    deleted = k8s.teardown_peers(failed, client)
+    assert deleted == [pods[0]["metadata"]["name"], pods[3]["metadata"]["name"]]
+    assert {grace for _, _, grace in client.deleted} == {SETTINGS.termination_grace_seconds}
+
+    succeeded = ApiClient()._ApiClient__deserialize(_with_phase(pods[2], "Succeeded"), "V1Pod")
+    assert k8s.teardown_peers(succeeded, _FakeCoreV1([_with_phase(pods[0], "Running")])) == []
+
+
+def test_multi_node_operators_carry_the_gang_teardown_callback():
+    from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
+
+    multi = k8s.build_pod_operator_kwargs(_job("deepspeed-g2-2nodes"), run_id=RUN_ID, attempt=1, settings=SETTINGS)
+    (callback,) = multi["callbacks"]
+    assert issubclass(callback, KubernetesPodOperatorCallback)
+    single = k8s.build_pod_operator_kwargs(_job("spot-g3"), run_id=RUN_ID, attempt=1, settings=SETTINGS)
+    assert single["callbacks"] == []
+
+
+def test_cleanup_deletes_only_the_attempts_pods_and_service():
+    job = _job("deepspeed-g2-2nodes")
+    attempt_1, attempt_2 = _render(job, attempt=1), _render(job, attempt=2)
+    client = _FakeCoreV1(_pods(attempt_1) + _pods(attempt_2), [attempt_1[0], attempt_2[0]])
+    deleted = k8s.cleanup_attempt(client, job, run_id=RUN_ID, attempt=1)
+    assert deleted == [f"pod/{p['metadata']['name']}" for p in _pods(attempt_1)] + [
+        f"service/{attempt_1[0]['metadata']['name']}"]
+
+
 def test_operator_kwargs_reject_a_rank_outside_the_job():
     with pytest.raises(ValueError, match="node_rank"):
         k8s.build_pod_operator_kwargs(_job("spot-g3"), run_id=RUN_ID, attempt=1, node_rank=1, settings=SETTINGS)
