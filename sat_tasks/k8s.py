@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from sat_tasks.attempt import MAIN_CONTAINER_NAME
 from sat_tasks.local_backend import START_MARKER
+from sat_tasks.paths import safe_run_id
 from sat_tasks.runtime_env import (
     IMAGE_VENDOR_DIR,
     POD_CODE_DIR,
@@ -74,9 +75,10 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "sat", "app.kubernetes.io/componen
 
 DEFAULT_NAMESPACE = "sat-jobs"
 _MAX_LABEL = 63
-_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: Service names, hostnames
-_PYTHON_CMD_RE = re.compile(r"^\s*python(?:3(?:\.\d+)?)?\s+(?P<rest>-m\s+\S.*|[^-\s].*)$", re.DOTALL)
+# `python [-u|-B|-O...] script.py ...` or `python ... -m module ...`: what a launcher can take over.
+_PYTHON_CMD_RE = re.compile(
+    r"^\s*python(?:3(?:\.\d+)?)?(?:\s+-[uBOEsI]+)*\s+(?P<rest>-m\s+\S.*|[^-\s].*)$", re.DOTALL
+)
 _QUANTITY_RE = re.compile(r"^(?P<num>[0-9]+(?:\.[0-9]+)?)(?P<unit>Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -239,8 +241,8 @@ def run_volume_subpaths(job: TrainingJob, run_id: str) -> dict[str, str]:
     of `runtime_env` (POD_DATA_DIR, POD_OUTPUT_DIR, POD_CODE_DIR). The run part keeps a
     shared claim safe for many runs.
     """
-    run_part = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("._")[:80] or "run"
-    root = f"{job.name}/{run_part}-{_short_hash(run_id)}"
+    # safe_run_id folds distinct ids together (`:` and `_` both become `_`): the hash keeps them apart.
+    root = f"{job.name}/{safe_run_id(run_id)[:80]}-{_short_hash(run_id)}"
     return {"data": f"{root}/data", "output": f"{root}/output", "code": f"{root}/code"}
 
 
@@ -299,7 +301,8 @@ def launch_command(job: TrainingJob, *, hosts: Sequence[str] = ()) -> str:
     """The shell command a pod runs: the job's command, wrapped in the framework launcher when distributed.
 
     One node: the command as written. Two or more: a command that starts with `python`
-    (`python script.py ...` or `python -m module ...`) becomes `torchrun` (pytorch) or the
+    (`python script.py ...` or `python -m module ...`; interpreter flags such as `-u` are
+    dropped, the pod sets PYTHONUNBUFFERED) becomes `torchrun` (pytorch) or the
     `deepspeed` launcher without ssh (deepspeed; `hosts` fill its hostfile), with
     rendezvous on rank 0 from the pod's env. Any other command (an explicit `torchrun`,
     `accelerate launch`, a script) runs as written and reads the same env
@@ -521,6 +524,10 @@ def build_attempt_pods(
                 affinity=affinity,
                 image_pull_secrets=pull_secrets,
                 volumes=volumes,
+                # No Service env vars (a Service named `master` would set MASTER_PORT) and no
+                # API token: training talks to its peers and to storage, not to Kubernetes.
+                enable_service_links=False,
+                automount_service_account_token=False,
             ),
         ))
     return pods

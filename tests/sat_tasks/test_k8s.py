@@ -261,6 +261,8 @@ def test_on_demand_pods_never_land_on_spot_capacity():
 
 def test_grace_period_restart_policy_and_termination_message():
     for pod in _pods(_render(_job("deepspeed-g2-2nodes"))):
+        assert pod["spec"]["enableServiceLinks"] is False
+        assert pod["spec"]["automountServiceAccountToken"] is False
         assert pod["spec"]["terminationGracePeriodSeconds"] == 120
         assert pod["spec"]["restartPolicy"] == "Never"
         assert _container(pod)["terminationMessagePolicy"] == "FallbackToLogsOnError"
@@ -409,6 +411,11 @@ def test_container_runs_the_command_under_the_supervisor_in_login_bash():
         pytest.param("on-demand-pytorch-3nodes", "python3 -m pkg.train --x 1",
                      'torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" '
                      '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" -m pkg.train --x 1', id="torchrun-module"),
+        pytest.param("on-demand-pytorch-3nodes", "python3.11 -u -B train.py",
+                     'torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" '
+                     '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" train.py', id="interpreter-flags"),
+        pytest.param("on-demand-pytorch-3nodes", "python -c 'print(1)'", "python -c 'print(1)'",
+                     id="inline-code-untouched"),
         pytest.param("on-demand-pytorch-3nodes", "torchrun --nproc-per-node=4 train.py",
                      "torchrun --nproc-per-node=4 train.py", id="explicit-launcher-untouched"),
         pytest.param("spot-g3", "python train.py", "python train.py", id="single-node-untouched"),
