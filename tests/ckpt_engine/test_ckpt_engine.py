@@ -1,0 +1,135 @@
+"""Core engine: save/load round trips, streaming through a small host cache, retention, progress.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_engine import CheckpointEngine, MemoryStorage, verify_checkpoint
+from ckpt_engine.engine import PROGRESS_NAME
+from ckpt_engine.errors import CheckpointNotFoundError
+
+
+def make_training_state(seed: int = 0, width: int = 64) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small model whose Adam state is populated."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, width)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def assert_state_equal(left: object, right: object) -> None:
+    if isinstance(left, torch.Tensor):
+        assert isinstance(right, torch.Tensor) and left.dtype == right.dtype and torch.equal(left, right)
+    elif isinstance(left, dict):
+        assert set(left) == set(right)  # type: ignore[arg-type]
+        for key in left:
+            assert_state_equal(left[key], right[key])  # type: ignore[index]
+    elif isinstance(left, (list, tuple)):
+        assert len(left) == len(right)  # type: ignore[arg-type]
+        for a, b in zip(left, right):  # type: ignore[call-overload]
+            assert_state_equal(a, b)
+    else:
+        assert left == right
+
+
+@pytest.mark.parametrize("lazy", [pytest.param(False, id="eager"), pytest.param(True, id="lazy")])
+@pytest.mark.parametrize("backend", ["file", "memory"])
+def test_save_load_round_trip(tmp_path: Path, backend: str, lazy: bool) -> None:
+    root = str(tmp_path) if backend == "file" else MemoryStorage(f"rt-{lazy}")
+    engine = CheckpointEngine(root, host_cache_size=0.01, parser_threads=2)
+    model, optimizer = make_training_state()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 7,
+             "extra": {"bf16": torch.randn(5, dtype=torch.bfloat16), "ints": torch.arange(3), "note": "x"}}
+    handle = engine.save(7, state, lazy=lazy)
+    handle.wait_staged()
+    record = handle.wait()
+    assert record is not None and record.step == 7 and record.total_bytes > 0
+    loaded = engine.load()
+    assert_state_equal(state, loaded)
+    assert verify_checkpoint(engine.storage, "checkpoint-7").ok
+    engine.close()
+
+
+def test_state_larger_than_host_cache_is_streamed(tmp_path: Path) -> None:
+    engine = CheckpointEngine(tmp_path, host_cache_size=1 / 1024, parser_threads=2, slab_bytes=256 << 10)
+    big = {f"t{i}": torch.randn(1 << 20) for i in range(4)}  # 16 MiB against a 1 MiB cache
+    engine.save(1, {"model": big}).wait()
+    assert engine.pool.peak_bytes <= 1 << 20
+    assert_state_equal(big, engine.load()["model"])
+    engine.close()
+
+
+def test_tensor_larger_than_cache_and_shared_storage(tmp_path: Path) -> None:
+    engine = CheckpointEngine(tmp_path, host_cache_size=1 / 1024, slab_bytes=128 << 10)
+    base = torch.randn(3 << 18)  # 3 MiB, one tensor bigger than the whole cache
+    state = {"views": {"whole": base, "half": base[: base.numel() // 2]}}
+    engine.save(2, state).wait()
+    loaded = engine.load()["views"]
+    assert torch.equal(loaded["whole"], base) and torch.equal(loaded["half"], state["views"]["half"])
+    assert loaded["half"].untyped_storage().data_ptr() == loaded["whole"].untyped_storage().data_ptr()
+    engine.close()
+
+
+def test_retention_and_progress_json(tmp_path: Path) -> None:
+    engine = CheckpointEngine(tmp_path, keep_last=2)
+    model, _ = make_training_state()
+    for step in (10, 20, 30, 40):
+        engine.record_step(step)
+        engine.save(step, {"model": model.state_dict()}, lazy=True)
+    engine.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-30", "checkpoint-40", PROGRESS_NAME]
+    progress = json.loads((tmp_path / PROGRESS_NAME).read_text())
+    assert progress["last_committed_step"] == 40 and progress["committed_steps"] == [40, 30]
+    assert progress["step"] == 40 and progress["in_flight_step"] is None
+    assert "T" in progress["updated_at"] and progress["updated_at"].endswith("+00:00")
+    assert {"blocking_s", "stage_s", "persist_s", "commit_s"} <= set(progress["timings"])
+    engine.close()
+
+
+def test_second_save_waits_for_previous_and_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = CheckpointEngine(tmp_path, max_in_flight=1)
+    state = {"model": {"w": torch.randn(1 << 20)}}
+    with caplog.at_level(logging.INFO, logger="ckpt_engine"):
+        first = engine.save(1, state, lazy=True)
+        engine.save(2, state, lazy=True)
+    assert first.done()
+    engine.wait()
+    assert any("waited" in r.getMessage() and "checkpoint-2" in r.getMessage() for r in caplog.records) or \
+        engine.records[1].waited_for_previous_s >= 0
+    engine.close()
+
+
+def test_load_specific_step_and_missing(tmp_path: Path) -> None:
+    engine = CheckpointEngine(tmp_path, keep_last=0)
+    for step in (1, 2):
+        engine.save(step, {"meta": {"step": step}})
+    engine.wait()
+    assert engine.load(1)["meta"] == {"step": 1}
+    assert engine.load()["meta"] == {"step": 2}
+    with pytest.raises(CheckpointNotFoundError):
+        engine.load(5)
+    engine.close()
+
+
+def test_stale_temporary_directories_are_removed(tmp_path: Path) -> None:
+    stale = tmp_path / ".tmp-checkpoint-9-deadbeef"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    CheckpointEngine(tmp_path).close()
+    assert not stale.exists()
+
+
+def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        CheckpointEngine(tmp_path, on_error="ignore")
+    engine = CheckpointEngine(tmp_path)
+    with pytest.raises(ValueError, match="file name"):
+        engine.save(1, {"../escape": 1})
+    engine.close()

@@ -1,0 +1,101 @@
+"""Corruption and storage faults: detected, reported, the previous checkpoint stays usable."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_engine import CheckpointEngine, FaultyStorage, FileStorage, PersistError, verify_checkpoint
+
+
+def corrupt_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def corrupt_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def corrupt_missing_manifest(path: Path) -> None:
+    (path.parent / "manifest.json").unlink()
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path: Path) -> CheckpointEngine:
+    engine = CheckpointEngine(tmp_path, keep_last=0)
+    for step in (1, 2):
+        engine.save(step, {"model": {"w": torch.full((4096,), float(step))}, "meta": {"step": step}})
+    engine.wait()
+    return engine
+
+
+@pytest.mark.parametrize("corrupt", [pytest.param(corrupt_flip, id="flipped-byte"),
+                                     pytest.param(corrupt_truncate, id="truncated"),
+                                     pytest.param(corrupt_missing_manifest, id="missing-manifest")])
+def test_corrupt_newest_is_reported_and_skipped(tmp_path: Path, two_checkpoints: CheckpointEngine, corrupt,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    corrupt(tmp_path / "checkpoint-2" / "model.safetensors")
+    report = verify_checkpoint(two_checkpoints.storage, "checkpoint-2")
+    assert not report.ok and report.problems
+    with caplog.at_level(logging.WARNING, logger="ckpt_engine"):
+        state = two_checkpoints.load()
+    assert state["meta"] == {"step": 1}
+    assert any("checkpoint-2" in r.getMessage() for r in caplog.records)
+    assert two_checkpoints.find_checkpoint().step == 1
+    two_checkpoints.close()
+
+
+@pytest.mark.parametrize("code", [pytest.param(errno.ENOSPC, id="ENOSPC"), pytest.param(errno.EIO, id="EIO")])
+def test_persist_failure_keeps_previous_and_training_goes_on(tmp_path: Path, code: int,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    storage = FaultyStorage(FileStorage(tmp_path))
+    engine = CheckpointEngine(storage, on_error="continue", slab_bytes=64 << 10)
+    state = {"model": {"w": torch.randn(1 << 18)}}
+    engine.save(1, state).wait()
+    storage.arm(error=code, after_bytes=100_000)
+    with caplog.at_level(logging.ERROR, logger="ckpt_engine"):
+        failed = engine.save(2, state)
+        with pytest.raises(PersistError):
+            failed.wait()
+        engine.wait()  # on_error="continue": no exception here
+    assert storage.failures >= 1
+    assert any("checkpoint-2 failed" in r.getMessage() for r in caplog.records)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("checkpoint", ".tmp"))) == ["checkpoint-1"]
+    assert engine.progress.last_committed_step == 1 and "checkpoint-2" in (engine.progress.last_error or "")
+    storage.disarm()
+    engine.save(3, state).wait()  # the engine recovers once storage does
+    assert engine.find_checkpoint().step == 3
+    engine.close()
+
+
+def test_on_error_raise_stops_training_with_clear_error(tmp_path: Path) -> None:
+    storage = FaultyStorage(FileStorage(tmp_path))
+    engine = CheckpointEngine(storage, on_error="raise")
+    state = {"model": {"w": torch.randn(1 << 16)}}
+    engine.save(1, state).wait()
+    storage.arm(error=errno.ENOSPC)
+    engine.save(2, state, lazy=True)
+    with pytest.raises(PersistError, match="No space left"):
+        engine.wait()
+    assert engine.load()["model"]["w"].shape == (1 << 16,)
+    engine.close()
+
+
+def test_failure_in_manifest_write_discards_checkpoint(tmp_path: Path) -> None:
+    storage = FaultyStorage(FileStorage(tmp_path))
+    engine = CheckpointEngine(storage)
+    state = {"meta": {"step": 1}}
+    engine.save(1, state).wait()
+    storage.arm(error=errno.EIO, after_bytes=10_000_000 - 1)  # data fits, then the manifest write fails
+    storage.after_bytes = sum(p.stat().st_size for p in (tmp_path / "checkpoint-1").iterdir()
+                              if p.name != "manifest.json")
+    with pytest.raises(PersistError):
+        engine.save(2, {"meta": {"step": 2}}).wait()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint")] == ["checkpoint-1"]
+    engine.close()

@@ -1,0 +1,134 @@
+"""HF Trainer integration through the seed script shape: run, kill, resume, equivalence, SIGTERM, DeepSpeed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import read_progress, seed_env
+
+HF_FILES = {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
+            "training_args.bin", "manifest.json"}
+
+
+def committed(root: Path, step: int):  # type: ignore[no-untyped-def]
+    return lambda: (read_progress(root).get("last_committed_step") or 0) >= step
+
+
+def losses(checkpoint: Path) -> dict[int, float]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
+
+
+def test_seed_script_run_kill_resume(tmp_path: Path, run_seed) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    out.mkdir()
+    root = out / "concurrent_checkpoint"
+    first = run_seed(out, "--max_steps", "20", "--save_steps", "5", env={"SEED_STEP_SLEEP": "0.1"},
+                     kill_when=committed(root, 10))
+    assert first.returncode == -signal.SIGKILL, first.stdout[-3000:]
+    progress = read_progress(root)
+    assert {"step", "last_committed_step", "committed_steps", "updated_at"} <= set(progress)
+    last = progress["last_committed_step"]
+    assert last >= 10 and last in progress["committed_steps"]
+    for step in progress["committed_steps"]:
+        folder = root / f"checkpoint-{step}"
+        assert HF_FILES <= {p.name for p in folder.iterdir()}
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["step"] == step and manifest["layout"] == "hf"
+        assert all(entry["size"] > 0 and entry["checksum"].startswith("xxh3_64:")
+                   for entry in manifest["files"].values())
+
+    resumed = run_seed(out, "--max_steps", "20", "--save_steps", "5", env={"CKPT_LAST_STEP": str(last)})
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Resuming from checkpoint-{last}" in resumed.stdout
+    assert read_progress(root)["last_committed_step"] == 20
+
+    newest = run_seed(out, "--max_steps", "25", "--save_steps", "5", env={"CKPT_LAST_STEP": "-1"})
+    assert newest.returncode == 0, newest.stdout[-3000:]
+    assert "Resuming from checkpoint-20" in newest.stdout
+    assert read_progress(root)["last_committed_step"] == 25
+
+
+def test_fresh_start_with_resume_requested(tmp_path: Path, run_seed) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "fresh"
+    out.mkdir()
+    result = run_seed(out, "--max_steps", "3", "--save_steps", "3", env={"CKPT_LAST_STEP": "-1"})
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "[Concurrent Checkpoint] No Checkpoint found with step: -1" in result.stdout
+    assert (out / "concurrent_checkpoint" / "checkpoint-3" / "manifest.json").exists()
+
+
+def test_resume_equivalence(tmp_path: Path, run_seed) -> None:  # type: ignore[no-untyped-def]
+    steps, half = 16, 8
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    straight.mkdir()
+    broken.mkdir()
+    args = ("--max_steps", str(steps), "--save_steps", str(half))
+    assert run_seed(straight, *args).returncode == 0
+    killed = run_seed(broken, *args, env={"SEED_STEP_SLEEP": "0.2"},
+                      kill_when=committed(broken / "concurrent_checkpoint", half))
+    assert killed.returncode == -signal.SIGKILL
+    resumed = run_seed(broken, *args, env={"CKPT_LAST_STEP": str(half)})
+    assert resumed.returncode == 0 and f"Resuming from checkpoint-{half}" in resumed.stdout
+
+    final_a = straight / "concurrent_checkpoint" / f"checkpoint-{steps}"
+    final_b = broken / "concurrent_checkpoint" / f"checkpoint-{steps}"
+    loss_a, loss_b = losses(final_a), losses(final_b)
+    for step in range(half + 1, steps + 1):
+        assert loss_b[step] == pytest.approx(loss_a[step], rel=1e-5), step
+    params_a, params_b = load_file(final_a / "model.safetensors"), load_file(final_b / "model.safetensors")
+    assert params_a.keys() == params_b.keys()
+    for key in params_a:
+        torch.testing.assert_close(params_b[key], params_a[key], rtol=1e-5, atol=1e-7)
+
+
+def test_sigterm_takes_final_checkpoint_and_exits_143(tmp_path: Path, vendor_dir: Path, corpus_dir: Path) -> None:
+    out = tmp_path / "spot"
+    out.mkdir()
+    root = out / "concurrent_checkpoint"
+    command = [sys.executable, str(Path(__file__).with_name("run_seed.py")), "--data_dir", str(corpus_dir),
+               "--output_dir", str(out), "--max_steps", "200", "--save_steps", "5"]
+    proc = subprocess.Popen(command, env=seed_env(vendor_dir, SEED_STEP_SLEEP="0.1", CKPT_GRACE_SECONDS="30"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not committed(root, 5)() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.25)  # land between periodic saves
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    progress = read_progress(root)
+    final = progress["last_committed_step"]
+    assert final is not None and final >= 5
+    assert "SIGTERM received" in output and f"final checkpoint checkpoint-{final} committed" in output
+    assert (root / f"checkpoint-{final}" / "manifest.json").exists()
+
+
+def test_deepspeed_zero1_save_and_resume(tmp_path: Path, run_seed) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "ds"
+    out.mkdir()
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto",
+                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                                  "zero_allow_untested_optimizer": True}))
+    dist_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29561", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    first = run_seed(out, "--max_steps", "6", "--save_steps", "3", "--deepspeed", str(config), env=dist_env)
+    assert first.returncode == 0, first.stdout[-3000:]
+    folder = out / "concurrent_checkpoint" / "checkpoint-3"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "latest" in manifest["files"] and (folder / "latest").read_text() == "global_step3"
+    assert any(name.startswith("global_step3/") and "optim_states" in name for name in manifest["files"])
+    second = run_seed(out, "--max_steps", "6", "--save_steps", "3", "--deepspeed", str(config),
+                      env={**dist_env, "CKPT_LAST_STEP": "3"})
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "Resuming from checkpoint-3" in second.stdout
