@@ -128,7 +128,7 @@ def _terminated(status: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _labels_job_and_attempt(pod: dict[str, Any]) -> tuple[str | None, int | None]:
     labels = pod.get("metadata", {}).get("labels") or {}
-    job = labels.get("sat/job") or labels.get("dag_id")
+    job = labels.get("sat.ai/job") or labels.get("sat/job") or labels.get("dag_id")
     match = _ATTEMPT_IN_TASK_ID.search(labels.get("task_id", ""))
     return job, int(match.group(1)) if match else None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,8 @@ Log = Callable[[str], None]
 LOG_TAIL_LINES = 200
 PROGRESS_RELATIVE = Path("concurrent_checkpoint") / "progress.json"
 START_MARKER = "Starting dataset initialization"
+# The engine logs this when it resumes; the launcher notes the step in the record's progress.
+RESUME_RE = re.compile(r"Resuming from checkpoint-(\d+)")
 
 
 class NoHealthyNodeError(RuntimeError):
@@ -135,6 +138,9 @@ class LocalAttempt:
             job_log.flush()
             log(line)
             state.last_progress = time.monotonic()
+            match = RESUME_RE.search(line)
+            if match:
+                state.resumed_from = int(match.group(1))
 
     def _watch(self, proc: subprocess.Popen, state: _WatchState, kern_log: Path, log: Log) -> None:
         started = time.monotonic()
@@ -186,6 +192,12 @@ class LocalAttempt:
                 target=_hang_watchdog, args=(proc, self.heartbeat_timeout, log, self.node), daemon=True
             ).start()
 
+    def _progress(self, state: _WatchState) -> dict | None:
+        progress = _read_json(self.output_dir / PROGRESS_RELATIVE)
+        if state.resumed_from is not None:
+            progress = {**(progress or {}), "resumed_from_step": state.resumed_from}
+        return progress
+
     def _record(self, returncode, started, finished, tail, kern_log, kern_offset, state) -> AttemptRecord:
         node_log = []
         if kern_log.exists():
@@ -217,7 +229,7 @@ class LocalAttempt:
             node_conditions=node_conditions,
             started_at=started,
             finished_at=finished,
-            progress=_read_json(self.output_dir / PROGRESS_RELATIVE),
+            progress=self._progress(state),
             preemption_notice=state.preemption_notice,
             heartbeat_timeout=state.heartbeat_timeout,
             image=self.image,
@@ -231,6 +243,7 @@ class _WatchState:
     heartbeat_timeout: bool = False
     node_lost: bool = False
     hung: bool = False
+    resumed_from: int | None = None
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:

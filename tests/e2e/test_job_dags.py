@@ -74,7 +74,8 @@ def test_hardware_fault_fails_over_and_resumes_from_last_commit(scripts_in_bucke
     assert log.count("Starting dataset initialization") == 2
     committed_at_fault = attempts[0]["last_committed_step"]
     assert committed_at_fault == 15
-    assert f"resumed from step {committed_at_fault} (CKPT_LAST_STEP={committed_at_fault})" in log
+    assert f"Resuming from checkpoint-{committed_at_fault} (CKPT_LAST_STEP={committed_at_fault})" in log
+    assert attempts[1]["resumed_from"] == committed_at_fault
     assert 17 - committed_at_fault <= 5  # lost work at most one checkpoint interval
     # Results and history are in the bucket under <results>/<job>/<run_id>/.
     assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
@@ -115,7 +116,7 @@ def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):
     for attempt in attempts[:2]:
         step = attempt["last_committed_step"]
         assert f"SIGTERM: final checkpoint at step {step}" in log
-        assert f"resumed from step {step}" in log
+        assert f"Resuming from checkpoint-{step}" in log
 
 
 def test_bad_image_reference_stops_before_training(scripts_in_bucket):

@@ -21,7 +21,7 @@ start = 0
 if resume is not None:
     wanted = int(resume)
     start = (committed[-1] if committed else 0) if wanted == -1 else wanted
-    print(f"resumed from step {start} (CKPT_LAST_STEP={resume})", flush=True)
+    print(f"[Concurrent Checkpoint] Resuming from checkpoint-{start} (CKPT_LAST_STEP={resume})", flush=True)
 state = {"step": start, "last_committed_step": committed[-1] if committed else None, "committed_steps": committed}
 
 

@@ -1,0 +1,44 @@
+"""The demo Training Job for real: tiny Llama, HF Trainer, the checkpoint engine, a GPU fault, a failover.
+
+This is what `make demo` runs, through the job's own DAG (include/jobs/tiny-llama-demo.yaml).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sat_tasks.cli import run_job
+from sat_tasks.spec import load_spec
+from sat_tasks.storage import read_json
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "include" / "jobs" / "tiny-llama-demo.yaml"
+
+
+def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, airflow_db):
+    job = load_spec(SPEC)
+    report = run_job(job, SPEC)
+    assert report is not None
+    assert report["status"] == "Completed", report["history"]
+    statuses = [e["status"] for e in report["history"]]
+    assert statuses == ["Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
+    first, second = report["attempts"]
+    assert first["verdict"] == "HARDWARE" and second["verdict"] == "SUCCEEDED"
+    assert first["node"] != second["node"]
+    # The fault struck at step 70; checkpoints every 20 steps: resume from 60, lose at most one interval.
+    assert first["last_committed_step"] == 60
+    assert second["resumed_from"] == 60
+    assert report["global_step"] == 160
+    first_loss, last_loss = report["first_loss"][1], report["last_loss"][1]
+    assert last_loss < 0.5 * first_loss, (first_loss, last_loss)  # it learns
+    assert "checkpoint-160" in report["checkpoints"]
+
+    prefix = report["results"][len(f"s3://{demo_bucket}/"):]
+    keys = set(s3_hook.list_keys(bucket_name=demo_bucket, prefix=prefix))
+    for expected in ("output/final/model.safetensors", "output/trainer_state.json", "job.log", "report.json",
+                     "status.json", "output/concurrent_checkpoint/checkpoint-160/model.safetensors"):
+        assert prefix + expected in keys, expected
+    log = s3_hook.read_key(prefix + "job.log", bucket_name=demo_bucket)
+    assert log.count("Starting dataset initialization") == 2
+    assert "Resuming from checkpoint-60" in log
+    assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
