@@ -134,7 +134,7 @@ class FileStorage(Storage):
 
     def _path(self, key: str) -> str:
         path = os.path.normpath(os.path.join(self.root, key))
-        if path != self.root and not path.startswith(self.root + os.sep):
+        if os.path.commonpath([path, self.root]) != self.root:
             raise StorageError(f"key {key!r} escapes the storage root")
         return path
 
