@@ -51,6 +51,7 @@ from ckpt_engine.storage import Storage, StorageWriter, open_storage
 log = logging.getLogger("ckpt_engine")
 
 PROGRESS_NAME = "progress.json"
+TRASH_PREFIX = ".trash-"
 ON_ERROR_CHOICES = ("continue", "raise")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _GIB = 1 << 30
@@ -188,7 +189,7 @@ class CheckpointEngine:
         self.progress.last_committed_step = self.progress.committed_steps[0] if self.progress.committed_steps else None
         if clean_stale and rank <= 0:
             for name in self.storage.list_dir(""):
-                if name.startswith(TMP_PREFIX):
+                if name.startswith((TMP_PREFIX, TRASH_PREFIX, f"{PROGRESS_NAME}.tmp-")):
                     log.warning("[Concurrent Checkpoint] removing incomplete %s left by an earlier run", name)
                     self.storage.delete_tree(name)
 
@@ -341,8 +342,7 @@ class CheckpointEngine:
             self.storage.write_atomic(f"{tmp}/{MANIFEST_NAME}", manifest.to_json())
             final = checkpoint_dir(step)
             if self.storage.exists(final):
-                trash = f".trash-{final}-{uuid.uuid4().hex[:8]}"
-                self.storage.promote(final, trash)
+                trash = self._move_to_trash(final)
                 self.storage.promote(tmp, final)
                 self.storage.delete_tree(trash)
             else:
@@ -367,6 +367,12 @@ class CheckpointEngine:
                  record.total_bytes / 1e6, record.persist_s)
         return record
 
+    def _move_to_trash(self, directory: str) -> str:
+        """Rename first (atomic), delete after: a crash never leaves a partly deleted checkpoint visible."""
+        trash = f"{TRASH_PREFIX}{directory}-{uuid.uuid4().hex[:8]}"
+        self.storage.promote(directory, trash)
+        return trash
+
     def _committed_steps(self) -> list[int]:
         return [s for s in list_checkpoint_steps(self.storage) if self.storage.exists(f"{checkpoint_dir(s)}/{MANIFEST_NAME}")]
 
@@ -375,7 +381,7 @@ class CheckpointEngine:
         if self.keep_last:
             for step in committed[self.keep_last:]:
                 if step != newest:
-                    self.storage.delete_tree(checkpoint_dir(step))
+                    self.storage.delete_tree(self._move_to_trash(checkpoint_dir(step)))
             committed = [s for s in committed[: self.keep_last]] + ([newest] if newest not in committed[: self.keep_last] else [])
         return sorted(set(committed), reverse=True)
 

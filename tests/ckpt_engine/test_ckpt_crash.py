@@ -37,7 +37,7 @@ def check_consistent(root: Path) -> int | None:
     for step in steps:
         report = verify_checkpoint(engine.storage, f"checkpoint-{step}")
         assert report.ok, report.problems  # a directory under its final name is always complete
-    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in root.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
     if not steps:
         engine.close()
         return None
