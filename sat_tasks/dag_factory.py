@@ -174,7 +174,7 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
                 raise AirflowSkipException(f"attempt {k} is not needed")
             if prev["action"] != pipeline.Action.RESUME:
                 return True
-            return _run(pipeline.capacity_available, _job(spec), prev)
+            return _run(pipeline.capacity_available, _job(spec), _run_id(), prev)
 
         first.append(wait_for_capacity(spec))
 

@@ -333,8 +333,10 @@ def decide_next(job: TrainingJob, run_id: str, plan: dict, verdict: dict, log: L
         else:
             history.record(JobStatus.PREEMPTED, f"attempt {attempt} pre-empted on {node}; waiting for capacity",
                            attempt=attempt, task="decide")
+            delay = max([f.capacity_delay_seconds for f in job.faults
+                         if f.attempt == attempt and f.kind.value == "preemption"] or [0])
             return {**decision, "action": Action.RESUME, "resumes": resumes + 1, "why": "spot pre-emption",
-                    "preempted_at": time.time()}
+                    "preempted_at": time.time(), "capacity_at": time.time() + delay}
     # HARDWARE
     if not job.job_failover and not job.is_spot:
         return stop(JobStatus.FAILED, f"hardware fault on {node} and job_failover is off: {evidence}")
@@ -354,14 +356,28 @@ def decide_next(job: TrainingJob, run_id: str, plan: dict, verdict: dict, log: L
             "exclude_nodes": exclude + ([node] if node else []), "why": "hardware fault"}
 
 
-def capacity_available(job: TrainingJob, previous: dict, log: Log = print) -> bool:
-    """Spot: is there capacity again? Raises JobStopped past spot.max_wait_seconds."""
-    waited = time.time() - float(previous.get("preempted_at", time.time()))
-    if waited > job.spot.max_wait_seconds:
-        raise JobStopped(f"no Spot capacity within {job.spot.max_wait_seconds}s (spot.max_wait_seconds)")
+def capacity_available(job: TrainingJob, run_id: str, previous: dict, log: Log = print) -> bool:
+    """Spot: is there capacity again? Stops the job once spot.max_wait_seconds have passed.
+
+    Like SageMaker's MaxWaitTimeInSeconds, the budget counts from the first start of
+    training and covers both training and waiting.
+    """
+    from datetime import datetime
+
+    run = JobRun(job, run_id)
+    history = run.history(log)
+    starts = [e["at"] for e in history.entries() if e["status"] == JobStatus.RUNNING.value]
+    first = datetime.fromisoformat(starts[0]).timestamp() if starts else float(previous.get("preempted_at", time.time()))
+    elapsed = time.time() - first
+    if elapsed > job.spot.max_wait_seconds:
+        why = f"no Spot capacity within spot.max_wait_seconds={job.spot.max_wait_seconds}s of the first start"
+        history.record(JobStatus.FAILED, why, attempt=previous.get("attempt"), task="wait_for_capacity")
+        raise JobStopped(why)
     pool = [n.strip() for n in paths.sat_setting("local_nodes").split(",") if n.strip()]
     free = [n for n in pool if n not in previous.get("exclude_nodes", [])]
-    log(f"capacity check after {waited:.0f}s: {len(free)} node(s) available")
+    if time.time() < float(previous.get("capacity_at", 0)):
+        free = []  # the local pool simulates a Spot market without capacity for a while
+    log(f"capacity check {elapsed:.0f}s after the first start: {len(free)} node(s) available")
     return bool(free)
 
 

@@ -214,6 +214,9 @@ class Fault(_Model):
     at_step: int | None = Field(None, description="training step (from progress.json) at which to strike")
     after_seconds: float | None = Field(None, description="seconds after launch at which to strike")
     xid: int = Field(79, description="NVIDIA Xid written to the node's kernel log (hardware faults)")
+    capacity_delay_seconds: float = Field(
+        0, description="preemption: seconds before the local pool has Spot capacity again"
+    )
 
     @model_validator(mode="after")
     def _when(self) -> Fault:

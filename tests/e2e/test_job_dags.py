@@ -102,7 +102,7 @@ def test_broken_script_is_internal_after_one_attempt(scripts_in_bucket, s3_hook)
 
 def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):
     faults = [
-        {"kind": "preemption", "attempt": 1, "at_step": 12},
+        {"kind": "preemption", "attempt": 1, "at_step": 12, "capacity_delay_seconds": 3},
         {"kind": "preemption", "attempt": 2, "at_step": 26},
     ]
     job = make_job("e2e-spot", learning_type="spot", job_failover=False, faults=faults,
@@ -111,12 +111,29 @@ def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):
     assert report["status"] == "Completed"
     assert [a["verdict"] for a in attempts] == ["PREEMPTED", "PREEMPTED", "SUCCEEDED"]
     assert statuses(report).count("Pending - preempted") == 2
+    # The first wait lasted until capacity came back (a reschedule-mode sensor, polled every second).
+    history = report["history"]
+    from datetime import datetime
+
+    i = statuses(report).index("Pending - preempted")
+    gap = datetime.fromisoformat(history[i + 1]["at"]) - datetime.fromisoformat(history[i]["at"])
+    assert gap.total_seconds() >= 3
     log = job_log(s3_hook, job, report)
     # SIGTERM makes the trainer commit a final checkpoint; each resume starts from it.
     for attempt in attempts[:2]:
         step = attempt["last_committed_step"]
         assert f"SIGTERM: final checkpoint at step {step}" in log
         assert f"Resuming from checkpoint-{step}" in log
+
+
+def test_spot_max_wait_ends_the_job(scripts_in_bucket):
+    faults = [{"kind": "preemption", "attempt": 1, "at_step": 5, "capacity_delay_seconds": 600}]
+    job = make_job("e2e-spot-wait", learning_type="spot", job_failover=False, faults=faults,
+                   spot={"max_resumes": 2, "max_wait_seconds": 8, "poll_seconds": 1})
+    report, attempts = run(job)
+    assert report["status"] == "Failed"
+    assert "max_wait_seconds" in report["history"][-1]["reason"]
+    assert [a["verdict"] for a in attempts] == ["PREEMPTED"]
 
 
 def test_bad_image_reference_stops_before_training(scripts_in_bucket):

@@ -1,0 +1,110 @@
+"""The local backend: node pool, the subprocess, the job log, faults, the attempt record."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sat_tasks.classify import classify
+from sat_tasks.local_backend import LocalAttempt, NoHealthyNodeError, pick_node
+from sat_tasks.spec import Fault
+
+POOL = ["n0", "n1", "n2"]
+
+TRAINER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    out = os.path.join(os.environ["SAT_OUTPUT_DIR"], "concurrent_checkpoint")
+    os.makedirs(out, exist_ok=True)
+    print("env", os.environ["SAT_JOB_NAME"], os.environ.get("CKPT_LAST_STEP"), flush=True)
+    for step in range(1, int(sys.argv[1]) + 1):
+        time.sleep(0.02)
+        with open(os.path.join(out, "progress.json"), "w") as f:
+            json.dump({"step": step, "last_committed_step": step - step % 5}, f)
+    print("done", flush=True)
+    """
+)
+
+
+def attempt(tmp_path: Path, *, command: str, faults=(), heartbeat=30.0, grace=5.0, attempt_no=1) -> LocalAttempt:
+    (tmp_path / "code").mkdir(exist_ok=True)
+    (tmp_path / "code" / "t.py").write_text(TRAINER)
+    return LocalAttempt(
+        job="unit-job", attempt=attempt_no, node="n1", command=command,
+        env={"SAT_OUTPUT_DIR": str(tmp_path / "out"), "SAT_JOB_NAME": "unit-job", "CKPT_LAST_STEP": "-1"},
+        cwd=tmp_path / "code", output_dir=tmp_path / "out", job_log=tmp_path / "job.log",
+        node_dir=tmp_path / "nodes" / "n1", faults=list(faults), heartbeat_timeout=heartbeat, grace_seconds=grace,
+        poll_seconds=0.05,
+    )
+
+
+def test_pick_node_skips_failed_nodes():
+    assert pick_node(POOL, []) == "n0"
+    assert pick_node(POOL, ["n0", "n2"]) == "n1"
+    with pytest.raises(NoHealthyNodeError, match="no healthy node left"):
+        pick_node(POOL, POOL)
+
+
+def test_success_record_log_and_environment(tmp_path):
+    lines: list[str] = []
+    record = attempt(tmp_path, command="python t.py 20").run(lines.append)
+    assert record.exit_code == 0 and record.signal is None and record.node == "n1"
+    assert record.progress == {"step": 20, "last_committed_step": 20}
+    assert "env unit-job -1" in record.log_tail and "done" in record.log_tail
+    assert classify(record).kind.value == "SUCCEEDED"
+    log = (tmp_path / "job.log").read_text()
+    assert "Starting dataset initialization" in log and "ended: exit status 0" in log
+    assert any("Starting dataset initialization" in line for line in lines)
+    # A second attempt appends to the same job log.
+    attempt(tmp_path, command="python t.py 2", attempt_no=2).run(lambda _: None)
+    assert (tmp_path / "job.log").read_text().count("Starting dataset initialization") == 2
+
+
+def test_hardware_fault_writes_xid_and_kills(tmp_path):
+    fault = Fault(kind="hardware", at_step=10, xid=48)
+    record = attempt(tmp_path, command="python t.py 400", faults=[fault]).run(lambda _: None)
+    assert record.signal == 9 and record.exit_code == 137
+    assert any("Xid" in line and ": 48," in line for line in record.node_log)
+    assert 10 <= record.progress["step"] < 400
+    verdict = classify(record)
+    assert verdict.kind.value == "HARDWARE"
+    assert any("48" in line for line in verdict.evidence)
+
+
+def test_fault_for_another_attempt_is_ignored(tmp_path):
+    fault = Fault(kind="hardware", attempt=2, at_step=3)
+    record = attempt(tmp_path, command="python t.py 10", faults=[fault]).run(lambda _: None)
+    assert record.exit_code == 0 and record.node_log == []
+
+
+def test_preemption_sends_sigterm_then_notes_it(tmp_path):
+    fault = Fault(kind="preemption", after_seconds=0.5)
+    record = attempt(tmp_path, command="python t.py 2000", faults=[fault]).run(lambda _: None)
+    assert record.preemption_notice and record.signal == 15
+    assert classify(record).kind.value == "PREEMPTED"
+
+
+def test_hang_is_caught_by_the_heartbeat(tmp_path):
+    fault = Fault(kind="hang", at_step=5)
+    record = attempt(tmp_path, command="python t.py 2000", faults=[fault], heartbeat=1.0).run(lambda _: None)
+    assert record.heartbeat_timeout
+    assert classify(record).kind.value == "HARDWARE"
+
+
+def test_node_loss_sets_node_condition(tmp_path):
+    fault = Fault(kind="node_loss", at_step=3)
+    record = attempt(tmp_path, command="python t.py 2000", faults=[fault]).run(lambda _: None)
+    assert record.node_conditions[0]["type"] == "Ready" and record.node_conditions[0]["status"] == "Unknown"
+    assert classify(record).kind.value == "HARDWARE"
+
+
+def test_user_error_is_internal(tmp_path):
+    record = attempt(tmp_path, command="python -c 'import nonexistent_module_xyz'").run(lambda _: None)
+    assert record.exit_code == 1
+    verdict = classify(record)
+    assert verdict.kind.value == "INTERNAL"
+    assert any("ModuleNotFoundError" in line for line in verdict.evidence)
+    assert json.loads(record.model_dump_json())["job"] == "unit-job"
