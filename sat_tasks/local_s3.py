@@ -26,12 +26,14 @@ def free_port() -> int:
 
 @dataclass
 class LocalS3Server:
-    """moto's S3 server in a thread on 127.0.0.1.
+    """moto's S3 server on 127.0.0.1: in a thread, or (`process=True`) in its own process.
 
+    A separate process keeps the server off the client's GIL (benchmarks, long demos).
     Call order: `start()` -> `connection_env()` (export it) -> ... -> `stop()`.
     """
 
     port: int = 0
+    process: bool = False
     _server: Any = field(default=None, repr=False)
 
     @property
@@ -41,6 +43,8 @@ class LocalS3Server:
 
     def start(self) -> LocalS3Server:
         """Start the server on a free port (or the given one)."""
+        if self.process:
+            return self._start_process()
         import logging
 
         from moto.server import ThreadedMotoServer
@@ -51,11 +55,38 @@ class LocalS3Server:
         self._server.start()
         return self
 
+    def _start_process(self) -> LocalS3Server:
+        import subprocess
+        import sys
+        import time
+        import urllib.request
+
+        self.port = self.port or free_port()
+        exe = Path(sys.executable).with_name("moto_server")
+        self._server = subprocess.Popen(
+            [str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(self.endpoint_url + "/moto-api/", timeout=1)
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"moto_server did not start on {self.endpoint_url}")
+
     def stop(self) -> None:
         """Stop the server; its buckets are gone."""
-        if self._server is not None:
+        if self._server is None:
+            return
+        if self.process:
+            self._server.terminate()
+            self._server.wait(timeout=10)
+        else:
             self._server.stop()
-            self._server = None
+        self._server = None
 
     def __enter__(self) -> LocalS3Server:
         return self.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CONN_ID = "sat_object_storage"
 DEFAULT_WORKERS = 8
+SMALL_OBJECT_BYTES = 8 << 20  # below boto3's multipart threshold
 Log = Callable[[str], None]
 
 
@@ -138,7 +140,12 @@ def stage_prefix(
             return meta["Key"], size, False, _is_single_part(etag)
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
-        client.download_file(bucket, meta["Key"], str(part), Config=hook.transfer_config)
+        if size < SMALL_OBJECT_BYTES:  # one GET; the transfer manager's set-up costs more than the file
+            body = client.get_object(Bucket=bucket, Key=meta["Key"])["Body"]
+            with open(part, "wb") as handle:
+                shutil.copyfileobj(body, handle, 1 << 20)
+        else:
+            client.download_file(bucket, meta["Key"], str(part), Config=hook.transfer_config)
         got = part.stat().st_size
         if got != size:
             part.unlink(missing_ok=True)
