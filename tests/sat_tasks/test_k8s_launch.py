@@ -1,0 +1,539 @@
+"""Tests of the kubernetes backend's launch task, attempt record and cleanup (sat_tasks.k8s_launch).
+
+No cluster: the operator is tested up to the pod it would submit (the provider's own
+`execute` is replaced by a capture), and the record/cleanup through the real CoreV1Api
+whose HTTP layer answers from recorded API responses (fixtures/k8s_launch/<case>/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import parse_qsl, unquote, urlparse
+
+import pytest
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from kubernetes.client import ApiClient
+
+from sat_tasks import k8s, k8s_launch, pipeline
+from sat_tasks.classify import VerdictKind, classify
+from sat_tasks.spec import TrainingJob, parse_spec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s_launch"
+CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "case.json").exists())
+BUCKET = "sat-k8s-tests"
+RUN_ID = "manual__2026-11-29T18:00:00+00:00"
+NAMESPACE = "sat-jobs"
+
+
+def _case(name: str) -> dict:
+    return json.loads((FIXTURES / name / "case.json").read_text())
+
+
+def _spec(**overrides) -> dict:
+    spec = {
+        "name": "llama-ft",
+        "learning_type": "on-demand",
+        "framework": "pytorch",
+        "job_failover": True,
+        "nodes": 1,
+        "resources": {"gpus_per_node": 8, "server_type": "g2", "memory": "480Gi", "shared_memory": "64Gi"},
+        "image": {"url": "registry.example.com/ml/llama-train:1.4.2", "registry_conn_id": "sat_registry_main"},
+        "data": {"source": f"s3://{BUCKET}/datasets/corpus/"},
+        "results": {"destination": f"s3://{BUCKET}/results/"},
+        "command": 'python train.py --data_dir "$SAT_DATA_DIR" --output_dir "$SAT_OUTPUT_DIR"',
+        "backend": "kubernetes",
+    }
+    spec.update(overrides)
+    return parse_spec(spec).to_dict()
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_hook):
+    if not s3_hook.check_for_bucket(BUCKET):
+        s3_hook.create_bucket(bucket_name=BUCKET)
+    return BUCKET
+
+
+# ---- a cluster that answers from recorded API responses ------------------------------------------
+class _Response:
+    """What urllib3 hands the kubernetes client's REST layer."""
+
+    def __init__(self, status: int, body: str | bytes, content_type: str = "application/json"):
+        self.status, self.reason = status, {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found"}[status]
+        self.data = body if isinstance(body, bytes) else body.encode()
+        self.headers = {"content-type": content_type}
+
+    def getheaders(self):
+        return self.headers
+
+    def getheader(self, name, default=None):
+        return self.headers.get(name.lower(), default)
+
+
+def _status(code: int, reason: str, message: str) -> _Response:
+    return _Response(code, json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                       "message": message, "reason": reason, "code": code}))
+
+
+def _matches(labels: dict, selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        if term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        else:
+            key, value = term.split("=", 1)
+            if labels.get(key) != value:
+                return False
+    return True
+
+
+def _field(obj: dict, path: str):
+    for part in path.split("."):
+        obj = (obj or {}).get(part)
+    return obj
+
+
+class RecordedCluster:
+    """The API server behind a real CoreV1Api: recorded pods, events, nodes and logs.
+
+    Stands in for the client's urllib3 pool manager (`rest_client.pool_manager`), so the
+    real client builds the requests and parses the answers. Records every request.
+    """
+
+    def __init__(self, pods=(), events=(), nodes=(), logs=None, services=(), forbidden_namespaces=()):
+        self.pods, self.events, self.nodes = list(pods), list(events), list(nodes)
+        self.services = list(services)
+        self.logs = dict(logs or {})
+        self.forbidden_namespaces = set(forbidden_namespaces)
+        self.requests: list[tuple[str, str, dict]] = []
+
+    @classmethod
+    def from_case(cls, name: str) -> RecordedCluster:
+        folder = FIXTURES / name
+        items = lambda file: json.loads((folder / file).read_text())["items"]  # noqa: E731
+        logs = {p.stem: p.read_text() for p in (folder / "logs").glob("*.log")} if (folder / "logs").exists() else {}
+        return cls(items("pods.json"), items("events.json"), items("nodes.json"), logs)
+
+    def client(self):
+        from kubernetes.client import Configuration, CoreV1Api
+
+        config = Configuration(host="https://k8s.test")
+        api = ApiClient(config)
+        api.rest_client.pool_manager = self
+        return CoreV1Api(api)
+
+    def request(self, method, url, fields=None, body=None, headers=None, **kwargs) -> _Response:
+        parsed = urlparse(url)
+        query = dict(parse_qsl(parsed.query))
+        query.update({k: str(v) for k, v in (fields or [])})
+        path = unquote(parsed.path)
+        self.requests.append((method, path, query))
+        match = re.fullmatch(r"/api/v1/namespaces/([^/]+)/(pods|events|services)(?:/([^/]+))?(/log)?", path)
+        node = re.fullmatch(r"/api/v1/nodes/([^/]+)", path)
+        if node and method == "GET":
+            found = [n for n in self.nodes if n["metadata"]["name"] == node.group(1)]
+            return _Response(200, json.dumps(found[0])) if found else _status(
+                404, "NotFound", f'nodes "{node.group(1)}" not found')
+        if not match:
+            return _status(404, "NotFound", f"no route {method} {path}")
+        namespace, kind, name, log = match.groups()
+        if namespace in self.forbidden_namespaces:
+            return _status(403, "Forbidden", f'{kind} is forbidden in the namespace "{namespace}"')
+        store = {"pods": self.pods, "events": self.events, "services": self.services}[kind]
+        here = [o for o in store if (o["metadata"].get("namespace") or namespace) == namespace]
+        if method == "GET" and log:
+            if name not in self.logs:
+                return _status(400, "BadRequest",
+                               f'container "base" in pod "{name}" is waiting to start: trying and failing to pull image')
+            lines = self.logs[name].splitlines()[-int(query.get("tailLines", 10**9)):]
+            return _Response(200, "\n".join(lines) + "\n", "text/plain")
+        if method == "GET" and name is None:
+            selected = [o for o in here if _matches(o["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
+            for term in filter(None, query.get("fieldSelector", "").split(",")):
+                key, value = term.split("=", 1)
+                selected = [o for o in selected if _field(o, key) == value]
+            list_kind = {"pods": "PodList", "events": "EventList", "services": "ServiceList"}[kind]
+            return _Response(200, json.dumps({"apiVersion": "v1", "kind": list_kind, "metadata": {}, "items": selected}))
+        if method == "DELETE" and name:
+            found = [o for o in here if o["metadata"]["name"] == name]
+            if not found:
+                return _status(404, "NotFound", f'{kind} "{name}" not found')
+            store.remove(found[0])
+            return _Response(200, json.dumps(found[0]))
+        return _status(404, "NotFound", f"no route {method} {path}")
+
+
+# ---- the launch operator ----------------------------------------------------------------------
+class _TI:
+    def __init__(self, task_id: str, xcoms: dict):
+        self.dag_id, self.task_id, self.map_index, self.try_number = "llama-ft", task_id, -1, 1
+        self._xcoms = xcoms
+
+    def xcom_pull(self, task_ids=None, key="return_value"):
+        return self._xcoms.get(task_ids)
+
+    def xcom_push(self, key, value):  # pragma: no cover - the provider's execute is captured
+        pass
+
+
+def _context(operator, xcoms: dict) -> dict:
+    return {"ti": _TI(operator.task_id, xcoms), "run_id": RUN_ID, "dag": SimpleNamespace()}
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Replace the provider's execute: keep the pod it would create, and the operator."""
+    seen: list[tuple[dict, KubernetesPodOperator]] = []
+
+    def fake_execute(self, context):
+        pod = self.build_pod_request_obj(context, dry_run=True)
+        seen.append((ApiClient().sanitize_for_serialization(pod), self))
+        return None
+
+    monkeypatch.setattr(KubernetesPodOperator, "execute", fake_execute)
+    monkeypatch.setenv("AIRFLOW__SAT__BACKEND", "kubernetes")
+    return seen
+
+
+def _env(pod: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def _excluded(pod: dict) -> list[str]:
+    terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    return [v for t in terms for e in t.get("matchExpressions", []) if e["key"] == "kubernetes.io/hostname"
+            for v in e["values"]]
+
+
+def _history(job: TrainingJob) -> list[dict]:
+    return pipeline.JobRun(job, RUN_ID).history(lambda _m: None).entries()
+
+
+def test_first_attempt_launches_the_rendered_pod_and_records_running(captured, bucket):
+    spec = _spec(name="first-attempt")
+    operator = k8s_launch.make_launch_operator(attempt=1, previous_decide_task_id=None,
+                                               job=TrainingJob.model_validate(spec))
+    assert operator.task_id == "launch" and operator.on_finish_action.value == "keep_pod"
+    operator.execute(_context(operator, {"validate_spec": spec}))
+
+    ((pod, op),) = captured
+    job = TrainingJob.model_validate(spec)
+    assert pod["metadata"]["name"] == f"{k8s.attempt_name(job, RUN_ID, 1)}-r0"
+    assert pod["metadata"]["namespace"] == NAMESPACE
+    labels = pod["metadata"]["labels"]
+    assert labels[k8s.LABEL_ATTEMPT] == "1" and labels[k8s.LABEL_JOB] == "first-attempt"
+    assert labels["task_id"] == "launch" and labels["dag_id"] == "llama-ft"
+    assert _excluded(pod) == []
+    assert "CKPT_LAST_STEP" not in _env(pod)
+    assert _env(pod)["SAT_ATTEMPT"] == "1"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert op.on_finish_action.value == "keep_pod" and op.get_logs and op.random_name_suffix is False
+    assert op.kubernetes_conn_id == "kubernetes_default"
+    (entry,) = _history(job)
+    assert (entry["status"], entry["reason"], entry["attempt"]) == ("Running", "attempt 1 started", 1)
+
+
+def test_failover_attempt_avoids_failed_nodes_and_resumes(captured, bucket):
+    spec = _spec(name="failover-attempt")
+    previous = {"action": "failover", "attempt": 2, "exclude_nodes": ["gpu-node-12", "gpu-node-03"],
+                "resume_step": 500, "failovers": 2, "resumes": 0}
+    operator = k8s_launch.make_launch_operator(attempt=3, previous_decide_task_id="attempt_2.decide",
+                                               job=TrainingJob.model_validate(spec))
+    operator.execute(_context(operator, {"validate_spec": spec, "attempt_2.decide": previous}))
+
+    ((pod, _op),) = captured
+    job = TrainingJob.model_validate(spec)
+    assert pod["metadata"]["name"] == f"{k8s.attempt_name(job, RUN_ID, 3)}-r0"
+    assert sorted(_excluded(pod)) == ["gpu-node-03", "gpu-node-12"]
+    assert _env(pod)["CKPT_LAST_STEP"] == "500"
+    assert _env(pod)["SAT_ATTEMPT"] == "3"
+    assert [e["status"] for e in _history(job)] == ["Running"]
+
+
+@pytest.mark.parametrize("previous", [
+    pytest.param(None, id="previous-skipped"),
+    pytest.param({"action": "stop", "status": "Pending - internalerror"}, id="previous-stopped"),
+    pytest.param({"action": "upload"}, id="previous-succeeded"),
+])
+def test_an_attempt_that_is_not_needed_is_skipped(captured, previous):
+    spec = _spec(name="not-needed")
+    operator = k8s_launch.make_launch_operator(attempt=2, previous_decide_task_id="attempt_1.decide", job=None)
+    with pytest.raises(AirflowSkipException, match="not needed"):
+        operator.execute(_context(operator, {"validate_spec": spec, "attempt_1.decide": previous}))
+    assert captured == []
+
+
+def test_no_validated_spec_skips(captured):
+    operator = k8s_launch.make_launch_operator(attempt=1, previous_decide_task_id=None, job=None)
+    with pytest.raises(AirflowSkipException, match="no validated spec"):
+        operator.execute(_context(operator, {}))
+    assert captured == []
+
+
+def test_pod_gets_no_secret(captured, bucket, monkeypatch):
+    password = "s3cr3t-registry-password"  # noqa: S105 - a test value
+    monkeypatch.setenv("AIRFLOW_CONN_SAT_REGISTRY_MAIN", json.dumps(
+        {"conn_type": "generic", "host": "registry.example.com", "login": "robot", "password": password}))
+    spec = _spec(name="no-secrets")
+    operator = k8s_launch.make_launch_operator(attempt=1, previous_decide_task_id=None, job=None)
+    operator.execute(_context(operator, {"validate_spec": spec}))
+    ((pod, op),) = captured
+    assert password not in json.dumps(pod) and password not in repr(op.full_pod_spec)
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "sat-registry-main"}]
+    container = pod["spec"]["containers"][0]
+    assert not container.get("envFrom")
+    assert not [e for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_multi_node_job_gets_one_operator_per_rank(captured, bucket):
+    spec = _spec(name="two-nodes", nodes=2, command="python train.py")
+    job = TrainingJob.model_validate(spec)
+    operators = k8s_launch.make_launch_operator(attempt=1, previous_decide_task_id=None, job=job)
+    assert [op.task_id for op in operators] == ["launch", "launch_rank_1"]
+    assert [op.node_rank for op in operators] == [0, 1]
+
+    operators[1].execute(_context(operators[1], {"validate_spec": spec}))
+    ((pod, op),) = captured
+    assert pod["metadata"]["name"] == f"{k8s.attempt_name(job, RUN_ID, 1)}-r1"
+    assert pod["metadata"]["labels"][k8s.LABEL_NODE_RANK] == "1"
+    assert pod["spec"]["hostname"] == pod["metadata"]["name"]
+    assert pod["spec"]["subdomain"] == k8s.attempt_name(job, RUN_ID, 1)
+    assert _env(pod)["NODE_RANK"] == "1" and _env(pod)["NNODES"] == "2"
+    assert op.callbacks == [k8s.gang_teardown_callback()]
+    assert _history(job) == []  # only rank 0 records the attempt's start
+
+
+def test_generic_dag_rank_tasks_follow_the_spec(captured, bucket):
+    operators = k8s_launch.make_launch_operator(attempt=1, previous_decide_task_id=None, job=None, max_nodes=2)
+    single = _spec(name="generic-single")
+    with pytest.raises(AirflowSkipException, match="rank 1 is not used"):
+        operators[1].execute(_context(operators[1], {"validate_spec": single}))
+    too_big = _spec(name="generic-big", nodes=3, command="python train.py")
+    with pytest.raises(AirflowFailException, match="at most 2"):
+        operators[0].execute(_context(operators[0], {"validate_spec": too_big}))
+    operators[0].execute(_context(operators[0], {"validate_spec": single}))
+    assert len(captured) == 1
+
+
+def test_applied_kwargs_match_what_the_provider_would_set():
+    job = TrainingJob.model_validate(_spec(name="equivalence", nodes=2, command="python train.py"))
+    kwargs = k8s.build_pod_operator_kwargs(job, run_id=RUN_ID, attempt=2, exclude_nodes=["gpu-a"], resume_step=-1,
+                                           namespace="team-a", kubernetes_conn_id="k8s_prod", node_rank=1,
+                                           deferrable=False, settings=k8s.KubernetesSettings())
+    reference = KubernetesPodOperator(task_id="reference", **kwargs)
+    operator = k8s_launch.SatTrainingPodOperator(attempt=2, previous_decide_task_id="attempt_1.decide", node_rank=1)
+    operator.apply_pod_kwargs(kwargs)
+    for key in [*kwargs, "schedule_timeout_seconds", "_is_delete_operator_pod"]:
+        assert getattr(operator, key) == getattr(reference, key), key
+    built = ApiClient().sanitize_for_serialization(operator.build_pod_request_obj(dry_run=True))
+    expected = ApiClient().sanitize_for_serialization(reference.build_pod_request_obj(dry_run=True))
+    assert built == expected
+    with pytest.raises(TypeError, match="image"):
+        operator.apply_pod_kwargs({"image": "x"})
+
+
+def test_deferred_reentry_rebuilds_the_pod(monkeypatch, bucket):
+    monkeypatch.setenv("AIRFLOW__SAT__BACKEND", "kubernetes")
+    seen = []
+    monkeypatch.setattr(KubernetesPodOperator, "trigger_reentry",
+                        lambda self, context, event: seen.append((self.name, self.full_pod_spec, event)))
+    spec = _spec(name="deferred")
+    operator = k8s_launch.SatTrainingPodOperator(attempt=1, previous_decide_task_id=None, deferrable=True)
+    assert operator.deferrable is True
+    operator.trigger_reentry(_context(operator, {"validate_spec": spec}), {"status": "success"})
+    ((name, pod, event),) = seen
+    job = TrainingJob.model_validate(spec)
+    assert name == f"{k8s.attempt_name(job, RUN_ID, 1)}-r0" and pod.metadata.name == name
+    assert event == {"status": "success"}
+    assert _history(job) == []  # the start was recorded when the pod was created, not again
+
+
+def test_operators_serialize_in_a_dag():
+    from airflow.sdk import DAG, TaskGroup
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    job = TrainingJob.model_validate(_spec(name="serialize", nodes=2, command="python train.py"))
+    with DAG(dag_id="serialize", schedule=None) as dag:
+        with TaskGroup(group_id="attempt_1"):
+            k8s_launch.make_launch_operator(attempt=1, previous_decide_task_id=None, job=job)
+        with TaskGroup(group_id="attempt_2"):
+            k8s_launch.make_launch_operator(attempt=2, previous_decide_task_id="attempt_1.decide", job=job)
+    assert sorted(dag.task_ids) == ["attempt_1.launch", "attempt_1.launch_rank_1", "attempt_2.launch",
+                                    "attempt_2.launch_rank_1"]
+    data = DagSerialization.to_dict(dag)
+    tasks = {t["__var"]["task_id"]: t["__var"] for t in data["dag"]["tasks"]}
+    assert tasks["attempt_2.launch_rank_1"]["task_type"] == "SatTrainingPodOperator"
+    assert tasks["attempt_2.launch_rank_1"]["_task_module"] == "sat_tasks.k8s_launch"
+
+
+# ---- the attempt record -----------------------------------------------------------------------
+@pytest.mark.parametrize("case", [pytest.param(c, id=c) for c in CASES])
+def test_recorded_attempt(case, bucket):
+    data = _case(case)
+    job = TrainingJob.model_validate({**data["spec"], "backend": "kubernetes"})
+    cluster = RecordedCluster.from_case(case)
+    record = k8s_launch.read_attempt_record(job, data["run_id"], data["attempt"], client=cluster.client(),
+                                            namespace=data["namespace"], log=lambda _m: None)
+    expected = data["expected"]
+    verdict = classify(record)
+    assert verdict.kind.value == expected["kind"], verdict
+    joined = "\n".join(verdict.evidence)
+    for needle in expected["evidence_contains"]:
+        assert needle in joined, (needle, verdict)
+    for needle in expected.get("evidence_excludes", []):
+        assert needle not in joined, (needle, verdict)
+    assert record.node == expected["node"]
+    assert record.last_committed_step == expected["last_committed_step"]
+    assert record.backend == "kubernetes" and record.attempt == data["attempt"] and record.job == job.name
+
+    # Stored where classify_attempt and the report look for it, and classified the same there.
+    stored = pipeline.load_record(pipeline.JobRun(job, data["run_id"]), data["attempt"])
+    assert stored == record
+    result = pipeline.classify_attempt(job, data["run_id"], data["attempt"], log=lambda _m: None)
+    assert result["kind"] == expected["kind"] and result["node"] == expected["node"]
+    assert result["last_committed_step"] == expected["last_committed_step"]
+
+
+def test_fixture_set_covers_every_verdict():
+    kinds = {_case(c)["expected"]["kind"] for c in CASES}
+    assert len(CASES) >= 6 and kinds == {k.value for k in VerdictKind}
+    assert any(_case(c)["spec"]["nodes"] > 1 for c in CASES)
+
+
+def test_record_reads_pod_events_node_and_log_through_the_api(bucket):
+    data = _case("xid79-node-event")
+    job = TrainingJob.model_validate(data["spec"])
+    cluster = RecordedCluster.from_case("xid79-node-event")
+    record = k8s_launch.read_attempt_record(job, data["run_id"], 1, client=cluster.client(),
+                                            namespace=NAMESPACE, log=lambda _m: None)
+    pod = f"{k8s.attempt_name(job, data['run_id'], 1)}-r0"
+    gets = [(path, query) for method, path, query in cluster.requests if method == "GET"]
+    assert (f"/api/v1/namespaces/{NAMESPACE}/pods",
+            {"labelSelector": k8s.attempt_label_selector(job, data["run_id"], 1)}) in gets
+    assert (f"/api/v1/namespaces/{NAMESPACE}/events", {"fieldSelector": f"involvedObject.name={pod}"}) in gets
+    assert ("/api/v1/namespaces/default/events",
+            {"fieldSelector": "involvedObject.kind=Node,involvedObject.name=gpu-node-03"}) in gets
+    assert ("/api/v1/nodes/gpu-node-03", {}) in gets
+    assert (f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/log",
+            {"container": "base", "tailLines": str(k8s_launch.LOG_READ_LINES)}) in gets
+    # The stale Xid 48 event of the day before is left out; the record carries the rest.
+    assert [e["reason"] for e in record.events].count("XidError") == 1
+    assert record.node_conditions and record.log_tail[-1].startswith("RuntimeError: CUDA error")
+    assert record.exit_code == 1 and record.image == "registry.example.com/ml/llama-train:1.4.2"
+    assert record.progress == {"source": "log", "last_committed_step": 700}
+
+
+def test_record_without_permission_for_node_events_or_a_node(bucket):
+    data = _case("node-notready")
+    job = TrainingJob.model_validate(data["spec"])
+    cluster = RecordedCluster.from_case("node-notready")
+    cluster.forbidden_namespaces.add("default")
+    cluster.nodes.clear()
+    said = []
+    record = k8s_launch.read_attempt_record(job, data["run_id"], 2, client=cluster.client(), namespace=NAMESPACE,
+                                            log=said.append)
+    assert record.node == "gpu-node-12" and record.node_conditions == []
+    assert any("403" in line for line in said) and any("no longer exists" in line for line in said)
+    assert classify(record).kind is VerdictKind.HARDWARE  # the pod's NodeNotReady event and no exit status
+
+
+def test_no_pod_means_the_attempt_never_launched(bucket):
+    job = TrainingJob.model_validate(_spec(name="never-launched"))
+    said = []
+    assert k8s_launch.read_attempt_record(job, RUN_ID, 1, client=RecordedCluster().client(),
+                                          namespace=NAMESPACE, log=said.append) is None
+    assert pipeline.load_record(pipeline.JobRun(job, RUN_ID), 1) is None
+    assert "never launched" in said[0]
+
+
+def test_multi_node_peer_symptoms_are_what_classify_reports():
+    """The peer-only reasons track classify's wording: rank 1 of case 7 is such a rank."""
+    data = _case("multinode-traceback-and-peer-nccl")
+    job = TrainingJob.model_validate(data["spec"])
+    cluster = RecordedCluster.from_case("multinode-traceback-and-peer-nccl")
+    client = cluster.client()
+    pods = [ApiClient().sanitize_for_serialization(p) for p in client.list_namespaced_pod(NAMESPACE).items]
+    ranks = [k8s_launch._read_rank(client, p, job, 1, NAMESPACE, lambda _m: None) for p in pods]
+    verdicts = [classify(r) for r in sorted(ranks, key=lambda r: r.node)]
+    assert [v.kind for v in verdicts] == [VerdictKind.INTERNAL, VerdictKind.HARDWARE]
+    assert k8s_launch._PEER_SYMPTOM_REASONS.search(verdicts[1].reason)
+
+
+@pytest.mark.parametrize(("lines", "expected"), [
+    pytest.param([], None, id="no-engine"),
+    pytest.param(["[Concurrent Checkpoint] committed checkpoint-10 (1 MB)",
+                  "[Concurrent Checkpoint] committed checkpoint-20 (1 MB)"],
+                 {"source": "log", "last_committed_step": 20}, id="commits"),
+    pytest.param(["[Concurrent Checkpoint] Resuming from checkpoint-40 (/x)"],
+                 {"source": "log", "last_committed_step": 40, "resumed_from_step": 40}, id="resumed-no-commit"),
+    pytest.param(["[Concurrent Checkpoint] Resuming from checkpoint-40 (/x)",
+                  "[Concurrent Checkpoint] committed checkpoint-60 (1 MB)",
+                  "[Concurrent Checkpoint] checkpoint-80 failed and was discarded"],
+                 {"source": "log", "last_committed_step": 60, "resumed_from_step": 40}, id="resumed-then-commit"),
+])
+def test_progress_from_log(lines, expected):
+    assert k8s_launch.progress_from_log(lines) == expected
+
+
+# ---- cleanup ----------------------------------------------------------------------------------
+def test_cleanup_deletes_only_the_attempts_pods_and_service():
+    data = _case("multinode-traceback-and-peer-nccl")
+    job = TrainingJob.model_validate(data["spec"])
+    attempt_1 = k8s.render_attempt_manifests(job, run_id=data["run_id"], attempt=1, namespace=NAMESPACE,
+                                             settings=k8s.KubernetesSettings())
+    attempt_2 = k8s.render_attempt_manifests(job, run_id=data["run_id"], attempt=2, namespace=NAMESPACE,
+                                             settings=k8s.KubernetesSettings())
+    cluster = RecordedCluster(pods=attempt_1[1:] + attempt_2[1:], services=[attempt_1[0], attempt_2[0]])
+    deleted = k8s_launch.cleanup_attempt_pods(job, data["run_id"], 1, client=cluster.client(), namespace=NAMESPACE)
+    assert deleted == [f"pod/{p['metadata']['name']}" for p in attempt_1[1:]] + [
+        f"service/{attempt_1[0]['metadata']['name']}"]
+    assert [p["metadata"]["name"] for p in cluster.pods] == [p["metadata"]["name"] for p in attempt_2[1:]]
+    assert [s["metadata"]["name"] for s in cluster.services] == [attempt_2[0]["metadata"]["name"]]
+    # Idempotent: a second cleanup finds nothing.
+    assert k8s_launch.cleanup_attempt_pods(job, data["run_id"], 1, client=cluster.client(),
+                                           namespace=NAMESPACE) == []
+
+
+# ---- a live cluster ---------------------------------------------------------------------------
+@pytest.mark.k8s
+def test_record_and_cleanup_of_a_live_pod(bucket):  # pragma: no cover - needs KUBECONFIG
+    """Run a tiny pod as attempt 1 (busybox, exit 3), read its record, classify, clean up."""
+    import time
+
+    from kubernetes import client as kclient
+    from kubernetes import config as kconfig
+
+    kconfig.load_kube_config(os.environ["KUBECONFIG"])
+    api = kclient.CoreV1Api()
+    namespace = os.environ.get("SAT_TEST_NAMESPACE", "default")
+    job = TrainingJob.model_validate(_spec(name="live-record", resources={
+        "gpus_per_node": 0, "server_type": "cpu", "memory": "64Mi", "shared_memory": "16Mi", "cpu": "100m"},
+        image={"url": "busybox:1.36"}, command="echo Traceback; echo 'ValueError: bad' ; exit 3"))
+    pod = ApiClient().sanitize_for_serialization(k8s.build_attempt_pods(job, run_id=RUN_ID, attempt=1,
+                                                                        namespace=namespace)[0])
+    pod["spec"]["volumes"] = [v for v in pod["spec"]["volumes"] if v["name"] != "run"]
+    container = pod["spec"]["containers"][0]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "run"]
+    container["command"] = ["sh", "-c", job.command]
+    api.create_namespaced_pod(namespace, pod)
+    try:
+        for _ in range(120):
+            phase = api.read_namespaced_pod(pod["metadata"]["name"], namespace).status.phase
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(1)
+        record = k8s_launch.read_attempt_record(job, RUN_ID, 1, client=api, namespace=namespace)
+        assert record.exit_code == 3 and classify(record).kind is VerdictKind.INTERNAL
+    finally:
+        assert k8s_launch.cleanup_attempt_pods(job, RUN_ID, 1, client=api, namespace=namespace)
