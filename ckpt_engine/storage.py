@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno as errno_codes
 import io
+import mmap
 import os
 import shutil
 import threading
@@ -117,6 +118,74 @@ class _LocalWriter(StorageWriter):
             pass
 
 
+_DIRECT_BLOCK = 4096
+_DIRECT_BUFFER = 8 << 20
+
+
+class _DirectWriter(StorageWriter):
+    """O_DIRECT writer through a page-aligned bounce buffer: no page-cache copy, little CPU.
+
+    The last partial block is padded, written, and the file truncated to its true size.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        self._buffer = mmap.mmap(-1, _DIRECT_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._fill = 0
+        self._size = 0
+
+    def _flush(self, nbytes: int) -> None:
+        view = self._view[:nbytes]
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+
+    def write(self, data: bytes | memoryview) -> None:
+        source = memoryview(data).cast("B")
+        self._size += len(source)
+        while source:
+            count = min(len(source), _DIRECT_BUFFER - self._fill)
+            self._view[self._fill:self._fill + count] = source[:count]
+            self._fill += count
+            source = source[count:]
+            if self._fill == _DIRECT_BUFFER:
+                self._flush(_DIRECT_BUFFER)
+                self._fill = 0
+
+    def close(self) -> None:
+        try:
+            if self._fill:
+                padded = -(-self._fill // _DIRECT_BLOCK) * _DIRECT_BLOCK
+                self._view[self._fill:padded] = bytes(padded - self._fill)
+                self._flush(padded)
+                os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        finally:
+            self._release()
+
+    def abort(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._view.release()
+        self._buffer.close()
+
+
+def _open_local_writer(path: str, direct: bool) -> StorageWriter:
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            return _DirectWriter(path)
+        except OSError as exc:  # tmpfs and some network filesystems refuse O_DIRECT
+            if exc.errno not in (errno_codes.EINVAL, errno_codes.EOPNOTSUPP):
+                raise
+    return _LocalWriter(path)
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -126,11 +195,16 @@ def _fsync_dir(path: str) -> None:
 
 
 class FileStorage(Storage):
-    """Local or mounted filesystem; durability through fsync of files and directories."""
+    """Local or mounted filesystem; durability through fsync of files and directories.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    ``direct_io`` writes data files with O_DIRECT (no page-cache copy: far less CPU
+    taken from training), falling back to buffered writes where it is refused.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, direct_io: bool = True) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.url = "file://" + self.root
+        self.direct_io = direct_io
 
     def _path(self, key: str) -> str:
         path = os.path.normpath(os.path.join(self.root, key))
@@ -141,7 +215,7 @@ class FileStorage(Storage):
     def open_writer(self, key: str) -> StorageWriter:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return _LocalWriter(path)
+        return _open_local_writer(path, self.direct_io)
 
     def open_reader(self, key: str) -> BinaryIO:
         return open(self._path(key), "rb")
