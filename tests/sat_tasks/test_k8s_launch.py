@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from kubernetes.client import ApiClient
 
 from sat_tasks import k8s, k8s_launch, pipeline
+from sat_tasks.attempt import AttemptRecord
 from sat_tasks.classify import VerdictKind, classify
 from sat_tasks.spec import TrainingJob, parse_spec
 
@@ -470,6 +471,43 @@ def test_multi_node_peer_symptoms_are_what_classify_reports():
     assert k8s_launch._PEER_SYMPTOM_REASONS.search(verdicts[1].reason)
 
 
+def _rank(node: str, exit_code: int | None, log: list[str], **fields) -> AttemptRecord:
+    return AttemptRecord(job="ddp", attempt=1, backend="kubernetes", node=node, exit_code=exit_code, log_tail=log,
+                         **fields)
+
+
+_TRACEBACK = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "KeyError: 'labels'"]
+_PEER = ["NCCL WARN NET/IB : Got completion from peer 10.0.3.23<44321> with status=12",
+         "ncclRemoteError: remote process exited or there was a network error"]
+_XID = ["NVRM: Xid (PCI:0000:9a:00): 79, pid=55121, name=python, GPU has fallen off the bus."]
+_PREEMPTED = {"pod_conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
+_IMAGE = {"container_states": [{"name": "base", "state": {"waiting": {"reason": "ImagePullBackOff"}}}]}
+
+
+@pytest.mark.parametrize(("ranks", "chosen", "kind"), [
+    pytest.param([("n0", 1, _TRACEBACK, {}), ("n1", 1, _PEER, {})], "n0", "INTERNAL", id="own-error-beats-peer"),
+    pytest.param([("n0", 1, _PEER + _TRACEBACK, {}), ("n1", 1, _XID, {})], "n1", "HARDWARE", id="hardware-rank"),
+    pytest.param([("n0", 1, _TRACEBACK, {}), ("n1", 1, _XID, {})], "n1", "HARDWARE", id="hardware-beats-internal"),
+    pytest.param([("n0", 1, _XID, {}), ("n1", 143, [], _PREEMPTED)], "n1", "PREEMPTED", id="preemption-first"),
+    pytest.param([("n0", 1, _PEER, {}), ("n1", None, [], _IMAGE)], "n1", "IMAGE_PULL", id="image-beats-peer"),
+    pytest.param([("n0", 1, _PEER, {}), ("n1", 137, [], {})], "n0", "HARDWARE", id="only-peer-symptoms"),
+    pytest.param([("n0", 0, [], {}), ("n1", 0, [], {})], "n0", "SUCCEEDED", id="all-succeeded"),
+    pytest.param([("n0", 0, [], {}), ("n1", 1, _TRACEBACK, {})], "n1", "INTERNAL", id="one-rank-failed"),
+])
+def test_combined_record_of_a_multi_node_attempt(ranks, chosen, kind):
+    records = [_rank(node, code, log, **fields) for node, code, log, fields in ranks]
+    record = k8s_launch.combine_rank_records(records, log=lambda _m: None)
+    assert record.node == chosen and classify(record).kind.value == kind
+
+
+def test_combined_progress_is_the_step_every_rank_committed():
+    records = [_rank("n0", 1, _TRACEBACK, progress={"last_committed_step": 300, "resumed_from_step": 100}),
+               _rank("n1", 1, _PEER, progress={"last_committed_step": 200}),
+               _rank("n2", 1, _PEER)]
+    record = k8s_launch.combine_rank_records(records, log=lambda _m: None)
+    assert record.node == "n0" and record.progress == {"last_committed_step": 200, "resumed_from_step": 100}
+
+
 @pytest.mark.parametrize(("lines", "expected"), [
     pytest.param([], None, id="no-engine"),
     pytest.param(["[Concurrent Checkpoint] committed checkpoint-10 (1 MB)",
@@ -537,3 +575,69 @@ def test_record_and_cleanup_of_a_live_pod(bucket):  # pragma: no cover - needs K
         assert record.exit_code == 3 and classify(record).kind is VerdictKind.INTERNAL
     finally:
         assert k8s_launch.cleanup_attempt_pods(job, RUN_ID, 1, client=api, namespace=namespace)
+
+
+# ---- the wiring, end to end with dag.test() ---------------------------------------------------
+class _ClusterRun:
+    """Stands in for the provider's execute: the pod "runs" as a recorded case, left in the cluster."""
+
+    def __init__(self, cluster: RecordedCluster, cases: dict[int, str]):
+        self.cluster, self.cases, self.pods = cluster, cases, {}
+
+    def execute(self, operator, context):
+        from airflow.sdk.exceptions import AirflowException
+
+        pod = ApiClient().sanitize_for_serialization(operator.build_pod_request_obj(context, dry_run=True))
+        self.pods[operator.attempt] = pod
+        case = RecordedCluster.from_case(self.cases[operator.attempt])
+        (recorded,) = case.pods
+        name = pod["metadata"]["name"]
+        pod["spec"]["nodeName"] = recorded["spec"]["nodeName"]
+        self.cluster.pods.append({**pod, "status": recorded["status"]})
+        for event in case.events:
+            if event["involvedObject"]["kind"] == "Pod":
+                event = {**event, "involvedObject": {**event["involvedObject"], "name": name}}
+            self.cluster.events.append(event)
+        self.cluster.nodes += [n for n in case.nodes if n not in self.cluster.nodes]
+        self.cluster.logs[name] = next(iter(case.logs.values()), "")
+        if recorded["status"]["phase"] != "Succeeded":
+            raise AirflowException(f"Pod {name} returned a failure.")
+
+
+def test_dag_with_kubernetes_attempts_fails_over_and_completes(airflow_db, bucket, monkeypatch):
+    """The wiring of fixtures/k8s_launch/dags: launch -> classify (reads the record) -> decide, cleanup."""
+    import importlib.util
+
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    folder = FIXTURES / "dags"
+    # The DAG lives in its own bundle next to the project's dags-folder (dag.test() runs bundled DAGs).
+    local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
+        {"name": "dags-folder", "classpath": local, "kwargs": {}},
+        {"name": "sat-k8s-launch-tests", "classpath": local, "kwargs": {"path": str(folder)}},
+    ]))
+    monkeypatch.setenv("AIRFLOW__SAT__BACKEND", "kubernetes")
+    cluster = RecordedCluster()
+    run = _ClusterRun(cluster, {1: "xid79-node-event", 2: "completed"})
+    monkeypatch.setattr(KubernetesPodOperator, "execute", lambda self, context: run.execute(self, context))
+    monkeypatch.setattr(KubernetesHook, "core_v1_client", property(lambda self: cluster.client()))
+    module_spec = importlib.util.spec_from_file_location("wired_k8s_job", folder / "wired_k8s_job.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+
+    dag_run = module.dag.test()
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert states["attempt_1.launch"] == "failed" and states["attempt_1.classify"] == "success"
+    assert states["attempt_2.launch"] == "success" and states["attempt_2.decide"] == "success"
+    assert states["attempt_1.cleanup_pods"] == "success" and states["attempt_2.cleanup_pods"] == "success"
+
+    job = TrainingJob.model_validate(module.SPEC)
+    assert _excluded(run.pods[2]) == ["gpu-node-03"]
+    assert _env(run.pods[2])["CKPT_LAST_STEP"] == "700"
+    job_run = pipeline.JobRun(job, dag_run.run_id)
+    history = job_run.history(lambda _m: None).entries()
+    assert [e["status"] for e in history] == ["Running", "Pending - failoverinprogress", "Running"]
+    verdicts = [pipeline.storage.read_json(job_run.hook(), job_run.verdict_uri(k)) for k in (1, 2)]
+    assert [v["kind"] for v in verdicts] == ["HARDWARE", "SUCCEEDED"]
+    assert cluster.pods == []  # both attempts cleaned up
