@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction
+from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, OnKillAction
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sat_tasks import k8s, pipeline
@@ -179,8 +179,6 @@ class SatTrainingPodOperator(KubernetesPodOperator):
                 self.on_finish_action = OnFinishAction(value)
                 self._is_delete_operator_pod = self.on_finish_action == OnFinishAction.DELETE_POD
             elif key == "on_kill_action":
-                from airflow.providers.cncf.kubernetes.utils.pod_manager import OnKillAction
-
                 self.on_kill_action = OnKillAction(value)
             elif key == "startup_timeout_seconds":
                 self.startup_timeout_seconds = value
@@ -206,6 +204,7 @@ class SatTrainingPodOperator(KubernetesPodOperator):
             self.log.info("resuming with CKPT_LAST_STEP=%s", plan["resume_step"])
 
     def prepare(self, context: Context) -> tuple[TrainingJob, dict]:
+        """`build_plan`, then the pod of this rank onto the operator (before the provider builds it)."""
         job, plan = self.build_plan(context)
         self.apply_pod_kwargs(self.build_pod_kwargs(job, context["run_id"], plan))
         return job, plan
