@@ -125,7 +125,8 @@ def build_job_dag(
         for k in range(1, attempts + 1):
             with TaskGroup(group_id=f"attempt_{k}", tooltip=f"attempt {k}: launch, classify, decide") as group:
                 nodes = _attempt_group(spec, k, previous_decide, spot_waits, job)
-            upstream >> nodes[0]
+            for node in nodes[:-1]:
+                upstream >> node
             upstream = group
             previous_decide = f"attempt_{k}.decide"
             decide_ids.append(previous_decide)
@@ -178,18 +179,30 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
 
         first.append(wait_for_capacity(spec))
 
-    @task(task_id="launch")
-    def launch(spec: dict) -> dict:
-        job_ = _job(spec)
-        the_plan = plan(job_)
-        if job_.backend is Backend.KUBERNETES:
-            raise AirflowFailException("the kubernetes backend launches through SatTrainingPodOperator")
-        return _run(pipeline.launch_local, job_, _run_id(), the_plan)
+    backend = _backend_of(job)
+    if backend is Backend.KUBERNETES:
+        from sat_tasks import k8s_launch  # the provider's operator: only for kubernetes DAGs
+
+        launched = k8s_launch.make_launch_operator(attempt=k, previous_decide_task_id=previous_decide, job=job)
+        launch_ops = launched if isinstance(launched, list) else [launched]
+    else:
+
+        @task(task_id="launch")
+        def launch(spec: dict) -> dict:
+            job_ = _job(spec)
+            return _run(pipeline.launch_local, job_, _run_id(), plan(job_))
+
+        launch_ops = [launch(spec)]
 
     @task(task_id="classify", trigger_rule=TriggerRule.ALL_DONE, retries=1)
     def classify(spec: dict | None) -> dict:
         job_ = _job(spec)
         plan(job_)
+        if job_.backend is Backend.KUBERNETES:
+            from sat_tasks import k8s_launch
+
+            if k8s_launch.read_attempt_record(job_, _run_id(), k, log=_say) is None:
+                raise AirflowSkipException(f"attempt {k} did not launch")
         return _run(pipeline.classify_attempt, job_, _run_id(), k)
 
     @task(task_id="decide")
@@ -197,13 +210,32 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
         job_ = _job(spec)
         return _run(pipeline.decide_next, job_, _run_id(), plan(job_), verdict)
 
-    launched = launch(spec)
-    for node in first:
-        node >> launched
     verdict = classify(spec)
-    launched >> verdict
+    for node in first:
+        for op in launch_ops:
+            node >> op
+    for op in launch_ops:
+        op >> verdict
     decided = decide(spec, verdict)
-    return [*(first or [launched]), decided]
+    if backend is Backend.KUBERNETES:
+
+        @task(task_id="cleanup_pods", trigger_rule=TriggerRule.ALL_DONE)
+        def cleanup_pods(spec: dict | None) -> list[str]:
+            from sat_tasks import k8s_launch
+
+            return k8s_launch.cleanup_attempt_pods(_job(spec), _run_id(), k)
+
+        verdict >> cleanup_pods(spec)
+    return [*(first or launch_ops), decided]
+
+
+def _backend_of(job: TrainingJob | None) -> Backend:
+    """The backend a DAG is built for: the spec's, else `[sat] backend` (read at parse time)."""
+    from sat_tasks.paths import sat_setting
+
+    if job is not None and job.backend is not None:
+        return job.backend
+    return Backend(sat_setting("backend"))
 
 
 # ---- the generic DAG's form ----------------------------------------------------------------------

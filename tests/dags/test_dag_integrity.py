@@ -134,3 +134,22 @@ def test_asset_and_cron_schedules(tmp_path, monkeypatch):
     assert bag.import_errors == {}
     assert bag.dags["cron-job"].timetable.expression == "0 3 * * *"
     assert "s3://sat-demo/datasets/tiny-corpus/" in str(bag.dags["asset-job"].timetable.asset_condition)
+
+
+def test_kubernetes_backend_dag_uses_the_pod_operator(tmp_path, monkeypatch):
+    spec = yaml.safe_load((JOBS / "tiny-llama-demo.yaml").read_text())
+    spec.pop("faults")
+    multi = {**spec, "name": "k8s-multi", "backend": "kubernetes", "nodes": 2, "framework": "deepspeed",
+             "resources": {"server_type": "g2", "gpus_per_node": 8, "memory": "512Gi", "shared_memory": "64Gi"}}
+    (tmp_path / "k8s.yaml").write_text(yaml.safe_dump({**spec, "name": "k8s-job", "backend": "kubernetes"}))
+    (tmp_path / "multi.yaml").write_text(yaml.safe_dump(multi))
+    bag = load_bag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    dag = bag.dags["k8s-job"]
+    launch = dag.get_task("attempt_1.launch")
+    assert type(launch).__name__ == "SatTrainingPodOperator"
+    assert launch.on_finish_action.value == "keep_pod"
+    assert dag.get_task("attempt_1.cleanup_pods").trigger_rule == "all_done"
+    assert dag.get_task("attempt_1.classify").upstream_task_ids == {"attempt_1.launch", "validate_spec"}
+    ranks = {t.task_id for t in bag.dags["k8s-multi"].tasks if t.task_id.startswith("attempt_1.launch")}
+    assert ranks == {"attempt_1.launch", "attempt_1.launch_rank_1"}
