@@ -77,8 +77,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_job(job, spec_path: Path | None, *, quiet: bool = False) -> dict | None:
-    """Run `job` through its DAG with dag.test(), on an embedded S3 server unless one is configured."""
+    """Run `job` through its DAG with dag.test(), on an embedded S3 server unless one is configured.
+
+    `quiet` keeps Airflow's own bookkeeping lines out of the console (task output stays).
+    """
     configure_airflow_env()
+    if quiet:
+        import logging
+
+        for name in ("airflow", "sqlalchemy", "alembic", "great_expectations", "botocore", "werkzeug"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("AIRFLOW__SAT__BACKEND", "local")
     ensure_metadata_db()
     from sat_tasks.local_s3 import LocalS3Server, seed_demo_bucket
@@ -165,10 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
     for module, register in PLUGGED_COMMANDS:
-        try:
-            getattr(importlib.import_module(module), register)(sub)
-        except (ImportError, AttributeError):
-            continue
+        getattr(importlib.import_module(module), register)(sub)
     return parser
 
 
