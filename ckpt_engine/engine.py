@@ -12,6 +12,7 @@ import concurrent.futures as cf
 import io
 import json
 import logging
+import os
 import queue
 import re
 import threading
@@ -45,7 +46,7 @@ from ckpt_engine.manifest import (
     utc_now,
     verify_checkpoint,
 )
-from ckpt_engine.pool import DEFAULT_SLAB_BYTES, HostBufferPool, Slab
+from ckpt_engine.pool import DEFAULT_SLAB_BYTES, SEGMENT_ALIGNMENT, HostBufferPool, Slab
 from ckpt_engine.storage import Storage, StorageWriter, open_storage
 
 log = logging.getLogger("ckpt_engine")
@@ -279,7 +280,7 @@ class CheckpointEngine:
                             target.copy_(source)
                         self.pool.ref(slab)
                         out.put(Segment(slab, slab.fill, count, event))
-                        slab.fill = min(slab.capacity, slab.fill + count + (-count % 64))
+                        slab.fill = min(slab.capacity, slab.fill + count + (-count % SEGMENT_ALIGNMENT))
                         position += count
             if stream is not None:
                 stream.synchronize()
@@ -485,20 +486,31 @@ class CheckpointEngine:
 
 
 def read_verified(storage: Storage, key: str, entry: FileEntry) -> np.ndarray:
-    """Read a whole file into memory, checking its size and checksum in the same pass."""
-    buffer = np.empty(entry.size, dtype=np.uint8)
-    view = memoryview(buffer)
-    hasher, offset = new_hasher(), 0
-    with storage.open_reader(key) as fh:
-        while offset < entry.size:
-            count = fh.readinto(view[offset:offset + (64 << 20)])
-            if not count:
-                break
-            hasher.update(view[offset:offset + count])
-            offset += count
-        extra = fh.read(1)
-    if offset != entry.size or extra:
-        raise CorruptCheckpointError(f"{key}: size differs from the manifest (truncated?)")
+    """A file's bytes (memory-mapped when local), with size and checksum checked in the same pass."""
+    path = storage.local_path(key)
+    if path is not None:
+        actual = os.path.getsize(path)
+        if actual != entry.size:
+            raise CorruptCheckpointError(f"{key}: size {actual} differs from the manifest's {entry.size} (truncated?)")
+        buffer = np.memmap(path, dtype=np.uint8, mode="c") if entry.size else np.empty(0, dtype=np.uint8)
+        hasher = new_hasher()
+        view = memoryview(buffer)
+        for offset in range(0, entry.size, 64 << 20):
+            hasher.update(view[offset:offset + (64 << 20)])
+    else:
+        buffer = np.empty(entry.size, dtype=np.uint8)
+        view = memoryview(buffer)
+        hasher, offset = new_hasher(), 0
+        with storage.open_reader(key) as fh:
+            while offset < entry.size:
+                count = fh.readinto(view[offset:offset + (64 << 20)])
+                if not count:
+                    break
+                hasher.update(view[offset:offset + count])
+                offset += count
+            extra = fh.read(1)
+        if offset != entry.size or extra:
+            raise CorruptCheckpointError(f"{key}: size differs from the manifest (truncated?)")
     if format_checksum(hasher) != entry.checksum:
         raise CorruptCheckpointError(f"{key}: checksum mismatch")
     return buffer

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 
 ALIGNMENT = 64
+DATA_ALIGNMENT = 4096  # large records start on a block boundary so O_DIRECT can write them from staged memory
+_LARGE_RECORD = 64 << 10
 _ZIP64_LIMIT = 0xFFFFFFFF
 
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
@@ -148,7 +150,7 @@ def plan_safetensors(name: str, tensors: Mapping[str, torch.Tensor], metadata: M
         if nbytes:
             blobs.append(Blob(_flat_bytes(tensor), nbytes))
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-(len(raw) + 8) % ALIGNMENT)
+    raw += b" " * (-(len(raw) + 8) % DATA_ALIGNMENT)  # tensor data starts on a disk block boundary
     return SafetensorsFile(name=name, blobs=blobs, header=raw)
 
 
@@ -224,7 +226,8 @@ class _ZipWriter:
         flags = 0x08 if entry.streamed else 0
         extra = struct.pack("<HHQQ", 0x0001, 16, 0, 0) if zip64 else b""
         head_len = 30 + len(entry.name) + len(extra)
-        pad = -(self._pos + head_len + 4) % ALIGNMENT
+        alignment = DATA_ALIGNMENT if size >= _LARGE_RECORD else ALIGNMENT
+        pad = -(self._pos + head_len + 4) % alignment
         extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad
         shown = _ZIP64_LIMIT if zip64 else (0 if entry.streamed else size)
         date_time = _dos_time()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ import torch
 log = logging.getLogger(__name__)
 
 DEFAULT_SLAB_BYTES = 64 << 20
+SEGMENT_ALIGNMENT = 4096
 
 
 @dataclass(eq=False)
@@ -69,7 +71,10 @@ class HostBufferPool:
             return slab
 
     def _allocate(self) -> Slab:
-        tensor = torch.empty(self.slab_bytes, dtype=torch.uint8, pin_memory=self.pin)
+        if self.pin:
+            tensor = torch.empty(self.slab_bytes, dtype=torch.uint8, pin_memory=True)
+        else:  # page-aligned memory lets O_DIRECT writes go straight from the slab to disk
+            tensor = torch.frombuffer(mmap.mmap(-1, self.slab_bytes), dtype=torch.uint8)
         self.allocated_bytes += self.slab_bytes
         self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
         return Slab(tensor=tensor, array=tensor.numpy())

@@ -14,6 +14,7 @@ their SDKs are imported inside the factory, never at import time of this module.
 
 from __future__ import annotations
 
+import ctypes
 import errno as errno_codes
 import io
 import mmap
@@ -145,6 +146,18 @@ class _DirectWriter(StorageWriter):
         source = memoryview(data).cast("B")
         self._size += len(source)
         while source:
+            if self._fill % _DIRECT_BLOCK == 0 and len(source) >= _DIRECT_BLOCK \
+                    and _address(source) % _DIRECT_BLOCK == 0:
+                if self._fill:  # block-aligned tail of the bounce buffer first, keeping file order
+                    self._flush(self._fill)
+                    self._fill = 0
+                direct = len(source) - len(source) % _DIRECT_BLOCK  # staged bytes go straight to disk
+                view = source[:direct]
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+                source = source[direct:]
+                continue
             count = min(len(source), _DIRECT_BUFFER - self._fill)
             self._view[self._fill:self._fill + count] = source[:count]
             self._fill += count
@@ -174,6 +187,13 @@ class _DirectWriter(StorageWriter):
             pass
         self._view.release()
         self._buffer.close()
+
+
+def _address(view: memoryview) -> int:
+    """Memory address of a buffer's first byte."""
+    if view.readonly:
+        return -1  # bytes objects: never aligned on purpose, always bounced
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
 def _open_local_writer(path: str, direct: bool) -> StorageWriter:
