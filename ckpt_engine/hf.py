@@ -106,7 +106,7 @@ class DecoratedCheckpointing:
         self.trainer = trainer
         self.rank = rank
         self.root = self.config.checkpoint_dir or os.path.join(trainer.args.output_dir, CONCURRENT_DIR)
-        self.is_writer = trainer.args.process_index == 0 or getattr(trainer, "is_deepspeed_enabled", False)
+        self.is_writer = trainer.args.process_index == 0
         self.engine = CheckpointEngine(
             self.root, host_cache_size=self.config.host_cache_size, parser_threads=self.config.parser_threads,
             pin_host_cache=self.config.pin_host_cache, keep_last=self.config.keep_last,
@@ -122,6 +122,7 @@ class DecoratedCheckpointing:
         trainer._save_checkpoint = self._save_checkpoint
         trainer.train = self.train
         self.last_handle: SaveHandle | None = None
+        self._warned_multirank = False
 
     # ---- resume -------------------------------------------------------------------------------
 
@@ -191,6 +192,16 @@ class DecoratedCheckpointing:
             trainer.store_flos()
         step = trainer.state.global_step
         deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
+        if deepspeed and trainer.args.world_size > 1:
+            # per-rank ZeRO shards need a cross-rank commit the engine does not have yet: stay synchronous
+            if not self._warned_multirank:
+                log.warning("[Concurrent Checkpoint] DeepSpeed with world size %d: using the Trainer's own "
+                            "synchronous checkpoints (concurrent multi-rank commit is not supported yet)",
+                            trainer.args.world_size)
+                self._warned_multirank = True
+            if not self.config.keep_trainer_saves:
+                self._trainer_save_checkpoint(model, trial)
+            return
         if not self.is_writer:
             return
         files = self.plan_checkpoint(step, deepspeed=deepspeed)
