@@ -42,7 +42,6 @@ from ckpt_engine.manifest import (
     format_checksum,
     list_checkpoint_steps,
     new_hasher,
-    read_manifest,
     utc_now,
     verify_checkpoint,
 )

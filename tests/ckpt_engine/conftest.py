@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_engine.vendor import write_vendor_dir
+from ckpt_helpers import seed_env
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -34,15 +33,6 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = random.Random(0)
     (folder / "a.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(3000)))
     return folder
-
-
-def seed_env(vendor: Path, **extra: str) -> dict[str, str]:
-    """Environment of a training container: PYTHONPATH is the vendor dir alone."""
-    env = {k: v for k, v in os.environ.items() if k not in ("CKPT_LAST_STEP", "PYTHONPATH")}
-    env.update({"PYTHONPATH": str(vendor), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false", "SEED_NO_SHM": "1"})
-    env.update(extra)
-    return env
 
 
 SeedRunner = Callable[..., subprocess.CompletedProcess[str]]
@@ -70,11 +60,3 @@ def run_seed(vendor_dir: Path, corpus_dir: Path) -> SeedRunner:
         return subprocess.CompletedProcess(command, proc.returncode, out, "")
 
     return run
-
-
-def read_progress(root: Path) -> dict:
-    """progress.json of a checkpoint root, or {} while it does not exist."""
-    try:
-        return json.loads((root / "progress.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import read_progress, seed_env
+from ckpt_helpers import read_progress, seed_env
 
 HF_FILES = {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
             "training_args.bin", "manifest.json"}

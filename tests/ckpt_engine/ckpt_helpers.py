@@ -1,0 +1,24 @@
+"""Helpers shared by the checkpoint engine tests (a uniquely named module, importable from test files)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def seed_env(vendor: Path, **extra: str) -> dict[str, str]:
+    """Environment of a training container: PYTHONPATH is the vendor dir alone."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CKPT_LAST_STEP", "PYTHONPATH")}
+    env.update({"PYTHONPATH": str(vendor), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false", "SEED_NO_SHM": "1"})
+    env.update(extra)
+    return env
+
+
+def read_progress(root: Path) -> dict:
+    """progress.json of a checkpoint root, or {} while it does not exist."""
+    try:
+        return json.loads((root / "progress.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
