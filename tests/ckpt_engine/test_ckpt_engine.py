@@ -133,3 +133,17 @@ def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="file name"):
         engine.save(1, {"../escape": 1})
     engine.close()
+
+
+@pytest.mark.gpu
+def test_cuda_state_is_staged_on_a_side_stream_into_pinned_buffers(tmp_path: Path) -> None:
+    engine = CheckpointEngine(tmp_path, host_cache_size=0.01, slab_bytes=1 << 20, pin_host_cache=True)
+    weights = torch.randn(1 << 21, device="cuda")  # 8 MiB through a 10 MiB pinned pool
+    expected = weights.cpu()
+    handle = engine.save(1, {"model": {"w": weights}}, lazy=True)
+    handle.wait_staged()
+    weights.add_(1.0)  # the optimizer may step once staging is done
+    handle.wait()
+    assert engine.pool.pin
+    assert torch.equal(engine.load()["model"]["w"], expected)
+    engine.close()
