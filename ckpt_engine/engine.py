@@ -377,12 +377,15 @@ class CheckpointEngine:
         return [s for s in list_checkpoint_steps(self.storage) if self.storage.exists(f"{checkpoint_dir(s)}/{MANIFEST_NAME}")]
 
     def _apply_retention(self, newest: int) -> list[int]:
+        """Keep the ``keep_last`` highest steps plus the one just committed; delete the rest."""
         committed = self._committed_steps()
-        if self.keep_last:
-            for step in committed[self.keep_last:]:
-                if step != newest:
-                    self.storage.delete_tree(self._move_to_trash(checkpoint_dir(step)))
-            committed = [s for s in committed[: self.keep_last]] + ([newest] if newest not in committed[: self.keep_last] else [])
+        if not self.keep_last:
+            return committed
+        kept = set(committed[: self.keep_last]) | {newest}
+        for step in committed:
+            if step not in kept:
+                self.storage.delete_tree(self._move_to_trash(checkpoint_dir(step)))
+        committed = list(kept)
         return sorted(set(committed), reverse=True)
 
     def _write_progress(self, **changes: Any) -> None:

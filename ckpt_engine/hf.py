@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import random
-import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -28,14 +27,13 @@ from ckpt_engine.config import RuntimeConfig
 from ckpt_engine.engine import CheckpointEngine, SaveHandle
 from ckpt_engine.errors import ConfigError
 from ckpt_engine.formats import BytesFile, FilePlan, plan_safetensors, plan_torch_file
-from ckpt_engine.manifest import checkpoint_dir, list_checkpoint_steps, verify_checkpoint
+from ckpt_engine.manifest import checkpoint_dir, list_checkpoint_steps, parse_step, verify_checkpoint
 from ckpt_engine.signals import GracefulTermination
 
 log = logging.getLogger("ckpt_engine")
 
 CKPT_LAST_STEP_ENV = "CKPT_LAST_STEP"
 CONCURRENT_DIR = "concurrent_checkpoint"
-_TRAINER_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 def ensure_visible_logging() -> None:
@@ -154,9 +152,9 @@ class DecoratedCheckpointing:
             candidates.append((found, 1, os.path.join(self.root, checkpoint_dir(found))))
         output_dir = self.trainer.args.output_dir
         for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
-            match = _TRAINER_CKPT_RE.match(name)
-            if match:
-                candidates.append((int(match.group(1)), 0, os.path.join(output_dir, name)))
+            trainer_step = parse_step(name)
+            if trainer_step is not None:
+                candidates.append((trainer_step, 0, os.path.join(output_dir, name)))
         candidates.sort(reverse=True)
         for found, concurrent, path in candidates:
             if step >= 0 and found > step:
