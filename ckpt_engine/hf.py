@@ -74,8 +74,9 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         self.owner.engine.wait_staged()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Record progress; after SIGTERM ask the Trainer for one more save, then a stop."""
+        """Record progress, surface a failed checkpoint (``on_error='raise'``), react to SIGTERM."""
         self.owner.engine.record_step(state.global_step)
+        self.owner.engine.raise_if_failed()
         if self.owner.termination.requested:
             control.should_save = True
             control.should_training_stop = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
 
@@ -83,3 +84,34 @@ def test_resume_skips_corrupt_newest_and_keep_trainer_saves(tmp_path: Path,
     assert path == str(tmp_path / "concurrent_checkpoint" / "checkpoint-2")
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "checkpoint-4" in messages and "skipping" in messages and "Resuming from checkpoint-2" in messages
+
+
+@pytest.mark.parametrize("on_error", ["continue", "raise"])
+def test_enospc_during_training(tmp_path: Path, on_error: str) -> None:
+    from ckpt_engine import FaultyStorage, PersistError
+
+    trainer = make_trainer(tmp_path, max_steps=6)
+    hooked = DecoratedCheckpointing(runtime_config=config(trainer, on_error=on_error, keep_last=0), rank=-1)
+    faulty = FaultyStorage(hooked.engine.storage)
+    hooked.engine.storage = faulty
+    original = hooked.engine.save_files
+
+    def save_files(step, files, **kwargs):  # type: ignore[no-untyped-def]
+        if step == 4:
+            faulty.arm(error=errno.ENOSPC)  # the disk fills up during checkpoint-4
+        else:
+            faulty.disarm()
+        return original(step, files, **kwargs)
+
+    hooked.engine.save_files = save_files  # type: ignore[method-assign]
+    root = tmp_path / "concurrent_checkpoint"
+    if on_error == "continue":
+        trainer.train()
+        assert trainer.state.global_step == 6  # training went on
+        assert sorted(p.name for p in root.iterdir() if p.name.startswith("checkpoint")) == \
+            ["checkpoint-2", "checkpoint-6"]
+    else:
+        with pytest.raises(PersistError, match="No space left"):
+            trainer.train()
+        assert not (root / "checkpoint-6").exists()  # stopped by the next step boundary or save
+        assert (root / "checkpoint-2" / "manifest.json").exists()
