@@ -18,9 +18,9 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ from ckpt_engine.manifest import (
 )
 from ckpt_engine.pool import DEFAULT_SLAB_BYTES, SEGMENT_ALIGNMENT, HostBufferPool, Slab
 from ckpt_engine.storage import Storage, StorageWriter, open_storage
+
+if TYPE_CHECKING:
+    from ckpt_engine.mirror import CheckpointMirror
 
 log = logging.getLogger("ckpt_engine")
 
@@ -94,6 +97,7 @@ class ProgressRecord:
     last_committed_step: int | None = None
     committed_steps: list[int] = field(default_factory=list)
     in_flight_step: int | None = None
+    last_mirrored_step: int | None = None
     updated_at: str = field(default_factory=utc_now)
     last_error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -161,13 +165,15 @@ class CheckpointEngine:
     (writer threads), ``pin_host_cache`` (pinned buffers when CUDA is present),
     ``keep_last`` (retention; 0 keeps all), ``max_in_flight`` (checkpoints persisting at
     once), ``on_error`` (``"continue"``: log a failed checkpoint and train on;
-    ``"raise"``: the next ``save``/``wait`` raises PersistError).
+    ``"raise"``: the next ``save``/``wait`` raises PersistError), ``mirror_url`` (copy each
+    committed checkpoint there in the background, see :mod:`ckpt_engine.mirror`; rank 0
+    only). ``on_commit`` callbacks get each CommitRecord on the commit thread.
     """
 
     def __init__(self, root: str | Storage, *, host_cache_size: float = 1.0, parser_threads: int = 1,
                  pin_host_cache: bool = True, keep_last: int = 3, max_in_flight: int = 1,
                  on_error: str = "continue", slab_bytes: int = DEFAULT_SLAB_BYTES, rank: int = 0,
-                 clean_stale: bool = True) -> None:
+                 clean_stale: bool = True, mirror_url: str | Storage | None = None) -> None:
         if on_error not in ON_ERROR_CHOICES:
             raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
         if parser_threads < 1 or max_in_flight < 1 or keep_last < 0 or host_cache_size <= 0:
@@ -187,6 +193,16 @@ class CheckpointEngine:
         self.records: list[CommitRecord] = []
         self.progress = ProgressRecord(committed_steps=self._committed_steps())
         self.progress.last_committed_step = self.progress.committed_steps[0] if self.progress.committed_steps else None
+        self._progress_lock = threading.Lock()
+        self.on_commit: list[Callable[[CommitRecord], None]] = []
+        self.mirror: CheckpointMirror | None = None
+        if mirror_url is not None and rank <= 0:
+            from ckpt_engine.mirror import CheckpointMirror
+
+            mirror = CheckpointMirror(self.storage, mirror_url, keep_last=keep_last,
+                                      on_mirrored=lambda step: self._write_progress(last_mirrored_step=step))
+            self.on_commit.append(lambda record: mirror.submit(record.step))
+            self.mirror = mirror
         if clean_stale and rank <= 0:
             for name in self.storage.list_dir(""):
                 if name.startswith((TMP_PREFIX, TRASH_PREFIX, f"{PROGRESS_NAME}.tmp-")):
@@ -365,6 +381,11 @@ class CheckpointEngine:
                              {"total_s": done - started, "bytes": float(record.total_bytes)})
         log.info("[Concurrent Checkpoint] committed checkpoint-%d (%.1f MB, persist %.2fs)", step,
                  record.total_bytes / 1e6, record.persist_s)
+        for callback in self.on_commit:
+            try:
+                callback(record)
+            except Exception:
+                log.exception("[Concurrent Checkpoint] on_commit callback failed for checkpoint-%d", step)
         return record
 
     def _move_to_trash(self, directory: str) -> str:
@@ -389,15 +410,16 @@ class CheckpointEngine:
         return sorted(set(committed), reverse=True)
 
     def _write_progress(self, **changes: Any) -> None:
-        with self._lock:
-            for key, value in changes.items():
-                setattr(self.progress, key, value)
-            self.progress.updated_at = utc_now()
-            raw = json.dumps(asdict(self.progress), indent=1).encode()
-        try:
-            self.storage.write_atomic(PROGRESS_NAME, raw)
-        except OSError as exc:
-            log.warning("[Concurrent Checkpoint] could not write %s: %r", PROGRESS_NAME, exc)
+        with self._progress_lock:  # the commit and mirror threads both write: an older snapshot never lands last
+            with self._lock:
+                for key, value in changes.items():
+                    setattr(self.progress, key, value)
+                self.progress.updated_at = utc_now()
+                raw = json.dumps(asdict(self.progress), indent=1).encode()
+            try:
+                self.storage.write_atomic(PROGRESS_NAME, raw)
+            except OSError as exc:
+                log.warning("[Concurrent Checkpoint] could not write %s: %r", PROGRESS_NAME, exc)
 
     def record_step(self, step: int) -> None:
         """Note the training step in ``progress.json`` (cheap; no fsync on the training thread)."""
@@ -405,8 +427,9 @@ class CheckpointEngine:
 
     # ---- wait / errors ------------------------------------------------------------------------
 
-    def wait(self, timeout: float | None = None) -> list[CommitRecord]:
-        """Wait for every in-flight checkpoint; raises PersistError only with ``on_error='raise'``."""
+    def wait(self, timeout: float | None = None, *, mirror_timeout: float | None = None) -> list[CommitRecord]:
+        """Wait for every in-flight checkpoint, then (at most ``mirror_timeout`` s, default
+        600) for the mirror upload; raises PersistError only with ``on_error='raise'``."""
         with self._lock:
             handles, self._in_flight = list(self._in_flight), []
         records: list[CommitRecord] = []
@@ -417,6 +440,8 @@ class CheckpointEngine:
                 continue
             if record is not None:
                 records.append(record)
+        if self.mirror is not None:
+            self.mirror.wait() if mirror_timeout is None else self.mirror.wait(mirror_timeout)
         self.raise_if_failed()
         return records
 
@@ -442,6 +467,8 @@ class CheckpointEngine:
             self._writers.shutdown(wait=True)
             self._stager.shutdown(wait=True)
             self._committer.shutdown(wait=True)
+            if self.mirror is not None:
+                self.mirror.close(timeout=0)  # wait() above already waited for the upload (bounded)
             self.pool.close()
 
     # ---- resume / load ----------------------------------------------------------------------

@@ -479,3 +479,12 @@ def _file_factory(url: str) -> Storage:
 
 register_scheme("file", _file_factory)
 register_scheme("memory", lambda url: MemoryStorage.named(url[len("memory://"):]))
+
+
+def _s3_factory(url: str) -> Storage:
+    from ckpt_engine.s3 import S3Storage  # boto3 itself is imported when the first request is made
+
+    return S3Storage(url)
+
+
+register_scheme("s3", _s3_factory)
