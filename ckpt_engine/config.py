@@ -11,6 +11,7 @@ from ckpt_engine.errors import ConfigError
 
 DEFAULT_GRACE_SECONDS = 30.0
 GRACE_ENV = "CKPT_GRACE_SECONDS"
+MIRROR_URL_ENV = "CKPT_MIRROR_URL"
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class RuntimeConfig:
     training with PersistError), ``keep_trainer_saves`` also run the Trainer's own
     periodic saves, ``checkpoint_dir`` (default ``<output_dir>/concurrent_checkpoint``),
     ``handle_sigterm`` final checkpoint on SIGTERM, ``grace_seconds`` (default from
-    ``CKPT_GRACE_SECONDS``, else 30), ``max_in_flight`` checkpoints persisting at once.
+    ``CKPT_GRACE_SECONDS``, else 30), ``max_in_flight`` checkpoints persisting at once,
+    ``mirror_url`` Object Storage prefix (``s3://bucket/prefix/``) each committed checkpoint
+    is copied to and restored from on a fresh node (default from ``CKPT_MIRROR_URL``).
     """
 
     host_cache_size: float = 50.0
@@ -38,6 +41,7 @@ class RuntimeConfig:
     handle_sigterm: bool = True
     grace_seconds: float | None = None
     max_in_flight: int = 1
+    mirror_url: str | None = None
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> RuntimeConfig:
@@ -71,6 +75,8 @@ class RuntimeConfig:
         if self.grace_seconds is not None and (not isinstance(self.grace_seconds, (int, float))
                                                or self.grace_seconds <= 0):
             raise bad("grace_seconds", "must be a positive number of seconds")
+        if self.mirror_url is not None and (not isinstance(self.mirror_url, str) or "://" not in self.mirror_url):
+            raise bad("mirror_url", "must be a URL such as s3://bucket/prefix/")
 
     def effective_grace_seconds(self) -> float:
         """Grace period for a final checkpoint after SIGTERM."""
@@ -85,3 +91,9 @@ class RuntimeConfig:
             if value > 0:
                 return value
         return DEFAULT_GRACE_SECONDS
+
+    def effective_mirror_url(self) -> str | None:
+        """Where checkpoints are mirrored: ``mirror_url``, else ``CKPT_MIRROR_URL``, else nowhere."""
+        if self.mirror_url:
+            return self.mirror_url
+        return os.environ.get(MIRROR_URL_ENV, "").strip() or None

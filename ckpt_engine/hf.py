@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ log = logging.getLogger("ckpt_engine")
 
 CKPT_LAST_STEP_ENV = "CKPT_LAST_STEP"
 CONCURRENT_DIR = "concurrent_checkpoint"
+MIRROR_EXIT_MARGIN_S = 2.0  # after SIGTERM, stop waiting for the mirror this long before the grace period ends
 
 
 def ensure_visible_logging() -> None:
@@ -82,8 +84,8 @@ class ConcurrentCheckpointCallback(TrainerCallback):
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Every in-flight checkpoint is committed before train() returns."""
-        self.owner.engine.wait()
+        """Every in-flight checkpoint is committed (and mirrored, bounded) before train() returns."""
+        self.owner.wait()
 
 
 class DecoratedCheckpointing:
@@ -93,7 +95,9 @@ class DecoratedCheckpointing:
     "trainer": trainer}, rank=local_rank)`` -> ``trainer.train(resume_from_checkpoint=...)``.
     ``resume_from_checkpoint=True`` (or ``CKPT_LAST_STEP=-1``) resumes from the newest
     complete, verified checkpoint (concurrent or the Trainer's own); ``CKPT_LAST_STEP=n``
-    from step n (falling back past a corrupt one). See RuntimeConfig for the keys.
+    from step n (falling back past a corrupt one). With ``mirror_url`` (or
+    ``CKPT_MIRROR_URL``) checkpoints are also copied to Object Storage, and a resume first
+    restores the newest complete mirrored one the local directory lacks. See RuntimeConfig.
     """
 
     def __init__(self, runtime_config: Mapping[str, Any], rank: int = -1) -> None:
@@ -110,7 +114,7 @@ class DecoratedCheckpointing:
             self.root, host_cache_size=self.config.host_cache_size, parser_threads=self.config.parser_threads,
             pin_host_cache=self.config.pin_host_cache, keep_last=self.config.keep_last,
             max_in_flight=self.config.max_in_flight, on_error=self.config.on_error,
-            rank=max(rank, 0) if trainer.args.process_index == 0 else 1)
+            rank=max(rank, 0) if trainer.args.process_index == 0 else 1, mirror_url=self.config.effective_mirror_url())
         self.termination = GracefulTermination(self.config.effective_grace_seconds(), on_timeout=self._grace_expired)
         if self.config.handle_sigterm:
             self.termination.install()
@@ -128,11 +132,13 @@ class DecoratedCheckpointing:
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train`` with ``True`` / ``CKPT_LAST_STEP`` resolved to a verified checkpoint path."""
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = self.resolve_resume(self.requested_step())
+            step = self.requested_step()
+            self.restore_from_mirror(step)
+            resume_from_checkpoint = self.resolve_resume(step)
         try:
             output = self._trainer_train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            self.engine.wait()
+            self.wait()
         if self.termination.requested:
             self.termination.finish()
         return output
@@ -256,8 +262,25 @@ class DecoratedCheckpointing:
         log.error("[Concurrent Checkpoint] grace period expired before the final checkpoint committed; exiting")
 
     def wait(self) -> None:
-        """Block until every in-flight checkpoint is committed."""
-        self.engine.wait()
+        """Block until every in-flight checkpoint is committed and mirrored (bounded; within the grace period)."""
+        self.engine.wait(mirror_timeout=self.mirror_wait_bound())
+
+    def mirror_wait_bound(self) -> float | None:
+        """Seconds left for the mirror upload: None (the default bound) unless SIGTERM started the grace period."""
+        started = self.termination.requested_at
+        if not self.termination.requested or started is None:
+            return None
+        return max(0.0, started + self.termination.grace_seconds - time.monotonic() - MIRROR_EXIT_MARGIN_S)
+
+    def restore_from_mirror(self, step: int = -1) -> int | None:
+        """Download the newest complete mirrored checkpoint (or ``step``) when the local root lacks it."""
+        url = self.config.effective_mirror_url()
+        if url is None:
+            return None
+        from ckpt_engine.mirror import restore_from_mirror
+
+        with self.trainer.args.main_process_first(local=True, desc="restore the checkpoint mirror"):
+            return restore_from_mirror(self.engine.storage, url, step)
 
 
 def _is_deepspeed_scheduler(trainer: Any) -> bool:

@@ -34,7 +34,6 @@ from ckpt_engine.storage import Storage, open_storage
 
 log = logging.getLogger("ckpt_engine")
 
-MIRROR_URL_ENV = "CKPT_MIRROR_URL"
 DEFAULT_WAIT_S = 600.0
 _CHUNK = 8 << 20
 
