@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckpt_engine")
 
 PROGRESS_NAME = "progress.json"
+PROGRESS_EVERY_S = 0.25
 TRASH_PREFIX = ".trash-"
 ON_ERROR_CHOICES = ("continue", "raise")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -192,6 +193,7 @@ class CheckpointEngine:
         self.last_error: BaseException | None = None
         self.records: list[CommitRecord] = []
         self.progress = ProgressRecord(committed_steps=self._committed_steps())
+        self._progress_written_at = 0.0
         self.progress.last_committed_step = self.progress.committed_steps[0] if self.progress.committed_steps else None
         self._progress_lock = threading.Lock()
         self.on_commit: list[Callable[[CommitRecord], None]] = []
@@ -422,8 +424,16 @@ class CheckpointEngine:
                 log.warning("[Concurrent Checkpoint] could not write %s: %r", PROGRESS_NAME, exc)
 
     def record_step(self, step: int) -> None:
-        """Note the training step in ``progress.json`` (cheap; no fsync on the training thread)."""
+        """Note the training step; ``progress.json`` gets it at most every PROGRESS_EVERY_S seconds.
+
+        The orchestrator's heartbeat and step-triggered fault injection read it, so it must
+        move while training runs, but one small atomic write per quarter second is the cap.
+        """
         self.progress.step = step
+        now = time.monotonic()
+        if now - self._progress_written_at >= PROGRESS_EVERY_S:
+            self._progress_written_at = now
+            self._write_progress(step=step)
 
     # ---- wait / errors ------------------------------------------------------------------------
 

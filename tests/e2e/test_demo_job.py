@@ -25,9 +25,11 @@ def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, ai
     first, second = report["attempts"]
     assert first["verdict"] == "HARDWARE" and second["verdict"] == "SUCCEEDED"
     assert first["node"] != second["node"]
-    # The fault struck at step 70; checkpoints every 20 steps: resume from 60, lose at most one interval.
-    assert first["last_committed_step"] == 60
-    assert second["resumed_from"] == 60
+    # The fault struck at step 70 (as soon as progress.json showed it); checkpoints every
+    # 20 steps: the next attempt resumes from the last commit and loses at most one interval.
+    committed = first["last_committed_step"]
+    assert committed >= 60 and second["resumed_from"] == committed
+    assert 70 <= first["step_at_end"] and first["step_at_end"] - committed <= 20
     assert report["global_step"] == 160
     first_loss, last_loss = report["first_loss"][1], report["last_loss"][1]
     assert last_loss < 0.5 * first_loss, (first_loss, last_loss)  # it learns
@@ -40,5 +42,5 @@ def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, ai
         assert prefix + expected in keys, expected
     log = s3_hook.read_key(prefix + "job.log", bucket_name=demo_bucket)
     assert log.count("Starting dataset initialization") == 2
-    assert "Resuming from checkpoint-60" in log
+    assert f"Resuming from checkpoint-{committed}" in log
     assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
