@@ -230,13 +230,17 @@ def launch_local(job: TrainingJob, run_id: str, plan: dict, log: Log = print) ->
     history.record(JobStatus.RUNNING, f"attempt {attempt} started on {node}", attempt=attempt, task="launch")
     _ensure_vendor_dir(run.vendor_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
+    object_storage = run.hook().conn_config
     env = training_environment(
         job,
         TrainingPaths(str(run.data_dir), str(run.output_dir), str(run.code_dir), str(run.vendor_dir)),
         attempt=attempt,
         node=node,
         resume_step=plan["resume_step"],
+        mirror_url=run.results_uri + "checkpoints/",
+        s3_endpoint_url=object_storage.get_service_endpoint_url("s3"),
     )
+    env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded
     if plan["resume_step"] is not None:
         log(f"resuming with CKPT_LAST_STEP={plan['resume_step']}")
     runner = LocalAttempt(
@@ -263,6 +267,17 @@ def launch_local(job: TrainingJob, run_id: str, plan: dict, log: Log = print) ->
             + (f" (signal {record.signal})" if record.signal else "")
         )
     return summary
+
+
+def _object_storage_keys(conn_config) -> dict[str, str]:
+    """The connection's keys as the standard AWS variables (none when it relies on a role or profile)."""
+    keys = {
+        "AWS_ACCESS_KEY_ID": conn_config.aws_access_key_id,
+        "AWS_SECRET_ACCESS_KEY": conn_config.aws_secret_access_key,
+        "AWS_SESSION_TOKEN": conn_config.aws_session_token,
+        "AWS_DEFAULT_REGION": conn_config.region_name,
+    }
+    return {name: value for name, value in keys.items() if value}
 
 
 def _ensure_vendor_dir(dest: Path) -> None:
@@ -439,6 +454,7 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
             "evidence": (verdict or {}).get("evidence", [])[:3],
             "resumed_from": (record.get("progress") or {}).get("resumed_from_step"),
             "last_committed_step": (record.get("progress") or {}).get("last_committed_step"),
+            "step_at_end": (record.get("progress") or {}).get("step"),
             "started_at": record.get("started_at"),
             "finished_at": record.get("finished_at"),
         })

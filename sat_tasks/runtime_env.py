@@ -31,11 +31,17 @@ def training_environment(
     attempt: int,
     node: str,
     resume_step: int | None,
+    mirror_url: str | None = None,
+    s3_endpoint_url: str | None = None,
 ) -> dict[str, str]:
     """Environment variables for one attempt of `job`.
 
     `resume_step` is None on a fresh start; otherwise it becomes `CKPT_LAST_STEP`
-    (`-1` means "the newest complete checkpoint").
+    (`-1` means "the newest complete checkpoint"). `mirror_url` (the run's
+    `<results prefix>checkpoints/`) becomes `CKPT_MIRROR_URL`: the engine copies each
+    checkpoint there and restores from it on a fresh node; `s3_endpoint_url` becomes
+    `CKPT_S3_ENDPOINT_URL`. Credentials are not part of this contract: the launcher adds
+    `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` to the process environment only.
     """
     env = dict(job.env)
     env.update(
@@ -58,4 +64,8 @@ def training_environment(
     )
     if resume_step is not None:
         env["CKPT_LAST_STEP"] = str(resume_step)
+    if mirror_url:
+        env["CKPT_MIRROR_URL"] = mirror_url
+    if s3_endpoint_url:
+        env["CKPT_S3_ENDPOINT_URL"] = s3_endpoint_url
     return env
