@@ -40,8 +40,13 @@ test: .venv system-deps
 test-slow: .venv system-deps
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
+# Benchmarks print ratios side by side; they are not part of `make test`.
 benchmarks: .venv
-	$(PY) -m pytest tests/benchmarks -s -p no:cacheprovider $(PYTEST_ARGS) || true
+	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/bench_dag_parse.py
+	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/bench_staging.py --rtt-ms 20
+	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/ckpt_overhead.py --dir build/bench-ckpt-overhead
+	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/ckpt_io.py --dir build/bench-ckpt-io
+	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/bench_goodput.py
 
 vendor: .venv
 	$(VENV)/bin/sat vendor build/checkpoint_vendor
