@@ -437,9 +437,9 @@ class CheckpointEngine:
 
     # ---- wait / errors ------------------------------------------------------------------------
 
-    def wait(self, timeout: float | None = None, *, mirror_timeout: float | None = None) -> list[CommitRecord]:
-        """Wait for every in-flight checkpoint, then (at most ``mirror_timeout`` s, default
-        600) for the mirror upload; raises PersistError only with ``on_error='raise'``."""
+    def wait(self, timeout: float | None = None, *, mirror_deadline: float | None = None) -> list[CommitRecord]:
+        """Wait for every in-flight checkpoint, then for the mirror upload (until ``mirror_deadline``,
+        a ``time.monotonic()`` value, default 600 s); raises PersistError only with ``on_error='raise'``."""
         with self._lock:
             handles, self._in_flight = list(self._in_flight), []
         records: list[CommitRecord] = []
@@ -451,7 +451,10 @@ class CheckpointEngine:
             if record is not None:
                 records.append(record)
         if self.mirror is not None:
-            self.mirror.wait() if mirror_timeout is None else self.mirror.wait(mirror_timeout)
+            if mirror_deadline is None:
+                self.mirror.wait()
+            else:
+                self.mirror.wait(max(0.0, mirror_deadline - time.monotonic()))
         self.raise_if_failed()
         return records
 

@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -263,14 +262,14 @@ class DecoratedCheckpointing:
 
     def wait(self) -> None:
         """Block until every in-flight checkpoint is committed and mirrored (bounded; within the grace period)."""
-        self.engine.wait(mirror_timeout=self.mirror_wait_bound())
+        self.engine.wait(mirror_deadline=self.mirror_deadline())
 
-    def mirror_wait_bound(self) -> float | None:
-        """Seconds left for the mirror upload: None (the default bound) unless SIGTERM started the grace period."""
+    def mirror_deadline(self) -> float | None:
+        """When to stop waiting for the mirror (``time.monotonic()``): None (the default bound) unless SIGTERM came."""
         started = self.termination.requested_at
         if not self.termination.requested or started is None:
             return None
-        return max(0.0, started + self.termination.grace_seconds - time.monotonic() - MIRROR_EXIT_MARGIN_S)
+        return started + self.termination.grace_seconds - MIRROR_EXIT_MARGIN_S
 
     def restore_from_mirror(self, step: int = -1) -> int | None:
         """Download the newest complete mirrored checkpoint (or ``step``) when the local root lacks it."""
