@@ -74,7 +74,7 @@ class LocalAttempt:
     attempt: int
     node: str
     command: str
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # may hold object-storage keys: never in a repr
     cwd: Path
     output_dir: Path
     job_log: Path

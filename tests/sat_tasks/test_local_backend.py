@@ -108,3 +108,9 @@ def test_user_error_is_internal(tmp_path):
     assert verdict.kind.value == "INTERNAL"
     assert any("ModuleNotFoundError" in line for line in verdict.evidence)
     assert json.loads(record.model_dump_json())["job"] == "unit-job"
+
+
+def test_attempt_repr_hides_the_environment(tmp_path):
+    runner = attempt(tmp_path, command="true")
+    runner.env["AWS_SECRET_ACCESS_KEY"] = "do-not-print-me"
+    assert "do-not-print-me" not in repr(runner)
