@@ -54,6 +54,7 @@ __all__ = [
     "gang_teardown_callback",
     "label_value",
     "launch_command",
+    "object_storage_key_env",
     "pull_secret_name",
     "register_cli",
     "render_attempt_manifests",
@@ -74,6 +75,8 @@ ANNOTATION_TAGS = "sat.ai/tags"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sat", "app.kubernetes.io/component": "training"}
 
 DEFAULT_NAMESPACE = "sat-jobs"
+# Env var -> key in the Object Storage Secret (`KubernetesSettings.object_storage_secret`).
+OBJECT_STORAGE_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key"}
 _MAX_LABEL = 63
 # `python [-u|-B|-O...] script.py ...` or `python ... -m module ...`: what a launcher can take over.
 _PYTHON_CMD_RE = re.compile(
@@ -132,6 +135,12 @@ class KubernetesSettings:
         startup_timeout_seconds: how long the operator waits for a pod to start (large image pulls).
         run_volume_size / run_volume_storage_class: the per-run claim.
         rendezvous_dns_wait_seconds: bound on how long ranks > 0 wait for rank 0's DNS name.
+        object_storage_endpoint: the S3 endpoint pods use for the checkpoint mirror
+            (`CKPT_S3_ENDPOINT_URL`); empty = AWS's own endpoints.
+        object_storage_secret: the Kubernetes Secret holding the Object Storage keys
+            (`access_key_id`, `secret_access_key`); pods read them through `secretKeyRef`,
+            so no key is ever part of a rendered manifest. The cluster's operator creates it
+            (from the same credentials as the `sat_object_storage` connection).
     """
 
     termination_grace_seconds: int = 120
@@ -147,6 +156,8 @@ class KubernetesSettings:
     run_volume_size: str = "100Gi"
     run_volume_storage_class: str | None = None
     rendezvous_dns_wait_seconds: int = 600
+    object_storage_endpoint: str = ""
+    object_storage_secret: str = "sat-object-storage"
 
     @classmethod
     def from_sat_config(cls) -> KubernetesSettings:
@@ -353,10 +364,16 @@ def _env(
 ) -> list[k8s.V1EnvVar]:
     from kubernetes.client import models as k8s
 
+    from sat_tasks.pipeline import JobRun  # the run's results prefix, as on the local backend
+
     paths = TrainingPaths(data_dir=POD_DATA_DIR, output_dir=POD_OUTPUT_DIR, code_dir=POD_CODE_DIR,
                           vendor_dir=IMAGE_VENDOR_DIR)
     # SAT_NODE is the Kubernetes node the pod lands on; the downward API fills it in.
-    contract = training_environment(job, paths, attempt=attempt, node="", resume_step=resume_step)
+    contract = training_environment(
+        job, paths, attempt=attempt, node="", resume_step=resume_step,
+        mirror_url=JobRun(job, run_id).results_uri + "checkpoints/",
+        s3_endpoint_url=settings.object_storage_endpoint or None,
+    )
     field_refs = {"SAT_NODE": "spec.nodeName", "SAT_POD_NAME": "metadata.name"}
     env = [k8s.V1EnvVar(name=k, value=v) for k, v in contract.items() if k not in field_refs]
     env.append(k8s.V1EnvVar(name="SAT_RUN_ID", value=run_id))
@@ -377,7 +394,25 @@ def _env(
             name=key,
             value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path=path)),
         ))
+    env += object_storage_key_env(settings)
     return env
+
+
+def object_storage_key_env(settings: KubernetesSettings) -> list[k8s.V1EnvVar]:
+    """`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` as references into the Object Storage Secret.
+
+    The kubelet resolves them when the container starts: the keys never appear in the pod
+    spec, a rendered manifest, an XCom or a log. A missing Secret (or key) keeps the pod
+    from starting (`CreateContainerConfigError`) instead of training without its mirror.
+    """
+    from kubernetes.client import models as k8s
+
+    return [
+        k8s.V1EnvVar(name=name, value_from=k8s.V1EnvVarSource(
+            secret_key_ref=k8s.V1SecretKeySelector(name=settings.object_storage_secret, key=key),
+        ))
+        for name, key in OBJECT_STORAGE_SECRET_KEYS.items()
+    ]
 
 
 def _resources(job: TrainingJob, settings: KubernetesSettings) -> k8s.V1ResourceRequirements:

@@ -162,6 +162,52 @@ def test_env_contract_with_pod_paths():
     assert env["SAT_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
+def test_checkpoint_mirror_env_points_at_the_runs_results_prefix():
+    from sat_tasks.pipeline import JobRun
+
+    job = _job("deepspeed-g2-2nodes")
+    settings = k8s.KubernetesSettings(object_storage_endpoint="https://storage.example.com",
+                                      object_storage_secret="team-a-object-storage")
+    for pod in _pods(k8s.render_attempt_manifests(job, run_id=RUN_ID, attempt=2, settings=settings)):
+        env = _env(pod)
+        assert env["CKPT_MIRROR_URL"] == JobRun(job, RUN_ID).results_uri + "checkpoints/"
+        assert env["CKPT_MIRROR_URL"].startswith("s3://sat-demo/results/llama.70b-pretrain/")
+        assert env["CKPT_S3_ENDPOINT_URL"] == "https://storage.example.com"
+        assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "team-a-object-storage", "key": "access_key_id"}}
+        assert env["AWS_SECRET_ACCESS_KEY"] == {
+            "secretKeyRef": {"name": "team-a-object-storage", "key": "secret_access_key"}}
+
+
+def test_default_endpoint_is_aws_and_default_secret_is_sat_object_storage():
+    env = _env(_pods(_render(_job("spot-g3")))[0])
+    assert "CKPT_S3_ENDPOINT_URL" not in env  # boto3's own AWS endpoints
+    assert env["AWS_ACCESS_KEY_ID"]["secretKeyRef"]["name"] == "sat-object-storage"
+
+
+def test_object_storage_settings_from_config(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SAT__K8S_OBJECT_STORAGE_ENDPOINT", "http://minio.storage:9000")
+    monkeypatch.setenv("AIRFLOW__SAT__K8S_OBJECT_STORAGE_SECRET", "minio-keys")
+    settings = k8s.KubernetesSettings.from_sat_config()
+    assert (settings.object_storage_endpoint, settings.object_storage_secret) == (
+        "http://minio.storage:9000", "minio-keys")
+
+
+def test_no_object_storage_key_is_ever_rendered(monkeypatch, extra_spec_files, capsys):
+    """Keys live in the connection (and the cluster's Secret), never in a manifest."""
+    marker_id, marker_secret = "AKIAMARKER7f3e9b", "s3cr3t-MARKER-5d1c"
+    monkeypatch.setenv("AIRFLOW_CONN_SAT_OBJECT_STORAGE",
+                       f'{{"conn_type": "aws", "login": "{marker_id}", "password": "{marker_secret}"}}')
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", marker_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", marker_secret)
+    for key, path in extra_spec_files.items():
+        rendered = yaml.safe_dump_all(_render(_job(key), resume_step=-1))
+        assert marker_id not in rendered and marker_secret not in rendered
+        assert _run_cli(["render", str(path), "--run-id", RUN_ID, "--namespace", "team-a"]) == 0
+        out = capsys.readouterr().out
+        assert marker_id not in out and marker_secret not in out
+        assert "secretKeyRef" in out
+
+
 def test_user_env_is_passed_and_contract_wins():
     job = parse_spec(_base_spec(env={"WANDB_MODE": "offline", "PYTHONPATH": "/elsewhere"}))
     env = _env(_pods(_render(job))[0])
@@ -504,6 +550,11 @@ def test_pod_operator_builds_the_rendered_pod(key, rank):
     assert operator.base_container_name == _container(rendered)["name"]
     assert operator.termination_grace_period == rendered["spec"]["terminationGracePeriodSeconds"]
     assert operator.kubernetes_conn_id == "k8s_prod"
+    built_env = {e["name"]: e for e in _container(built)["env"]}
+    assert built_env["CKPT_MIRROR_URL"]["value"].endswith("/checkpoints/")
+    for name, key in (("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key")):
+        assert built_env[name] == {"name": name, "valueFrom": {"secretKeyRef": {
+            "name": SETTINGS.object_storage_secret, "key": key}}}
     _validate(built)
 
 
@@ -681,11 +732,15 @@ def test_rendered_pod_runs_in_a_live_cluster(tmp_path):
         command='python -c "import os; print(\'vendor\', os.environ[\'CHECKPOINT_VENDOR\'])" && df -h /dev/shm',
     ))
     run_id = f"k8s_test__{uuid.uuid4().hex[:8]}"
-    settings = k8s.KubernetesSettings(run_volume_size="1Gi", termination_grace_seconds=30)
+    secret = f"sat-live-test-{uuid.uuid4().hex[:8]}"  # the pod's Object Storage keys come from a Secret
+    settings = k8s.KubernetesSettings(run_volume_size="1Gi", termination_grace_seconds=30,
+                                      object_storage_secret=secret)
     claim = k8s.render_run_volume_claim(job, run_id=run_id, namespace=namespace, settings=settings)
     claim["spec"]["accessModes"] = [os.environ.get("SAT_K8S_TEST_ACCESS_MODE", "ReadWriteOnce")]
     (pod,) = k8s.render_attempt_manifests(job, run_id=run_id, attempt=1, namespace=namespace, settings=settings)
     name = pod["metadata"]["name"]
+    core.create_namespaced_secret(namespace, {"metadata": {"name": secret}, "stringData": {
+        "access_key_id": "test-id", "secret_access_key": "test-secret"}})
     core.create_namespaced_persistent_volume_claim(namespace, claim)
     try:
         core.create_namespaced_pod(namespace, pod)
@@ -705,3 +760,4 @@ def test_rendered_pod_runs_in_a_live_cluster(tmp_path):
     finally:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         core.delete_namespaced_persistent_volume_claim(claim["metadata"]["name"], namespace)
+        core.delete_namespaced_secret(secret, namespace)

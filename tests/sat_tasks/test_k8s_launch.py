@@ -293,7 +293,11 @@ def test_pod_gets_no_secret(captured, bucket, monkeypatch):
     assert pod["spec"]["imagePullSecrets"] == [{"name": "sat-registry-main"}]
     container = pod["spec"]["containers"][0]
     assert not container.get("envFrom")
-    assert not [e for e in container["env"] if "secretKeyRef" in (e.get("valueFrom") or {})]
+    # The only Secret references: the Object Storage keys for the checkpoint mirror (ADR 0009).
+    secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]
+                   if "secretKeyRef" in (e.get("valueFrom") or {})}
+    assert secret_refs == {"AWS_ACCESS_KEY_ID": {"name": "sat-object-storage", "key": "access_key_id"},
+                           "AWS_SECRET_ACCESS_KEY": {"name": "sat-object-storage", "key": "secret_access_key"}}
     assert pod["spec"]["automountServiceAccountToken"] is False
 
 
