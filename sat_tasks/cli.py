@@ -79,14 +79,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_job(job, spec_path: Path | None, *, quiet: bool = False) -> dict | None:
     """Run `job` through its DAG with dag.test(), on an embedded S3 server unless one is configured.
 
-    `quiet` keeps Airflow's own bookkeeping lines out of the console (task output stays).
+    `quiet` keeps the task logs off the console (only warnings, errors and the summary).
     """
     configure_airflow_env()
-    if quiet:
-        import logging
-
-        for name in ("airflow", "sqlalchemy", "alembic", "great_expectations", "botocore", "werkzeug"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    if quiet and "airflow" not in sys.modules:
+        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # read when Airflow configures logging
     os.environ.setdefault("AIRFLOW__SAT__BACKEND", "local")
     ensure_metadata_db()
     from sat_tasks.local_s3 import LocalS3Server, seed_demo_bucket
