@@ -141,6 +141,8 @@ class KubernetesSettings:
             (`access_key_id`, `secret_access_key`); pods read them through `secretKeyRef`,
             so no key is ever part of a rendered manifest. The cluster's operator creates it
             (from the same credentials as the `sat_object_storage` connection).
+        staging_image: the image of the staging pod (`sat_tasks.k8s_staging`): SAT's Airflow
+            image, which has `sat_tasks` and the Amazon provider.
     """
 
     termination_grace_seconds: int = 120
@@ -158,6 +160,7 @@ class KubernetesSettings:
     rendezvous_dns_wait_seconds: int = 600
     object_storage_endpoint: str = ""
     object_storage_secret: str = "sat-object-storage"
+    staging_image: str = "registry.example.com/sat/airflow:0.1.0"
 
     @classmethod
     def from_sat_config(cls) -> KubernetesSettings:

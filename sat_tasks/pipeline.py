@@ -164,22 +164,25 @@ def _image_failed(run: JobRun, result, log: Log) -> dict:
 
 # ---- stage_data -------------------------------------------------------------------------------
 def stage_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
-    """Copy the training script and the data from Object Storage to the job's volume."""
+    """Copy the training script and the data from Object Storage to the job's volume.
+
+    Local backend: into the run's directory on this worker. Kubernetes: into the run's
+    claim, by a staging pod on the cluster (`sat_tasks.k8s_staging`), since the worker's
+    disk is not what the training pods mount.
+    """
+    if job.backend is Backend.KUBERNETES:
+        from sat_tasks import k8s_staging
+        from sat_tasks.k8s_launch import core_v1_client
+
+        client, namespace = core_v1_client(), paths.sat_setting("kubernetes_namespace")
+        if k8s_staging.ensure_run_volume(job, run_id, client=client, namespace=namespace):
+            log(f"created the run volume claim in {namespace}")
+        return k8s_staging.stage_into_volume(job, run_id, client=client, namespace=namespace, log=log)
+    from sat_tasks.stage_cli import stage_job_files
+
     run = JobRun(job, run_id)
-    hook = run.hook()
-    report: dict[str, Any] = {}
-    if job.storage.script_url:
-        bucket, key = split_s3_uri(job.storage.script_url)
-        if key.endswith("/") or not key:
-            report["code"] = storage.stage_prefix(hook, job.storage.script_url, run.code_dir, log=log).to_dict()
-        else:
-            target = storage.download_object(hook, job.storage.script_url, run.code_dir / Path(key).name)
-            log(f"training script {job.storage.script_url} -> {target}")
-            report["code"] = {"files": 1, "destination": str(run.code_dir)}
-    else:
-        run.code_dir.mkdir(parents=True, exist_ok=True)
-    report["data"] = storage.stage_prefix(hook, job.data.source, run.data_dir, log=log).to_dict()
-    return report
+    return stage_job_files(run.hook(), data_source=job.data.source, data_dest=run.data_dir,
+                           code_dest=run.code_dir, script_url=job.storage.script_url, log=log)
 
 
 # ---- validate_data ----------------------------------------------------------------------------
