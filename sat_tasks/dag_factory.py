@@ -112,12 +112,13 @@ def build_job_dag(
             return _run(pipeline.stage_data, _job(spec), _run_id())
 
         @task(task_id="validate_data")
-        def validate_data(spec: dict) -> dict:
-            return _run(pipeline.validate_data, _job(spec), _run_id())
+        def validate_data(spec: dict, staged: dict) -> dict:
+            return _run(pipeline.validate_data, _job(spec), _run_id(), staged)
 
         spec = validate_spec()
-        gate = validate_data(spec)
-        check_image(spec) >> stage_data(spec) >> gate
+        staged = stage_data(spec)
+        check_image(spec) >> staged
+        gate = validate_data(spec, staged)
 
         previous_decide: str | None = None
         upstream = gate

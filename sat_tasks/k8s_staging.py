@@ -67,8 +67,11 @@ def build_staging_pod(
 
     subpaths = k8s.run_volume_subpaths(job, run_id)
     args = ["--source", job.data.source, "--dest", POD_DATA_DIR, "--code-dest", POD_CODE_DIR]
+    if job.data.expectation_suite:
+        args += ["--suite", job.data.expectation_suite]
     if job.storage.script_url:
         args += ["--script-url", job.storage.script_url]
+    args.append("--validate")  # the suite runs where the data is: in this pod
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if settings.object_storage_endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_storage_endpoint})  # boto3 reads it

@@ -186,23 +186,33 @@ def stage_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
 
 
 # ---- validate_data ----------------------------------------------------------------------------
-def validate_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
-    """Run the Great Expectations suite on the staged data; a failure stops the job before training."""
+def validate_data(job: TrainingJob, run_id: str, staged: dict | None = None, log: Log = print) -> dict:
+    """Run the Great Expectations suite on the staged data; a failure stops the job before training.
+
+    Local backend: here, on the staged directory. Kubernetes: the staging pod ran the suite
+    where the data is (`stage_cli --validate`); its result comes in `staged["validation"]`.
+    """
     from sat_tasks.validation import DataValidationError, validate_dataset
 
     run = JobRun(job, run_id)
-    try:
-        report = validate_dataset(run.data_dir, job.data.expectation_suite, log=log)
-    except DataValidationError as exc:
-        run.history(log).record(JobStatus.INTERNAL_ERROR, f"data validation could not run: {exc}", task="validate_data")
-        raise JobStopped(f"data validation could not run: {exc}") from None
-    if not report.success:
-        lines = report.summary_lines()
+    if job.backend is Backend.KUBERNETES:
+        result = (staged or {}).get("validation")
+        if result is None:
+            raise JobStopped("the staging pod reported no data validation result")
+        success, lines = bool(result.get("success")), list(result.get("summary_lines", []))
+    else:
+        try:
+            report = validate_dataset(run.data_dir, job.data.expectation_suite, log=log)
+        except DataValidationError as exc:
+            success, lines = False, [f"data validation could not run: {exc}"]
+        else:
+            success, lines, result = report.success, report.summary_lines(), report.to_dict()
+    if not success:
         run.history(log).record(
             JobStatus.INTERNAL_ERROR, "data validation failed: " + "; ".join(lines), task="validate_data"
         )
         raise JobStopped("data validation failed:\n" + "\n".join(lines))
-    return report.to_dict()
+    return result
 
 
 # ---- attempts -----------------------------------------------------------------------------------

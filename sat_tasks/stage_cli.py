@@ -70,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dest", required=True, help="directory the data goes to")
     parser.add_argument("--script-url", default=None, help="s3:// URL of the training script (or a prefix ending in /)")
     parser.add_argument("--code-dest", required=True, help="directory the script goes to")
+    parser.add_argument("--validate", action="store_true",
+                        help="run the Great Expectations suite on the staged data (where the data is)")
+    parser.add_argument("--suite", default=None, help="expectation suite (default: the text-corpus suite)")
     args = parser.parse_args(argv)
 
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
@@ -81,6 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # one clear line for the task log; the pod fails with status 1
         print(f"staging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
+    if args.validate:
+        from sat_tasks.validation import DataValidationError, validate_dataset
+
+        try:
+            validation = validate_dataset(args.dest, args.suite, log=lambda line: print(line, flush=True))
+            report["validation"] = validation.to_dict() | {"summary_lines": validation.summary_lines()}
+        except DataValidationError as exc:  # a bad suite is the job's error, reported like a failed suite
+            report["validation"] = {"success": False, "summary_lines": [f"data validation could not run: {exc}"]}
     print(REPORT_PREFIX + json.dumps(report, default=str), flush=True)
     return 0
 

@@ -158,6 +158,7 @@ def test_staging_pod_is_schema_valid_and_mounts_the_attempts_subpaths(script_url
     assert args["--source"] == job.data.source
     assert (args["--dest"], args["--code-dest"]) == (POD_DATA_DIR, POD_CODE_DIR)
     assert args.get("--script-url") == script_url
+    assert command[-1] == "--validate"
     # The same claim and sub-paths the training pods mount at the same paths.
     subpaths = k8s.run_volume_subpaths(job, RUN_ID)
     assert pod["spec"]["volumes"] == [{"name": "run", "persistentVolumeClaim": {
@@ -335,3 +336,26 @@ def test_stage_cli_fails_clearly_on_a_missing_prefix(staged_bucket, tmp_path, ca
     captured = capsys.readouterr()
     assert "staging failed: SourceNotFoundError: no objects under" in captured.err
     assert stage_cli.REPORT_PREFIX not in captured.out
+
+
+def test_stage_cli_validates_where_the_data_is(staged_bucket, tmp_path, capsys):
+    argv = ["--source", f"s3://{BUCKET}/datasets/corpus/", "--dest", str(tmp_path / "data"),
+            "--code-dest", str(tmp_path / "code"), "--validate"]
+    assert stage_cli.main(argv) == 0
+    report = _report(capsys.readouterr().out)
+    assert report["validation"]["success"] is True and report["validation"]["summary_lines"] == []
+
+
+def test_validate_data_on_kubernetes_uses_the_staging_pods_result(s3_hook, tmp_path):
+    from sat_tasks import pipeline
+
+    job = _job()
+    ok = {"validation": {"success": True, "suite_name": "text_corpus", "summary_lines": []}}
+    assert pipeline.validate_data(job, RUN_ID, ok, log=lambda _: None)["success"] is True
+    if not s3_hook.check_for_bucket(BUCKET):  # the failure is recorded in the run's status history
+        s3_hook.create_bucket(bucket_name=BUCKET, region_name="us-east-1")
+    bad = {"validation": {"success": False, "summary_lines": ["expect_table_row_count_to_be_between: 0 files"]}}
+    with pytest.raises(pipeline.JobStopped, match="0 files"):
+        pipeline.validate_data(job, RUN_ID, bad, log=lambda _: None)
+    with pytest.raises(pipeline.JobStopped, match="no data validation result"):
+        pipeline.validate_data(job, RUN_ID, {}, log=lambda _: None)
