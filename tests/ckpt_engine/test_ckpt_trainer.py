@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import logging
 from pathlib import Path
@@ -95,12 +96,18 @@ def test_enospc_during_training(tmp_path: Path, on_error: str) -> None:
     faulty = FaultyStorage(hooked.engine.storage)
     hooked.engine.storage = faulty
     original = hooked.engine.save_files
+    handles: dict = {}
 
     def save_files(step, files, **kwargs):  # type: ignore[no-untyped-def]
         if step == 4:
             faulty.arm(error=errno.ENOSPC)  # the disk fills up during checkpoint-4
-        else:
-            faulty.disarm()
+            handles[4] = original(step, files, **kwargs)
+            return handles[4]
+        if 4 in handles:
+            # Disarm only once checkpoint-4 has failed: on a busy machine the Trainer can reach
+            # step 6 before the writer thread has touched checkpoint-4's files.
+            concurrent.futures.wait([handles[4].persisted], timeout=60)
+        faulty.disarm()
         return original(step, files, **kwargs)
 
     hooked.engine.save_files = save_files  # type: ignore[method-assign]
