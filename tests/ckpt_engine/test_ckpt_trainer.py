@@ -96,19 +96,19 @@ def test_enospc_during_training(tmp_path: Path, on_error: str) -> None:
     faulty = FaultyStorage(hooked.engine.storage)
     hooked.engine.storage = faulty
     original = hooked.engine.save_files
-    handles: dict = {}
+    handles: list = []
 
     def save_files(step, files, **kwargs):  # type: ignore[no-untyped-def]
+        # Switch the fault only between checkpoints: on a busy machine the Trainer reaches the
+        # next save before the writer threads have finished the previous checkpoint's files.
+        if handles:
+            concurrent.futures.wait([handles[-1].persisted], timeout=60)
         if step == 4:
             faulty.arm(error=errno.ENOSPC)  # the disk fills up during checkpoint-4
-            handles[4] = original(step, files, **kwargs)
-            return handles[4]
-        if 4 in handles:
-            # Disarm only once checkpoint-4 has failed: on a busy machine the Trainer can reach
-            # step 6 before the writer thread has touched checkpoint-4's files.
-            concurrent.futures.wait([handles[4].persisted], timeout=60)
-        faulty.disarm()
-        return original(step, files, **kwargs)
+        else:
+            faulty.disarm()
+        handles.append(original(step, files, **kwargs))
+        return handles[-1]
 
     hooked.engine.save_files = save_files  # type: ignore[method-assign]
     root = tmp_path / "concurrent_checkpoint"
