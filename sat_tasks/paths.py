@@ -35,6 +35,11 @@ def sat_setting(key: str) -> str:
     return value if value else SAT_DEFAULTS[key]
 
 
+def local_node_pool() -> list[str]:
+    """The local backend's named nodes, from `[sat] local_nodes` (comma-separated)."""
+    return [n.strip() for n in sat_setting("local_nodes").split(",") if n.strip()]
+
+
 def include_dir() -> Path:
     """The include/ directory (env SAT_INCLUDE_DIR overrides, e.g. in an image)."""
     return Path(os.environ.get("SAT_INCLUDE_DIR", PROJECT_ROOT / "include"))

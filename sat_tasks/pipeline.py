@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from sat_tasks import paths, storage
 from sat_tasks.attempt import AttemptRecord
 from sat_tasks.runtime_env import TrainingPaths, training_environment
 from sat_tasks.spec import Backend, TrainingJob, load_spec, parse_spec, split_s3_uri
-from sat_tasks.status import JobStatus, StatusHistory
+from sat_tasks.status import TERMINAL, JobStatus, StatusHistory
 
 Log = Callable[[str], None]
 logger = logging.getLogger("sat")
@@ -238,8 +237,7 @@ def launch_local(job: TrainingJob, run_id: str, plan: dict, log: Log = print) ->
     run = JobRun(job, run_id)
     attempt = plan["attempt"]
     history = run.history(log)
-    pool = [n.strip() for n in paths.sat_setting("local_nodes").split(",") if n.strip()]
-    node = pick_node(pool, plan["exclude_nodes"])
+    node = pick_node(paths.local_node_pool(), plan["exclude_nodes"])
     history.record(JobStatus.RUNNING, f"attempt {attempt} started on {node}", attempt=attempt, task="launch")
     _ensure_vendor_dir(run.vendor_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
@@ -401,8 +399,7 @@ def capacity_available(job: TrainingJob, run_id: str, previous: dict, log: Log =
         why = f"no Spot capacity within spot.max_wait_seconds={job.spot.max_wait_seconds}s of the first start"
         history.record(JobStatus.FAILED, why, attempt=previous.get("attempt"), task="wait_for_capacity")
         raise JobStopped(why)
-    pool = [n.strip() for n in paths.sat_setting("local_nodes").split(",") if n.strip()]
-    free = [n for n in pool if n not in previous.get("exclude_nodes", [])]
+    free = [n for n in paths.local_node_pool() if n not in previous.get("exclude_nodes", [])]
     if time.time() < float(previous.get("capacity_at", 0)):
         free = []  # the local pool simulates a Spot market without capacity for a while
     log(f"capacity check {elapsed:.0f}s after the first start: {len(free)} node(s) available")
@@ -417,11 +414,16 @@ def upload_results(job: TrainingJob, run_id: str, decisions: list[dict | None], 
     run = JobRun(job, run_id)
     hook = run.hook()
     report = storage.upload_dir(hook, run.output_dir, run.results_uri + "output/", log=log)
+    upload_job_log(run, hook)
+    run.history(log).record(JobStatus.COMPLETED, "training completed; results uploaded", task="upload_results")
+    return {"results": run.results_uri, **report.to_dict()}
+
+
+def upload_job_log(run: JobRun, hook) -> None:
+    """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one."""
     if run.job_log.exists():
         bucket, key = split_s3_uri(run.results_uri + "job.log")
         hook.load_file(filename=run.job_log, key=key, bucket_name=bucket, replace=True)
-    run.history(log).record(JobStatus.COMPLETED, "training completed; results uploaded", task="upload_results")
-    return {"results": run.results_uri, **report.to_dict()}
 
 
 def finalize(job: TrainingJob | None, run_id: str, log: Log = print) -> dict:
@@ -433,16 +435,13 @@ def finalize(job: TrainingJob | None, run_id: str, log: Log = print) -> dict:
     history = run.history(log)
     entries = history.entries()
     status = entries[-1]["status"] if entries else JobStatus.FAILED.value
-    if status not in {s.value for s in (JobStatus.COMPLETED, JobStatus.IMAGE_PULL_BACKOFF, JobStatus.INTERNAL_ERROR,
-                                       JobStatus.MAX_RETRIES_EXCEEDED, JobStatus.FAILED)}:
+    if status not in {terminal.value for terminal in TERMINAL}:
         history.record(JobStatus.FAILED, f"the run ended while the job was {status!r}", task="finalize")
         entries = history.entries()
         status = JobStatus.FAILED.value
     report = build_report(run, entries)
     storage.write_json(hook, run.results_uri + "report.json", report)
-    if run.job_log.exists():
-        bucket, key = split_s3_uri(run.results_uri + "job.log")
-        hook.load_file(filename=run.job_log, key=key, bucket_name=bucket, replace=True)
+    upload_job_log(run, hook)
     for line in format_report(report):
         log(line)
     if status != JobStatus.COMPLETED.value:
@@ -459,19 +458,21 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
         record = storage.read_json(hook, run.attempt_uri(n))
         if record is None:
             continue
+        progress = record.get("progress") or {}
         attempts.append({
             "attempt": n,
             "node": record.get("node"),
             "exit_code": record.get("exit_code"),
             "verdict": (verdict or {}).get("kind"),
             "evidence": (verdict or {}).get("evidence", [])[:3],
-            "resumed_from": (record.get("progress") or {}).get("resumed_from_step"),
-            "last_committed_step": (record.get("progress") or {}).get("last_committed_step"),
-            "step_at_end": (record.get("progress") or {}).get("step"),
+            "resumed_from": progress.get("resumed_from_step"),
+            "last_committed_step": progress.get("last_committed_step"),
+            "step_at_end": progress.get("step"),
             "started_at": record.get("started_at"),
             "finished_at": record.get("finished_at"),
         })
-    state = _read_trainer_state(run.output_dir)
+    state_path = run.output_dir / "trainer_state.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
     losses = [(e["step"], e["loss"]) for e in state.get("log_history", []) if "loss" in e]
     ckpt_root = run.output_dir / "concurrent_checkpoint"
     checkpoints = sorted(p.name for p in ckpt_root.glob("checkpoint-*")) if ckpt_root.exists() else []
@@ -487,13 +488,6 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
         "checkpoints": checkpoints,
         "results": run.results_uri,
     }
-
-
-def _read_trainer_state(output_dir: Path) -> dict:
-    for candidate in (output_dir / "trainer_state.json",):
-        if candidate.exists():
-            return json.loads(candidate.read_text())
-    return {}
 
 
 def format_report(report: dict) -> list[str]:
@@ -515,8 +509,3 @@ def format_report(report: dict) -> list[str]:
         lines.append(f"  checkpoints: {', '.join(report['checkpoints'])}")
     lines.append(f"  results: {report['results']}")
     return lines
-
-
-def clean_run_dir(job: TrainingJob, run_id: str) -> None:
-    """Remove the local working directory of a run."""
-    shutil.rmtree(JobRun(job, run_id).run_dir, ignore_errors=True)
