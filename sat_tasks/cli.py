@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import subprocess
 import sys
@@ -103,7 +102,7 @@ def run_job(job, spec_path: Path | None, *, quiet: bool = False) -> dict | None:
         started = time.monotonic()
         dag_run = dag.test(run_conf=conf)
         report = _read_report(hook, job, dag_run.run_id)
-        _print_summary(report, dag_run.run_id, time.monotonic() - started, hook)
+        _print_summary(report, dag_run.run_id, time.monotonic() - started)
         return report
     finally:
         if server is not None:
@@ -132,7 +131,7 @@ def _read_report(hook, job, run_id: str) -> dict | None:
     return read_json(hook, JobRun(job, run_id).results_uri + "report.json")
 
 
-def _print_summary(report: dict | None, run_id: str, seconds: float, hook) -> None:
+def _print_summary(report: dict | None, run_id: str, seconds: float) -> None:
     from sat_tasks.pipeline import format_report
 
     print("")

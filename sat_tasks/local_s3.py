@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,13 +128,3 @@ def seed_demo_bucket(hook: Any, bucket: str = DEMO_BUCKET) -> list[str]:
                 hook.load_file(filename=path, key=key, bucket_name=bucket, replace=True)
                 uploaded.append(f"s3://{bucket}/{key}")
     return uploaded
-
-
-def export_connection(env: dict[str, str]) -> None:
-    """Put connection env vars into this process's environment."""
-    os.environ.update(env)
-
-
-def corpus_dir() -> Path:
-    """The shipped demo corpus."""
-    return include_dir() / "corpus"

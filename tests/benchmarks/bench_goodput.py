@@ -76,11 +76,10 @@ def step_seconds(log: list[str]) -> float:
     """Median seconds per step between consecutive checkpoint commits of the same attempt."""
     import statistics
 
-    rates, attempt, last = [], None, None
+    rates, last = [], None
     for line in log:
-        header = ATTEMPT_LINE.search(line)
-        if header:
-            attempt, last = header.group(1), None
+        if ATTEMPT_LINE.search(line):
+            last = None  # intervals never span two attempts
             continue
         match = COMMIT_LINE.match(line)
         if match:

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -27,6 +26,8 @@ from urllib.parse import urljoin
 
 import pytest
 import requests
+
+from sat_tasks.local_s3 import free_port  # one helper for a free loopback port (re-exported for the tests)
 
 REGISTRY_BINARY = "docker-registry"
 INSTALL_HINT = "apt-get install -y docker-registry apache2-utils"
@@ -283,13 +284,6 @@ def _config(root: Path, port: int, htpasswd: Path | None) -> str:
             f"    path: {json.dumps(str(htpasswd))}",
         ]
     return "\n".join(lines) + "\n"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_ready(server: RegistryServer, timeout: float) -> None:
