@@ -9,6 +9,7 @@ planned; with ``lazy=False`` also once it is staged) -> keep training, but call
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import io
 import json
 import logging
@@ -39,7 +40,9 @@ from ckpt_engine.manifest import (
     FileEntry,
     Manifest,
     checkpoint_dir,
+    checksum_buffer,
     format_checksum,
+    hash_pool,
     list_checkpoint_steps,
     new_hasher,
     utc_now,
@@ -126,14 +129,27 @@ class SaveHandle:
         return self.persisted.done()
 
 
+_OVERLAP_MIN_BYTES = 1 << 20
+
+
 class _HashingSink:
+    """Writes a file's bytes and hashes them; large pieces are hashed on another thread while written."""
+
     def __init__(self, writer: StorageWriter) -> None:
         self.writer, self.hasher, self.size = writer, new_hasher(), 0
 
     def write(self, data: bytes | memoryview) -> None:
-        self.hasher.update(data)
-        self.writer.write(data)
-        self.size += len(memoryview(data).cast("B"))
+        view = memoryview(data).cast("B")
+        if len(view) < _OVERLAP_MIN_BYTES:
+            self.hasher.update(view)
+            self.writer.write(view)
+        else:  # the piece stays valid until both are done: its slab is released only after we return
+            hashed = hash_pool().submit(self.hasher.update, view)
+            try:
+                self.writer.write(view)
+            finally:
+                hashed.result()
+        self.size += len(view)
 
 
 def _done_future(value: Any) -> cf.Future[Any]:
@@ -188,6 +204,7 @@ class CheckpointEngine:
         self._writers = cf.ThreadPoolExecutor(parser_threads, thread_name_prefix="ckpt-writer")
         self._stager = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-stage")
         self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
+        self._janitor = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-janitor")
         self._lock = threading.Lock()
         self._in_flight: list[SaveHandle] = []
         self.last_error: BaseException | None = None
@@ -293,6 +310,10 @@ class CheckpointEngine:
                                 target.copy_(source, non_blocking=True)
                                 event = torch.cuda.Event()
                                 event.record(stream)
+                        elif source.device.type == "cpu" and source.is_contiguous():
+                            # one plain memcpy, GIL released: leaves the other cores to the writers
+                            # (torch's copy_ splits large copies over its intra-op threads)
+                            ctypes.memmove(target.data_ptr(), source.data_ptr(), count)
                         else:
                             target.copy_(source)
                         self.pool.ref(slab)
@@ -362,7 +383,7 @@ class CheckpointEngine:
             if self.storage.exists(final):
                 trash = self._move_to_trash(final)
                 self.storage.promote(tmp, final)
-                self.storage.delete_tree(trash)
+                self._discard(trash)
             else:
                 self.storage.promote(tmp, final)
         except BaseException as exc:
@@ -396,6 +417,12 @@ class CheckpointEngine:
         self.storage.promote(directory, trash)
         return trash
 
+    def _discard(self, trash: str) -> None:
+        """Delete a renamed-away checkpoint in the background: freeing a large file's blocks takes
+        a while, and nothing waits for it (an interrupted delete leaves a trash directory that the
+        next start removes)."""
+        self._janitor.submit(self.storage.delete_tree, trash)
+
     def _committed_steps(self) -> list[int]:
         return [s for s in list_checkpoint_steps(self.storage) if self.storage.exists(f"{checkpoint_dir(s)}/{MANIFEST_NAME}")]
 
@@ -407,7 +434,7 @@ class CheckpointEngine:
         kept = set(committed[: self.keep_last]) | {newest}
         for step in committed:
             if step not in kept:
-                self.storage.delete_tree(self._move_to_trash(checkpoint_dir(step)))
+                self._discard(self._move_to_trash(checkpoint_dir(step)))
         committed = list(kept)
         return sorted(set(committed), reverse=True)
 
@@ -438,7 +465,7 @@ class CheckpointEngine:
     # ---- wait / errors ------------------------------------------------------------------------
 
     def wait(self, timeout: float | None = None, *, mirror_deadline: float | None = None) -> list[CommitRecord]:
-        """Wait for every in-flight checkpoint, then for the mirror upload (until ``mirror_deadline``,
+        """Wait for every in-flight checkpoint and queued retention delete, then for the mirror upload (until ``mirror_deadline``,
         a ``time.monotonic()`` value, default 600 s); raises PersistError only with ``on_error='raise'``."""
         with self._lock:
             handles, self._in_flight = list(self._in_flight), []
@@ -450,6 +477,7 @@ class CheckpointEngine:
                 continue
             if record is not None:
                 records.append(record)
+        self._janitor.submit(lambda: None).result()  # retention deletes queued so far are done
         if self.mirror is not None:
             if mirror_deadline is None:
                 self.mirror.wait()
@@ -480,6 +508,7 @@ class CheckpointEngine:
             self._writers.shutdown(wait=True)
             self._stager.shutdown(wait=True)
             self._committer.shutdown(wait=True)
+            self._janitor.shutdown(wait=True)
             if self.mirror is not None:
                 self.mirror.close(timeout=0)  # wait() above already waited for the upload (bounded)
             self.pool.close()
@@ -535,14 +564,11 @@ def read_verified(storage: Storage, key: str, entry: FileEntry) -> np.ndarray:
         if actual != entry.size:
             raise CorruptCheckpointError(f"{key}: size {actual} differs from the manifest's {entry.size} (truncated?)")
         buffer = np.memmap(path, dtype=np.uint8, mode="c") if entry.size else np.empty(0, dtype=np.uint8)
-        hasher = new_hasher()
-        view = memoryview(buffer)
-        for offset in range(0, entry.size, 64 << 20):
-            hasher.update(view[offset:offset + (64 << 20)])
+        checksum = checksum_buffer(buffer, entry.checksum)  # chunks hashed on all cores
     else:
         buffer = np.empty(entry.size, dtype=np.uint8)
         view = memoryview(buffer)
-        hasher, offset = new_hasher(), 0
+        hasher, offset = new_hasher(entry.checksum), 0
         with storage.open_reader(key) as fh:
             while offset < entry.size:
                 count = fh.readinto(view[offset:offset + (64 << 20)])
@@ -553,7 +579,8 @@ def read_verified(storage: Storage, key: str, entry: FileEntry) -> np.ndarray:
             extra = fh.read(1)
         if offset != entry.size or extra:
             raise CorruptCheckpointError(f"{key}: size differs from the manifest (truncated?)")
-    if format_checksum(hasher) != entry.checksum:
+        checksum = format_checksum(hasher)
+    if checksum != entry.checksum:
         raise CorruptCheckpointError(f"{key}: checksum mismatch")
     return buffer
 

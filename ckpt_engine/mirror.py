@@ -51,8 +51,8 @@ class MirrorRecord:
 class _HashingReader:
     """``read()`` of a stream, hashing what passes; deliberately not seekable (transfers read it once, in order)."""
 
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream, self.hasher, self.size = stream, new_hasher(), 0
+    def __init__(self, stream: BinaryIO, checksum: str) -> None:
+        self.stream, self.hasher, self.size = stream, new_hasher(checksum), 0
 
     def read(self, size: int = -1) -> bytes:
         data = self.stream.read(size)
@@ -64,8 +64,8 @@ class _HashingReader:
 class _HashingWriter:
     """``write()`` into a StorageWriter, hashing what passes; not seekable, so downloads arrive in order."""
 
-    def __init__(self, writer: Any) -> None:
-        self.writer, self.hasher, self.size = writer, new_hasher(), 0
+    def __init__(self, writer: Any, checksum: str) -> None:
+        self.writer, self.hasher, self.size = writer, new_hasher(checksum), 0
 
     def write(self, data: bytes | memoryview) -> int:
         self.hasher.update(data)
@@ -85,12 +85,12 @@ def copy_verified(src: Storage, src_key: str, dst: Storage, dst_key: str, entry:
     download = getattr(src, "download_stream", None)
     if upload is not None:
         with src.open_reader(src_key) as stream:
-            reader = _HashingReader(stream)
+            reader = _HashingReader(stream, entry.checksum)
             upload(dst_key, reader)
         size, checksum = reader.size, format_checksum(reader.hasher)
     else:
         writer = dst.open_writer(dst_key)
-        sink = _HashingWriter(writer)
+        sink = _HashingWriter(writer, entry.checksum)
         try:
             if download is not None:
                 download(src_key, sink)

@@ -44,7 +44,7 @@ def test_seed_script_run_kill_resume(tmp_path: Path, run_seed) -> None:  # type:
         assert HF_FILES <= {p.name for p in folder.iterdir()}
         manifest = json.loads((folder / "manifest.json").read_text())
         assert manifest["step"] == step and manifest["layout"] == "hf"
-        assert all(entry["size"] > 0 and entry["checksum"].startswith("xxh3_64:")
+        assert all(entry["size"] > 0 and entry["checksum"].startswith("xxh3_64/16MiB:")
                    for entry in manifest["files"].values())
 
     resumed = run_seed(out, "--max_steps", "20", "--save_steps", "5", env={"CKPT_LAST_STEP": str(last)})
