@@ -1,9 +1,13 @@
-"""Multi-rank commit: fake ranks (engines in one process) for the protocol."""
+"""Multi-rank commit: fake ranks (engines in one process) for the protocol, 2 gloo ranks for DeepSpeed ZeRO."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +17,8 @@ import torch
 from ckpt_engine import CheckpointEngine, FaultyStorage
 from ckpt_engine.formats import BytesFile, plan_torch_file
 from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
-from ckpt_helpers import read_progress
+from ckpt_helpers import read_progress, seed_env
+from sat_tasks.local_s3 import free_port
 
 TOKEN = "0123abcd"
 
@@ -136,3 +141,69 @@ def test_non_zero_rank_deletes_promotes_and_reports_nothing(tmp_path: Path) -> N
     assert names(tmp_path) == [".tmp-checkpoint-0-old", tmp, "checkpoint-1"]
     assert (tmp_path / marker_key(tmp, 1)).exists()
     engine.close()
+
+
+# ---- DeepSpeed ZeRO on 2 CPU ranks (gloo) through the unchanged seed script -----------------------
+
+
+def losses(checkpoint: Path) -> dict[int, float]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
+
+
+def torchrun(out: Path, config: Path, vendor_dir: Path, corpus_dir: Path, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+               "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__).with_name("run_seed.py")),
+               "--data_dir", str(corpus_dir), "--output_dir", str(out), "--deepspeed", str(config), *args]
+    environment = seed_env(vendor_dir, DS_ACCELERATOR="cpu", SEED_CPU_DIST="1", **(env or {}))
+    return subprocess.run(command, env=environment, cwd=str(out.parent), stdout=subprocess.PIPE, check=False,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("stage", [pytest.param(1, id="zero1"), pytest.param(2, id="zero2", marks=pytest.mark.slow)])
+def test_deepspeed_two_ranks_concurrent_save_and_resume(tmp_path: Path, vendor_dir: Path, corpus_dir: Path,
+                                                        stage: int) -> None:
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "ds2"
+    out.mkdir()
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
+                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                                  "zero_allow_untested_optimizer": True}))
+    root = out / "concurrent_checkpoint"
+    args = ("--max_steps", "6", "--save_steps", "3")
+    first = torchrun(out, config, vendor_dir, corpus_dir, *args)
+    assert first.returncode == 0, first.stdout[-5000:]
+    assert "rank 1 of 2 writes its part of each checkpoint" in first.stdout
+    assert "synchronous checkpoints" not in first.stdout
+    assert not [p for p in out.iterdir() if p.name.startswith("checkpoint-")]  # no Trainer-own saves
+    for step in (3, 6):
+        folder = root / f"checkpoint-{step}"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        files = manifest["files"]
+        for rank in (0, 1):
+            shard = f"global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            assert shard in files and files[shard]["checksum"].startswith("xxh3_64:") and files[shard]["size"] > 0
+            assert shard in manifest["metadata"]["ranks"][str(rank)]
+            assert f"rng_state_{rank}.pth" in files
+        assert {"model.safetensors", "trainer_state.json", "latest", f"global_step{step}/mp_rank_00_model_states.pt"} \
+            <= set(files)
+        assert (folder / "latest").read_text() == f"global_step{step}"
+        assert not (folder / MARKER_DIR).exists()
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-3", "checkpoint-6", "progress.json"]
+    assert read_progress(root)["last_committed_step"] == 6
+    straight = losses(root / "checkpoint-6")
+    shutil.rmtree(root / "checkpoint-6")  # as if the run had died after checkpoint-3
+
+    second = torchrun(out, config, vendor_dir, corpus_dir, *args, env={"CKPT_LAST_STEP": "3"})
+    assert second.returncode == 0, second.stdout[-5000:]
+    assert second.stdout.count("Resuming from checkpoint-3") == 2  # both ranks
+    final = root / "checkpoint-6"
+    manifest = json.loads((final / "manifest.json").read_text())  # saved again, by both ranks
+    assert {f"global_step6/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)} <= set(manifest["files"])
+    assert json.loads((final / "trainer_state.json").read_text())["global_step"] == 6
+    resumed = losses(final)
+    assert all(math.isfinite(resumed[step]) for step in (4, 5, 6))
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-4), (step, resumed, straight)
