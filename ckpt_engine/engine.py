@@ -169,7 +169,9 @@ class CheckpointEngine:
     once), ``on_error`` (``"continue"``: log a failed checkpoint and train on;
     ``"raise"``: the next ``save``/``wait`` raises PersistError), ``mirror_url`` (copy each
     committed checkpoint there in the background, see :mod:`ckpt_engine.mirror`; rank 0
-    only). ``on_commit`` callbacks get each CommitRecord on the commit thread.
+    only). ``on_commit`` callbacks get each CommitRecord on the commit thread. With a
+    ``coordinator`` (:mod:`ckpt_engine.multirank`) several ranks write each checkpoint:
+    this rank's part goes into a shared temp dir and only the committing rank promotes it.
     """
 
     def __init__(self, root: str | Storage, *, host_cache_size: float = 1.0, parser_threads: int = 1,

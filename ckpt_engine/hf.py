@@ -4,7 +4,8 @@ Uses only the Trainer's public extension points (a TrainerCallback and ``add_cal
 plus two instance-level wraps: the Trainer's checkpoint-save step and ``train`` (to
 resolve ``resume_from_checkpoint=True`` / ``CKPT_LAST_STEP`` to a verified checkpoint).
 The Trainer itself does all loading, so a plain Trainer can also resume from these
-directories.
+directories. Under DeepSpeed ZeRO-1/2 with several ranks every rank writes its own files
+into the same checkpoint and rank 0 commits it (:mod:`ckpt_engine.multirank`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class DecoratedCheckpointing:
     from step n (falling back past a corrupt one). With ``mirror_url`` (or
     ``CKPT_MIRROR_URL``) checkpoints are also copied to Object Storage, and a resume first
     restores the newest complete mirrored one the local directory lacks. See RuntimeConfig.
+    With DeepSpeed (ZeRO-1/2) and world size > 1 it must be constructed on every rank
+    (a broadcast agrees on a run token); rank 0 commits what all ranks wrote.
     """
 
     def __init__(self, runtime_config: Mapping[str, Any], rank: int = -1) -> None:
