@@ -27,7 +27,9 @@ class RuntimeConfig:
     ``handle_sigterm`` final checkpoint on SIGTERM, ``grace_seconds`` (default from
     ``CKPT_GRACE_SECONDS``, else 30), ``max_in_flight`` checkpoints persisting at once,
     ``mirror_url`` Object Storage prefix (``s3://bucket/prefix/``) each committed checkpoint
-    is copied to and restored from on a fresh node (default from ``CKPT_MIRROR_URL``).
+    is copied to and restored from on a fresh node (default from ``CKPT_MIRROR_URL``),
+    ``commit_timeout_s`` how long rank 0 waits for the other ranks' parts of a multi-rank
+    (DeepSpeed, world size > 1) checkpoint before discarding it (see ckpt_engine.multirank).
     """
 
     host_cache_size: float = 50.0
@@ -42,6 +44,7 @@ class RuntimeConfig:
     grace_seconds: float | None = None
     max_in_flight: int = 1
     mirror_url: str | None = None
+    commit_timeout_s: float = 600.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> RuntimeConfig:
@@ -75,6 +78,9 @@ class RuntimeConfig:
         if self.grace_seconds is not None and (not isinstance(self.grace_seconds, (int, float))
                                                or self.grace_seconds <= 0):
             raise bad("grace_seconds", "must be a positive number of seconds")
+        if isinstance(self.commit_timeout_s, bool) or not isinstance(self.commit_timeout_s, (int, float)) \
+                or not self.commit_timeout_s > 0:
+            raise bad("commit_timeout_s", "must be a positive number of seconds")
         if self.mirror_url is not None and (not isinstance(self.mirror_url, str) or "://" not in self.mirror_url):
             raise bad("mirror_url", "must be a URL such as s3://bucket/prefix/")
 

@@ -66,8 +66,14 @@ def _collecting_engine_class() -> type:
     return CollectingCheckpointEngine
 
 
-def plan_deepspeed_files(ds_engine: Any, step: int, root: str) -> list[FilePlan]:
-    """Files DeepSpeed would write for ``global_step<step>`` (ZeRO partitions, model states, ``latest``)."""
+def plan_deepspeed_files(ds_engine: Any, step: int, root: str, *, write_latest: bool = True) -> list[FilePlan]:
+    """Files DeepSpeed would write for ``global_step<step>`` on this rank (ZeRO partitions, model states, ``latest``).
+
+    Every rank must call this (DeepSpeed's ``save_checkpoint`` is collective). Each rank
+    gets its own files: rank 0 ``mp_rank_00_model_states.pt`` (and ``zero_to_fp32.py``),
+    every rank its ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``. ``write_latest``
+    adds the ``latest`` file DeepSpeed resumes through (rank 0's job in a multi-rank run).
+    """
     tag = f"global_step{step}"
     scratch = os.path.join(root, f"{TMP_PREFIX}ds-{step}-{uuid.uuid4().hex[:8]}")
     os.makedirs(scratch, exist_ok=True)
@@ -88,7 +94,8 @@ def plan_deepspeed_files(ds_engine: Any, step: int, root: str) -> list[FilePlan]
     finally:
         ds_engine.checkpoint_engine = original
         shutil.rmtree(scratch, ignore_errors=True)
-    files.append(BytesFile(name="latest", data=tag.encode()))
+    if write_latest:
+        files.append(BytesFile(name="latest", data=tag.encode()))
     return files
 
 

@@ -53,6 +53,7 @@ from ckpt_engine.storage import Storage, StorageWriter, open_storage
 
 if TYPE_CHECKING:
     from ckpt_engine.mirror import CheckpointMirror
+    from ckpt_engine.multirank import RankCoordinator
 
 log = logging.getLogger("ckpt_engine")
 
@@ -184,7 +185,9 @@ class CheckpointEngine:
     once), ``on_error`` (``"continue"``: log a failed checkpoint and train on;
     ``"raise"``: the next ``save``/``wait`` raises PersistError), ``mirror_url`` (copy each
     committed checkpoint there in the background, see :mod:`ckpt_engine.mirror`; rank 0
-    only). ``on_commit`` callbacks get each CommitRecord on the commit thread.
+    only). ``on_commit`` callbacks get each CommitRecord on the commit thread. With a
+    ``coordinator`` (:mod:`ckpt_engine.multirank`) several ranks write each checkpoint:
+    this rank's part goes into a shared temp dir and only the committing rank promotes it.
     """
 
     def __init__(self, root: str | Storage, *, host_cache_size: float = 1.0, parser_threads: int = 1,
@@ -215,6 +218,7 @@ class CheckpointEngine:
         self._progress_lock = threading.Lock()
         self.on_commit: list[Callable[[CommitRecord], None]] = []
         self.mirror: CheckpointMirror | None = None
+        self.coordinator: RankCoordinator | None = None  # set when several ranks write each checkpoint
         if mirror_url is not None and rank <= 0:
             from ckpt_engine.mirror import CheckpointMirror
 
@@ -246,7 +250,7 @@ class CheckpointEngine:
             log.info("[Concurrent Checkpoint] checkpoint-%d already committed; not saving it again", step)
             handle = SaveHandle(step, _done_future(0.0), _done_future(None))
             return handle
-        tmp = f"{TMP_PREFIX}{step}-{uuid.uuid4().hex[:8]}"
+        tmp = self.coordinator.temp_dir(step) if self.coordinator else f"{TMP_PREFIX}{step}-{uuid.uuid4().hex[:8]}"
         queues: list[queue.SimpleQueue[Segment | _Abort]] = [queue.SimpleQueue() for _ in files]
         file_futures = [self._writers.submit(self._write_file, tmp, plan, q) for plan, q in zip(files, queues)]
         if self._stream is not None:
@@ -370,13 +374,17 @@ class CheckpointEngine:
 
     def _commit(self, step: int, tmp: str, files: Sequence[FilePlan], file_futures: list[cf.Future[FileEntry]],
                 staged: cf.Future[float], layout: str, metadata: dict[str, Any], started: float,
-                waited: float, blocking: float) -> CommitRecord:
+                waited: float, blocking: float) -> CommitRecord | None:
         self._write_progress(step=step, in_flight_step=step)
         try:
             cf.wait(file_futures)
             stage_s = staged.result()
             entries = {plan.name: future.result() for plan, future in zip(files, file_futures)}
             persisted_at = time.perf_counter()
+            if self.coordinator is not None:  # ckpt_engine.multirank: other ranks announce, rank 0 merges
+                entries = self.coordinator.finish(self.storage, step, tmp, entries, metadata)
+                if entries is None:
+                    return None
             manifest = Manifest(step=step, files=entries, layout=layout, metadata=metadata)
             self.storage.write_atomic(f"{tmp}/{MANIFEST_NAME}", manifest.to_json())
             final = checkpoint_dir(step)
@@ -387,7 +395,10 @@ class CheckpointEngine:
             else:
                 self.storage.promote(tmp, final)
         except BaseException as exc:
-            self.storage.delete_tree(tmp)
+            if self.coordinator is not None:
+                self.coordinator.failed(self.storage, step, tmp, exc)
+            if self.coordinator is None or self.coordinator.is_committer:
+                self.storage.delete_tree(tmp)
             self.last_error = exc
             self._write_progress(in_flight_step=None, last_error=f"checkpoint-{step}: {exc!r}")
             log.error("[Concurrent Checkpoint] checkpoint-%d failed and was discarded (previous checkpoint %s is "
@@ -445,6 +456,8 @@ class CheckpointEngine:
                     setattr(self.progress, key, value)
                 self.progress.updated_at = utc_now()
                 raw = json.dumps(asdict(self.progress), indent=1).encode()
+            if self.rank > 0:  # progress.json is rank 0's
+                return
             try:
                 self.storage.write_atomic(PROGRESS_NAME, raw)
             except OSError as exc:

@@ -4,7 +4,8 @@ Uses only the Trainer's public extension points (a TrainerCallback and ``add_cal
 plus two instance-level wraps: the Trainer's checkpoint-save step and ``train`` (to
 resolve ``resume_from_checkpoint=True`` / ``CKPT_LAST_STEP`` to a verified checkpoint).
 The Trainer itself does all loading, so a plain Trainer can also resume from these
-directories.
+directories. Under DeepSpeed ZeRO-1/2 with several ranks every rank writes its own files
+into the same checkpoint and rank 0 commits it (:mod:`ckpt_engine.multirank`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class DecoratedCheckpointing:
     from step n (falling back past a corrupt one). With ``mirror_url`` (or
     ``CKPT_MIRROR_URL``) checkpoints are also copied to Object Storage, and a resume first
     restores the newest complete mirrored one the local directory lacks. See RuntimeConfig.
+    With DeepSpeed (ZeRO-1/2) and world size > 1 it must be constructed on every rank
+    (a broadcast agrees on a run token); rank 0 commits what all ranks wrote.
     """
 
     def __init__(self, runtime_config: Mapping[str, Any], rank: int = -1) -> None:
@@ -125,6 +128,39 @@ class DecoratedCheckpointing:
         trainer.train = self.train
         self.last_handle: SaveHandle | None = None
         self._warned_multirank = False
+        self._multirank_off = ""  # why the multi-rank commit is not in use, when it is not
+        if getattr(trainer, "is_deepspeed_enabled", False) and trainer.args.world_size > 1:
+            self._setup_multirank()
+
+    def _setup_multirank(self) -> None:
+        """DeepSpeed with several ranks: every rank writes its part of each checkpoint, rank 0 commits.
+
+        Runs on every rank's training thread at construction: agrees on a run token (a
+        broadcast) and checks that all ranks see the checkpoint root. Without that, or with
+        ZeRO-3 (whose model weights are partitioned), saves stay the Trainer's synchronous
+        ones. See :mod:`ckpt_engine.multirank`.
+        """
+        import torch.distributed as dist
+
+        from ckpt_engine.multirank import RankCoordinator, agree_run_token
+
+        args = self.trainer.args
+        plugin = getattr(getattr(self.trainer, "accelerator", None), "state", None)
+        plugin = getattr(plugin, "deepspeed_plugin", None)
+        if not (dist.is_available() and dist.is_initialized()):
+            self._multirank_off = "torch.distributed is not initialized"
+            return
+        if getattr(plugin, "zero_stage", None) == 3:
+            self._multirank_off = "ZeRO-3 partitions the model weights"
+            return
+        token = agree_run_token(self.engine.storage, args.process_index, args.world_size)
+        if token is None:
+            self._multirank_off = f"not every rank sees {self.root}"
+            return
+        self.engine.coordinator = RankCoordinator(args.process_index, args.world_size, token,
+                                                  timeout_s=float(self.config.commit_timeout_s))
+        log.info("[Concurrent Checkpoint] rank %d of %d writes its part of each checkpoint (run %s)",
+                 args.process_index, args.world_size, token)
 
     # ---- resume -------------------------------------------------------------------------------
 
@@ -196,17 +232,20 @@ class DecoratedCheckpointing:
             trainer.store_flos()
         step = trainer.state.global_step
         deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
-        if deepspeed and trainer.args.world_size > 1:
-            # per-rank ZeRO shards need a cross-rank commit the engine does not have yet: stay synchronous
+        coordinator = self.engine.coordinator
+        if deepspeed and trainer.args.world_size > 1 and coordinator is None:
+            # per-rank ZeRO shards need the cross-rank commit, which could not be set up: stay synchronous
             if not self._warned_multirank:
                 log.warning("[Concurrent Checkpoint] DeepSpeed with world size %d: using the Trainer's own "
-                            "synchronous checkpoints (concurrent multi-rank commit is not supported yet)",
-                            trainer.args.world_size)
+                            "synchronous checkpoints (no concurrent multi-rank commit: %s)",
+                            trainer.args.world_size, self._multirank_off)
                 self._warned_multirank = True
             if not self.config.keep_trainer_saves:
                 self._trainer_save_checkpoint(model, trial)
             return
-        if not self.is_writer:
+        if coordinator is not None:
+            coordinator.next_save()  # every rank, every save: the shared temp name stays agreed
+        elif not self.is_writer:
             return
         files = self.plan_checkpoint(step, deepspeed=deepspeed)
         lazy = not deepspeed  # DeepSpeed steps its optimizer inside backward(): stage before returning
@@ -216,8 +255,20 @@ class DecoratedCheckpointing:
             self.termination.note_final_checkpoint(step)
 
     def plan_checkpoint(self, step: int, *, deepspeed: bool = False) -> list[FilePlan]:
-        """The files of an HF-layout checkpoint at ``step`` (only metadata is copied here)."""
+        """The files of an HF-layout checkpoint at ``step`` (only metadata is copied here).
+
+        On a non-zero rank of a multi-rank DeepSpeed run only that rank's part: its ZeRO
+        optimizer shard and ``rng_state_<rank>.pth``.
+        """
         trainer, args = self.trainer, self.trainer.args
+        if not self.is_writer:
+            from ckpt_engine.deepspeed_compat import plan_deepspeed_files
+
+            if args.save_only_model:
+                return []
+            files = plan_deepspeed_files(trainer.model_wrapped, step, self.root, write_latest=False)
+            files.append(plan_torch_file(f"rng_state_{args.process_index}.pth", collect_rng_state()))
+            return files
         model = trainer.model
         files: list[FilePlan] = [plan_safetensors("model.safetensors", model.state_dict(), {"format": "pt"})]
         config = getattr(model, "config", None)

@@ -1,0 +1,209 @@
+"""Multi-rank commit: fake ranks (engines in one process) for the protocol, 2 gloo ranks for DeepSpeed ZeRO."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_engine import CheckpointEngine, FaultyStorage
+from ckpt_engine.formats import BytesFile, plan_torch_file
+from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
+from ckpt_helpers import read_progress, seed_env
+from sat_tasks.local_s3 import free_port
+
+TOKEN = "0123abcd"
+
+
+class DataFault(FaultyStorage):
+    """Fails only the data files: the small failure marker still gets through."""
+
+    def write_atomic(self, key: str, data: bytes) -> None:
+        self.inner.write_atomic(key, data)
+
+
+def fake_ranks(root: Path, world_size: int = 2, timeout_s: float = 1.0) -> list[CheckpointEngine]:
+    """One engine per rank over a shared root, as DecoratedCheckpointing sets them up."""
+    engines = []
+    for rank in range(world_size):
+        engine = CheckpointEngine(str(root), rank=rank, clean_stale=rank == 0, keep_last=2, host_cache_size=0.01)
+        engine.coordinator = RankCoordinator(rank, world_size, TOKEN, timeout_s=timeout_s, poll_s=0.02)
+        engines.append(engine)
+    return engines
+
+
+def rank_files(rank: int, step: int) -> list:
+    return [plan_torch_file(f"global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+                            {"shard": torch.full((1000,), float(rank + step))}),
+            BytesFile(name=f"rng_state_{rank}.pth", data=f"rng {rank}".encode())]
+
+
+def save_all(engines: list[CheckpointEngine], step: int, ranks: list[int] | None = None) -> list:
+    handles = []
+    for rank, engine in enumerate(engines):
+        engine.coordinator.next_save()  # every rank counts every save, as the Trainer hook does
+        if ranks is None or rank in ranks:
+            handles.append(engine.save_files(step, rank_files(rank, step), layout="hf"))
+    return handles
+
+
+def names(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_all_ranks_commit_one_checkpoint(tmp_path: Path) -> None:
+    engines = fake_ranks(tmp_path)
+    for step in (2, 4, 6):
+        save_all(engines, step)
+        for engine in reversed(engines):  # rank 1 first: rank 0's commit thread waits for its marker
+            engine.wait()
+    assert names(tmp_path) == ["checkpoint-4", "checkpoint-6", "progress.json"]  # retention: rank 0, keep 2
+    manifest = json.loads((tmp_path / "checkpoint-6" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {f"global_step6/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} \
+        | {"rng_state_0.pth", "rng_state_1.pth"}
+    assert manifest["metadata"]["world_size"] == 2
+    assert manifest["metadata"]["ranks"]["1"] == ["global_step6/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                                                 "rng_state_1.pth"]
+    assert not (tmp_path / "checkpoint-6" / MARKER_DIR).exists()
+    loaded = engines[0].find_checkpoint()  # verifies every file's checksum
+    assert loaded.step == 6
+    assert read_progress(tmp_path)["last_committed_step"] == 6
+    for engine in engines:
+        engine.close()
+
+
+@pytest.mark.parametrize("fault", ["missing", "corrupt", "foreign-run", "rank-failed"])
+def test_incomplete_rank_set_is_never_promoted(tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture) -> None:
+    engines = fake_ranks(tmp_path, timeout_s=1.0 if fault == "missing" else 30.0)
+    save_all(engines, 2)
+    for engine in reversed(engines):
+        engine.wait()
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="ckpt_engine"):
+        if fault == "missing":  # rank 1 died before its marker
+            save_all(engines, 4, ranks=[0])
+        elif fault == "rank-failed":  # rank 1's disk fills up: it reports the failure, rank 0 stops waiting
+            engines[1].storage = DataFault(engines[1].storage)
+            engines[1].storage.arm()
+            save_all(engines, 4)
+            engines[1].wait()
+        else:
+            engines[1].coordinator.next_save()
+            engines[1].save_files(4, rank_files(1, 4), layout="hf").wait()
+            key = tmp_path / marker_key(engines[1].coordinator.temp_dir(4), 1)
+            if fault == "corrupt":
+                key.write_bytes(key.read_bytes().replace(b'"size": ', b'"size": 1'))
+            else:  # a marker left by another run with the same step
+                marker = RankMarker.from_json(key.read_bytes())
+                marker.token = "ffff0000"
+                key.write_bytes(marker.to_json())
+            engines[0].coordinator.next_save()
+            engines[0].save_files(4, rank_files(0, 4), layout="hf")
+        engines[0].wait()
+    elapsed = time.monotonic() - started
+    assert names(tmp_path) == ["checkpoint-2", "progress.json"]  # not promoted; the temp dir discarded
+    assert engines[0].find_checkpoint().step == 2  # the previous one stays usable
+    assert read_progress(tmp_path)["last_committed_step"] == 2
+    expected = {"missing": "no marker from rank(s) [1] within 1s", "corrupt": "marker is corrupt",
+                "foreign-run": "run ffff0000", "rank-failed": "rank 1 failed to write its part"}[fault]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("checkpoint-4 failed and was discarded" in m and expected in m for m in errors), errors
+    if fault != "missing":
+        assert elapsed < 10  # no waiting for the timeout
+    # the next checkpoint of the same run commits again
+    if fault == "rank-failed":
+        engines[1].storage.disarm()
+    save_all(engines, 6)
+    for engine in reversed(engines):
+        engine.wait()
+    assert names(tmp_path) == ["checkpoint-2", "checkpoint-6", "progress.json"]
+    for engine in engines:
+        engine.close()
+
+
+def test_non_zero_rank_deletes_promotes_and_reports_nothing(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint-1").mkdir()  # retention and stale cleanup are rank 0's
+    (tmp_path / ".tmp-checkpoint-0-old").mkdir()
+    engine = CheckpointEngine(str(tmp_path), rank=1, clean_stale=False, keep_last=1, host_cache_size=0.01)
+    engine.coordinator = RankCoordinator(1, 2, TOKEN)
+    engine.coordinator.next_save()
+    assert engine.save_files(3, rank_files(1, 3)).wait() is None
+    engine.record_step(3)
+    tmp = engine.coordinator.temp_dir(3)
+    assert names(tmp_path) == [".tmp-checkpoint-0-old", tmp, "checkpoint-1"]
+    assert (tmp_path / marker_key(tmp, 1)).exists()
+    engine.close()
+
+
+# ---- DeepSpeed ZeRO on 2 CPU ranks (gloo) through the unchanged seed script -----------------------
+
+
+def losses(checkpoint: Path) -> dict[int, float]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
+
+
+def torchrun(out: Path, config: Path, vendor_dir: Path, corpus_dir: Path, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+               "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__).with_name("run_seed.py")),
+               "--data_dir", str(corpus_dir), "--output_dir", str(out), "--deepspeed", str(config), *args]
+    environment = seed_env(vendor_dir, DS_ACCELERATOR="cpu", SEED_CPU_DIST="1", **(env or {}))
+    return subprocess.run(command, env=environment, cwd=str(out.parent), stdout=subprocess.PIPE, check=False,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("stage", [pytest.param(1, id="zero1"), pytest.param(2, id="zero2", marks=pytest.mark.slow)])
+def test_deepspeed_two_ranks_concurrent_save_and_resume(tmp_path: Path, vendor_dir: Path, corpus_dir: Path,
+                                                        stage: int) -> None:
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "ds2"
+    out.mkdir()
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
+                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                                  "zero_allow_untested_optimizer": True}))
+    root = out / "concurrent_checkpoint"
+    args = ("--max_steps", "6", "--save_steps", "3")
+    first = torchrun(out, config, vendor_dir, corpus_dir, *args)
+    assert first.returncode == 0, first.stdout[-5000:]
+    assert "rank 1 of 2 writes its part of each checkpoint" in first.stdout
+    assert "synchronous checkpoints" not in first.stdout
+    assert not [p for p in out.iterdir() if p.name.startswith("checkpoint-")]  # no Trainer-own saves
+    for step in (3, 6):
+        folder = root / f"checkpoint-{step}"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        files = manifest["files"]
+        for rank in (0, 1):
+            shard = f"global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            assert shard in files and files[shard]["checksum"].startswith("xxh3_64:") and files[shard]["size"] > 0
+            assert shard in manifest["metadata"]["ranks"][str(rank)]
+            assert f"rng_state_{rank}.pth" in files
+        assert {"model.safetensors", "trainer_state.json", "latest", f"global_step{step}/mp_rank_00_model_states.pt"} \
+            <= set(files)
+        assert (folder / "latest").read_text() == f"global_step{step}"
+        assert not (folder / MARKER_DIR).exists()
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-3", "checkpoint-6", "progress.json"]
+    assert read_progress(root)["last_committed_step"] == 6
+    straight = losses(root / "checkpoint-6")
+    shutil.rmtree(root / "checkpoint-6")  # as if the run had died after checkpoint-3
+
+    second = torchrun(out, config, vendor_dir, corpus_dir, *args, env={"CKPT_LAST_STEP": "3"})
+    assert second.returncode == 0, second.stdout[-5000:]
+    assert second.stdout.count("Resuming from checkpoint-3") == 2  # both ranks
+    final = root / "checkpoint-6"
+    manifest = json.loads((final / "manifest.json").read_text())  # saved again, by both ranks
+    assert {f"global_step6/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)} <= set(manifest["files"])
+    assert json.loads((final / "trainer_state.json").read_text())["global_step"] == 6
+    resumed = losses(final)
+    assert all(math.isfinite(resumed[step]) for step in (4, 5, 6))
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-4), (step, resumed, straight)
