@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 from ckpt_helpers import read_progress, seed_env
 
+from ckpt_engine.manifest import CHECKSUM_PREFIX
+
 HF_FILES = {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
             "training_args.bin", "manifest.json"}
 
@@ -44,7 +46,7 @@ def test_seed_script_run_kill_resume(tmp_path: Path, run_seed) -> None:  # type:
         assert HF_FILES <= {p.name for p in folder.iterdir()}
         manifest = json.loads((folder / "manifest.json").read_text())
         assert manifest["step"] == step and manifest["layout"] == "hf"
-        assert all(entry["size"] > 0 and entry["checksum"].startswith("xxh3_64/16MiB:")
+        assert all(entry["size"] > 0 and entry["checksum"].startswith(CHECKSUM_PREFIX)
                    for entry in manifest["files"].values())
 
     resumed = run_seed(out, "--max_steps", "20", "--save_steps", "5", env={"CKPT_LAST_STEP": str(last)})
