@@ -93,3 +93,70 @@ def test_retention_deletes_in_the_background_and_close_waits_for_it(tmp_path: Pa
         engine.save(step, {"model": {"w": torch.full((1000,), float(step))}}).wait()
     engine.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "progress.json"]
+
+
+def _model_and_optimizer(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, 3).to(torch.bfloat16))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+    return model, optimizer
+
+
+def test_load_into_copies_and_verifies_in_one_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's tensors are filled through the fused path; the optimizer state comes back decoded."""
+    from ckpt_engine import restore
+
+    torch.manual_seed(0)
+    width = 2100  # the first weight (17.6 MB) spans two 16 MiB checksum chunks
+    model, optimizer = _model_and_optimizer(width)
+    engine = CheckpointEngine(tmp_path, host_cache_size=0.05, keep_last=0)
+    engine.save(7, {"model": model.state_dict(), "optimizer": optimizer.state_dict()}).wait()
+    fresh, _ = _model_and_optimizer(width)
+    for parameter in fresh.parameters():
+        parameter.data.zero_()
+    fused = []
+    monkeypatch.setattr(restore, "copy_verified", lambda *a, _real=restore.copy_verified: fused.append(a[0]) or _real(*a))
+    rest = engine.load_into({"model": fresh.state_dict()})
+    assert len(fused) == 1 and fused[0].endswith("model.safetensors")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    assert set(rest) == {"optimizer"}
+    assert torch.equal(rest["optimizer"]["state"][0]["momentum_buffer"], optimizer.state_dict()["state"][0]["momentum_buffer"])
+    engine.close()
+
+
+@pytest.mark.parametrize("position", [0.1, 0.9])
+def test_load_into_falls_back_past_a_corrupt_checkpoint(tmp_path: Path, position: float) -> None:
+    engine = CheckpointEngine(tmp_path, host_cache_size=0.05, keep_last=0)
+    older = {"w": torch.full((5_000_000,), 1.0), "b": torch.arange(10, dtype=torch.int64)}
+    newer = {"w": torch.full((5_000_000,), 2.0), "b": torch.arange(10, dtype=torch.int64) * 3}
+    engine.save(1, {"model": older}).wait()
+    engine.save(2, {"model": newer}).wait()
+    path = tmp_path / "checkpoint-2" / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[int(len(raw) * position)] ^= 0x40
+    path.write_bytes(raw)
+    target = {"w": torch.zeros(5_000_000), "b": torch.zeros(10, dtype=torch.int64)}
+    engine.load_into({"model": target})
+    assert torch.equal(target["w"], older["w"]) and torch.equal(target["b"], older["b"])
+    engine.close()
+
+
+@pytest.mark.parametrize("backend", ["file", "memory"])
+def test_load_into_other_backends_and_mismatched_targets(tmp_path: Path, backend: str) -> None:
+    """Memory storage takes the read-then-copy path; a shape mismatch is a clear error, not a broadcast."""
+    storage = FileStorage(tmp_path) if backend == "file" else MemoryStorage()
+    engine = CheckpointEngine(storage, host_cache_size=0.01, keep_last=0)
+    engine.save(1, {"model": {"w": torch.arange(6.0)}, "extra": {"note": "kept"}}).wait()
+    target = {"w": torch.zeros(6)}
+    assert engine.load_into({"model": target}) == {"extra": {"note": "kept"}}
+    assert torch.equal(target["w"], torch.arange(6.0))
+    with pytest.raises(ValueError, match=r"w has shape \(6,\) in the checkpoint, \(1,\) in the target"):
+        engine.load_into({"model": {"w": torch.zeros(1)}})
+    with pytest.raises(ValueError, match="the checkpoint holds"):
+        engine.load_into({"model": {"other": torch.zeros(6)}})
+    with pytest.raises(KeyError, match="no state for"):
+        engine.load_into({"optimizer": {}})
+    engine.close()
