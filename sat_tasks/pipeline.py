@@ -399,11 +399,31 @@ def capacity_available(job: TrainingJob, run_id: str, previous: dict, log: Log =
         why = f"no Spot capacity within spot.max_wait_seconds={job.spot.max_wait_seconds}s of the first start"
         history.record(JobStatus.FAILED, why, attempt=previous.get("attempt"), task="wait_for_capacity")
         raise JobStopped(why)
+    if job.backend is Backend.KUBERNETES:
+        return _cluster_capacity_available(job, run_id, previous, elapsed, history, log)
     free = [n for n in paths.local_node_pool() if n not in previous.get("exclude_nodes", [])]
     if time.time() < float(previous.get("capacity_at", 0)):
         free = []  # the local pool simulates a Spot market without capacity for a while
     log(f"capacity check {elapsed:.0f}s after the first start: {len(free)} node(s) available")
     return bool(free)
+
+
+def _cluster_capacity_available(job: TrainingJob, run_id: str, previous: dict, elapsed: float,
+                                history: StatusHistory, log: Log) -> bool:
+    """Kubernetes: ask the cluster (`k8s_capacity.cluster_capacity`) for nodes a rank of the next attempt fits."""
+    from sat_tasks import k8s_capacity
+
+    attempt = int(previous.get("attempt") or 0) + 1
+    try:
+        assessment = k8s_capacity.cluster_capacity(
+            job, run_id, attempt, exclude_nodes=list(previous.get("exclude_nodes", [])), log=log)
+    except PermissionError as exc:
+        history.record(JobStatus.FAILED, str(exc), attempt=previous.get("attempt"), task="wait_for_capacity")
+        raise JobStopped(str(exc)) from None
+    if assessment is None:
+        return False
+    log(f"capacity check {elapsed:.0f}s after the first start: {assessment.summary()}")
+    return assessment.available
 
 
 # ---- upload_results and finalize -------------------------------------------------------------------
