@@ -481,9 +481,17 @@ def assemble_job_log(run: JobRun, hook=None) -> Path | None:
         return None
     run.job_log.parent.mkdir(parents=True, exist_ok=True)
     part = run.job_log.with_name(run.job_log.name + ".part")
+    client = hook.get_conn()
     with open(part, "wb") as handle:
         for bucket, key in found:
-            hook.get_conn().download_fileobj(bucket, key, handle)
+            # Streamed in order: download_fileobj writes at the object's own offsets (seek), which
+            # would overwrite the previous section instead of appending.
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+            try:
+                for chunk in body.iter_chunks(1 << 20):
+                    handle.write(chunk)
+            finally:
+                body.close()
     os.replace(part, run.job_log)
     return run.job_log
 

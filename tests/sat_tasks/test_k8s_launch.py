@@ -463,6 +463,12 @@ def test_no_pod_means_the_attempt_never_launched(bucket):
 
 
 # ---- the job log ----------------------------------------------------------------------------------
+def _isolated_job(spec: dict, test: str, **overrides) -> TrainingJob:
+    """The case's job with a results prefix of its own (other tests store the same job and run)."""
+    return TrainingJob.model_validate({**spec, "backend": "kubernetes", **overrides,
+                                       "results": {"destination": f"s3://{BUCKET}/results-{test}/"}})
+
+
 def _read_text(uri: str) -> str:
     from sat_tasks.spec import split_s3_uri
 
@@ -473,7 +479,7 @@ def _read_text(uri: str) -> str:
 def test_job_log_section_holds_every_rank_log_between_header_and_footer(bucket):
     name = "multinode-traceback-and-peer-nccl"
     data = _case(name)
-    job = TrainingJob.model_validate({**data["spec"], "backend": "kubernetes"})
+    job = _isolated_job(data["spec"], "job-log-section")
     cluster = RecordedCluster.from_case(name)
     k8s_launch.read_attempt_record(job, data["run_id"], 1, client=cluster.client(), namespace=NAMESPACE,
                                    log=lambda _m: None)
@@ -505,7 +511,7 @@ def test_unreadable_pod_logs_write_a_line_and_classify_still_runs(bucket):
 
     name = "multinode-xid79-rank1-and-peer-nccl"
     data = _case(name)
-    job = TrainingJob.model_validate({**data["spec"], "backend": "kubernetes"})
+    job = _isolated_job(data["spec"], "unreadable")
     run_id = data["run_id"]
     client = RecordedCluster.from_case(name).client()
     failures = iter([ApiException(status=404, reason="Not Found"), ProtocolError("Connection aborted.")])
@@ -528,7 +534,7 @@ def test_unreadable_pod_logs_write_a_line_and_classify_still_runs(bucket):
 
 def test_a_pod_that_never_started_and_a_rank_without_pod(bucket):
     data = _case("image-pull-backoff")
-    job = TrainingJob.model_validate({**data["spec"], "backend": "kubernetes", "nodes": 2})
+    job = _isolated_job(data["spec"], "never-started", nodes=2)
     cluster = RecordedCluster.from_case("image-pull-backoff")  # rank 0 only: rank 1's pod is gone
     k8s_launch.read_attempt_record(job, data["run_id"], data["attempt"], client=cluster.client(),
                                    namespace=NAMESPACE, log=lambda _m: None)
@@ -566,7 +572,7 @@ def test_log_bounds_say_which_one_cut_the_log(bucket, monkeypatch):
 
 def test_a_retried_classify_replaces_its_section(bucket):
     data = _case("completed")
-    job = TrainingJob.model_validate({**data["spec"], "backend": "kubernetes"})
+    job = _isolated_job(data["spec"], "retried")
     run_id = data["run_id"]
     for _ in range(2):
         k8s_launch.read_attempt_record(job, run_id, data["attempt"], client=RecordedCluster.from_case(
