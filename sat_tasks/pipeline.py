@@ -488,8 +488,7 @@ def assemble_job_log(run: JobRun, hook=None) -> Path | None:
             # would overwrite the previous section instead of appending.
             body = client.get_object(Bucket=bucket, Key=key)["Body"]
             try:
-                for chunk in body.iter_chunks(1 << 20):
-                    handle.write(chunk)
+                handle.writelines(body.iter_chunks(1 << 20))
             finally:
                 body.close()
     os.replace(part, run.job_log)
