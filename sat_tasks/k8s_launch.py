@@ -21,8 +21,9 @@ factory imports it only when the backend is `kubernetes`.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, OnKillAction
@@ -30,6 +31,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sat_tasks import k8s, pipeline
 from sat_tasks.attempt import MAIN_CONTAINER_NAME, AttemptRecord, record_from_pod
+from sat_tasks.local_backend import job_log_footer, job_log_header, now_utc
 from sat_tasks.paths import sat_setting
 from sat_tasks.spec import TrainingJob
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk.definitions.context import Context
 
 __all__ = [
+    "PodLog",
     "SatTrainingPodOperator",
     "cleanup_attempt_pods",
     "combine_rank_records",
@@ -46,13 +49,17 @@ __all__ = [
     "progress_from_log",
     "read_attempt_record",
     "rank_task_id",
+    "write_rank_log",
 ]
 
 Log = Callable[[str], None]
 
-#: Lines of the container log read per pod: the record keeps the last `attempt.LOG_TAIL_LINES`,
-#: the rest is only searched for the engine's progress lines.
-LOG_READ_LINES = 5000
+#: Bounds on the container log read per pod: the last `LOG_READ_LINES` lines, of which the last
+#: `LOG_READ_BYTES` bytes. All of it goes to the run's job.log and is searched for the engine's
+#: progress lines; the record keeps the last `attempt.LOG_TAIL_LINES`.
+LOG_READ_LINES = 100_000
+LOG_READ_BYTES = 16 * 2**20
+_LOG_CHUNK = 1 << 16
 #: Node events older than this before the pod started are about an earlier workload.
 NODE_EVENT_SLACK = timedelta(seconds=60)
 #: Node objects' events live in this namespace (kubelet, node-problem-detector).
@@ -330,23 +337,72 @@ def _read_node(client: Any, name: str, log: Log) -> dict[str, Any] | None:
         return None
 
 
-def _read_log(client: Any, name: str, namespace: str, log: Log) -> list[str]:
+@dataclass(frozen=True)
+class PodLog:
+    """What could be read of one pod's container log: its lines and, if any, why it is not all there."""
+
+    lines: list[str]
+    note: str | None = None
+
+
+def _read_bounded(response: Any, limit: int) -> tuple[bytes, bool]:
+    """The last `limit` bytes of a raw (not preloaded) response; True when more came."""
+    chunks = response.stream(_LOG_CHUNK) if hasattr(response, "stream") else [response.data]
+    kept, clipped = bytearray(), False
+    for chunk in chunks:
+        kept += chunk
+        if len(kept) > limit:
+            del kept[: len(kept) - limit]
+            clipped = True
+    return bytes(kept), clipped
+
+
+def _unreadable(exc: Exception) -> str:
     from kubernetes.client.exceptions import ApiException
 
+    if isinstance(exc, ApiException):
+        why = {404: "the pod no longer exists", 400: "the container never started"}.get(exc.status)
+        return f"{exc.status} {exc.reason}" + (f": {why}" if why else "")
+    return f"{type(exc).__name__}: the API server did not answer"
+
+
+def _read_log(client: Any, name: str, namespace: str, log: Log) -> PodLog:
+    """The pod's container log, bounded by `LOG_READ_LINES` and `LOG_READ_BYTES` (the newest part).
+
+    A log that cannot be read (pod deleted, container never started, API error) gives no
+    lines and a note saying why; it never raises.
+    """
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    response = None
     try:
         # Raw bytes, decoded here: with content preloading kubernetes 36 returns the repr of
-        # the bytes ("b'...'"), kubernetes-client/python#2596.
+        # the bytes ("b'...'"), kubernetes-client/python#2596. One line more than kept tells
+        # whether the line bound cut the log.
         response = client.read_namespaced_pod_log(name, namespace, container=MAIN_CONTAINER_NAME,
-                                                  tail_lines=LOG_READ_LINES, _preload_content=False)
-    except ApiException as exc:  # e.g. 400: the container never started (image pull)
-        log(f"pod {name}: no container log ({exc.status} {exc.reason})")
-        return []
-    try:
-        return response.data.decode("utf-8", errors="replace").splitlines()
+                                                  tail_lines=LOG_READ_LINES + 1, _preload_content=False)
+        data, clipped = _read_bounded(response, LOG_READ_BYTES)
+    except (ApiException, HTTPError, OSError) as exc:
+        why = _unreadable(exc)
+        log(f"pod {name}: no container log ({why})")
+        return PodLog([], f"container log not readable ({why})")
     finally:
         release = getattr(response, "release_conn", None)
         if release is not None:
             release()
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    note = None
+    if clipped:
+        lines = lines[1:]  # the first line was cut by the byte bound
+        size = f"{LOG_READ_BYTES // 2**20} MiB" if LOG_READ_BYTES % 2**20 == 0 else f"{LOG_READ_BYTES} bytes"
+        note = f"log cut to its last {size} (LOG_READ_BYTES); earlier lines are not kept"
+    elif len(lines) > LOG_READ_LINES:
+        lines = lines[-LOG_READ_LINES:]
+        note = f"log cut to its last {LOG_READ_LINES} lines (LOG_READ_LINES); earlier lines are not kept"
+    if note:
+        log(f"pod {name}: {note}")
+    return PodLog(lines, note)
 
 
 def _rank_of(pod: dict[str, Any]) -> int:
@@ -359,6 +415,12 @@ def _rank_of(pod: dict[str, Any]) -> int:
 def _read_rank(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int, namespace: str,
                log: Log) -> AttemptRecord:
     """The record of one pod (one node rank): pod, its events, its node and node events, log tail."""
+    return _read_rank_and_log(client, pod, job, attempt, namespace, log)[0]
+
+
+def _read_rank_and_log(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int, namespace: str,
+                       log: Log) -> tuple[AttemptRecord, PodLog]:
+    """`_read_rank`, and the container log it read (for the run's job.log)."""
     name = pod["metadata"]["name"]
     events = _read_events(client, namespace, f"involvedObject.name={name}", log)
     node_name = (pod.get("spec") or {}).get("nodeName")
@@ -371,9 +433,33 @@ def _read_rank(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int,
         # Node events from before this pod are about an earlier workload (e.g. a stale Xid).
         events += [e for e in node_events
                    if started is None or _event_time(e) is None or _event_time(e) >= started - NODE_EVENT_SLACK]
-    lines = _read_log(client, name, namespace, log)
-    return record_from_pod(pod, job=job.name, attempt=attempt, log=lines, events=events, node=node,
-                           progress=progress_from_log(lines), container=MAIN_CONTAINER_NAME)
+    pod_log = _read_log(client, name, namespace, log)
+    record = record_from_pod(pod, job=job.name, attempt=attempt, log=pod_log.lines, events=events, node=node,
+                             progress=progress_from_log(pod_log.lines), container=MAIN_CONTAINER_NAME)
+    return record, pod_log
+
+
+def write_rank_log(handle: TextIO, *, job: TrainingJob, attempt: int, pod: dict[str, Any],
+                   record: AttemptRecord, pod_log: PodLog) -> None:
+    """One rank's part of the attempt's job-log section: header, its container log, footer.
+
+    The header and footer are the local backend's (`job_log_header` / `job_log_footer`); the
+    pod's own first line carries `Starting dataset initialization`, so the header names the
+    pod instead. A log that was cut or could not be read gets a `[sat]` line saying so.
+    """
+    metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+    name, rank = metadata.get("name"), _rank_of(pod)
+    started = (record.started_at or _parse_time(status.get("startTime"))
+               or _parse_time(metadata.get("creationTimestamp")) or now_utc())
+    node = record.node or (pod.get("spec") or {}).get("nodeName")
+    handle.write(job_log_header(job=job.name, attempt=attempt, node=node, at=started,
+                                note=f"log of pod {name} (rank {rank}) follows") + "\n")
+    if pod_log.note:
+        handle.write(f"{now_utc().isoformat()} [sat] pod {name}: {pod_log.note}\n")
+    handle.writelines(line + "\n" for line in pod_log.lines)
+    reason = f", {record.termination_reason}" if record.termination_reason else ""
+    handle.write(job_log_footer(attempt=attempt, at=record.finished_at or now_utc(), exit_code=record.exit_code,
+                                note=f"rank {rank}, pod {name}{reason}") + "\n")
 
 
 def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> AttemptRecord:
@@ -423,9 +509,12 @@ def read_attempt_record(
     """Read the kept pod(s) of an attempt, build its record and store it for `classify_attempt`.
 
     `client` is a CoreV1Api (default: from `kubernetes_conn_id`); None when the attempt has
-    no pod (it never launched). The container log comes from the API (the last
-    `LOG_READ_LINES` lines), the engine's progress from its log lines; the node's kernel log
-    is not reachable through the API (node-problem-detector events carry Xids instead).
+    no pod (it never launched). The container log comes from the API (bounded by
+    `LOG_READ_LINES` / `LOG_READ_BYTES`), the engine's progress from its log lines; the
+    node's kernel log is not reachable through the API (node-problem-detector events carry
+    Xids instead). Every rank's log also goes into the attempt's section of the run's
+    job.log (`write_rank_log`), stored next to the record (`pipeline.store_attempt_log`);
+    `pipeline.upload_job_log` assembles and uploads the job log.
     """
     client = client if client is not None else core_v1_client(kubernetes_conn_id)
     namespace = namespace or sat_setting("kubernetes_namespace")
@@ -435,14 +524,24 @@ def read_attempt_record(
         log(f"attempt {attempt}: no pod matches {selector} in {namespace} (it never launched, or was cleaned up)")
         return None
     pods.sort(key=_rank_of)
+    run = pipeline.JobRun(job, run_id)
+    section = run.run_dir / "attempts" / f"attempt-{attempt}.log"
+    section.parent.mkdir(parents=True, exist_ok=True)
     records = []
-    for pod in pods:
-        phase = (pod.get("status") or {}).get("phase")
-        log(f"attempt {attempt}: pod {pod['metadata']['name']} (rank {_rank_of(pod)}) {phase} "
-            f"on {(pod.get('spec') or {}).get('nodeName') or 'no node'}")
-        records.append(_read_rank(client, pod, job, attempt, namespace, log))
+    with open(section, "w", encoding="utf-8") as handle:
+        for pod in pods:
+            phase = (pod.get("status") or {}).get("phase")
+            log(f"attempt {attempt}: pod {pod['metadata']['name']} (rank {_rank_of(pod)}) {phase} "
+                f"on {(pod.get('spec') or {}).get('nodeName') or 'no node'}")
+            record, pod_log = _read_rank_and_log(client, pod, job, attempt, namespace, log)
+            write_rank_log(handle, job=job, attempt=attempt, pod=pod, record=record, pod_log=pod_log)
+            records.append(record)
+        missing = sorted(set(range(job.nodes)) - {_rank_of(p) for p in pods})
+        handle.writelines(f"{now_utc().isoformat()} [sat] attempt {attempt} rank {rank}: no pod left to read "
+                          "(stopped when a peer failed, or never created)\n" for rank in missing)
     record = combine_rank_records(records, log)
-    pipeline.store_record(pipeline.JobRun(job, run_id), record)
+    pipeline.store_record(run, record)
+    pipeline.store_attempt_log(run, attempt, section)
     return record
 
 

@@ -50,6 +50,21 @@ def now_utc() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def job_log_header(*, job: str, attempt: int, node: str | None, at: datetime, note: str = START_MARKER) -> str:
+    """The line that opens one attempt's section of a run's job.log (both backends write it).
+
+    Local: the attempt starts here, so the line carries `START_MARKER`. Kubernetes: the
+    pod's own first log line carries the marker, so `note` names the pod whose log follows.
+    """
+    return f"{at.isoformat()} [sat] attempt {attempt} of job {job} on node {node or 'no node'}: {note}"
+
+
+def job_log_footer(*, attempt: int, at: datetime, exit_code: int | None, note: str | None = None) -> str:
+    """The line that closes one attempt's section of a run's job.log (both backends write it)."""
+    status = "unknown" if exit_code is None else exit_code
+    return f"{at.isoformat()} [sat] attempt {attempt} ended: exit status {status}" + (f" ({note})" if note else "")
+
+
 def xid_line(node: str, xid: int, pid: int) -> str:
     """A kernel-log line like the NVIDIA driver writes for an Xid event."""
     messages = {
@@ -97,10 +112,7 @@ class LocalAttempt:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         started = now_utc()
         with open(self.job_log, "a", encoding="utf-8") as job_log:
-            header = (
-                f"{started.isoformat()} [sat] attempt {self.attempt} of job {self.job} on node {self.node}: "
-                f"{START_MARKER}"
-            )
+            header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
             job_log.write(header + "\n")
             job_log.flush()
             log(header)
@@ -124,7 +136,7 @@ class LocalAttempt:
             self._watch(proc, state, kern_log, log)
             reader.join(timeout=10)
             finished = now_utc()
-            footer = f"{finished.isoformat()} [sat] attempt {self.attempt} ended: exit status {proc.returncode}"
+            footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode)
             job_log.write(footer + "\n")
             log(footer)
         return self._record(proc.returncode, started, finished, list(tail), kern_log, kern_offset, state)

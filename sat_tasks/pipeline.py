@@ -87,6 +87,10 @@ class JobRun:
     def verdict_uri(self, attempt: int) -> str:
         return f"{self.results_uri}attempts/attempt-{attempt}.verdict.json"
 
+    def attempt_log_uri(self, attempt: int) -> str:
+        """Kubernetes: the attempt's section of job.log (its pods' logs), kept by classify."""
+        return f"{self.results_uri}attempts/attempt-{attempt}.log"
+
     @property
     def status_uri(self) -> str:
         return f"{self.results_uri}status.json"
@@ -399,11 +403,31 @@ def capacity_available(job: TrainingJob, run_id: str, previous: dict, log: Log =
         why = f"no Spot capacity within spot.max_wait_seconds={job.spot.max_wait_seconds}s of the first start"
         history.record(JobStatus.FAILED, why, attempt=previous.get("attempt"), task="wait_for_capacity")
         raise JobStopped(why)
+    if job.backend is Backend.KUBERNETES:
+        return _cluster_capacity_available(job, run_id, previous, elapsed, history, log)
     free = [n for n in paths.local_node_pool() if n not in previous.get("exclude_nodes", [])]
     if time.time() < float(previous.get("capacity_at", 0)):
         free = []  # the local pool simulates a Spot market without capacity for a while
     log(f"capacity check {elapsed:.0f}s after the first start: {len(free)} node(s) available")
     return bool(free)
+
+
+def _cluster_capacity_available(job: TrainingJob, run_id: str, previous: dict, elapsed: float,
+                                history: StatusHistory, log: Log) -> bool:
+    """Kubernetes: ask the cluster (`k8s_capacity.cluster_capacity`) for nodes a rank of the next attempt fits."""
+    from sat_tasks import k8s_capacity
+
+    attempt = int(previous.get("attempt") or 0) + 1
+    try:
+        assessment = k8s_capacity.cluster_capacity(
+            job, run_id, attempt, exclude_nodes=list(previous.get("exclude_nodes", [])), log=log)
+    except PermissionError as exc:
+        history.record(JobStatus.FAILED, str(exc), attempt=previous.get("attempt"), task="wait_for_capacity")
+        raise JobStopped(str(exc)) from None
+    if assessment is None:
+        return False
+    log(f"capacity check {elapsed:.0f}s after the first start: {assessment.summary()}")
+    return assessment.available
 
 
 # ---- upload_results and finalize -------------------------------------------------------------------
@@ -420,10 +444,55 @@ def upload_results(job: TrainingJob, run_id: str, decisions: list[dict | None], 
 
 
 def upload_job_log(run: JobRun, hook) -> None:
-    """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one."""
+    """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one.
+
+    Kubernetes: the job log is first assembled from the attempts' sections that classify
+    stored in Object Storage (`assemble_job_log`), so any worker can upload it.
+    """
+    if run.job.backend is Backend.KUBERNETES:
+        assemble_job_log(run, hook)
     if run.job_log.exists():
         bucket, key = split_s3_uri(run.results_uri + "job.log")
         hook.load_file(filename=run.job_log, key=key, bucket_name=bucket, replace=True)
+
+
+def store_attempt_log(run: JobRun, attempt: int, section: Path, hook=None) -> None:
+    """Kubernetes: keep an attempt's job-log section (a local file) at `attempt_log_uri` (replacing a retry's)."""
+    hook = hook or run.hook()
+    bucket, key = split_s3_uri(run.attempt_log_uri(attempt))
+    hook.load_file(filename=section, key=key, bucket_name=bucket, replace=True)
+
+
+def assemble_job_log(run: JobRun, hook=None) -> Path | None:
+    """Kubernetes: rebuild the run's local job.log from the stored attempt sections, in attempt order.
+
+    Each section is stored whole by its attempt's classify, so a retried classify replaces
+    its section instead of appending it twice. Returns the job log, None when no section exists.
+    """
+    import os
+
+    hook = hook or run.hook()
+    found = []
+    for attempt in range(1, run.job.max_attempts() + 1):
+        bucket, key = split_s3_uri(run.attempt_log_uri(attempt))
+        if hook.check_for_key(key, bucket_name=bucket):
+            found.append((bucket, key))
+    if not found:
+        return None
+    run.job_log.parent.mkdir(parents=True, exist_ok=True)
+    part = run.job_log.with_name(run.job_log.name + ".part")
+    client = hook.get_conn()
+    with open(part, "wb") as handle:
+        for bucket, key in found:
+            # Streamed in order: download_fileobj writes at the object's own offsets (seek), which
+            # would overwrite the previous section instead of appending.
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+            try:
+                handle.writelines(body.iter_chunks(1 << 20))
+            finally:
+                body.close()
+    os.replace(part, run.job_log)
+    return run.job_log
 
 
 def finalize(job: TrainingJob | None, run_id: str, log: Log = print) -> dict:

@@ -431,7 +431,7 @@ def test_record_reads_pod_events_node_and_log_through_the_api(bucket):
             {"fieldSelector": "involvedObject.kind=Node,involvedObject.name=gpu-node-03"}) in gets
     assert ("/api/v1/nodes/gpu-node-03", {}) in gets
     assert (f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/log",
-            {"container": "base", "tailLines": str(k8s_launch.LOG_READ_LINES)}) in gets
+            {"container": "base", "tailLines": str(k8s_launch.LOG_READ_LINES + 1)}) in gets
     # The stale Xid 48 event of the day before is left out; the record carries the rest.
     assert [e["reason"] for e in record.events].count("XidError") == 1
     assert record.node_conditions and record.log_tail[-1].startswith("RuntimeError: CUDA error")
@@ -460,6 +460,125 @@ def test_no_pod_means_the_attempt_never_launched(bucket):
                                           namespace=NAMESPACE, log=said.append) is None
     assert pipeline.load_record(pipeline.JobRun(job, RUN_ID), 1) is None
     assert "never launched" in said[0]
+
+
+# ---- the job log ----------------------------------------------------------------------------------
+def _isolated_job(spec: dict, test: str, **overrides) -> TrainingJob:
+    """The case's job with a results prefix of its own (other tests store the same job and run)."""
+    return TrainingJob.model_validate({**spec, "backend": "kubernetes", **overrides,
+                                       "results": {"destination": f"s3://{BUCKET}/results-{test}/"}})
+
+
+def _read_text(uri: str) -> str:
+    from sat_tasks.spec import split_s3_uri
+
+    bucket, key = split_s3_uri(uri)
+    return pipeline.storage.object_storage_hook().read_key(key, bucket_name=bucket)
+
+
+def test_job_log_section_holds_every_rank_log_between_header_and_footer(bucket):
+    name = "multinode-traceback-and-peer-nccl"
+    data = _case(name)
+    job = _isolated_job(data["spec"], "job-log-section")
+    cluster = RecordedCluster.from_case(name)
+    k8s_launch.read_attempt_record(job, data["run_id"], 1, client=cluster.client(), namespace=NAMESPACE,
+                                   log=lambda _m: None)
+    run = pipeline.JobRun(job, data["run_id"])
+    section = _read_text(run.attempt_log_uri(1)).splitlines()
+    expected = []
+    for rank in (0, 1):
+        pod = f"{k8s.attempt_name(job, data['run_id'], 1)}-r{rank}"
+        recorded = next(p for p in cluster.pods if p["metadata"]["name"] == pod)
+        state = recorded["status"]["containerStatuses"][0]["state"]["terminated"]
+        header = k8s_launch.job_log_header(
+            job=job.name, attempt=1, node=recorded["spec"]["nodeName"],
+            at=k8s_launch._parse_time(state["startedAt"]), note=f"log of pod {pod} (rank {rank}) follows")
+        footer = k8s_launch.job_log_footer(
+            attempt=1, at=k8s_launch._parse_time(state["finishedAt"]), exit_code=state["exitCode"],
+            note=f"rank {rank}, pod {pod}, {recorded['status'].get('reason') or state['reason']}")
+        expected += [header, *cluster.logs[pod].splitlines(), footer]
+    assert section == expected
+    # One start marker per pod (its own first line): the header does not repeat it.
+    assert sum("Starting dataset initialization" in line for line in section) == 2
+    # The run's job.log is assembled from the stored sections, uploaded with the results.
+    pipeline.upload_job_log(run, run.hook())
+    assert _read_text(run.results_uri + "job.log").splitlines() == expected
+
+
+def test_unreadable_pod_logs_write_a_line_and_classify_still_runs(bucket):
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import ProtocolError
+
+    name = "multinode-xid79-rank1-and-peer-nccl"
+    data = _case(name)
+    job = _isolated_job(data["spec"], "unreadable")
+    run_id = data["run_id"]
+    client = RecordedCluster.from_case(name).client()
+    failures = iter([ApiException(status=404, reason="Not Found"), ProtocolError("Connection aborted.")])
+
+    def read_log(*args, **kwargs):  # rank 0's pod was deleted, rank 1's read broke off
+        raise next(failures)
+
+    client.read_namespaced_pod_log = read_log
+    said = []
+    record = k8s_launch.read_attempt_record(job, run_id, data["attempt"], client=client, namespace=NAMESPACE,
+                                            log=said.append)
+    assert record is not None and record.log_tail == []
+    section = _read_text(pipeline.JobRun(job, run_id).attempt_log_uri(data["attempt"]))
+    assert "container log not readable (404 Not Found: the pod no longer exists)" in section
+    assert "container log not readable (ProtocolError: the API server did not answer)" in section
+    assert section.count("] attempt 2 ended: exit status") == 2
+    assert any("no container log (404 Not Found" in line for line in said)
+    assert pipeline.classify_attempt(job, run_id, data["attempt"], log=lambda _m: None)["kind"]
+
+
+def test_a_pod_that_never_started_and_a_rank_without_pod(bucket):
+    data = _case("image-pull-backoff")
+    job = _isolated_job(data["spec"], "never-started", nodes=2)
+    cluster = RecordedCluster.from_case("image-pull-backoff")  # rank 0 only: rank 1's pod is gone
+    k8s_launch.read_attempt_record(job, data["run_id"], data["attempt"], client=cluster.client(),
+                                   namespace=NAMESPACE, log=lambda _m: None)
+    section = _read_text(pipeline.JobRun(job, data["run_id"]).attempt_log_uri(data["attempt"]))
+    assert "container log not readable (400 Bad Request: the container never started)" in section
+    assert f"] attempt {data['attempt']} ended: exit status unknown" in section
+    assert f"[sat] attempt {data['attempt']} rank 1: no pod left to read" in section
+
+
+def test_log_bounds_say_which_one_cut_the_log(bucket, monkeypatch):
+    import io
+
+    from urllib3 import HTTPResponse
+
+    lines = [f"line {i}" for i in range(50)]
+    cluster = RecordedCluster(logs={"p": "\n".join(lines)})
+    said = []
+    monkeypatch.setattr(k8s_launch, "LOG_READ_LINES", 10)
+    got = k8s_launch._read_log(cluster.client(), "p", NAMESPACE, said.append)
+    assert got.lines == lines[-10:] and "last 10 lines (LOG_READ_LINES)" in got.note
+    assert cluster.requests[-1][2]["tailLines"] == "11"  # one more than kept: tells a cut log from a full one
+    monkeypatch.setattr(k8s_launch, "LOG_READ_LINES", 50)
+    assert k8s_launch._read_log(cluster.client(), "p", NAMESPACE, said.append) == k8s_launch.PodLog(lines)
+
+    # The byte bound keeps the newest bytes of a streamed (not preloaded) response, whole lines only.
+    monkeypatch.setattr(k8s_launch, "LOG_READ_BYTES", 40)
+    monkeypatch.setattr(k8s_launch, "_LOG_CHUNK", 16)
+    body = ("\n".join(lines) + "\n").encode()
+    client = SimpleNamespace(read_namespaced_pod_log=lambda *a, **k: HTTPResponse(
+        body=io.BytesIO(body), preload_content=False, status=200))
+    got = k8s_launch._read_log(client, "p", NAMESPACE, said.append)
+    assert got.lines == lines[-4:] and "last 40 bytes (LOG_READ_BYTES)" in got.note
+    assert said[-1] == f"pod p: {got.note}"
+
+
+def test_a_retried_classify_replaces_its_section(bucket):
+    data = _case("completed")
+    job = _isolated_job(data["spec"], "retried")
+    run_id = data["run_id"]
+    for _ in range(2):
+        k8s_launch.read_attempt_record(job, run_id, data["attempt"], client=RecordedCluster.from_case(
+            "completed").client(), namespace=NAMESPACE, log=lambda _m: None)
+    job_log = pipeline.assemble_job_log(pipeline.JobRun(job, run_id))
+    assert job_log.read_text().count("log of pod") == 1
 
 
 def test_multi_node_peer_symptoms_are_what_classify_reports():
@@ -645,3 +764,10 @@ def test_dag_with_kubernetes_attempts_fails_over_and_completes(airflow_db, bucke
     verdicts = [pipeline.storage.read_json(job_run.hook(), job_run.verdict_uri(k)) for k in (1, 2)]
     assert [v["kind"] for v in verdicts] == ["HARDWARE", "SUCCEEDED"]
     assert cluster.pods == []  # both attempts cleaned up
+    # The job log: both attempts' sections, in order, uploaded with the results.
+    pipeline.upload_job_log(job_run, job_run.hook())
+    job_log = _read_text(job_run.results_uri + "job.log")
+    sections = [line for line in job_log.splitlines() if "[sat] attempt" in line and ("follows" in line or "ended" in line)]
+    assert [("a1" in line, "ended" in line) for line in sections] == [(True, False), (True, True),
+                                                                      (False, False), (False, True)]
+    assert "RuntimeError: CUDA error" in job_log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -57,6 +58,9 @@ def test_success_record_log_and_environment(tmp_path):
     assert classify(record).kind.value == "SUCCEEDED"
     log = (tmp_path / "job.log").read_text()
     assert "Starting dataset initialization" in log and "ended: exit status 0" in log
+    first, last = log.splitlines()[0], log.splitlines()[-1]
+    assert re.fullmatch(r"\S+ \[sat\] attempt 1 of job unit-job on node n1: Starting dataset initialization", first)
+    assert re.fullmatch(r"\S+ \[sat\] attempt 1 ended: exit status 0", last)
     assert any("Starting dataset initialization" in line for line in lines)
     # A second attempt appends to the same job log.
     attempt(tmp_path, command="python t.py 2", attempt_no=2).run(lambda _: None)
