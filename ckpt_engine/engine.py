@@ -35,7 +35,6 @@ from ckpt_engine.formats import (
     plan_torch_file,
 )
 from ckpt_engine.manifest import (
-    CHECKSUM_PREFIX,
     MANIFEST_NAME,
     TMP_PREFIX,
     FileEntry,
@@ -543,22 +542,6 @@ class CheckpointEngine:
 
     def load(self, step: int | None = None, *, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any]:
         """The saved state of ``step`` (default: newest verified); checksums are checked while reading."""
-        return self._first_verified(step, lambda manifest: self._read_state(manifest, map_location, weights_only))
-
-    def load_into(self, targets: Mapping[str, Mapping[str, torch.Tensor]], step: int | None = None, *,
-                  weights_only: bool = True) -> dict[str, Any]:
-        """Restore ``step`` (default: newest verified) into existing tensors, e.g. ``{"model": model.state_dict()}``.
-
-        A target whose checkpoint file is a local safetensors file holding exactly its
-        tensors (names, dtypes, shapes) is filled in one pass that copies and verifies
-        together (:mod:`ckpt_engine.restore`); other targets are read as by ``load()`` and
-        copied. Returns the state of the keys that have no target. A checksum mismatch
-        leaves the targets partly overwritten, and the next older verified checkpoint is
-        restored into them instead (as ``load()`` falls back).
-        """
-        return self._first_verified(step, lambda manifest: self._read_into(manifest, targets, weights_only))
-
-    def _first_verified(self, step: int | None, read: Callable[[Manifest], dict[str, Any]]) -> dict[str, Any]:
         problems: list[str] = []
         for candidate in list_checkpoint_steps(self.storage):
             if step is not None and step >= 0 and candidate != step:
@@ -569,41 +552,12 @@ class CheckpointEngine:
                 log.warning("[Concurrent Checkpoint] skipping corrupt %s", problems[-1])
                 continue
             try:
-                return read(report.manifest)
+                return self._read_state(report.manifest, map_location, weights_only)
             except CorruptCheckpointError as exc:
                 problems.append(f"checkpoint-{candidate}: {exc}")
                 log.warning("[Concurrent Checkpoint] skipping corrupt %s", problems[-1])
         raise CheckpointNotFoundError(f"no complete, verified checkpoint (step {step}) in {self.storage.url}: "
                                       f"{problems}")
-
-    def _read_into(self, manifest: Manifest, targets: Mapping[str, Mapping[str, torch.Tensor]],
-                   weights_only: bool) -> dict[str, Any]:
-        from ckpt_engine import restore
-
-        directory = checkpoint_dir(manifest.step)
-        names = manifest.metadata.get("keys") or {name: name for name in manifest.files}
-        unknown = sorted(set(targets) - set(names))
-        if unknown:
-            raise KeyError(f"checkpoint-{manifest.step} has no state for {unknown} (it has {sorted(names)})")
-        rest: dict[str, Any] = {}
-        for key, name in names.items():
-            entry, file_key, target = manifest.files[name], f"{directory}/{name}", targets.get(key)
-            path = self.storage.local_path(file_key)
-            if target is not None and path is not None and name.endswith(".safetensors") \
-                    and entry.checksum.startswith(CHECKSUM_PREFIX):
-                actual = os.path.getsize(path)
-                if actual != entry.size:
-                    raise CorruptCheckpointError(f"{file_key}: size {actual} differs from the manifest's {entry.size}")
-                regions = restore.fused_plan(path, actual, target)
-                if regions is not None:
-                    restore.copy_verified(path, entry, regions)
-                    continue
-            value = decode_file(name, read_verified(self.storage, file_key, entry), weights_only=weights_only)
-            if target is None:
-                rest[key] = value
-            else:
-                _copy_tensors(key, target, value)
-        return rest
 
     def _read_state(self, manifest: Manifest, map_location: Any, weights_only: bool) -> dict[str, Any]:
         directory = checkpoint_dir(manifest.step)
@@ -613,18 +567,6 @@ class CheckpointEngine:
             buffer = read_verified(self.storage, f"{directory}/{name}", manifest.files[name])
             state[key] = decode_file(name, buffer, map_location=map_location, weights_only=weights_only)
         return state
-
-
-def _copy_tensors(key: str, target: Mapping[str, torch.Tensor], value: Any) -> None:
-    if not isinstance(value, Mapping) or set(value) != set(target):
-        got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
-        raise ValueError(f"state {key!r}: the checkpoint holds {got}, the target {sorted(target)}")
-    with torch.no_grad():
-        for name, tensor in target.items():
-            if tensor.shape != value[name].shape:
-                raise ValueError(f"state {key!r}: {name} has shape {tuple(value[name].shape)} in the checkpoint, "
-                                 f"{tuple(tensor.shape)} in the target")
-            tensor.copy_(value[name])
 
 
 def read_verified(storage: Storage, key: str, entry: FileEntry) -> np.ndarray:

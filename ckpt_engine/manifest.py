@@ -110,7 +110,7 @@ _PAGE = mmap.PAGESIZE
 _libc_madvise: Any = None
 
 
-def prefault(chunk: memoryview) -> None:
+def _prefault(chunk: memoryview) -> None:
     """Map a memory-mapped chunk's pages in one system call instead of one fault per page (best effort)."""
     global _libc_madvise
     if not sys.platform.startswith("linux") or len(chunk) < _PAGE:
@@ -139,7 +139,7 @@ def checksum_buffer(data: bytes | memoryview | Any, like: str | None = None) -> 
 
     def chunk_digest(offset: int) -> bytes:
         chunk = view[offset:offset + CHUNK_BYTES]
-        prefault(chunk)
+        _prefault(chunk)
         return xxhash.xxh3_64(chunk).digest()
 
     digests = hash_pool().map(chunk_digest, offsets)
