@@ -423,9 +423,14 @@ class CheckpointEngine:
         return record
 
     def _move_to_trash(self, directory: str) -> str:
-        """Rename first (atomic), delete after: a crash never leaves a partly deleted checkpoint visible."""
+        """Rename first (atomic), delete after: a crash never leaves a partly deleted checkpoint visible.
+
+        The rename is not fsynced: journaling filesystems keep metadata operations in order,
+        so a power loss can undo it only together with the deletes behind it, and any
+        checkpoint with a missing file fails verification anyway.
+        """
         trash = f"{TRASH_PREFIX}{directory}-{uuid.uuid4().hex[:8]}"
-        self.storage.promote(directory, trash)
+        self.storage.promote(directory, trash, durable=False)  # a crash that undoes it leaves a whole checkpoint
         return trash
 
     def _discard(self, trash: str) -> None:
@@ -459,7 +464,7 @@ class CheckpointEngine:
             if self.rank > 0:  # progress.json is rank 0's
                 return
             try:
-                self.storage.write_atomic(PROGRESS_NAME, raw)
+                self.storage.write_atomic(PROGRESS_NAME, raw, durable=False)  # advisory: atomic, no fsync
             except OSError as exc:
                 log.warning("[Concurrent Checkpoint] could not write %s: %r", PROGRESS_NAME, exc)
 

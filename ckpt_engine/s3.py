@@ -183,7 +183,7 @@ class S3Storage(Storage):
             raise self._error("read", key, exc) from exc
         return io.BufferedReader(_BodyReader(response["Body"]), buffer_size=1 << 20)  # type: ignore[return-value]
 
-    def write_atomic(self, key: str, data: bytes) -> None:
+    def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
         except Exception as exc:
@@ -232,7 +232,7 @@ class S3Storage(Storage):
         except Exception as exc:
             raise self._error("head", key, exc) from exc
 
-    def promote(self, src: str, dst: str) -> None:
+    def promote(self, src: str, dst: str, *, durable: bool = True) -> None:
         """Copy ``src/*`` to ``dst/*`` (the manifest last), then delete ``src``; not atomic."""
         if self.exists(dst):
             raise FileExistsError(errno_codes.EEXIST, "destination exists", f"{self.url}{dst}")

@@ -59,8 +59,12 @@ class Storage(ABC):
         """Open ``key`` for binary reading."""
 
     @abstractmethod
-    def write_atomic(self, key: str, data: bytes) -> None:
-        """Replace ``key`` with ``data`` durably and atomically (temp, fsync, rename)."""
+    def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        """Replace ``key`` with ``data`` atomically (temp, rename); ``durable`` also fsyncs file and directory.
+
+        Readers never see a partial file either way; ``durable=False`` (progress.json) only
+        gives up surviving a power loss, and saves two fsyncs.
+        """
 
     @abstractmethod
     def list_dir(self, prefix: str) -> list[str]:
@@ -75,8 +79,12 @@ class Storage(ABC):
         """Size of file ``key`` in bytes."""
 
     @abstractmethod
-    def promote(self, src: str, dst: str) -> None:
-        """Atomically rename directory ``src`` to ``dst`` (``dst`` must not exist)."""
+    def promote(self, src: str, dst: str, *, durable: bool = True) -> None:
+        """Atomically rename directory ``src`` to ``dst`` (``dst`` must not exist); ``durable`` fsyncs both sides.
+
+        ``durable=False`` is for renames a crash may undo harmlessly (moving a checkpoint
+        aside to delete it: readers verify what they find).
+        """
 
     @abstractmethod
     def delete_tree(self, prefix: str) -> None:
@@ -240,7 +248,7 @@ class FileStorage(Storage):
     def open_reader(self, key: str) -> BinaryIO:
         return open(self._path(key), "rb")
 
-    def write_atomic(self, key: str, data: bytes) -> None:
+    def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
         path = self._path(key)
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)
@@ -248,13 +256,14 @@ class FileStorage(Storage):
         writer = _LocalWriter(tmp)
         try:
             writer.write(data)
-            writer.close()
+            writer.close() if durable else writer.abort()  # abort: close without fsync
         except BaseException:
             writer.abort()
             _remove_quietly(tmp)
             raise
         os.replace(tmp, path)
-        _fsync_dir(parent)
+        if durable:
+            _fsync_dir(parent)
 
     def list_dir(self, prefix: str) -> list[str]:
         try:
@@ -268,11 +277,13 @@ class FileStorage(Storage):
     def size(self, key: str) -> int:
         return os.path.getsize(self._path(key))
 
-    def promote(self, src: str, dst: str) -> None:
+    def promote(self, src: str, dst: str, *, durable: bool = True) -> None:
         src_path, dst_path = self._path(src), self._path(dst)
-        _fsync_dir(src_path)
+        if durable:
+            _fsync_dir(src_path)
         os.rename(src_path, dst_path)
-        _fsync_dir(os.path.dirname(dst_path))
+        if durable:
+            _fsync_dir(os.path.dirname(dst_path))
 
     def delete_tree(self, prefix: str) -> None:
         shutil.rmtree(self._path(prefix), ignore_errors=True)
@@ -332,7 +343,7 @@ class MemoryStorage(Storage):
             except KeyError:
                 raise FileNotFoundError(errno_codes.ENOENT, "no such key", key) from None
 
-    def write_atomic(self, key: str, data: bytes) -> None:
+    def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
         with self._lock:
             self._files[self._norm(key)] = bytes(data)
 
@@ -352,7 +363,7 @@ class MemoryStorage(Storage):
         with self._lock:
             return len(self._files[self._norm(key)])
 
-    def promote(self, src: str, dst: str) -> None:
+    def promote(self, src: str, dst: str, *, durable: bool = True) -> None:
         src, dst = self._norm(src) + "/", self._norm(dst) + "/"
         with self._lock:
             if any(k.startswith(dst) for k in self._files):
@@ -425,10 +436,10 @@ class FaultyStorage(Storage):
     def open_reader(self, key: str) -> BinaryIO:
         return self.inner.open_reader(key)
 
-    def write_atomic(self, key: str, data: bytes) -> None:
+    def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
         if not key.endswith("progress.json"):
             self._account(len(data))
-        self.inner.write_atomic(key, data)
+        self.inner.write_atomic(key, data, durable=durable)
 
     def list_dir(self, prefix: str) -> list[str]:
         return self.inner.list_dir(prefix)
@@ -439,8 +450,8 @@ class FaultyStorage(Storage):
     def size(self, key: str) -> int:
         return self.inner.size(key)
 
-    def promote(self, src: str, dst: str) -> None:
-        self.inner.promote(src, dst)
+    def promote(self, src: str, dst: str, *, durable: bool = True) -> None:
+        self.inner.promote(src, dst, durable=durable)
 
     def delete_tree(self, prefix: str) -> None:
         self.inner.delete_tree(prefix)

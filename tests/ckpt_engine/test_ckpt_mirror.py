@@ -121,11 +121,11 @@ class DyingS3Storage(S3Storage):
         super().__init__(url)
         self.die_at_step, self.dead = die_at_step, False
 
-    def write_atomic(self, key: str, data: bytes) -> None:
+    def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
         if key == f"checkpoint-{self.die_at_step}/manifest.json":
             self.dead = True
             raise KilledMidUpload(key)
-        super().write_atomic(key, data)
+        super().write_atomic(key, data, durable=durable)
 
     def delete_tree(self, prefix: str) -> None:
         if not self.dead:
@@ -159,7 +159,7 @@ def test_interrupted_upload_is_never_restored(tmp_path: Path, mirror_url: str,
 def test_failed_manifest_put_leaves_no_partial_checkpoint(tmp_path: Path, mirror_url: str,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     class NoManifest(S3Storage):
-        def write_atomic(self, key: str, data: bytes) -> None:
+        def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
             raise OSError(5, "Input/output error")
 
     engine = CheckpointEngine(tmp_path, mirror_url=NoManifest(mirror_url))

@@ -27,8 +27,8 @@ TOKEN = "0123abcd"
 class DataFault(FaultyStorage):
     """Fails only the data files: the small failure marker still gets through."""
 
-    def write_atomic(self, key: str, data: bytes) -> None:
-        self.inner.write_atomic(key, data)
+    def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        self.inner.write_atomic(key, data, durable=durable)
 
 
 def fake_ranks(root: Path, world_size: int = 2, timeout_s: float = 1.0) -> list[CheckpointEngine]:
