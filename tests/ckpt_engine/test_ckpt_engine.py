@@ -147,3 +147,26 @@ def test_cuda_state_is_staged_on_a_side_stream_into_pinned_buffers(tmp_path: Pat
     assert engine.pool.pin
     assert torch.equal(engine.load()["model"]["w"], expected)
     engine.close()
+
+
+def test_progress_writes_do_not_fsync_and_a_commit_fsyncs_data_manifest_and_rename(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """progress.json is rewritten every quarter second by the training thread: atomic, never fsynced."""
+    import os
+
+    calls: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real_fsync(fd))
+    engine = CheckpointEngine(tmp_path, keep_last=1)
+    engine._progress_written_at = 0.0
+    engine.record_step(5)
+    assert json.loads((tmp_path / PROGRESS_NAME).read_text())["step"] == 5 and calls == []
+    engine.save(1, {"model": {"w": torch.ones(10)}}).wait()
+    first = len(calls)
+    # one data file + manifest (file, directory) + the rename (source, parent)
+    assert first == 5
+    engine.save(2, {"model": {"w": torch.ones(10)}}).wait()
+    engine.wait()
+    assert len(calls) - first == 5  # retention's move-aside and delete add none
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", PROGRESS_NAME]
+    engine.close()
