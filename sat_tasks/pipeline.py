@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -469,8 +470,6 @@ def assemble_job_log(run: JobRun, hook=None) -> Path | None:
     Each section is stored whole by its attempt's classify, so a retried classify replaces
     its section instead of appending it twice. Returns the job log, None when no section exists.
     """
-    import os
-
     hook = hook or run.hook()
     found = []
     for attempt in range(1, run.job.max_attempts() + 1):
