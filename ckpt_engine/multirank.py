@@ -45,7 +45,7 @@ import xxhash
 
 from ckpt_engine.errors import CorruptCheckpointError, PersistError
 from ckpt_engine.manifest import TMP_PREFIX, FileEntry
-from ckpt_engine.storage import Storage
+from ckpt_engine.storage import Storage, fsync_dir
 
 log = logging.getLogger("ckpt_engine")
 
@@ -234,13 +234,8 @@ def _fsync_parents(storage: Storage, tmp: str, entries: Mapping[str, FileEntry])
     folders = {os.path.dirname(f"{tmp}/{name}") for name in entries}
     for folder in sorted(folders, key=len, reverse=True):
         path = storage.local_path(folder)
-        if path is None or not os.path.isdir(path):
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if path is not None and os.path.isdir(path):
+            fsync_dir(path)
 
 
 def agree_run_token(storage: Storage, rank: int, world_size: int) -> str | None:

@@ -214,7 +214,8 @@ def _open_local_writer(path: str, direct: bool) -> StorageWriter:
     return _LocalWriter(path)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """fsync a directory, making the names created or renamed in it durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -263,7 +264,7 @@ class FileStorage(Storage):
             raise
         os.replace(tmp, path)
         if durable:
-            _fsync_dir(parent)
+            fsync_dir(parent)
 
     def list_dir(self, prefix: str) -> list[str]:
         try:
@@ -280,10 +281,10 @@ class FileStorage(Storage):
     def promote(self, src: str, dst: str, *, durable: bool = True) -> None:
         src_path, dst_path = self._path(src), self._path(dst)
         if durable:
-            _fsync_dir(src_path)
+            fsync_dir(src_path)
         os.rename(src_path, dst_path)
         if durable:
-            _fsync_dir(os.path.dirname(dst_path))
+            fsync_dir(os.path.dirname(dst_path))
 
     def delete_tree(self, prefix: str) -> None:
         shutil.rmtree(self._path(prefix), ignore_errors=True)

@@ -413,14 +413,9 @@ def _rank_of(pod: dict[str, Any]) -> int:
 
 
 def _read_rank(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int, namespace: str,
-               log: Log) -> AttemptRecord:
-    """The record of one pod (one node rank): pod, its events, its node and node events, log tail."""
-    return _read_rank_and_log(client, pod, job, attempt, namespace, log)[0]
-
-
-def _read_rank_and_log(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int, namespace: str,
-                       log: Log) -> tuple[AttemptRecord, PodLog]:
-    """`_read_rank`, and the container log it read (for the run's job.log)."""
+               log: Log) -> tuple[AttemptRecord, PodLog]:
+    """The record of one pod (one node rank): pod, its events, its node and node events, log tail;
+    and the container log it read (for the run's job.log)."""
     name = pod["metadata"]["name"]
     events = _read_events(client, namespace, f"involvedObject.name={name}", log)
     node_name = (pod.get("spec") or {}).get("nodeName")
@@ -533,7 +528,7 @@ def read_attempt_record(
             phase = (pod.get("status") or {}).get("phase")
             log(f"attempt {attempt}: pod {pod['metadata']['name']} (rank {_rank_of(pod)}) {phase} "
                 f"on {(pod.get('spec') or {}).get('nodeName') or 'no node'}")
-            record, pod_log = _read_rank_and_log(client, pod, job, attempt, namespace, log)
+            record, pod_log = _read_rank(client, pod, job, attempt, namespace, log)
             write_rank_log(handle, job=job, attempt=attempt, pod=pod, record=record, pod_log=pod_log)
             records.append(record)
         missing = sorted(set(range(job.nodes)) - {_rank_of(p) for p in pods})

@@ -588,7 +588,7 @@ def test_multi_node_peer_symptoms_are_what_classify_reports():
     cluster = RecordedCluster.from_case("multinode-traceback-and-peer-nccl")
     client = cluster.client()
     pods = [ApiClient().sanitize_for_serialization(p) for p in client.list_namespaced_pod(NAMESPACE).items]
-    ranks = [k8s_launch._read_rank(client, p, job, 1, NAMESPACE, lambda _m: None) for p in pods]
+    ranks = [k8s_launch._read_rank(client, p, job, 1, NAMESPACE, lambda _m: None)[0] for p in pods]
     verdicts = [classify(r) for r in sorted(ranks, key=lambda r: r.node)]
     assert [v.kind for v in verdicts] == [VerdictKind.INTERNAL, VerdictKind.HARDWARE]
     assert k8s_launch._PEER_SYMPTOM_REASONS.search(verdicts[1].reason)
