@@ -131,6 +131,7 @@ class SaveHandle:
 
 
 _OVERLAP_MIN_BYTES = 1 << 20
+FIRST_SEGMENT_BYTES = 4 << 20  # segment size while the first slab fills (see CheckpointEngine._stage)
 
 
 class _HashingSink:
@@ -295,6 +296,7 @@ class CheckpointEngine:
         started = time.perf_counter()
         slab: Slab | None = None
         stream = self._stream
+        staged = 0
         try:
             for plan, out in zip(files, queues):
                 for blob in plan.blobs:
@@ -305,7 +307,10 @@ class CheckpointEngine:
                             if slab is not None:
                                 self.pool.seal(slab)
                             slab = self.pool.acquire()
-                        count = min(slab.capacity - slab.fill, blob.nbytes - position)
+                        # short segments through the first slab: the disk starts ~1 ms after save()
+                        # and never waits for a whole slab's copy
+                        limit = FIRST_SEGMENT_BYTES if staged < self.pool.slab_bytes else slab.capacity
+                        count = min(slab.capacity - slab.fill, blob.nbytes - position, limit)
                         target = slab.tensor[slab.fill:slab.fill + count]
                         source = blob.source[position:position + count]
                         event = None
@@ -324,6 +329,7 @@ class CheckpointEngine:
                         out.put(Segment(slab, slab.fill, count, event))
                         slab.fill = min(slab.capacity, slab.fill + count + (-count % SEGMENT_ALIGNMENT))
                         position += count
+                        staged += count
             if stream is not None:
                 stream.synchronize()
         except BaseException as exc:

@@ -2,11 +2,28 @@
 
 All measured in the same run on the same directory (not a timed test):
 
-* disk: 64 MiB writes from one preallocated buffer, then fsync;
+* disk: 64 MiB writes from one preallocated buffer, then fsync (best of buffered and O_DIRECT);
 * ours: ``CheckpointEngine.save`` of the same number of bytes (stage, write, checksum,
-  fsync, manifest, rename) -> ``persist_ratio=ours/disk`` (target >= 0.8);
+  fsync, manifest, rename) -> ``persist_ratio``, the median over repeats of ours/disk
+  measured back to back in the same repeat (target >= 0.8);
 * restore: ``CheckpointEngine.load`` (reads and verifies checksums) against
-  ``safetensors.torch.load_file`` of the same tensors -> ``restore_ratio`` (target <= 1.2).
+  ``safetensors.torch.load_file`` of the same tensors, both copied into preallocated
+  tensors as ``load_state_dict`` does -> ``restore_ratio`` (target <= 1.2).
+
+Conditions, the same for both sides of each ratio:
+
+* before every timed write the engine's queued retention deletes are drained and
+  ``os.sync()`` runs, so no earlier write or unlink is still going to the disk while the
+  next write is timed;
+* both sides keep their newest file and delete the one before right after writing it
+  (ours: retention with ``keep_last=1``), and the two alternate in ABBA order (each goes
+  first in every other repeat): on this virtual disk a write runs up to ~30% slower or
+  faster depending on what was written and deleted just before it;
+* ``restore_ratio`` is measured cold: the files' pages are dropped from the page cache
+  (``POSIX_FADV_DONTNEED`` after fsync) before each load, as on a resume, which is a new
+  process, usually on another node after a failover or a Spot reclaim.
+  ``restore_ratio_warm`` repeats it with both files in the page cache, where verifying
+  every byte costs one more pass over memory than the plain copy (see ADR 0003).
 
     python tests/benchmarks/ckpt_io.py --dir /tmp/ckpt-io --gb 1
 """
@@ -30,11 +47,15 @@ from ckpt_engine import CheckpointEngine
 
 
 def disk_write_rate(path: Path, total: int, chunk: int = 64 << 20, direct: bool = False) -> float:
-    """Bytes per second of a plain sequential write plus fsync (buffered, or O_DIRECT)."""
+    """Bytes per second of a plain sequential write of a new file plus fsync (buffered, or O_DIRECT).
+
+    The file is left in place: the caller deletes it before the next write of the same
+    kind, as the engine's retention deletes its previous checkpoint.
+    """
     buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
     buffer.write(os.urandom(chunk))
     start = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0), 0o644)
     try:
         written = 0
         while written < total:
@@ -42,9 +63,24 @@ def disk_write_rate(path: Path, total: int, chunk: int = 64 << 20, direct: bool 
         os.fsync(fd)
     finally:
         os.close(fd)
-    elapsed = time.perf_counter() - start
-    path.unlink()
-    return total / elapsed
+    return total / (time.perf_counter() - start)
+
+
+def settle(engine: CheckpointEngine) -> None:
+    """Let earlier work reach the disk before the next timed write: queued retention deletes, then ``sync``."""
+    engine.wait()
+    os.sync()
+
+
+def evict(files: list[Path]) -> None:
+    """Drop the files' pages from the page cache (they are clean after fsync), as a new node would start."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def measure_peak_memory(root: Path, tensors: dict[str, torch.Tensor], size: int) -> list[str]:
@@ -93,41 +129,76 @@ def main() -> None:
     disk, ours = [], []
     engine = CheckpointEngine(base / "ours", host_cache_size=max(args.gb * 1.1, 0.1),
                               parser_threads=args.parser_threads, keep_last=1)
-    for step in range(1, args.repeat + 1):
-        disk.append(max(disk_write_rate(base / "raw.bin", size), disk_write_rate(base / "raw.bin", size, direct=True)))
+
+    def measure_disk(step: int) -> None:
+        rates = []
+        for kind in ("buffered", "direct"):
+            settle(engine)
+            rates.append(disk_write_rate(base / f"raw-{kind}-{step}.bin", size, direct=kind == "direct"))
+            # then delete the previous file, as our commit hands the previous checkpoint to retention
+            (base / f"raw-{kind}-{step - 1}.bin").unlink(missing_ok=True)
+        disk.append(max(rates))
+
+    def measure_ours(step: int) -> None:
+        settle(engine)
         start = time.perf_counter()
         engine.save(step, {"model": tensors}).wait()
         ours.append(size / (time.perf_counter() - start))
+
+    for step in range(1, args.repeat + 1):  # ABBA: each side goes first in every other repeat
+        if step % 2:
+            measure_disk(step)
+            measure_ours(step)
+        else:
+            measure_ours(step)
+            measure_disk(step)
     disk_rate, ours_rate = statistics.median(disk), statistics.median(ours)
+    persist_ratio = statistics.median(o / d for o, d in zip(ours, disk))  # paired: the disk's rate drifts
     print(f"bytes={size / 1e9:.2f}GB disk_write(best of buffered, O_DIRECT)={disk_rate / 1e9:.2f}GB/s ours_persist={ours_rate / 1e9:.2f}GB/s "
           f"(runs disk={[round(x / 1e9, 2) for x in disk]} ours={[round(x / 1e9, 2) for x in ours]})")
 
+    settle(engine)
     reference = base / "reference.safetensors"
     safetensors.torch.save_file(tensors, reference)
+    ours_dir = base / "ours" / f"checkpoint-{args.repeat}"
     destination = {key: torch.empty_like(value) for key, value in tensors.items()}  # a model's parameters
-    plain, restored = [], []
-    for _ in range(args.repeat):
-        start = time.perf_counter()
+
+    def plain_load() -> None:
         loaded = safetensors.torch.load_file(reference)
         for key, value in loaded.items():
             destination[key].copy_(value)
-        plain.append(time.perf_counter() - start)
-        del loaded
-        start = time.perf_counter()
+
+    def our_load() -> None:
         state = engine.load()
         for key, value in state["model"].items():
             destination[key].copy_(value)
-        restored.append(time.perf_counter() - start)
-        assert torch.equal(destination["layer0.weight"], tensors["layer0.weight"])
-        del state
-    plain_s, ours_s = statistics.median(plain), statistics.median(restored)
-    print(f"restore: safetensors.load_file={plain_s:.3f}s ours_load(verified)={ours_s:.3f}s "
-          "(both copied into preallocated tensors, as load_state_dict does; page cache warm for both)")
+
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeat):
+        for cache in ("cold", "warm"):
+            for name, load, files in (("plain", plain_load, [reference]), ("ours", our_load, list(ours_dir.iterdir()))):
+                if cache == "cold":
+                    evict(files)
+                else:
+                    load()  # bring the pages in
+                start = time.perf_counter()
+                load()
+                times.setdefault((name, cache), []).append(time.perf_counter() - start)
+                assert torch.equal(destination["layer0.weight"], tensors["layer0.weight"])
+                for value in destination.values():
+                    value.zero_()
+    median = {key: statistics.median(value) for key, value in times.items()}
+    for cache in ("cold", "warm"):
+        print(f"restore ({cache} page cache): safetensors.load_file={median['plain', cache]:.3f}s "
+              f"ours_load(verified)={median['ours', cache]:.3f}s (both copied into preallocated tensors, as "
+              f"load_state_dict does; runs plain={[round(x, 3) for x in times['plain', cache]]} "
+              f"ours={[round(x, 3) for x in times['ours', cache]]})")
     engine.close()
     memory_lines = measure_peak_memory(base / "memory", tensors, size)
     for line in memory_lines:
         print(line)
-    print(f"persist_ratio={ours_rate / disk_rate:.3f} restore_ratio={ours_s / plain_s:.3f}")
+    print(f"persist_ratio={persist_ratio:.3f} restore_ratio={median['ours', 'cold'] / median['plain', 'cold']:.3f} "
+          f"restore_ratio_warm={median['ours', 'warm'] / median['plain', 'warm']:.3f}")
     shutil.rmtree(base, ignore_errors=True)
 
 

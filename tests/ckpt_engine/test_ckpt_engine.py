@@ -66,6 +66,34 @@ def test_state_larger_than_host_cache_is_streamed(tmp_path: Path) -> None:
     engine.close()
 
 
+def test_first_slab_is_staged_in_short_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer gets 4 MiB pieces while the first slab fills, whole slab runs after; the bytes are exact."""
+    import ckpt_engine.engine as engine_module
+
+    sizes: list[int] = []
+    real_segment = engine_module.Segment
+
+    def recording_segment(*args: object) -> engine_module.Segment:
+        segment = real_segment(*args)  # type: ignore[arg-type]
+        sizes.append(segment.nbytes)
+        return segment
+
+    monkeypatch.setattr(engine_module, "Segment", recording_segment)
+    engine = CheckpointEngine(tmp_path, host_cache_size=64 / 1024, slab_bytes=16 << 20)
+    state = {f"t{i}": torch.randn((5 << 18) + 31 * i) for i in range(8)}  # ~40 MiB, odd sizes
+    engine.save(1, {"model": state}).wait()
+    assert_state_equal(state, engine.load()["model"])
+    assert sum(sizes) == sum(t.numel() * t.element_size() for t in state.values())
+    staged = 0
+    for size in sizes:
+        if staged >= 16 << 20:
+            break
+        assert size <= engine_module.FIRST_SEGMENT_BYTES  # the writer can start after 4 MiB
+        staged += size
+    assert max(sizes) > engine_module.FIRST_SEGMENT_BYTES  # later slabs are not cut up
+    engine.close()
+
+
 def test_tensor_larger_than_cache_and_shared_storage(tmp_path: Path) -> None:
     engine = CheckpointEngine(tmp_path, host_cache_size=1 / 1024, slab_bytes=128 << 10)
     base = torch.randn(3 << 18)  # 3 MiB, one tensor bigger than the whole cache
