@@ -7,6 +7,10 @@ blocking and slowdown, then ``blocking_ratio=<ours/sync> overhead_ratio=<ours/sy
 H200 target: blocking_ratio <= 0.02.
 
     PYTHONPATH=. python tests/benchmarks/ckpt_overhead_gpu.py --dir /tmp/ckpt-gpu
+
+``--device cpu`` runs the same script on the CPU with tiny sizes (the test suite does, so
+the script is known to run end to end before a GPU machine is lent); its numbers mean
+nothing for the GPU target.
 """
 
 from __future__ import annotations
@@ -34,24 +38,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--parser-threads", type=int, default=4)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA device")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device (or --device cpu for a dry run)")
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     torch.manual_seed(0)
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
+
+    def synchronize() -> None:
+        if on_gpu:
+            synchronize()
+
     model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)]).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = torch.randn(args.batch, args.width, device=device)
     size = sum(p.numel() for p in model.parameters()) * 4 * 3
-    print(f"{torch.cuda.get_device_name()}: state {size / 1e9:.2f} GB, {args.steps} steps, every {args.every}")
+    name = torch.cuda.get_device_name() if on_gpu else "cpu (dry run)"
+    print(f"{name}: state {size / 1e9:.2f} GB, {args.steps} steps, every {args.every}")
 
     def loop(checkpoint: Callable[[int], None] | None = None, before_step: Callable[[], None] | None = None,
              finalize: Callable[[], None] | None = None) -> tuple[float, list[float]]:
         blocking: list[float] = []
-        torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         for step in range(1, args.steps + 1):
             model(data).float().pow(2).mean().backward()
@@ -66,7 +78,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 checkpoint(step)
                 blocking.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
+        synchronize()
         if finalize is not None:
             finalize()
         return time.perf_counter() - start, blocking
