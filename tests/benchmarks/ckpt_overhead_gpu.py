@@ -51,7 +51,7 @@ def main() -> None:
 
     def synchronize() -> None:
         if on_gpu:
-            synchronize()
+            torch.cuda.synchronize()
 
     model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)]).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
