@@ -117,7 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", default="/tmp/ckpt-io")
     parser.add_argument("--gb", type=float, default=1.0)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument("--parser-threads", type=int, default=1)
     args = parser.parse_args()
     base = Path(args.dir)
