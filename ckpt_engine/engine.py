@@ -29,6 +29,7 @@ import torch
 from ckpt_engine.errors import CheckpointNotFoundError, CorruptCheckpointError, PersistError
 from ckpt_engine.formats import (
     FilePlan,
+    gc_paused,
     is_flat_tensor_dict,
     parse_safetensors,
     plan_safetensors,
@@ -132,6 +133,13 @@ class SaveHandle:
 
 _OVERLAP_MIN_BYTES = 1 << 20
 FIRST_SEGMENT_BYTES = 4 << 20  # segment size while the first slab fills (see CheckpointEngine._stage)
+# memmove without releasing the GIL, for small copies: releasing it for a few bytes means
+# queueing behind the writer thread to get it back (up to the 5 ms switch interval)
+_memmove_holding_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)
+_RELEASE_GIL_ABOVE_BYTES = 256 << 10
+PACK_BELOW_BYTES = 64 << 10  # smaller CPU blobs of a contiguous_blobs file are packed into shared segments
+PACK_RUN_BYTES = 1 << 20  # a packed segment is handed over once it holds this much
 
 
 class _HashingSink:
@@ -160,6 +168,7 @@ def _done_future(value: Any) -> cf.Future[Any]:
     return future
 
 
+@gc_paused()
 def plan_state(state: Mapping[str, Any]) -> tuple[list[FilePlan], dict[str, str]]:
     """One file per top-level key: flat tensor dicts as safetensors, anything else as torch zip."""
     files: list[FilePlan] = []
@@ -297,13 +306,44 @@ class CheckpointEngine:
         slab: Slab | None = None
         stream = self._stream
         staged = 0
+        run: list[Any] = []  # [queue, start offset] of small blobs packed back to back in ``slab``
+
+        def hand_over(out: queue.SimpleQueue[Segment | _Abort], offset: int, count: int, event: Any = None) -> None:
+            assert slab is not None
+            self.pool.ref(slab)
+            out.put(Segment(slab, offset, count, event))
+            slab.fill = min(slab.capacity, offset + count + (-(offset + count) % SEGMENT_ALIGNMENT))
+
+        def close_run() -> None:
+            if run:
+                out, offset = run
+                run.clear()
+                hand_over(out, offset, slab.fill - offset)  # type: ignore[union-attr]
+
         try:
             for plan, out in zip(files, queues):
+                pack = plan.contiguous_blobs
                 for blob in plan.blobs:
+                    tensor = blob.tensor
+                    on_gpu = stream is not None and tensor.is_cuda
+                    # CPU bytes are copied by address: one plain memmove, GIL released, which leaves
+                    # the other cores to the writers (torch's copy_ splits large copies over its
+                    # intra-op threads) and skips two tensor slices per segment
+                    by_address = not on_gpu and tensor.device.type == "cpu" and tensor.is_contiguous()
+                    packed = pack and by_address and blob.nbytes < PACK_BELOW_BYTES
+                    if not packed:
+                        close_run()
+                    address = tensor.data_ptr() if by_address else 0
+                    flat = None
+                    if on_gpu:  # a non-contiguous tensor is made contiguous on the side stream, before its copies
+                        with torch.cuda.stream(stream):
+                            flat = blob.source
+                    elif not by_address:
+                        flat = blob.source
                     position = 0
-                    on_gpu = stream is not None and blob.source.is_cuda
                     while position < blob.nbytes:
                         if slab is None or slab.fill >= slab.capacity:
+                            close_run()
                             if slab is not None:
                                 self.pool.seal(slab)
                             slab = self.pool.acquire()
@@ -311,25 +351,30 @@ class CheckpointEngine:
                         # and never waits for a whole slab's copy
                         limit = FIRST_SEGMENT_BYTES if staged < self.pool.slab_bytes else slab.capacity
                         count = min(slab.capacity - slab.fill, blob.nbytes - position, limit)
-                        target = slab.tensor[slab.fill:slab.fill + count]
-                        source = blob.source[position:position + count]
+                        offset = slab.fill
                         event = None
-                        if on_gpu:
+                        if by_address:
+                            copy = ctypes.memmove if count > _RELEASE_GIL_ABOVE_BYTES else _memmove_holding_gil
+                            copy(slab.address + offset, address + position, count)
+                        elif on_gpu:
                             with torch.cuda.stream(stream):
-                                target.copy_(source, non_blocking=True)
+                                slab.tensor[offset:offset + count].copy_(flat[position:position + count],
+                                                                          non_blocking=True)
                                 event = torch.cuda.Event()
                                 event.record(stream)
-                        elif source.device.type == "cpu" and source.is_contiguous():
-                            # one plain memcpy, GIL released: leaves the other cores to the writers
-                            # (torch's copy_ splits large copies over its intra-op threads)
-                            ctypes.memmove(target.data_ptr(), source.data_ptr(), count)
                         else:
-                            target.copy_(source)
-                        self.pool.ref(slab)
-                        out.put(Segment(slab, slab.fill, count, event))
-                        slab.fill = min(slab.capacity, slab.fill + count + (-count % SEGMENT_ALIGNMENT))
+                            slab.tensor[offset:offset + count].copy_(flat[position:position + count])
+                        if packed:  # small blobs: one segment for many, cut at PACK_RUN_BYTES
+                            if not run:
+                                run.extend((out, offset))
+                            slab.fill = offset + count
+                            if slab.fill - run[1] >= PACK_RUN_BYTES:
+                                close_run()
+                        else:
+                            hand_over(out, offset, count, event)
                         position += count
                         staged += count
+                close_run()  # a run never spans two files: each file has its own queue
             if stream is not None:
                 stream.synchronize()
         except BaseException as exc:
@@ -343,10 +388,12 @@ class CheckpointEngine:
 
     def _write_file(self, tmp: str, plan: FilePlan, segments_queue: queue.SimpleQueue[Segment | _Abort]) -> FileEntry:
         consumed = 0
+        ahead = 0  # bytes of later blobs already yielded: a packed segment covers several blobs
 
         def segments(index: int) -> Iterator[memoryview]:
-            nonlocal consumed
-            remaining = plan.blobs[index].nbytes
+            nonlocal consumed, ahead
+            remaining = plan.blobs[index].nbytes - ahead
+            ahead = max(-remaining, 0)
             while remaining > 0:
                 item = segments_queue.get()
                 if isinstance(item, _Abort):
@@ -359,6 +406,7 @@ class CheckpointEngine:
                     self.pool.unref(item.slab)
                     consumed += item.nbytes
                 remaining -= item.nbytes
+                ahead = max(-remaining, 0)
 
         writer = None
         try:

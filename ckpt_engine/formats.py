@@ -8,6 +8,8 @@ in host memory at once.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import json
 import pickle
@@ -18,7 +20,7 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -48,6 +50,23 @@ SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
 DTYPES_BY_NAME = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a checkpoint is planned (also a decorator).
+
+    Planning allocates a few objects per tensor; in a training process, with millions of
+    live objects, every few hundred allocations start a collection, which more than
+    doubled the planning time of a 20,000-tensor state. Nothing planned forms a cycle.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Sink(Protocol):
     """Where a renderer writes a file's bytes, in order."""
 
@@ -59,18 +78,28 @@ BlobSegments = Callable[[int], Iterator[memoryview]]
 
 @dataclass
 class Blob:
-    """Bytes of one tensor or storage still to be staged: a flat uint8 view on any device."""
+    """Bytes of one tensor or storage still to be staged (``tensor``: dense, any device)."""
 
-    source: torch.Tensor
+    tensor: torch.Tensor
     nbytes: int
+
+    @property
+    def source(self) -> torch.Tensor:
+        """The bytes as a flat uint8 tensor on the tensor's device (a copy only when not contiguous)."""
+        return _flat_bytes(self.tensor)
 
 
 @dataclass
 class FilePlan(ABC):
-    """One file of a checkpoint: its name, the blobs it needs staged, and how to render it."""
+    """One file of a checkpoint: its name, the blobs it needs staged, and how to render it.
+
+    ``contiguous_blobs``: the renderer writes the blobs back to back with nothing between
+    them, so the stager may hand several small ones over as one segment.
+    """
 
     name: str
     blobs: list[Blob] = field(default_factory=list)
+    contiguous_blobs: ClassVar[bool] = False
 
     @abstractmethod
     def render(self, sink: Sink, segments: BlobSegments) -> None:
@@ -108,6 +137,7 @@ class SafetensorsFile(FilePlan):
     """A flat name -> tensor mapping in the safetensors format."""
 
     header: bytes = b""
+    contiguous_blobs: ClassVar[bool] = True
 
     def render(self, sink: Sink, segments: BlobSegments) -> None:
         sink.write(struct.pack("<Q", len(self.header)))
@@ -121,6 +151,7 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
     return (str(tensor.device), tensor.untyped_storage().data_ptr())
 
 
+@gc_paused()
 def plan_safetensors(name: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None,
                      *, drop_shared: bool = True) -> SafetensorsFile:
     """Plan a safetensors file; tensors sharing storage keep only their first name (tied weights)."""
@@ -137,8 +168,11 @@ def plan_safetensors(name: str, tensors: Mapping[str, torch.Tensor], metadata: M
         if tensor.numel():
             seen.add(storage_key)
         kept.append((key, tensor))
-    # widest dtypes first keeps every tensor aligned to its element size for zero-copy loads
-    kept.sort(key=lambda item: -item[1].element_size())
+    # tensors whose size is a whole number of disk blocks first: every one of them starts on a
+    # block boundary, so O_DIRECT writes it straight from the staged memory; then the rest,
+    # widest dtypes first, which keeps every tensor aligned to its element size (zero-copy loads)
+    kept.sort(key=lambda item: (item[1].numel() * item[1].element_size() % DATA_ALIGNMENT != 0,
+                                -item[1].element_size()))
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
     blobs: list[Blob] = []
     offset = 0
@@ -147,8 +181,9 @@ def plan_safetensors(name: str, tensors: Mapping[str, torch.Tensor], metadata: M
         header[key] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
                        "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
-        if nbytes:
-            blobs.append(Blob(_flat_bytes(tensor), nbytes))
+        if nbytes:  # a state_dict's tensors are detached already; a Parameter's .data may be swapped later
+            plain = type(tensor) is torch.Tensor and not tensor.requires_grad
+            blobs.append(Blob(tensor if plain else tensor.detach(), nbytes))
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(len(raw) + 8) % DATA_ALIGNMENT)  # tensor data starts on a disk block boundary
     return SafetensorsFile(name=name, blobs=blobs, header=raw)
@@ -305,6 +340,7 @@ class TorchFile(FilePlan):
         zipw.finish()
 
 
+@gc_paused()
 def plan_torch_file(name: str, obj: Any, *, force_zip64: bool = False) -> TorchFile:
     """Plan a ``torch.load``-able file for ``obj``; non-tensor parts are pickled now (snapshotted)."""
     storages: list[tuple[str, torch.UntypedStorage]] = []

@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 from ckpt_engine.config import RuntimeConfig
 from ckpt_engine.engine import CheckpointEngine, SaveHandle
 from ckpt_engine.errors import ConfigError
-from ckpt_engine.formats import BytesFile, FilePlan, plan_safetensors, plan_torch_file
+from ckpt_engine.formats import BytesFile, FilePlan, gc_paused, plan_safetensors, plan_torch_file
 from ckpt_engine.manifest import checkpoint_dir, list_checkpoint_steps, parse_step, verify_checkpoint
 from ckpt_engine.signals import GracefulTermination
 
@@ -254,6 +254,7 @@ class DecoratedCheckpointing:
         if self.termination.requested:
             self.termination.note_final_checkpoint(step)
 
+    @gc_paused()
     def plan_checkpoint(self, step: int, *, deepspeed: bool = False) -> list[FilePlan]:
         """The files of an HF-layout checkpoint at ``step`` (only metadata is copied here).
 

@@ -23,14 +23,16 @@ class Slab:
     tensor: torch.Tensor
     array: np.ndarray
     fill: int = 0
-    refs: int = 0
+    handed: int = 0  # segments handed out; only the stager changes it
+    written: int = 0  # of those, segments written or dropped; changed under the pool's lock
     sealed: bool = False
     ready: list[object] = field(default_factory=list)
+    address: int = 0
+    capacity: int = 0
 
-    @property
-    def capacity(self) -> int:
-        """Size in bytes."""
-        return self.array.shape[0]
+    def __post_init__(self) -> None:
+        self.address = self.tensor.data_ptr()
+        self.capacity = self.array.shape[0]
 
 
 class HostBufferPool:
@@ -38,7 +40,9 @@ class HostBufferPool:
 
     Call order: ``acquire()`` -> fill -> ``ref()`` per segment handed out -> ``seal()``
     when the stager moves on -> ``unref()`` as each segment is written. A sealed slab
-    with no references goes back to the free list.
+    whose segments are all written goes back to the free list. ``ref`` takes no lock (it
+    is called per segment, and only by the one thread that filled the slab); ``seal``,
+    which publishes the count, and ``unref`` do.
     """
 
     def __init__(self, capacity_bytes: int, *, slab_bytes: int = DEFAULT_SLAB_BYTES, pin: bool = False) -> None:
@@ -66,7 +70,7 @@ class HostBufferPool:
                     slab = self._allocate()
                     break
                 self._cond.wait()
-            slab.fill, slab.refs, slab.sealed = 0, 0, False
+            slab.fill, slab.handed, slab.written, slab.sealed = 0, 0, 0, False
             slab.ready.clear()
             return slab
 
@@ -81,10 +85,10 @@ class HostBufferPool:
         self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
         return Slab(tensor=tensor, array=tensor.numpy())
 
-    def ref(self, slab: Slab) -> None:
-        """Count one more segment living in ``slab``."""
-        with self._cond:
-            slab.refs += 1
+    @staticmethod
+    def ref(slab: Slab) -> None:
+        """Count one more segment living in ``slab`` (the filling thread only, before handing it out)."""
+        slab.handed += 1
 
     def seal(self, slab: Slab) -> None:
         """The stager will put nothing more in ``slab``."""
@@ -95,13 +99,12 @@ class HostBufferPool:
     def unref(self, slab: Slab) -> None:
         """One segment of ``slab`` has been written (or dropped)."""
         with self._cond:
-            slab.refs -= 1
+            slab.written += 1
             self._maybe_release(slab)
 
     def _maybe_release(self, slab: Slab) -> None:
-        if slab.sealed and slab.refs == 0:
-            slab.sealed = False
-            slab.refs = -1  # guards against a double release
+        if slab.sealed and slab.written == slab.handed:
+            slab.sealed = False  # guards against a double release
             self._free.append(slab)
             self._cond.notify_all()
 

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 from ckpt_engine import CheckpointEngine, MemoryStorage, verify_checkpoint
@@ -94,6 +95,44 @@ def test_first_slab_is_staged_in_short_segments(tmp_path: Path, monkeypatch: pyt
     engine.close()
 
 
+def test_small_tensors_are_packed_into_shared_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of small tensors reach the writer as a few packed segments, across slab boundaries; exact bytes."""
+    import ckpt_engine.engine as engine_module
+
+    sizes: list[int] = []
+    real_segment = engine_module.Segment
+
+    def recording_segment(*args: object) -> engine_module.Segment:
+        segment = real_segment(*args)  # type: ignore[arg-type]
+        sizes.append(segment.nbytes)
+        return segment
+
+    monkeypatch.setattr(engine_module, "Segment", recording_segment)
+    # 64 KiB slabs, 4 of them: packed runs straddle slab ends and slabs are recycled mid-file
+    engine = CheckpointEngine(tmp_path, host_cache_size=256 / (1 << 20), slab_bytes=64 << 10)
+    torch.manual_seed(0)
+    dtypes = (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float16)
+    state: dict[str, torch.Tensor] = {}
+    for i in range(3000):
+        dtype = dtypes[i % len(dtypes)]
+        state[f"small{i}"] = (torch.randn(1 + i % 37) * 100).to(dtype)
+        if i % 500 == 0:
+            state[f"large{i}"] = torch.randn(40_000 + i)  # ~160 KiB: own segments, over several slabs
+    state["transposed"] = torch.randn(7, 5).t()  # not contiguous: copied through a contiguous view
+    state["empty"] = torch.zeros(0)
+    handle = engine.save(1, {"model": state})
+    handle.wait()
+    loaded = engine.load()["model"]
+    assert_state_equal({k: v.contiguous() for k, v in state.items()}, loaded)
+    on_disk = safetensors.torch.load_file(tmp_path / "checkpoint-1" / "model.safetensors")
+    assert_state_equal({k: v.contiguous() for k, v in state.items()}, on_disk)
+    blobs = sum(1 for t in state.values() if t.numel())
+    assert sum(sizes) == sum(t.numel() * t.element_size() for t in state.values())
+    assert len(sizes) < blobs / 10, (len(sizes), blobs)  # packed: one segment per ~1 MiB run or slab end
+    assert engine.pool.allocated_bytes <= 256 << 10  # the pool bound held
+    engine.close()
+
+
 def test_tensor_larger_than_cache_and_shared_storage(tmp_path: Path) -> None:
     engine = CheckpointEngine(tmp_path, host_cache_size=1 / 1024, slab_bytes=128 << 10)
     base = torch.randn(3 << 18)  # 3 MiB, one tensor bigger than the whole cache
@@ -167,13 +206,16 @@ def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
 def test_cuda_state_is_staged_on_a_side_stream_into_pinned_buffers(tmp_path: Path) -> None:
     engine = CheckpointEngine(tmp_path, host_cache_size=0.01, slab_bytes=1 << 20, pin_host_cache=True)
     weights = torch.randn(1 << 21, device="cuda")  # 8 MiB through a 10 MiB pinned pool
-    expected = weights.cpu()
-    handle = engine.save(1, {"model": {"w": weights}}, lazy=True)
+    state = {"w": weights, "transposed": torch.randn(64, 32, device="cuda").t(),  # made contiguous on the side stream
+             "bias": torch.randn(3, device="cuda"), "host": torch.randn(5)}
+    expected = {key: value.cpu().contiguous() for key, value in state.items()}
+    handle = engine.save(1, {"model": state}, lazy=True)
     handle.wait_staged()
-    weights.add_(1.0)  # the optimizer may step once staging is done
+    for value in state.values():
+        value.add_(1.0)  # the optimizer may step once staging is done
     handle.wait()
     assert engine.pool.pin
-    assert torch.equal(engine.load()["model"]["w"], expected)
+    assert_state_equal(expected, engine.load()["model"])
     engine.close()
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import io
+import json
+import struct
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +14,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from ckpt_engine.formats import FilePlan, plan_safetensors, plan_torch_file
+from ckpt_engine.engine import plan_state
+from ckpt_engine.formats import DATA_ALIGNMENT, FilePlan, plan_safetensors, plan_torch_file
 
 
 def render(plan: FilePlan) -> bytes:
@@ -50,3 +54,48 @@ def test_safetensors_file_loads_with_safetensors(tmp_path: Path) -> None:
     assert "alias" not in loaded  # shared storage keeps its first name, like tied weights
     for key in ("w", "i", "b", "tied"):
         assert torch.equal(loaded[key], tensors[key])
+
+
+def test_safetensors_layout_puts_whole_block_tensors_first_and_keeps_element_alignment() -> None:
+    """Tensors of whole 4 KiB blocks come first (O_DIRECT writes them from staged memory), then widest dtype first."""
+    tensors = {"odd_f32": torch.randn(3), "block_f32": torch.randn(4096), "odd_bf16": torch.randn(5).bfloat16(),
+               "odd_bf16_2k": torch.randn(1024).bfloat16(), "block_bf16": torch.randn(2048).bfloat16(),
+               "odd_i8": torch.ones(3, dtype=torch.int8), "odd_f64": torch.randn(1, dtype=torch.float64)}
+    plan = plan_safetensors("model.safetensors", tensors)
+    header = json.loads(plan.header)
+    header.pop("__metadata__")
+    order = [key for key, _ in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])]
+    assert order[:2] in (["block_f32", "block_bf16"], ["block_bf16", "block_f32"])
+    assert order[2:] == ["odd_f64", "odd_f32", "odd_bf16", "odd_bf16_2k", "odd_i8"]
+    data_start = 8 + len(plan.header)
+    assert data_start % DATA_ALIGNMENT == 0
+    for key, info in header.items():
+        begin = info["data_offsets"][0]
+        assert begin % tensors[key].element_size() == 0, key
+        if key.startswith("block"):
+            assert begin % DATA_ALIGNMENT == 0, key
+    (length,) = struct.unpack("<Q", render(plan)[:8])
+    assert length == len(plan.header)
+
+
+def test_planning_pauses_the_garbage_collector_and_restores_it() -> None:
+    """gc is off while a state is planned (pickling included), back on afterwards, also after an error."""
+    seen: list[bool] = []
+
+    class Probe:
+        def __reduce__(self) -> tuple[object, tuple[()]]:
+            seen.append(gc.isenabled())
+            return (dict, ())
+
+    assert gc.isenabled()
+    plan_state({"extra": {"probe": Probe(), "t": torch.ones(2)}, "model": {"w": torch.ones(3)}})
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ValueError, match="must match"):
+        plan_state({"bad key!": {"w": torch.ones(1)}})
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        plan_state({"model": {"w": torch.ones(3)}})
+        assert not gc.isenabled()  # a caller's own choice is left alone
+    finally:
+        gc.enable()
