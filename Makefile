@@ -46,6 +46,7 @@ benchmarks: .venv
 	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/bench_staging.py --rtt-ms 20
 	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/ckpt_overhead.py --dir build/bench-ckpt-overhead
 	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/ckpt_io.py --dir build/bench-ckpt-io
+	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/ckpt_many_tensors.py --dir build/bench-ckpt-many-tensors
 	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/bench_goodput.py
 
 vendor: .venv
