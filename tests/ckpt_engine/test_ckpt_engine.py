@@ -10,6 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
+import ckpt_engine.engine as engine_module
 from ckpt_engine import CheckpointEngine, MemoryStorage, verify_checkpoint
 from ckpt_engine.engine import PROGRESS_NAME
 from ckpt_engine.errors import CheckpointNotFoundError
@@ -67,10 +68,9 @@ def test_state_larger_than_host_cache_is_streamed(tmp_path: Path) -> None:
     engine.close()
 
 
-def test_first_slab_is_staged_in_short_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer gets 4 MiB pieces while the first slab fills, whole slab runs after; the bytes are exact."""
-    import ckpt_engine.engine as engine_module
-
+@pytest.fixture
+def segment_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every segment the stager hands to a writer, in order."""
     sizes: list[int] = []
     real_segment = engine_module.Segment
 
@@ -80,34 +80,28 @@ def test_first_slab_is_staged_in_short_segments(tmp_path: Path, monkeypatch: pyt
         return segment
 
     monkeypatch.setattr(engine_module, "Segment", recording_segment)
+    return sizes
+
+
+def test_first_slab_is_staged_in_short_segments(tmp_path: Path, segment_sizes: list[int]) -> None:
+    """The writer gets 4 MiB pieces while the first slab fills, whole slab runs after; the bytes are exact."""
     engine = CheckpointEngine(tmp_path, host_cache_size=64 / 1024, slab_bytes=16 << 20)
     state = {f"t{i}": torch.randn((5 << 18) + 31 * i) for i in range(8)}  # ~40 MiB, odd sizes
     engine.save(1, {"model": state}).wait()
     assert_state_equal(state, engine.load()["model"])
-    assert sum(sizes) == sum(t.numel() * t.element_size() for t in state.values())
+    assert sum(segment_sizes) == sum(t.numel() * t.element_size() for t in state.values())
     staged = 0
-    for size in sizes:
+    for size in segment_sizes:
         if staged >= 16 << 20:
             break
         assert size <= engine_module.FIRST_SEGMENT_BYTES  # the writer can start after 4 MiB
         staged += size
-    assert max(sizes) > engine_module.FIRST_SEGMENT_BYTES  # later slabs are not cut up
+    assert max(segment_sizes) > engine_module.FIRST_SEGMENT_BYTES  # later slabs are not cut up
     engine.close()
 
 
-def test_small_tensors_are_packed_into_shared_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_tensors_are_packed_into_shared_segments(tmp_path: Path, segment_sizes: list[int]) -> None:
     """Thousands of small tensors reach the writer as a few packed segments, across slab boundaries; exact bytes."""
-    import ckpt_engine.engine as engine_module
-
-    sizes: list[int] = []
-    real_segment = engine_module.Segment
-
-    def recording_segment(*args: object) -> engine_module.Segment:
-        segment = real_segment(*args)  # type: ignore[arg-type]
-        sizes.append(segment.nbytes)
-        return segment
-
-    monkeypatch.setattr(engine_module, "Segment", recording_segment)
     # 64 KiB slabs, 4 of them: packed runs straddle slab ends and slabs are recycled mid-file
     engine = CheckpointEngine(tmp_path, host_cache_size=256 / (1 << 20), slab_bytes=64 << 10)
     torch.manual_seed(0)
@@ -127,8 +121,8 @@ def test_small_tensors_are_packed_into_shared_segments(tmp_path: Path, monkeypat
     on_disk = safetensors.torch.load_file(tmp_path / "checkpoint-1" / "model.safetensors")
     assert_state_equal({k: v.contiguous() for k, v in state.items()}, on_disk)
     blobs = sum(1 for t in state.values() if t.numel())
-    assert sum(sizes) == sum(t.numel() * t.element_size() for t in state.values())
-    assert len(sizes) < blobs / 10, (len(sizes), blobs)  # packed: one segment per ~1 MiB run or slab end
+    assert sum(segment_sizes) == sum(t.numel() * t.element_size() for t in state.values())
+    assert len(segment_sizes) < blobs / 10, (len(segment_sizes), blobs)  # packed: one segment per ~1 MiB run or slab end
     assert engine.pool.allocated_bytes <= 256 << 10  # the pool bound held
     engine.close()
 
