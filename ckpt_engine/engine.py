@@ -138,7 +138,7 @@ FIRST_SEGMENT_BYTES = 4 << 20  # segment size while the first slab fills (see Ch
 _memmove_holding_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)
 _RELEASE_GIL_ABOVE_BYTES = 256 << 10
-PACK_BELOW_BYTES = 64 << 10  # smaller CPU blobs of a contiguous_blobs file are packed into shared segments
+PACK_BELOW_BYTES = 64 << 10  # smaller CPU blobs are packed into shared segments (the writer slices them apart)
 PACK_RUN_BYTES = 1 << 20  # a packed segment is handed over once it holds this much
 
 
@@ -322,7 +322,6 @@ class CheckpointEngine:
 
         try:
             for plan, out in zip(files, queues):
-                pack = plan.contiguous_blobs
                 for blob in plan.blobs:
                     tensor = blob.tensor
                     on_gpu = stream is not None and tensor.is_cuda
@@ -330,7 +329,7 @@ class CheckpointEngine:
                     # the other cores to the writers (torch's copy_ splits large copies over its
                     # intra-op threads) and skips two tensor slices per segment
                     by_address = not on_gpu and tensor.device.type == "cpu" and tensor.is_contiguous()
-                    packed = pack and by_address and blob.nbytes < PACK_BELOW_BYTES
+                    packed = by_address and blob.nbytes < PACK_BELOW_BYTES
                     if not packed:
                         close_run()
                     address = tensor.data_ptr() if by_address else 0
@@ -387,26 +386,37 @@ class CheckpointEngine:
         return time.perf_counter() - started
 
     def _write_file(self, tmp: str, plan: FilePlan, segments_queue: queue.SimpleQueue[Segment | _Abort]) -> FileEntry:
-        consumed = 0
-        ahead = 0  # bytes of later blobs already yielded: a packed segment covers several blobs
+        consumed = 0  # bytes of segments written (or dropped) and released
+        current: Segment | None = None  # a packed segment may hold several blobs: handed out piece by piece
+        used = 0  # bytes of ``current`` already handed out
+        aborted = False  # the stager's _Abort was received: nothing more will come
+
+        def release_current() -> None:
+            nonlocal current, consumed
+            if current is not None:
+                self.pool.unref(current.slab)
+                consumed += current.nbytes
+                current = None
 
         def segments(index: int) -> Iterator[memoryview]:
-            nonlocal consumed, ahead
-            remaining = plan.blobs[index].nbytes - ahead
-            ahead = max(-remaining, 0)
+            nonlocal current, used, aborted
+            remaining = plan.blobs[index].nbytes
             while remaining > 0:
-                item = segments_queue.get()
-                if isinstance(item, _Abort):
-                    raise PersistError("staging failed") from item.error
-                try:
+                if current is None:
+                    item = segments_queue.get()
+                    if isinstance(item, _Abort):
+                        aborted = True
+                        raise PersistError("staging failed") from item.error
                     if item.event is not None:
                         item.event.synchronize()
-                    yield memoryview(item.slab.array[item.offset:item.offset + item.nbytes])
-                finally:
-                    self.pool.unref(item.slab)
-                    consumed += item.nbytes
-                remaining -= item.nbytes
-                ahead = max(-remaining, 0)
+                    current, used = item, 0
+                take = min(remaining, current.nbytes - used)
+                start = current.offset + used
+                yield memoryview(current.slab.array[start:start + take])
+                used += take  # written: the slab is released only once all of the segment is
+                remaining -= take
+                if used == current.nbytes:
+                    release_current()
 
         writer = None
         try:
@@ -418,7 +428,8 @@ class CheckpointEngine:
         except BaseException:
             if writer is not None:
                 writer.abort()
-            while consumed < plan.payload_bytes:  # free the slabs still queued for this file
+            release_current()
+            while not aborted and consumed < plan.payload_bytes:  # free the slabs still queued for this file
                 item = segments_queue.get()
                 if isinstance(item, _Abort):
                     break

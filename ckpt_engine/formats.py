@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -92,15 +92,10 @@ class Blob:
 
 @dataclass
 class FilePlan(ABC):
-    """One file of a checkpoint: its name, the blobs it needs staged, and how to render it.
-
-    ``contiguous_blobs``: the renderer writes the blobs back to back with nothing between
-    them, so the stager may hand several small ones over as one segment.
-    """
+    """One file of a checkpoint: its name, the blobs it needs staged, and how to render it."""
 
     name: str
     blobs: list[Blob] = field(default_factory=list)
-    contiguous_blobs: ClassVar[bool] = False
 
     @abstractmethod
     def render(self, sink: Sink, segments: BlobSegments) -> None:
@@ -138,7 +133,6 @@ class SafetensorsFile(FilePlan):
     """A flat name -> tensor mapping in the safetensors format."""
 
     header: bytes = b""
-    contiguous_blobs: ClassVar[bool] = True
 
     def render(self, sink: Sink, segments: BlobSegments) -> None:
         sink.write(struct.pack("<Q", len(self.header)))

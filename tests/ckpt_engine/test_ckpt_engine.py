@@ -114,14 +114,20 @@ def test_small_tensors_are_packed_into_shared_segments(tmp_path: Path, segment_s
             state[f"large{i}"] = torch.randn(40_000 + i)  # ~160 KiB: own segments, over several slabs
     state["transposed"] = torch.randn(7, 5).t()  # not contiguous: copied through a contiguous view
     state["empty"] = torch.zeros(0)
-    handle = engine.save(1, {"model": state})
+    # a torch zip file too: the writer slices each record's bytes back out of the packed segments
+    optimizer = {"state": {i: {"step": torch.tensor(float(i)), "exp_avg": torch.randn(1 + i % 50)} for i in range(1000)},
+                 "param_groups": [{"lr": 0.1, "params": list(range(1000))}]}
+    handle = engine.save(1, {"model": state, "optimizer": optimizer})
     handle.wait()
-    loaded = engine.load()["model"]
-    assert_state_equal({k: v.contiguous() for k, v in state.items()}, loaded)
+    loaded = engine.load()
+    assert_state_equal({k: v.contiguous() for k, v in state.items()}, loaded["model"])
+    assert_state_equal(optimizer, loaded["optimizer"])
     on_disk = safetensors.torch.load_file(tmp_path / "checkpoint-1" / "model.safetensors")
     assert_state_equal({k: v.contiguous() for k, v in state.items()}, on_disk)
-    blobs = sum(1 for t in state.values() if t.numel())
-    assert sum(segment_sizes) == sum(t.numel() * t.element_size() for t in state.values())
+    assert_state_equal(optimizer, torch.load(tmp_path / "checkpoint-1" / "optimizer.pt", weights_only=True))
+    tensors = list(state.values()) + [t for entry in optimizer["state"].values() for t in entry.values()]
+    blobs = sum(1 for t in tensors if t.numel())
+    assert sum(segment_sizes) == sum(t.numel() * t.element_size() for t in tensors)
     assert len(segment_sizes) < blobs / 10, (len(segment_sizes), blobs)  # packed: one segment per ~1 MiB run or slab end
     assert engine.pool.allocated_bytes <= 256 << 10  # the pool bound held
     engine.close()

@@ -99,3 +99,40 @@ def test_failure_in_manifest_write_discards_checkpoint(tmp_path: Path) -> None:
         engine.save(2, {"meta": {"step": 2}}).wait()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint")] == ["checkpoint-1"]
     engine.close()
+
+
+@pytest.mark.parametrize("lazy", [pytest.param(False, id="eager"), pytest.param(True, id="lazy")])
+def test_failure_while_staging_releases_the_writers(tmp_path: Path, lazy: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staging error (here: the pool, mid-state) fails that checkpoint only; no writer is left waiting."""
+    from ckpt_engine.pool import HostBufferPool
+
+    engine = CheckpointEngine(tmp_path, host_cache_size=128 / (1 << 20), slab_bytes=64 << 10)
+    state = {"model": {"w": torch.randn(100_000), "b": torch.randn(7)}, "optimizer": {"m": [torch.randn(50_000)]}}
+    engine.save(1, state).wait(timeout=60)
+    real_acquire, calls = HostBufferPool.acquire, [0]
+
+    def failing_acquire(self: HostBufferPool) -> object:
+        calls[0] += 1
+        if calls[0] == 3:  # after the first file's writer has started on staged segments
+            raise RuntimeError("staging broke")
+        return real_acquire(self)
+
+    monkeypatch.setattr(HostBufferPool, "acquire", failing_acquire)
+    if lazy:
+        handle = engine.save(2, state, lazy=True)
+        with pytest.raises(RuntimeError, match="staging broke"):
+            handle.wait_staged(timeout=60)
+    else:
+        with pytest.raises(RuntimeError, match="staging broke"):
+            engine.save(2, state)
+        handle = engine._in_flight[-1]
+    with pytest.raises(PersistError):
+        handle.wait(timeout=60)  # before the fix the writers waited forever for segments
+    monkeypatch.setattr(HostBufferPool, "acquire", real_acquire)
+    engine.wait(timeout=60)
+    assert engine.pool.allocated_bytes == sum(slab.capacity for slab in engine.pool._free)  # every slab came back
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("checkpoint", ".tmp"))) == ["checkpoint-1"]
+    engine.save(3, state).wait(timeout=60)
+    assert torch.equal(engine.load()["model"]["w"], state["model"]["w"])
+    engine.close()
