@@ -325,9 +325,9 @@ class CheckpointEngine:
                 for blob in plan.blobs:
                     tensor = blob.tensor
                     on_gpu = stream is not None and tensor.is_cuda
-                    # CPU bytes are copied by address: one plain memmove, GIL released, which leaves
-                    # the other cores to the writers (torch's copy_ splits large copies over its
-                    # intra-op threads) and skips two tensor slices per segment
+                    # CPU bytes are copied by address with one plain memmove (no tensor slices; not
+                    # torch's copy_, which splits large copies over its intra-op threads and takes the
+                    # writers' cores); large copies release the GIL, small ones keep it
                     by_address = not on_gpu and tensor.device.type == "cpu" and tensor.is_contiguous()
                     packed = by_address and blob.nbytes < PACK_BELOW_BYTES
                     if not packed:
