@@ -149,3 +149,30 @@ def test_plain_tensors_skip_torchs_reduce(monkeypatch: pytest.MonkeyPatch) -> No
                                     "conj": torch.ones(2, dtype=torch.complex64).conj(), "tagged": tagged})
     assert len(calls) == 2  # the conj bit and the Python attribute: torch's own path
     assert len(plan.blobs) == 6
+
+
+_GC_ON_UNPICKLE: list[bool] = []
+
+
+def _unpickle_probe() -> _GcProbe:
+    _GC_ON_UNPICKLE.append(gc.isenabled())
+    return _GcProbe()
+
+
+class _GcProbe:
+    """Records, when it is unpickled, whether the cyclic gc is on."""
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_unpickle_probe, ())
+
+
+def test_loading_pauses_the_garbage_collector_and_restores_it(tmp_path: Path) -> None:
+    from ckpt_engine import CheckpointEngine
+
+    engine = CheckpointEngine(tmp_path)
+    engine.save(1, {"extra": {"probe": _GcProbe(), "t": torch.ones(2)}}).wait()
+    _GC_ON_UNPICKLE.clear()
+    loaded = engine.load(weights_only=False)
+    engine.close()
+    assert isinstance(loaded["extra"]["probe"], _GcProbe)
+    assert _GC_ON_UNPICKLE == [False] and gc.isenabled()
