@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import mmap
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,7 +26,6 @@ class Slab:
     handed: int = 0  # segments handed out; only the stager changes it
     written: int = 0  # of those, segments written or dropped; changed under the pool's lock
     sealed: bool = False
-    ready: list[object] = field(default_factory=list)
     address: int = 0
     capacity: int = 0
 
@@ -71,7 +70,6 @@ class HostBufferPool:
                     break
                 self._cond.wait()
             slab.fill, slab.handed, slab.written, slab.sealed = 0, 0, 0, False
-            slab.ready.clear()
             return slab
 
     def _allocate(self) -> Slab:
