@@ -230,8 +230,9 @@ class _StoragePickler(pickle.Pickler):
         ``torch.save`` spends ~30 us per tensor there (it wraps the storage in a
         ``TypedStorage`` and looks for subclass state); optimizer state has three tensors
         per parameter, and this runs on the training thread. Anything else (subclasses,
-        Parameters, quantized, sparse, nested, conj/neg bits, other devices, new dtypes)
-        takes torch's own path.
+        quantized, sparse, nested, conj/neg bits, Python attributes, other devices, new
+        dtypes) takes torch's own path; a ``Parameter`` keeps its own ``__reduce_ex__``,
+        whose plain ``.data`` then comes here.
         """
         if type(obj) is not torch.Tensor:
             return NotImplemented
