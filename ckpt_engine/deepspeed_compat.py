@@ -71,7 +71,8 @@ def plan_deepspeed_files(ds_engine: Any, step: int, root: str, *, write_latest: 
 
     Every rank must call this (DeepSpeed's ``save_checkpoint`` is collective). Each rank
     gets its own files: rank 0 ``mp_rank_00_model_states.pt`` (and ``zero_to_fp32.py``),
-    every rank its ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``. ``write_latest``
+    every rank its ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` (under ZeRO-3 also its
+    ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``, rank 0 no ``mp_rank_00``). ``write_latest``
     adds the ``latest`` file DeepSpeed resumes through (rank 0's job in a multi-rank run).
     """
     tag = f"global_step{step}"

@@ -4,8 +4,12 @@ Uses only the Trainer's public extension points (a TrainerCallback and ``add_cal
 plus two instance-level wraps: the Trainer's checkpoint-save step and ``train`` (to
 resolve ``resume_from_checkpoint=True`` / ``CKPT_LAST_STEP`` to a verified checkpoint).
 The Trainer itself does all loading, so a plain Trainer can also resume from these
-directories. Under DeepSpeed ZeRO-1/2 with several ranks every rank writes its own files
-into the same checkpoint and rank 0 commits it (:mod:`ckpt_engine.multirank`).
+directories. Under DeepSpeed (ZeRO-1/2/3) with several ranks every rank writes its own
+files into the same checkpoint and rank 0 commits it (:mod:`ckpt_engine.multirank`).
+Under ZeRO-3 the model weights are partitioned: ``model.safetensors`` holds the weights
+gathered as the Trainer gathers them (``stage3_gather_16bit_weights_on_model_save``), or
+is left out, as the Trainer leaves it out, when that is off (the DeepSpeed shards hold
+the weights; ``zero_to_fp32.py`` recovers them).
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ class DecoratedCheckpointing:
     from step n (falling back past a corrupt one). With ``mirror_url`` (or
     ``CKPT_MIRROR_URL``) checkpoints are also copied to Object Storage, and a resume first
     restores the newest complete mirrored one the local directory lacks. See RuntimeConfig.
-    With DeepSpeed (ZeRO-1/2) and world size > 1 it must be constructed on every rank
+    With DeepSpeed (ZeRO-1/2/3) and world size > 1 it must be constructed on every rank
     (a broadcast agrees on a run token); rank 0 commits what all ranks wrote.
     """
 
@@ -128,6 +132,7 @@ class DecoratedCheckpointing:
         trainer.train = self.train
         self.last_handle: SaveHandle | None = None
         self._warned_multirank = False
+        self._warned_zero3_weights = False
         self._multirank_off = ""  # why the multi-rank commit is not in use, when it is not
         if getattr(trainer, "is_deepspeed_enabled", False) and trainer.args.world_size > 1:
             self._setup_multirank()
@@ -136,22 +141,16 @@ class DecoratedCheckpointing:
         """DeepSpeed with several ranks: every rank writes its part of each checkpoint, rank 0 commits.
 
         Runs on every rank's training thread at construction: agrees on a run token (a
-        broadcast) and checks that all ranks see the checkpoint root. Without that, or with
-        ZeRO-3 (whose model weights are partitioned), saves stay the Trainer's synchronous
-        ones. See :mod:`ckpt_engine.multirank`.
+        broadcast) and checks that all ranks see the checkpoint root. Without that, saves
+        stay the Trainer's synchronous ones. See :mod:`ckpt_engine.multirank`.
         """
         import torch.distributed as dist
 
         from ckpt_engine.multirank import RankCoordinator, agree_run_token
 
         args = self.trainer.args
-        plugin = getattr(getattr(self.trainer, "accelerator", None), "state", None)
-        plugin = getattr(plugin, "deepspeed_plugin", None)
         if not (dist.is_available() and dist.is_initialized()):
             self._multirank_off = "torch.distributed is not initialized"
-            return
-        if getattr(plugin, "zero_stage", None) == 3:
-            self._multirank_off = "ZeRO-3 partitions the model weights"
             return
         token = agree_run_token(self.engine.storage, args.process_index, args.world_size)
         if token is None:
@@ -259,9 +258,11 @@ class DecoratedCheckpointing:
         """The files of an HF-layout checkpoint at ``step`` (only metadata is copied here).
 
         On a non-zero rank of a multi-rank DeepSpeed run only that rank's part: its ZeRO
-        optimizer shard and ``rng_state_<rank>.pth``.
+        shards and ``rng_state_<rank>.pth``. Under ZeRO-3 every rank first takes part in
+        the weights gather (:meth:`_model_weights`).
         """
         trainer, args = self.trainer, self.trainer.args
+        weights = self._model_weights(deepspeed)  # under ZeRO-3 a gather every rank takes part in
         if not self.is_writer:
             from ckpt_engine.deepspeed_compat import plan_deepspeed_files
 
@@ -271,7 +272,9 @@ class DecoratedCheckpointing:
             files.append(plan_torch_file(f"rng_state_{args.process_index}.pth", collect_rng_state()))
             return files
         model = trainer.model
-        files: list[FilePlan] = [plan_safetensors("model.safetensors", model.state_dict(), {"format": "pt"})]
+        files: list[FilePlan] = []
+        if weights is not None:
+            files.append(plan_safetensors("model.safetensors", weights, {"format": "pt"}))
         config = getattr(model, "config", None)
         if config is not None and hasattr(config, "to_json_string"):
             files.append(BytesFile(name="config.json", data=config.to_json_string().encode()))
@@ -295,6 +298,29 @@ class DecoratedCheckpointing:
         files.append(BytesFile(name="trainer_state.json", data=self._trainer_state_json()))
         files.append(BytesFile(name="training_args.bin", data=_torch_bytes(args)))
         return files
+
+    def _model_weights(self, deepspeed: bool) -> Mapping[str, torch.Tensor] | None:
+        """The weights for ``model.safetensors``: the model's own, or under ZeRO-3 gathered as the Trainer does.
+
+        ZeRO-3 leaves each rank only its partition (``state_dict()`` holds empty
+        placeholders), so every rank takes part in DeepSpeed's gather and rank 0 gets the
+        full weights (fresh host tensors). With ``stage3_gather_16bit_weights_on_model_save``
+        off there is nothing to gather: None, and the checkpoint's weights are the
+        DeepSpeed shards alone, as in the Trainer's own checkpoints.
+        """
+        trainer = self.trainer
+        if not (deepspeed and _zero_stage(trainer) == 3):
+            return trainer.model.state_dict() if self.is_writer else None
+        try:
+            weights = trainer.accelerator.get_state_dict(trainer.deepspeed)
+        except ValueError:  # accelerate: stage3_gather_16bit_weights_on_model_save is false
+            if self.is_writer and not self._warned_zero3_weights:
+                log.warning("[Concurrent Checkpoint] ZeRO-3 without stage3_gather_16bit_weights_on_model_save: "
+                            "checkpoints hold no model.safetensors; the weights are in the DeepSpeed shards "
+                            "(global_step<N>/, zero_to_fp32.py recovers them)")
+                self._warned_zero3_weights = True
+            return None
+        return weights if self.is_writer else None
 
     def _trainer_state_json(self) -> bytes:
         from transformers.trainer_callback import ExportableState
@@ -332,6 +358,12 @@ class DecoratedCheckpointing:
 
         with self.trainer.args.main_process_first(local=True, desc="restore the checkpoint mirror"):
             return restore_from_mirror(self.engine.storage, url, step)
+
+
+def _zero_stage(trainer: Any) -> int | None:
+    """The DeepSpeed ZeRO stage the Trainer runs with (None without DeepSpeed)."""
+    state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    return getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
 
 
 def _is_deepspeed_scheduler(trainer: Any) -> bool:

@@ -115,12 +115,13 @@ def test_sigterm_takes_final_checkpoint_and_exits_143(tmp_path: Path, vendor_dir
     assert (root / f"checkpoint-{final}" / "manifest.json").exists()
 
 
-def test_deepspeed_zero1_save_and_resume(tmp_path: Path, run_seed) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("stage", [1, 3])
+def test_deepspeed_one_rank_save_and_resume(tmp_path: Path, run_seed, stage: int) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("deepspeed")
     out = tmp_path / "ds"
     out.mkdir()
     config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto",
+    config.write_text(json.dumps({"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
                                   "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
                                   "zero_allow_untested_optimizer": True,
                                   "datastates_ckpt": {"host_cache_size": 1, "parser_threads": 1}}))
@@ -131,6 +132,12 @@ def test_deepspeed_zero1_save_and_resume(tmp_path: Path, run_seed) -> None:  # t
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "latest" in manifest["files"] and (folder / "latest").read_text() == "global_step3"
     assert any(name.startswith("global_step3/") and "optim_states" in name for name in manifest["files"])
+    if stage == 3:  # partitioned weights and no gather configured: like the Trainer, no model.safetensors
+        assert "model.safetensors" not in manifest["files"]
+        assert "global_step3/zero_pp_rank_0_mp_rank_00_model_states.pt" in manifest["files"]
+        assert "ZeRO-3 without stage3_gather_16bit_weights_on_model_save" in first.stdout
+    else:
+        assert "model.safetensors" in manifest["files"]
     second = run_seed(out, "--max_steps", "6", "--save_steps", "3", "--deepspeed", str(config),
                       env={**dist_env, "CKPT_LAST_STEP": "3"})
     assert second.returncode == 0, second.stdout[-3000:]

@@ -162,14 +162,31 @@ def torchrun(out: Path, config: Path, vendor_dir: Path, corpus_dir: Path, *args:
                           stderr=subprocess.STDOUT, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("stage", [pytest.param(1, id="zero1"), pytest.param(2, id="zero2", marks=pytest.mark.slow)])
+def assert_gathered_weights(folder: Path, step: int) -> None:
+    """model.safetensors of a ZeRO-3 checkpoint: the full weights, equal to those DeepSpeed's shards hold."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
+
+    saved = load_file(str(folder / "model.safetensors"))
+    from_shards = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=f"global_step{step}")
+    assert len(saved) > 10 and set(saved) == set(from_shards)
+    for name, tensor in saved.items():
+        assert tensor.numel() > 0 and tensor.shape == from_shards[name].shape, name  # not ZeRO-3's empty placeholders
+        assert torch.equal(tensor.float(), from_shards[name].float()), name
+
+
+@pytest.mark.parametrize("stage", [pytest.param(1, id="zero1"), pytest.param(2, id="zero2", marks=pytest.mark.slow),
+                                   pytest.param(3, id="zero3")])
 def test_deepspeed_two_ranks_concurrent_save_and_resume(tmp_path: Path, vendor_dir: Path, corpus_dir: Path,
                                                         stage: int) -> None:
     pytest.importorskip("deepspeed")
     out = tmp_path / "ds2"
     out.mkdir()
     config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
+    zero: dict = {"stage": stage}
+    if stage == 3:  # partitioned weights: model.safetensors needs the gather the Trainer also uses
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    config.write_text(json.dumps({"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
                                   "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
                                   "zero_allow_untested_optimizer": True}))
     root = out / "concurrent_checkpoint"
@@ -184,12 +201,18 @@ def test_deepspeed_two_ranks_concurrent_save_and_resume(tmp_path: Path, vendor_d
         manifest = json.loads((folder / "manifest.json").read_text())
         files = manifest["files"]
         for rank in (0, 1):
-            shard = f"global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
-            assert shard in files and files[shard]["checksum"].startswith(CHECKSUM_PREFIX) and files[shard]["size"] > 0
-            assert shard in manifest["metadata"]["ranks"][str(rank)]
+            shards = [f"global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"]
+            if stage == 3:  # ZeRO-3: every rank also owns its partition of the model states
+                shards.append(f"global_step{step}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+            for shard in shards:
+                assert shard in files and files[shard]["checksum"].startswith(CHECKSUM_PREFIX)
+                assert files[shard]["size"] > 0 and shard in manifest["metadata"]["ranks"][str(rank)]
             assert f"rng_state_{rank}.pth" in files
-        assert {"model.safetensors", "trainer_state.json", "latest", f"global_step{step}/mp_rank_00_model_states.pt"} \
-            <= set(files)
+        assert {"model.safetensors", "trainer_state.json", "latest"} <= set(files)
+        if stage < 3:
+            assert f"global_step{step}/mp_rank_00_model_states.pt" in files
+        else:
+            assert_gathered_weights(folder, step)
         assert (folder / "latest").read_text() == f"global_step{step}"
         assert not (folder / MARKER_DIR).exists()
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-3", "checkpoint-6", "progress.json"]
