@@ -256,7 +256,10 @@ class CheckpointEngine:
         started = time.perf_counter()
         self.raise_if_failed()
         waited = self._wait_for_slot(step)
-        if step in self.progress.committed_steps and step == self.progress.last_committed_step:
+        if self.records and self.records[-1].step == step:
+            # the same step twice in this run (a SIGTERM's final save right after a periodic one). A
+            # checkpoint-<step> left by an earlier run is replaced: the run that resumed behind it
+            # (it was corrupt, or CKPT_LAST_STEP named an older step) has its own state at that step
             log.info("[Concurrent Checkpoint] checkpoint-%d already committed; not saving it again", step)
             handle = SaveHandle(step, _done_future(0.0), _done_future(None))
             return handle

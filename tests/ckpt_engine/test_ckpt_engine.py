@@ -185,6 +185,24 @@ def test_load_specific_step_and_missing(tmp_path: Path) -> None:
     engine.close()
 
 
+def test_a_step_saved_twice_in_a_run_is_skipped_and_one_of_an_earlier_run_replaced(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = CheckpointEngine(tmp_path, host_cache_size=0.05)
+    first.save(6, {"w": torch.zeros(4)}).wait()
+    with caplog.at_level(logging.INFO, logger="ckpt_engine"):
+        first.save(6, {"w": torch.ones(4)}).wait()  # e.g. SIGTERM's final save right after the periodic one
+    assert "checkpoint-6 already committed; not saving it again" in caplog.text
+    first.close()
+    assert torch.equal(CheckpointEngine(tmp_path).load()["w"], torch.zeros(4))
+    # a new run that resumed behind checkpoint-6 (it was corrupt, or CKPT_LAST_STEP=3) reaches step 6 again:
+    # its own state replaces the old one instead of being dropped as "already committed"
+    second = CheckpointEngine(tmp_path, host_cache_size=0.05)
+    second.save(6, {"w": torch.full((4,), 2.0)}).wait()
+    second.close()
+    assert torch.equal(CheckpointEngine(tmp_path).load(6)["w"], torch.full((4,), 2.0))
+    assert verify_checkpoint(second.storage, "checkpoint-6").ok
+
+
 def test_stale_temporary_directories_are_removed(tmp_path: Path) -> None:
     stale = tmp_path / ".tmp-checkpoint-9-deadbeef"
     stale.mkdir()
