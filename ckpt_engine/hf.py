@@ -187,7 +187,14 @@ class DecoratedCheckpointing:
             raise ConfigError(f"{CKPT_LAST_STEP_ENV}={raw!r} is not an integer step") from None
 
     def resolve_resume(self, step: int = -1) -> str | None:
-        """Path of the checkpoint to resume from, or None (logged) to start fresh."""
+        """Path of the checkpoint to resume from, or None (logged) to start fresh.
+
+        With several ranks (``torch.distributed`` initialized) every rank must call this, as
+        ``train()`` does: rank 0's list of candidates is broadcast, each rank hashes only its
+        share of a candidate's files (the checkpoint is read once in all, not once per rank),
+        and the ranks exchange their findings, so all of them skip or take the same one.
+        """
+        group = _process_group()
         candidates: list[tuple[int, int, str]] = []
         for found in list_checkpoint_steps(self.engine.storage):
             candidates.append((found, 1, os.path.join(self.root, checkpoint_dir(found))))
@@ -197,10 +204,14 @@ class DecoratedCheckpointing:
             if trainer_step is not None:
                 candidates.append((trainer_step, 0, os.path.join(output_dir, name)))
         candidates.sort(reverse=True)
+        if group is not None:
+            candidates = _broadcast_from_rank0(candidates)
         for found, concurrent, path in candidates:
             if step >= 0 and found > step:
                 continue
-            problem = self._check_candidate(path, concurrent=bool(concurrent))
+            problem = self._check_candidate(path, concurrent=bool(concurrent), share=group)
+            if group is not None:
+                problem = _gather_problems(problem)
             if problem:
                 log.warning("[Concurrent Checkpoint] checkpoint-%d at %s is not usable, skipping it: %s",
                             found, path, problem)
@@ -213,9 +224,16 @@ class DecoratedCheckpointing:
         log.info("[Concurrent Checkpoint] No Checkpoint found with step: %d", step)
         return None
 
-    def _check_candidate(self, path: str, *, concurrent: bool) -> str | None:
+    def _check_candidate(self, path: str, *, concurrent: bool, share: tuple[int, int] | None = None) -> str | None:
         if concurrent:
-            report = verify_checkpoint(self.engine.storage, os.path.basename(path))
+            report = verify_checkpoint(self.engine.storage, os.path.basename(path), share=share)
+            if share is not None and report.manifest is not None:
+                files = report.manifest.files
+                log.info("[Concurrent Checkpoint] %s: rank %d of %d checked the checksums of %d of %d files "
+                         "(%.1f of %.1f MB); the other ranks check the rest", os.path.basename(path), share[0],
+                         share[1], len(report.hashed), len(files),
+                         sum(files[name].size for name in report.hashed) / 1e6,
+                         sum(entry.size for entry in files.values()) / 1e6)
             return None if report.ok else "; ".join(report.problems)
         if not os.path.isfile(os.path.join(path, "trainer_state.json")):
             return "no trainer_state.json (incomplete Trainer checkpoint)"
@@ -358,6 +376,34 @@ class DecoratedCheckpointing:
 
         with self.trainer.args.main_process_first(local=True, desc="restore the checkpoint mirror"):
             return restore_from_mirror(self.engine.storage, url, step)
+
+
+def _process_group() -> tuple[int, int] | None:
+    """(rank, world size) of the default process group when several ranks run, else None."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _broadcast_from_rank0(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a collective)."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _gather_problems(problem: str | None) -> str | None:
+    """Every rank's finding about one candidate, joined (a collective): None only if no rank found a problem."""
+    import torch.distributed as dist
+
+    found: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(found, problem)
+    reported = [f"rank {rank}: {text}" for rank, text in enumerate(found) if text]
+    return "; ".join(reported) or None
 
 
 def _zero_stage(trainer: Any) -> int | None:

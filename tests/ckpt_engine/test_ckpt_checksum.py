@@ -21,6 +21,7 @@ from ckpt_engine.manifest import (
     format_checksum,
     hash_file,
     new_hasher,
+    split_for_ranks,
 )
 from ckpt_engine.storage import FileStorage, MemoryStorage
 
@@ -93,3 +94,32 @@ def test_retention_deletes_in_the_background_and_close_waits_for_it(tmp_path: Pa
         engine.save(step, {"model": {"w": torch.full((1000,), float(step))}}).wait()
     engine.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "progress.json"]
+
+
+def test_ranks_verify_disjoint_shares_that_cover_every_file(tmp_path: Path) -> None:
+    engine = CheckpointEngine(tmp_path, host_cache_size=0.05)
+    state = {f"part{i}": {"w": torch.randn(1000 * (i + 1))} for i in range(7)} | {"meta": {"epoch": 3}}
+    engine.save(5, state).wait()
+    engine.close()
+    files = verify_checkpoint(engine.storage, "checkpoint-5").manifest.files  # type: ignore[union-attr]
+    world = 3
+    reports = [verify_checkpoint(engine.storage, "checkpoint-5", share=(rank, world)) for rank in range(world)]
+    assert all(report.ok for report in reports)
+    hashed = [set(report.hashed) for report in reports]
+    assert set().union(*hashed) == set(files) and sum(len(h) for h in hashed) == len(files)  # each file once
+    loads = [sum(files[name].size for name in h) for h in hashed]
+    assert all(hashed) and max(loads) - min(loads) <= max(entry.size for entry in files.values())
+    assert split_for_ranks(files, world) == split_for_ranks(dict(reversed(files.items())), world)  # order-free
+
+    victim = split_for_ranks(files, world)[1][0]  # a file rank 1 hashes
+    path = tmp_path / "checkpoint-5" / victim
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    verdicts = [verify_checkpoint(engine.storage, "checkpoint-5", share=(rank, world)) for rank in range(world)]
+    assert [report.ok for report in verdicts] == [True, False, True]  # only its hasher sees a flipped byte...
+    assert victim in verdicts[1].problems[0] and "checksum" in verdicts[1].problems[0]
+    with open(path, "r+b") as handle:
+        handle.truncate(len(raw) - 1)
+    assert not any(verify_checkpoint(engine.storage, "checkpoint-5", share=(rank, world)).ok
+                   for rank in range(world))  # ...while every rank checks sizes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 
 from ckpt_engine import CheckpointEngine, FaultyStorage
 from ckpt_engine.formats import BytesFile, plan_torch_file
-from ckpt_engine.manifest import CHECKSUM_PREFIX
+from ckpt_engine.manifest import CHECKSUM_PREFIX, FileEntry, split_for_ranks
 from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
 from ckpt_helpers import read_progress, seed_env
 from sat_tasks.local_s3 import free_port
@@ -162,6 +163,12 @@ def torchrun(out: Path, config: Path, vendor_dir: Path, corpus_dir: Path, *args:
                           stderr=subprocess.STDOUT, text=True, timeout=300)
 
 
+def flip_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
 def assert_gathered_weights(folder: Path, step: int) -> None:
     """model.safetensors of a ZeRO-3 checkpoint: the full weights, equal to those DeepSpeed's shards hold."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -218,9 +225,21 @@ def test_deepspeed_two_ranks_concurrent_save_and_resume(tmp_path: Path, vendor_d
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-3", "checkpoint-6", "progress.json"]
     assert read_progress(root)["last_committed_step"] == 6
     straight = losses(root / "checkpoint-6")
-    shutil.rmtree(root / "checkpoint-6")  # as if the run had died after checkpoint-3
-
-    second = torchrun(out, config, vendor_dir, corpus_dir, *args, env={"CKPT_LAST_STEP": "3"})
+    if stage < 3:
+        shutil.rmtree(root / "checkpoint-6")  # as if the run had died after checkpoint-3
+        second = torchrun(out, config, vendor_dir, corpus_dir, *args, env={"CKPT_LAST_STEP": "3"})
+    else:  # a flipped byte in a file only rank 1 hashes: both ranks must still skip checkpoint-6
+        files = {name: FileEntry(**entry) for name, entry in
+                 json.loads((root / "checkpoint-6" / "manifest.json").read_text())["files"].items()}
+        victim = split_for_ranks(files, 2)[1][0]
+        flip_byte(root / "checkpoint-6" / victim)
+        second = torchrun(out, config, vendor_dir, corpus_dir, *args, env={"CKPT_LAST_STEP": "-1"})  # newest
+        shares = re.findall(r"checkpoint-6: rank (\d) of 2 checked the checksums of (\d+) of (\d+) files",
+                            second.stdout)
+        assert sorted(rank for rank, _, _ in shares) == ["0", "1"], second.stdout[-5000:]
+        assert sum(int(count) for _, count, _ in shares) == len(files) and all(int(c) for _, c, _ in shares)
+        skipped = [line for line in second.stdout.splitlines() if "checkpoint-6 at" in line and "skipping" in line]
+        assert len(skipped) == 2 and all(f"rank 1: {victim}: checksum" in line for line in skipped)
     assert second.returncode == 0, second.stdout[-5000:]
     assert second.stdout.count("Resuming from checkpoint-3") == 2  # both ranks
     final = root / "checkpoint-6"
