@@ -4,8 +4,9 @@ Uses only the Trainer's public extension points (a TrainerCallback and ``add_cal
 plus two instance-level wraps: the Trainer's checkpoint-save step and ``train`` (to
 resolve ``resume_from_checkpoint=True`` / ``CKPT_LAST_STEP`` to a verified checkpoint).
 The Trainer itself does all loading, so a plain Trainer can also resume from these
-directories. Under DeepSpeed (ZeRO-1/2/3) with several ranks every rank writes its own
-files into the same checkpoint and rank 0 commits it (:mod:`ckpt_engine.multirank`).
+directories. With several ranks (DeepSpeed ZeRO-1/2/3 or DDP) every rank writes its own
+files (its ZeRO shards, its RNG state) into the same checkpoint and rank 0 commits it
+(:mod:`ckpt_engine.multirank`).
 Under ZeRO-3 the model weights are partitioned: ``model.safetensors`` holds the weights
 gathered as the Trainer gathers them (``stage3_gather_16bit_weights_on_model_save``), or
 is left out, as the Trainer leaves it out, when that is off (the DeepSpeed shards hold
@@ -134,15 +135,18 @@ class DecoratedCheckpointing:
         self._warned_multirank = False
         self._warned_zero3_weights = False
         self._multirank_off = ""  # why the multi-rank commit is not in use, when it is not
-        if getattr(trainer, "is_deepspeed_enabled", False) and trainer.args.world_size > 1:
+        if trainer.args.world_size > 1:
             self._setup_multirank()
 
     def _setup_multirank(self) -> None:
-        """DeepSpeed with several ranks: every rank writes its part of each checkpoint, rank 0 commits.
+        """Several ranks: every rank writes its part of each checkpoint, rank 0 commits.
 
-        Runs on every rank's training thread at construction: agrees on a run token (a
-        broadcast) and checks that all ranks see the checkpoint root. Without that, saves
-        stay the Trainer's synchronous ones. See :mod:`ckpt_engine.multirank`.
+        The parts: under DeepSpeed each rank's ZeRO shards, and under DeepSpeed or DDP each
+        rank's ``rng_state_<rank>.pth``, which the Trainer restores per process. Runs on
+        every rank's training thread at construction: agrees on a run token (a broadcast)
+        and checks that all ranks see the checkpoint root. Without that, DeepSpeed saves
+        stay the Trainer's synchronous ones and under DDP rank 0 writes alone (without the
+        other ranks' RNG states, logged). See :mod:`ckpt_engine.multirank`.
         """
         import torch.distributed as dist
 
@@ -264,6 +268,11 @@ class DecoratedCheckpointing:
             coordinator.next_save()  # every rank, every save: the shared temp name stays agreed
         elif not self.is_writer:
             return
+        elif trainer.args.world_size > 1 and not self._warned_multirank:
+            log.warning("[Concurrent Checkpoint] world size %d: rank 0 writes each checkpoint alone; the other "
+                        "ranks' RNG states (rng_state_<rank>.pth) are not saved (no multi-rank commit: %s)",
+                        trainer.args.world_size, self._multirank_off)
+            self._warned_multirank = True
         files = self.plan_checkpoint(step, deepspeed=deepspeed)
         lazy = not deepspeed  # DeepSpeed steps its optimizer inside backward(): stage before returning
         self.last_handle = self.engine.save_files(step, files, layout="hf", lazy=lazy,
@@ -275,18 +284,20 @@ class DecoratedCheckpointing:
     def plan_checkpoint(self, step: int, *, deepspeed: bool = False) -> list[FilePlan]:
         """The files of an HF-layout checkpoint at ``step`` (only metadata is copied here).
 
-        On a non-zero rank of a multi-rank DeepSpeed run only that rank's part: its ZeRO
-        shards and ``rng_state_<rank>.pth``. Under ZeRO-3 every rank first takes part in
-        the weights gather (:meth:`_model_weights`).
+        On a non-zero rank of a multi-rank run only that rank's part: its
+        ``rng_state_<rank>.pth`` and, under DeepSpeed, its ZeRO shards. Under ZeRO-3 every
+        rank first takes part in the weights gather (:meth:`_model_weights`).
         """
         trainer, args = self.trainer, self.trainer.args
         weights = self._model_weights(deepspeed)  # under ZeRO-3 a gather every rank takes part in
         if not self.is_writer:
-            from ckpt_engine.deepspeed_compat import plan_deepspeed_files
-
             if args.save_only_model:
                 return []
-            files = plan_deepspeed_files(trainer.model_wrapped, step, self.root, write_latest=False)
+            files = []
+            if deepspeed:
+                from ckpt_engine.deepspeed_compat import plan_deepspeed_files
+
+                files = plan_deepspeed_files(trainer.model_wrapped, step, self.root, write_latest=False)
             files.append(plan_torch_file(f"rng_state_{args.process_index}.pth", collect_rng_state()))
             return files
         model = trainer.model

@@ -1,9 +1,10 @@
 """Multi-rank commit: several ranks write one checkpoint directory, rank 0 commits it.
 
-Used when DeepSpeed (ZeRO-1/2/3) runs with world size > 1 under the HF Trainer: every rank
-owns files of the checkpoint (its ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``, under
-ZeRO-3 also its ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``, its ``rng_state_<r>.pth``;
-rank 0 also the model, trainer state and global files).
+Used when the HF Trainer runs with world size > 1 (DeepSpeed ZeRO-1/2/3 or DDP): every rank
+owns files of the checkpoint (its ``rng_state_<r>.pth``; under DeepSpeed its
+``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``, under ZeRO-3 also its
+``zero_pp_rank_<r>_mp_rank_00_model_states.pt``; rank 0 also the model, trainer state
+and global files).
 
 Protocol (no torch.distributed call ever happens off the training thread):
 

@@ -153,11 +153,14 @@ def losses(checkpoint: Path) -> dict[int, float]:
     return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
 
 
-def torchrun(out: Path, config: Path, vendor_dir: Path, corpus_dir: Path, *args: str,
+def torchrun(out: Path, config: Path | None, vendor_dir: Path, corpus_dir: Path, *args: str,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The seed script on 2 CPU ranks: DeepSpeed with ``config``, plain DDP (gloo) without."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__).with_name("run_seed.py")),
-               "--data_dir", str(corpus_dir), "--output_dir", str(out), "--deepspeed", str(config), *args]
+               "--data_dir", str(corpus_dir), "--output_dir", str(out), *args]
+    if config is not None:
+        command += ["--deepspeed", str(config)]
     environment = seed_env(vendor_dir, DS_ACCELERATOR="cpu", SEED_CPU_DIST="1", **(env or {}))
     return subprocess.run(command, env=environment, cwd=str(out.parent), stdout=subprocess.PIPE, check=False,
                           stderr=subprocess.STDOUT, text=True, timeout=300)
@@ -248,5 +251,32 @@ def test_deepspeed_two_ranks_concurrent_save_and_resume(tmp_path: Path, vendor_d
     assert json.loads((final / "trainer_state.json").read_text())["global_step"] == 6
     resumed = losses(final)
     assert all(math.isfinite(resumed[step]) for step in (4, 5, 6))
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-4), (step, resumed, straight)
+
+
+def test_ddp_two_ranks_save_every_ranks_rng_state_and_resume(tmp_path: Path, vendor_dir: Path,
+                                                              corpus_dir: Path) -> None:
+    """DDP: rank 0 writes the model and optimizer, each rank its own rng_state_<rank>.pth, as the Trainer does."""
+    out = tmp_path / "ddp"
+    out.mkdir()
+    root = out / "concurrent_checkpoint"
+    args = ("--max_steps", "6", "--save_steps", "3")
+    first = torchrun(out, None, vendor_dir, corpus_dir, *args)
+    assert first.returncode == 0, first.stdout[-5000:]
+    assert "rank 1 of 2 writes its part of each checkpoint" in first.stdout
+    for step in (3, 6):
+        manifest = json.loads((root / f"checkpoint-{step}" / "manifest.json").read_text())
+        assert {"model.safetensors", "optimizer.pt", "trainer_state.json", "rng_state_0.pth", "rng_state_1.pth"} \
+            <= set(manifest["files"])
+        assert manifest["metadata"]["ranks"]["1"] == ["rng_state_1.pth"]
+        rng = torch.load(root / f"checkpoint-{step}" / "rng_state_1.pth", weights_only=False)
+        assert {"python", "numpy", "cpu"} <= set(rng)  # what the Trainer's _load_rng_state reads on rank 1
+    straight = losses(root / "checkpoint-6")
+    shutil.rmtree(root / "checkpoint-6")
+    second = torchrun(out, None, vendor_dir, corpus_dir, *args, env={"CKPT_LAST_STEP": "3"})
+    assert second.returncode == 0, second.stdout[-5000:]
+    assert second.stdout.count("Resuming from checkpoint-3") == 2
+    resumed = losses(root / "checkpoint-6")
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-4), (step, resumed, straight)
