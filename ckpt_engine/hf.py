@@ -34,7 +34,7 @@ from ckpt_engine.engine import CheckpointEngine, SaveHandle
 from ckpt_engine.errors import ConfigError
 from ckpt_engine.formats import BytesFile, FilePlan, gc_paused, plan_safetensors, plan_torch_file
 from ckpt_engine.manifest import checkpoint_dir, list_checkpoint_steps, parse_step, verify_checkpoint
-from ckpt_engine.signals import GracefulTermination
+from ckpt_engine.signals import GracefulTermination, StopVote
 
 log = logging.getLogger("ckpt_engine")
 
@@ -84,12 +84,15 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         """Record progress, surface a failed checkpoint (``on_error='raise'``), react to SIGTERM."""
         self.owner.engine.record_step(state.global_step)
         self.owner.engine.raise_if_failed()
-        if self.owner.termination.requested:
+        if self.owner.stop_requested():
             control.should_save = True
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Every in-flight checkpoint is committed (and mirrored, bounded) before train() returns."""
+        vote = self.owner.stop_vote
+        if vote is not None and vote.drain():  # a SIGTERM during the last step, seen by another rank
+            self.owner.termination.request("another rank received SIGTERM")
         self.owner.wait()
 
 
@@ -135,6 +138,7 @@ class DecoratedCheckpointing:
         self._warned_multirank = False
         self._warned_zero3_weights = False
         self._multirank_off = ""  # why the multi-rank commit is not in use, when it is not
+        self.stop_vote: StopVote | None = None  # several ranks: they agree on when to stop for SIGTERM
         if trainer.args.world_size > 1:
             self._setup_multirank()
 
@@ -156,6 +160,8 @@ class DecoratedCheckpointing:
         if not (dist.is_available() and dist.is_initialized()):
             self._multirank_off = "torch.distributed is not initialized"
             return
+        if self.config.handle_sigterm and dist.get_world_size() > 1:
+            self.stop_vote = StopVote()
         token = agree_run_token(self.engine.storage, args.process_index, args.world_size)
         if token is None:
             self._multirank_off = f"not every rank sees {self.root}"
@@ -164,6 +170,15 @@ class DecoratedCheckpointing:
                                                   timeout_s=float(self.config.commit_timeout_s))
         log.info("[Concurrent Checkpoint] rank %d of %d writes its part of each checkpoint (run %s)",
                  args.process_index, args.world_size, token)
+
+    def stop_requested(self) -> bool:
+        """Whether to take the final checkpoint and stop at this step (every rank's answer is the same)."""
+        if self.stop_vote is None:
+            return self.termination.requested
+        if self.stop_vote.poll(self.termination.requested):
+            self.termination.request("another rank received SIGTERM")  # no-op on a rank that got the signal
+            return True
+        return False
 
     # ---- resume -------------------------------------------------------------------------------
 

@@ -17,6 +17,42 @@ log = logging.getLogger("ckpt_engine")
 EXIT_STATUS = 128 + signal.SIGTERM
 
 
+class StopVote:
+    """Ranks agree on stopping for a SIGTERM that may reach them steps apart, or reach only some.
+
+    Every rank calls :meth:`poll` once per optimizer step with its own flag. Round k, a
+    MAX all-reduce of the flags, is started at step k in the background (on a gloo group:
+    a host tensor, no device sync) and read at step k+1, so every rank learns the same
+    answer at the same step, one step after the first rank saw its signal. A rank that
+    stopped alone would leave the others blocked in the next step's gradient all-reduce.
+    Must be constructed on every rank (creating a gloo group is collective).
+    """
+
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.flag = torch.zeros(1, dtype=torch.int32)
+        self.work: Any = None
+
+    def poll(self, local: bool) -> bool:
+        """True, on every rank at the same step, once any rank has asked to stop."""
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+            if self.flag.item():
+                return True
+        self.flag.fill_(int(local))
+        self.work = self._dist.all_reduce(self.flag, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return False
+
+    def drain(self) -> bool:
+        """Finish the round in flight (training ended: every rank calls this once): did a rank ask to stop?"""
+        return self.poll(False) if self.work is not None else False
+
+
 class GracefulTermination:
     """Turns SIGTERM into a request the training loop honours at its next step boundary.
 
@@ -50,11 +86,15 @@ class GracefulTermination:
             self._previous = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.request("SIGTERM received")
+
+    def request(self, reason: str) -> None:
+        """Ask for the final checkpoint and exit (the signal handler, or another rank's SIGTERM); idempotent."""
         if self.requested:
             return
         self.requested, self.requested_at = True, time.monotonic()
-        log.warning("[Concurrent Checkpoint] SIGTERM received: finishing the in-flight checkpoint and taking a "
-                    "final one within %.0fs", self.grace_seconds)
+        log.warning("[Concurrent Checkpoint] %s: finishing the in-flight checkpoint and taking a final one "
+                    "within %.0fs", reason, self.grace_seconds)
         threading.Thread(target=self._watchdog, name="ckpt-sigterm-watchdog", daemon=True).start()
 
     def _watchdog(self) -> None:

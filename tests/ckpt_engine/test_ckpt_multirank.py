@@ -7,6 +7,7 @@ import logging
 import math
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -153,15 +154,20 @@ def losses(checkpoint: Path) -> dict[int, float]:
     return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
 
 
-def torchrun(out: Path, config: Path | None, vendor_dir: Path, corpus_dir: Path, *args: str,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def torchrun_command(out: Path, config: Path | None, vendor_dir: Path, corpus_dir: Path, *args: str,
+                     env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The seed script on 2 CPU ranks: DeepSpeed with ``config``, plain DDP (gloo) without."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__).with_name("run_seed.py")),
                "--data_dir", str(corpus_dir), "--output_dir", str(out), *args]
     if config is not None:
         command += ["--deepspeed", str(config)]
-    environment = seed_env(vendor_dir, DS_ACCELERATOR="cpu", SEED_CPU_DIST="1", **(env or {}))
+    return command, seed_env(vendor_dir, DS_ACCELERATOR="cpu", SEED_CPU_DIST="1", **(env or {}))
+
+
+def torchrun(out: Path, config: Path | None, vendor_dir: Path, corpus_dir: Path, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command, environment = torchrun_command(out, config, vendor_dir, corpus_dir, *args, env=env)
     return subprocess.run(command, env=environment, cwd=str(out.parent), stdout=subprocess.PIPE, check=False,
                           stderr=subprocess.STDOUT, text=True, timeout=300)
 
@@ -280,3 +286,42 @@ def test_ddp_two_ranks_save_every_ranks_rng_state_and_resume(tmp_path: Path, ven
     resumed = losses(root / "checkpoint-6")
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-4), (step, resumed, straight)
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_final_checkpoint(
+        tmp_path: Path, vendor_dir: Path, corpus_dir: Path) -> None:
+    """A Spot notice may reach the ranks steps apart (here: rank 1 only); they must still stop together.
+
+    A rank that stopped alone would leave the others blocked in the next step's all-reduce,
+    and its part of the final checkpoint would never be committed.
+    """
+    import psutil
+
+    out = tmp_path / "spot2"
+    out.mkdir()
+    root = out / "concurrent_checkpoint"
+    command, environment = torchrun_command(out, None, vendor_dir, corpus_dir, "--max_steps", "400", "--save_steps",
+                                            "5", env={"SEED_STEP_SLEEP": "0.1", "CKPT_GRACE_SECONDS": "60"})
+    proc = subprocess.Popen(command, env=environment, cwd=str(out), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while (read_progress(root).get("last_committed_step") or 0) < 5 and time.monotonic() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.25)  # between periodic saves
+        ranks = {child.environ().get("LOCAL_RANK"): child for child in psutil.Process(proc.pid).children(recursive=True)
+                 if "run_seed.py" in " ".join(child.cmdline())}
+        ranks["1"].send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert output.count("final checkpoint checkpoint-") == 2, output[-6000:]  # both ranks, the same step
+    final = int(re.search(r"final checkpoint checkpoint-(\d+) committed", output).group(1))  # type: ignore[union-attr]
+    assert f"final checkpoint checkpoint-{final} committed" in output.replace(
+        f"final checkpoint checkpoint-{final} committed", "", 1)  # the other rank names the same step
+    assert "another rank received SIGTERM" in output  # rank 0 learned it from the vote, not from a signal
+    manifest = json.loads((root / f"checkpoint-{final}" / "manifest.json").read_text())
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors"} <= set(manifest["files"])
+    assert read_progress(root)["last_committed_step"] == final and final > 5
