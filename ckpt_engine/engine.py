@@ -410,9 +410,9 @@ class CheckpointEngine:
                     if isinstance(item, _Abort):
                         aborted = True
                         raise PersistError("staging failed") from item.error
+                    current, used = item, 0  # first: a failing event below is released like any segment
                     if item.event is not None:
-                        item.event.synchronize()
-                    current, used = item, 0
+                        item.event.synchronize()  # raises on a device fault (e.g. after an Xid)
                 take = min(remaining, current.nbytes - used)
                 start = current.offset + used
                 yield memoryview(current.slab.array[start:start + take])

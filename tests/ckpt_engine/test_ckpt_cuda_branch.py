@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import torch
 
+from ckpt_engine.errors import PersistError
+
 import ckpt_engine.engine as engine_module
 import ckpt_engine.pool as pool_module
 from ckpt_engine import CheckpointEngine
@@ -35,6 +37,7 @@ class FakeCuda:
         self.local = threading.local()
         self.events: list[FakeEvent] = []
         self.pinned_allocations = 0
+        self.failing_event: int | None = None  # the index of an event whose synchronize() raises a CUDA error
 
     def current(self) -> FakeStream:
         return getattr(self.local, "stream", self.default)
@@ -91,6 +94,8 @@ class FakeEvent:
     def synchronize(self) -> None:
         assert self.recorded_on is not None, "waited on an event never recorded"
         self.synchronized_by.append(threading.current_thread().name)
+        if self.cuda.failing_event is not None and self.cuda.events.index(self) == self.cuda.failing_event:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")  # e.g. after an Xid 79
 
 
 class DeviceTensor(torch.Tensor):
@@ -186,3 +191,24 @@ def test_cuda_branch_orders_streams_events_and_pinned_slabs(tmp_path: Path, fake
     assert whats.index("stream.synchronize") < staged
     assert fake_cuda.pinned_allocations == engine.pool.peak_bytes // engine.pool.slab_bytes >= 1  # every slab pinned
 
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_a_cuda_error_while_writing_fails_the_checkpoint_and_frees_every_slab(tmp_path: Path, fake_cuda: FakeCuda,
+                                                                             lazy: bool) -> None:
+    """A device fault surfaces in the writer as an event that raises; the save must fail, not hang.
+
+    A hung writer would block every later save, and its threads would keep the process
+    from exiting, so a hardware fault would look like a stuck job instead of a failed one.
+    """
+    engine = CheckpointEngine(tmp_path, host_cache_size=0.01, slab_bytes=1 << 20, pin_host_cache=True)
+    engine.save(1, {"model": {"w": on_device(torch.ones(1 << 18))}}).wait()
+    fake_cuda.failing_event = len(fake_cuda.events) + 2  # the third segment of the next save
+    handle = engine.save(2, {"model": {"w": on_device(torch.randn(1 << 21))}}, lazy=lazy)
+    with pytest.raises(PersistError, match="illegal memory access"):
+        handle.wait(timeout=60)
+    assert engine.pool.allocated_bytes == sum(slab.capacity for slab in engine.pool._free)  # every slab came back
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint-")] == ["checkpoint-1"]
+    fake_cuda.failing_event = None
+    engine.save(3, {"model": {"w": on_device(torch.full((1 << 20,), 3.0))}}).wait(timeout=60)
+    assert torch.equal(engine.load()["model"]["w"], torch.full((1 << 20,), 3.0))
+    engine.close()
