@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 import torch
 
-from ckpt_engine.errors import PersistError
-
 import ckpt_engine.engine as engine_module
 import ckpt_engine.pool as pool_module
 from ckpt_engine import CheckpointEngine
+from ckpt_engine.errors import PersistError
 
 
 class FakeCuda:
@@ -49,10 +48,10 @@ class FakeCuda:
     def is_available(self) -> bool:
         return True
 
-    def Stream(self) -> FakeStream:  # noqa: N802 - mirrors torch.cuda.Stream
+    def Stream(self) -> FakeStream:  # mirrors torch.cuda.Stream
         return FakeStream(self, "side")
 
-    def Event(self) -> FakeEvent:  # noqa: N802 - mirrors torch.cuda.Event
+    def Event(self) -> FakeEvent:  # mirrors torch.cuda.Event
         event = FakeEvent(self)
         self.events.append(event)
         return event
