@@ -626,7 +626,7 @@ class CheckpointEngine:
                 continue
             try:
                 return self._read_state(report.manifest, map_location, weights_only)
-            except CorruptCheckpointError as exc:
+            except (CorruptCheckpointError, OSError) as exc:  # OSError: EIO while reading, as on a failing disk
                 problems.append(f"checkpoint-{candidate}: {exc}")
                 log.warning("[Concurrent Checkpoint] skipping corrupt %s", problems[-1])
         raise CheckpointNotFoundError(f"no complete, verified checkpoint (step {step}) in {self.storage.url}: "

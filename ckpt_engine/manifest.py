@@ -286,17 +286,20 @@ def verify_checkpoint(storage: Storage, directory: str, *, deep: bool = True,
         report.problems.append(f"manifest step {manifest.step} does not match directory {directory}")
     for name, entry in manifest.files.items():
         key = f"{directory}/{name}"
-        if not storage.exists(key):
-            report.problems.append(f"{name}: missing")
-            continue
-        size = storage.size(key)
-        if size != entry.size:
-            report.problems.append(f"{name}: size {size} != {entry.size} in manifest (truncated?)")
-            continue
-        if deep and name in mine:
-            report.hashed.append(name)
-            _, checksum = hash_file(storage, key, entry.checksum)
-            if checksum != entry.checksum:
-                report.problems.append(f"{name}: checksum {checksum} != {entry.checksum} in manifest")
+        try:
+            if not storage.exists(key):
+                report.problems.append(f"{name}: missing")
+                continue
+            size = storage.size(key)
+            if size != entry.size:
+                report.problems.append(f"{name}: size {size} != {entry.size} in manifest (truncated?)")
+                continue
+            if deep and name in mine:
+                report.hashed.append(name)
+                _, checksum = hash_file(storage, key, entry.checksum)
+                if checksum != entry.checksum:
+                    report.problems.append(f"{name}: checksum {checksum} != {entry.checksum} in manifest")
+        except OSError as exc:  # EIO from a failing disk or mount: unusable, like a corrupt file
+            report.problems.append(f"{name}: could not be read ({exc})")
     report.ok = not report.problems
     return report

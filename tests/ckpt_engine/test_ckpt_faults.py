@@ -51,6 +51,37 @@ def test_corrupt_newest_is_reported_and_skipped(tmp_path: Path, two_checkpoints:
     two_checkpoints.close()
 
 
+class UnreadableStorage(FileStorage):
+    """A disk whose blocks under ``bad`` fail with EIO when read (a failing drive, a broken network mount)."""
+
+    def __init__(self, root: Path, bad: str) -> None:
+        super().__init__(str(root))
+        self.bad = bad
+
+    def local_path(self, key: str) -> str | None:
+        return None if key.startswith(self.bad) else super().local_path(key)
+
+    def open_reader(self, key: str):  # type: ignore[no-untyped-def]
+        if key.startswith(self.bad) and not key.endswith("manifest.json"):
+            raise OSError(errno.EIO, "Input/output error")
+        return super().open_reader(key)
+
+
+def test_unreadable_newest_is_reported_and_skipped(tmp_path: Path, two_checkpoints: CheckpointEngine,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    two_checkpoints.close()
+    engine = CheckpointEngine(UnreadableStorage(tmp_path, "checkpoint-2/"), keep_last=0)
+    report = verify_checkpoint(engine.storage, "checkpoint-2")
+    assert not report.ok and any("could not be read" in problem and "Input/output error" in problem
+                                 for problem in report.problems), report.problems
+    with caplog.at_level(logging.WARNING, logger="ckpt_engine"):
+        state = engine.load()  # a resume falls back to the checkpoint before, as for a corrupt one
+    assert state["meta"] == {"step": 1}
+    assert any("checkpoint-2" in r.getMessage() and "Input/output error" in r.getMessage() for r in caplog.records)
+    assert engine.find_checkpoint().step == 1
+    engine.close()
+
+
 @pytest.mark.parametrize("code", [pytest.param(errno.ENOSPC, id="ENOSPC"), pytest.param(errno.EIO, id="EIO")])
 def test_persist_failure_keeps_previous_and_training_goes_on(tmp_path: Path, code: int,
                                                             caplog: pytest.LogCaptureFixture) -> None:
