@@ -280,6 +280,9 @@ def verify_checkpoint(storage: Storage, directory: str, *, deep: bool = True,
     except CorruptCheckpointError as exc:
         report.problems.append(str(exc))
         return report
+    except OSError as exc:
+        report.problems.append(f"{MANIFEST_NAME}: could not be read ({exc})")
+        return report
     report.manifest = manifest
     mine = set(split_for_ranks(manifest.files, share[1])[share[0]]) if share is not None else set(manifest.files)
     if step is not None and manifest.step != step:

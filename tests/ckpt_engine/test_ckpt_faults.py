@@ -54,9 +54,9 @@ def test_corrupt_newest_is_reported_and_skipped(tmp_path: Path, two_checkpoints:
 class UnreadableStorage(FileStorage):
     """A disk whose blocks under ``bad`` fail with EIO when read (a failing drive, a broken network mount)."""
 
-    def __init__(self, root: Path, bad: str) -> None:
+    def __init__(self, root: Path, bad: str, *, bad_manifest: bool = False) -> None:
         super().__init__(str(root))
-        self.bad = bad
+        self.bad, self.bad_manifest = bad, bad_manifest
 
     def local_path(self, key: str) -> str | None:
         return None if key.startswith(self.bad) else super().local_path(key)
@@ -66,11 +66,17 @@ class UnreadableStorage(FileStorage):
             raise OSError(errno.EIO, "Input/output error")
         return super().open_reader(key)
 
+    def read_bytes(self, key: str) -> bytes:
+        if key.startswith(self.bad) and key.endswith("manifest.json") and self.bad_manifest:
+            raise OSError(errno.EIO, "Input/output error")
+        return super().read_bytes(key)
 
+
+@pytest.mark.parametrize("bad_manifest", [False, True], ids=["data", "manifest"])
 def test_unreadable_newest_is_reported_and_skipped(tmp_path: Path, two_checkpoints: CheckpointEngine,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+                                                   caplog: pytest.LogCaptureFixture, bad_manifest: bool) -> None:
     two_checkpoints.close()
-    engine = CheckpointEngine(UnreadableStorage(tmp_path, "checkpoint-2/"), keep_last=0)
+    engine = CheckpointEngine(UnreadableStorage(tmp_path, "checkpoint-2/", bad_manifest=bad_manifest), keep_last=0)
     report = verify_checkpoint(engine.storage, "checkpoint-2")
     assert not report.ok and any("could not be read" in problem and "Input/output error" in problem
                                  for problem in report.problems), report.problems
