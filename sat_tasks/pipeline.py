@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from sat_tasks import paths, storage
 from sat_tasks.attempt import AttemptRecord
-from sat_tasks.runtime_env import TrainingPaths, training_environment
+from sat_tasks.runtime_env import LAUNCHER_GRACE_MARGIN_S, TrainingPaths, training_environment
 from sat_tasks.spec import Backend, TrainingJob, load_spec, parse_spec, split_s3_uri
 from sat_tasks.status import TERMINAL, JobStatus, StatusHistory
 
@@ -272,7 +272,8 @@ def launch_local(job: TrainingJob, run_id: str, plan: dict, log: Log = print) ->
         image=job.image.url,
         faults=list(job.faults),
         heartbeat_timeout=job.heartbeat_timeout_seconds,
-        grace_seconds=float(paths.sat_setting("final_checkpoint_grace_seconds")),
+        # SIGKILL only after the engine's own grace period (CKPT_GRACE_SECONDS) has run out
+        grace_seconds=float(paths.sat_setting("final_checkpoint_grace_seconds")) + LAUNCHER_GRACE_MARGIN_S,
     )
     record = runner.run(log)
     store_record(run, record)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from sat_tasks.paths import sat_setting
 from sat_tasks.spec import TrainingJob
 
 # Where the training image carries the vendored checkpoint engine (docker/training.Dockerfile).
@@ -12,6 +14,9 @@ IMAGE_VENDOR_DIR = "/opt/sat/checkpoint_vendor"
 POD_DATA_DIR = "/opt/sat/data"
 POD_OUTPUT_DIR = "/opt/sat/output"
 POD_CODE_DIR = "/opt/sat/code"
+# After SIGTERM a launcher (torchrun, the local runner) waits this much longer than the
+# engine's final-checkpoint grace period before it SIGKILLs: the engine exits first.
+LAUNCHER_GRACE_MARGIN_S = 15
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,13 @@ def training_environment(
     checkpoint there and restores from it on a fresh node; `s3_endpoint_url` becomes
     `CKPT_S3_ENDPOINT_URL`. Credentials are not part of this contract: the launcher adds
     `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` to the process environment only.
+
+    After SIGTERM the engine has `[sat] final_checkpoint_grace_seconds` for its final
+    checkpoint (`CKPT_GRACE_SECONDS`, unless the job's env sets it); the local runner and
+    the pod's grace period allow that plus a margin. A distributed job's `torchrun` gets
+    `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` of that plus `LAUNCHER_GRACE_MARGIN_S`: by default it
+    SIGKILLs its workers 30 s after forwarding SIGTERM, whatever their final checkpoint
+    still needs. (The `deepspeed` launcher's 30 s are hard-coded; see ADR 0007.)
     """
     env = dict(job.env)
     env.update(
@@ -62,6 +74,10 @@ def training_environment(
             "SAT_NODES": str(job.nodes),
         }
     )
+    grace = float(env.get("CKPT_GRACE_SECONDS") or sat_setting("final_checkpoint_grace_seconds"))
+    env.setdefault("CKPT_GRACE_SECONDS", f"{grace:g}")
+    if job.distributed:
+        env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(math.ceil(grace) + LAUNCHER_GRACE_MARGIN_S))
     if resume_step is not None:
         env["CKPT_LAST_STEP"] = str(resume_step)
     if mirror_url:

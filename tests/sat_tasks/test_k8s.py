@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sat_tasks import k8s
+from sat_tasks.paths import sat_setting
 from sat_tasks.runtime_env import IMAGE_VENDOR_DIR, POD_CODE_DIR, POD_DATA_DIR, POD_OUTPUT_DIR
 from sat_tasks.spec import SERVER_TYPES, TrainingJob, load_spec, parse_spec
 
@@ -152,6 +153,9 @@ def test_env_contract_with_pod_paths():
     env = _env(_pods(_render(_job("spot-g3")))[0])
     assert env["CHECKPOINT_VENDOR"] == IMAGE_VENDOR_DIR
     assert env["PYTHONPATH"] == IMAGE_VENDOR_DIR
+    grace = float(sat_setting("final_checkpoint_grace_seconds"))  # 20 in the test set-up
+    assert float(env["CKPT_GRACE_SECONDS"]) == grace  # the engine's final save gets the configured time
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env  # one node: no launcher
     assert env["HF_DATASETS_OFFLINE"] == "1"
     assert env["SAT_DATA_DIR"] == POD_DATA_DIR
     assert env["SAT_OUTPUT_DIR"] == POD_OUTPUT_DIR
@@ -324,6 +328,10 @@ def test_settings_from_config_cover_the_final_checkpoint(monkeypatch):
     pod = _pods(k8s.render_attempt_manifests(_job("spot-g3"), run_id=RUN_ID, attempt=1))[0]
     assert pod["spec"]["terminationGracePeriodSeconds"] == 360
     assert pod["spec"]["nodeSelector"]["cloud.example.com/capacity"] == "spot"
+    assert _env(pod)["CKPT_GRACE_SECONDS"] == "300"  # the engine's final checkpoint gets the configured time
+    for pod in _pods(k8s.render_attempt_manifests(_job("on-demand-pytorch-3nodes"), run_id=RUN_ID, attempt=1)):
+        # torchrun would SIGKILL the workers 30 s after SIGTERM; it waits out the final checkpoint instead
+        assert int(_env(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 315 < pod["spec"]["terminationGracePeriodSeconds"]
 
 
 def test_image_and_pull_secret_named_after_registry_connection():
