@@ -269,15 +269,15 @@ class DecoratedCheckpointing:
         step = trainer.state.global_step
         deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
         coordinator = self.engine.coordinator
+        if getattr(trainer, "is_fsdp_enabled", False):
+            # FSDP's model and optimizer state dicts are collective and sharded (FSDP.optim_state_dict):
+            # rank 0 alone planning model.state_dict() would hang or save one shard
+            self._use_trainer_saves(model, trial, "FSDP: concurrent FSDP checkpoints are not implemented")
+            return
         if deepspeed and trainer.args.world_size > 1 and coordinator is None:
             # per-rank ZeRO shards need the cross-rank commit, which could not be set up: stay synchronous
-            if not self._warned_multirank:
-                log.warning("[Concurrent Checkpoint] DeepSpeed with world size %d: using the Trainer's own "
-                            "synchronous checkpoints (no concurrent multi-rank commit: %s)",
-                            trainer.args.world_size, self._multirank_off)
-                self._warned_multirank = True
-            if not self.config.keep_trainer_saves:
-                self._trainer_save_checkpoint(model, trial)
+            self._use_trainer_saves(model, trial, f"DeepSpeed with world size {trainer.args.world_size}: no "
+                                                  f"concurrent multi-rank commit: {self._multirank_off}")
             return
         if coordinator is not None:
             coordinator.next_save()  # every rank, every save: the shared temp name stays agreed
@@ -294,6 +294,14 @@ class DecoratedCheckpointing:
                                                   metadata={"global_step": step, "deepspeed": deepspeed})
         if self.termination.requested:
             self.termination.note_final_checkpoint(step)
+
+    def _use_trainer_saves(self, model: Any, trial: Any, reason: str) -> None:
+        """Save this checkpoint the Trainer's own (synchronous) way; say why, once."""
+        if not self._warned_multirank:
+            log.warning("[Concurrent Checkpoint] using the Trainer's own synchronous checkpoints (%s)", reason)
+            self._warned_multirank = True
+        if not self.config.keep_trainer_saves:  # else it has already saved this one
+            self._trainer_save_checkpoint(model, trial)
 
     @gc_paused()
     def plan_checkpoint(self, step: int, *, deepspeed: bool = False) -> list[FilePlan]:

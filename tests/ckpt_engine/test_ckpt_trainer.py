@@ -122,3 +122,21 @@ def test_enospc_during_training(tmp_path: Path, on_error: str) -> None:
             trainer.train()
         assert not (root / "checkpoint-6").exists()  # stopped by the next step boundary or save
         assert (root / "checkpoint-2" / "manifest.json").exists()
+
+
+def test_fsdp_keeps_the_trainers_own_saves(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """FSDP's state dicts are collective and sharded: the engine must not plan them from rank 0 alone."""
+    trainer = make_trainer(tmp_path)
+    hooked = DecoratedCheckpointing(runtime_config=config(trainer), rank=-1)
+    trainer.is_fsdp_enabled = True  # as the Trainer sets it under accelerate's FSDP plugin
+    saved: list[int] = []
+    hooked._trainer_save_checkpoint = lambda model, trial=None: saved.append(trainer.state.global_step)
+    with caplog.at_level(logging.WARNING, logger="ckpt_engine"):
+        for step in (2, 4):
+            trainer.state.global_step = step
+            trainer._save_checkpoint(trainer.model, None)  # what the Trainer calls at save_steps
+    assert saved == [2, 4]
+    assert not (tmp_path / "concurrent_checkpoint" / "checkpoint-2").exists()
+    warnings = [r.getMessage() for r in caplog.records if "FSDP" in r.getMessage()]
+    assert len(warnings) == 1 and "Trainer's own synchronous checkpoints" in warnings[0]
+    hooked.engine.close()
