@@ -273,7 +273,7 @@ def launch_local(job: TrainingJob, run_id: str, plan: dict, log: Log = print) ->
         faults=list(job.faults),
         heartbeat_timeout=job.heartbeat_timeout_seconds,
         # SIGKILL only after the engine's own grace period (CKPT_GRACE_SECONDS) has run out
-        grace_seconds=float(paths.sat_setting("final_checkpoint_grace_seconds")) + LAUNCHER_GRACE_MARGIN_S,
+        grace_seconds=float(env["CKPT_GRACE_SECONDS"]) + LAUNCHER_GRACE_MARGIN_S,
     )
     record = runner.run(log)
     store_record(run, record)
