@@ -16,6 +16,13 @@ def seed_env(vendor: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def flip_byte(path: Path) -> None:
+    """Corrupt a file in place: one byte in the middle inverted (the size stays)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def read_progress(root: Path) -> dict:
     """progress.json of a checkpoint root, or {} while it does not exist."""
     try:

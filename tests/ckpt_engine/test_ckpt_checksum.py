@@ -24,6 +24,7 @@ from ckpt_engine.manifest import (
     split_for_ranks,
 )
 from ckpt_engine.storage import FileStorage, MemoryStorage
+from ckpt_helpers import flip_byte
 
 SIZES = [0, 1, 4097, CHUNK_BYTES - 1, CHUNK_BYTES, CHUNK_BYTES + 1, 2 * CHUNK_BYTES + 12345]
 
@@ -113,13 +114,11 @@ def test_ranks_verify_disjoint_shares_that_cover_every_file(tmp_path: Path) -> N
 
     victim = split_for_ranks(files, world)[1][0]  # a file rank 1 hashes
     path = tmp_path / "checkpoint-5" / victim
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    path.write_bytes(bytes(raw))
+    flip_byte(path)
     verdicts = [verify_checkpoint(engine.storage, "checkpoint-5", share=(rank, world)) for rank in range(world)]
     assert [report.ok for report in verdicts] == [True, False, True]  # only its hasher sees a flipped byte...
     assert victim in verdicts[1].problems[0] and "checksum" in verdicts[1].problems[0]
     with open(path, "r+b") as handle:
-        handle.truncate(len(raw) - 1)
+        handle.truncate(path.stat().st_size - 1)
     assert not any(verify_checkpoint(engine.storage, "checkpoint-5", share=(rank, world)).ok
                    for rank in range(world))  # ...while every rank checks sizes

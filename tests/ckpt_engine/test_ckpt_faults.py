@@ -10,12 +10,7 @@ import pytest
 import torch
 
 from ckpt_engine import CheckpointEngine, FaultyStorage, FileStorage, PersistError, verify_checkpoint
-
-
-def corrupt_flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+from ckpt_helpers import flip_byte
 
 
 def corrupt_truncate(path: Path) -> None:
@@ -35,7 +30,7 @@ def two_checkpoints(tmp_path: Path) -> CheckpointEngine:
     return engine
 
 
-@pytest.mark.parametrize("corrupt", [pytest.param(corrupt_flip, id="flipped-byte"),
+@pytest.mark.parametrize("corrupt", [pytest.param(flip_byte, id="flipped-byte"),
                                      pytest.param(corrupt_truncate, id="truncated"),
                                      pytest.param(corrupt_missing_manifest, id="missing-manifest")])
 def test_corrupt_newest_is_reported_and_skipped(tmp_path: Path, two_checkpoints: CheckpointEngine, corrupt,

@@ -20,7 +20,7 @@ from ckpt_engine import CheckpointEngine, FaultyStorage
 from ckpt_engine.formats import BytesFile, plan_torch_file
 from ckpt_engine.manifest import CHECKSUM_PREFIX, FileEntry, split_for_ranks
 from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
-from ckpt_helpers import read_progress, seed_env
+from ckpt_helpers import flip_byte, read_progress, seed_env
 from sat_tasks.local_s3 import free_port
 
 TOKEN = "0123abcd"
@@ -170,12 +170,6 @@ def torchrun(out: Path, config: Path | None, vendor_dir: Path, corpus_dir: Path,
     command, environment = torchrun_command(out, config, vendor_dir, corpus_dir, *args, env=env)
     return subprocess.run(command, env=environment, cwd=str(out.parent), stdout=subprocess.PIPE, check=False,
                           stderr=subprocess.STDOUT, text=True, timeout=300)
-
-
-def flip_byte(path: Path) -> None:
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    path.write_bytes(bytes(raw))
 
 
 def assert_gathered_weights(folder: Path, step: int) -> None:
