@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import re
 import shlex
 import sys
@@ -35,8 +36,10 @@ from sat_tasks.runtime_env import (
     IMAGE_VENDOR_DIR,
     POD_CODE_DIR,
     POD_DATA_DIR,
+    POD_GRACE_MARGIN_S,
     POD_OUTPUT_DIR,
     TrainingPaths,
+    pod_grace_seconds,
     training_environment,
 )
 from sat_tasks.spec import SERVER_TYPES, Framework, SpecError, TrainingJob, load_spec
@@ -166,7 +169,8 @@ class KubernetesSettings:
     def from_sat_config(cls) -> KubernetesSettings:
         """Defaults, then `[sat] k8s_<field>` settings (env `AIRFLOW__SAT__K8S_<FIELD>` first).
 
-        The grace period is at least `final_checkpoint_grace_seconds` + 60 s.
+        The grace period is at least `final_checkpoint_grace_seconds` + 60 s (and a job
+        whose env sets a longer `CKPT_GRACE_SECONDS` gets a longer one: `pod_grace_seconds`).
         """
         import os
 
@@ -180,9 +184,9 @@ class KubernetesSettings:
             if raw:
                 values[f.name] = int(raw) if f.type in ("int", int) else raw
         settings = cls(**values)
-        final_ckpt = int(float(sat_setting("final_checkpoint_grace_seconds")))
-        if settings.termination_grace_seconds < final_ckpt + 60:
-            settings = cls(**{**settings.__dict__, "termination_grace_seconds": final_ckpt + 60})
+        final_ckpt = math.ceil(float(sat_setting("final_checkpoint_grace_seconds")))
+        if settings.termination_grace_seconds < final_ckpt + POD_GRACE_MARGIN_S:
+            settings = cls(**{**settings.__dict__, "termination_grace_seconds": final_ckpt + POD_GRACE_MARGIN_S})
         return settings
 
 
@@ -554,7 +558,7 @@ def build_attempt_pods(
             spec=k8s.V1PodSpec(
                 containers=[container],
                 restart_policy="Never",
-                termination_grace_period_seconds=settings.termination_grace_seconds,
+                termination_grace_period_seconds=pod_grace_seconds(job, settings.termination_grace_seconds),
                 hostname=name if job.distributed else None,
                 subdomain=service,
                 node_selector=node_selector or None,
@@ -686,7 +690,7 @@ def build_pod_operator_kwargs(
         "full_pod_spec": pod,
         "base_container_name": MAIN_CONTAINER_NAME,
         "termination_message_policy": "FallbackToLogsOnError",
-        "termination_grace_period": settings.termination_grace_seconds,
+        "termination_grace_period": pod.spec.termination_grace_period_seconds,
         "get_logs": True,
         "log_events_on_failure": True,
         "on_finish_action": "keep_pod",

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from sat_tasks.paths import sat_setting
-from sat_tasks.spec import TrainingJob
+from sat_tasks.spec import GRACE_ENV, TrainingJob
 
 # Where the training image carries the vendored checkpoint engine (docker/training.Dockerfile).
 IMAGE_VENDOR_DIR = "/opt/sat/checkpoint_vendor"
@@ -17,6 +17,23 @@ POD_CODE_DIR = "/opt/sat/code"
 # After SIGTERM a launcher (torchrun, the local runner) waits this much longer than the
 # engine's final-checkpoint grace period before it SIGKILLs: the engine exits first.
 LAUNCHER_GRACE_MARGIN_S = 15
+# A pod's grace period (SIGTERM -> SIGKILL by the kubelet) is this much longer than the
+# engine's: the launcher's margin and the process's exit fit in it.
+POD_GRACE_MARGIN_S = 60
+
+
+def final_checkpoint_grace_seconds(job: TrainingJob) -> float:
+    """Seconds the engine has for its final checkpoint after SIGTERM.
+
+    The job's `env.CKPT_GRACE_SECONDS` (validated by the spec), else
+    `[sat] final_checkpoint_grace_seconds`.
+    """
+    return float(job.env.get(GRACE_ENV) or sat_setting("final_checkpoint_grace_seconds"))
+
+
+def pod_grace_seconds(job: TrainingJob, configured: int) -> int:
+    """A pod's `terminationGracePeriodSeconds`: `configured`, raised to cover the job's final checkpoint."""
+    return max(configured, math.ceil(final_checkpoint_grace_seconds(job)) + POD_GRACE_MARGIN_S)
 
 
 @dataclass(frozen=True)
@@ -50,7 +67,7 @@ def training_environment(
 
     After SIGTERM the engine has `[sat] final_checkpoint_grace_seconds` for its final
     checkpoint (`CKPT_GRACE_SECONDS`, unless the job's env sets it); the local runner and
-    the pod's grace period allow that plus a margin. A distributed job's `torchrun` gets
+    the pod's grace period (`pod_grace_seconds`) allow that plus a margin. A distributed job's `torchrun` gets
     `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` of that plus `LAUNCHER_GRACE_MARGIN_S`: by default it
     SIGKILLs its workers 30 s after forwarding SIGTERM, whatever their final checkpoint
     still needs. (The `deepspeed` launcher's 30 s are hard-coded; see ADR 0007.)
@@ -74,8 +91,8 @@ def training_environment(
             "SAT_NODES": str(job.nodes),
         }
     )
-    grace = float(env.get("CKPT_GRACE_SECONDS") or sat_setting("final_checkpoint_grace_seconds"))
-    env.setdefault("CKPT_GRACE_SECONDS", f"{grace:g}")
+    grace = final_checkpoint_grace_seconds(job)
+    env.setdefault(GRACE_ENV, f"{grace:g}")
     if job.distributed:
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(math.ceil(grace) + LAUNCHER_GRACE_MARGIN_S))
     if resume_step is not None:

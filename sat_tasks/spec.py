@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from enum import Enum
 from pathlib import Path
@@ -17,6 +18,10 @@ CONN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")
 TAG_KEY_RE = re.compile(r"^[A-Za-z0-9_.:/=+@-]{1,128}$")
 SCHEDULE_PRESETS = {"@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly"}
 MAX_TAGS = 50
+# The engine's final-checkpoint grace period after SIGTERM; a job's env may set it
+# (the default is `[sat] final_checkpoint_grace_seconds`).
+GRACE_ENV = "CKPT_GRACE_SECONDS"
+MAX_GRACE_SECONDS = 3600
 
 # Server types a job can ask for; the Kubernetes backend maps them to GPU models.
 SERVER_TYPES = {
@@ -244,7 +249,8 @@ class TrainingJob(_Model):
     tags: dict[str, str] = Field(default_factory=dict, description="at most 50 key/value pairs")
     schedule: str | None = Field(None, description="cron, a preset such as @daily, or asset:<s3 uri>")
     backend: Backend | None = Field(None, description="local or kubernetes; default from airflow.cfg [sat] backend")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the training process")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the training process "
+                                     "(CKPT_GRACE_SECONDS: the final checkpoint's grace period, 0-3600 s)")
     spot: SpotPolicy = Field(default_factory=SpotPolicy)
     faults: list[Fault] = Field(default_factory=list, description="injected faults (local backend only)")
     heartbeat_timeout_seconds: float = Field(300, description="no training progress for this long = a hang")
@@ -306,7 +312,18 @@ class TrainingJob(_Model):
         for key in v:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-        return {k: str(val) for k, val in v.items()}
+        v = {k: str(val) for k, val in v.items()}
+        if GRACE_ENV in v:
+            # Sizes the pod's grace period and the launchers' SIGKILL, so it is checked here
+            # and not first by the engine after the Spot notice.
+            try:
+                grace = float(v[GRACE_ENV])
+            except ValueError:
+                grace = math.nan
+            if not 0 < grace <= MAX_GRACE_SECONDS:
+                raise ValueError(f"{GRACE_ENV}={v[GRACE_ENV]!r}: the final checkpoint's grace period must be "
+                                 f"a number of seconds > 0 and <= {MAX_GRACE_SECONDS}")
+        return v
 
     @field_validator("max_failovers")
     @classmethod

@@ -334,6 +334,24 @@ def test_settings_from_config_cover_the_final_checkpoint(monkeypatch):
         assert int(_env(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 315 < pod["spec"]["terminationGracePeriodSeconds"]
 
 
+def test_a_jobs_own_grace_period_sizes_its_pods_and_launcher():
+    """`env.CKPT_GRACE_SECONDS` longer than the configured one: the kubelet and torchrun wait it out."""
+    spec = {**EXTRA_SPECS["on-demand-pytorch-3nodes"], "env": {"CKPT_GRACE_SECONDS": "600"}}
+    job = parse_spec(spec, source="long-grace")
+    assert SETTINGS.termination_grace_seconds == 120  # the default pod grace period would SIGKILL at 120 s
+    for pod in _pods(_render(job)):
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 660
+        assert _env(pod)["CKPT_GRACE_SECONDS"] == "600"
+        assert int(_env(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 615
+    kwargs = k8s.build_pod_operator_kwargs(job, run_id=RUN_ID, attempt=1, node_rank=2, settings=SETTINGS)
+    assert kwargs["termination_grace_period"] == 660  # the operator's delete on kill waits as long
+    # A shorter one keeps the configured period (the pod's grace is never cut below it).
+    short = parse_spec({**spec, "env": {"CKPT_GRACE_SECONDS": "5"}}, source="short-grace")
+    for pod in _pods(_render(short)):
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+        assert int(_env(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 20
+
+
 def test_image_and_pull_secret_named_after_registry_connection():
     for pod in _pods(_render(_job("deepspeed-g2-2nodes"))):
         assert _container(pod)["image"] == "registry.example.com/team/train:1.0"

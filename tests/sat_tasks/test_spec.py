@@ -74,6 +74,9 @@ def test_base_spec_is_valid():
         pytest.param("schedule", "asset:s3://data-bucket/corpus/", id="asset"),
         pytest.param("storage.file_storage_mount", None, id="no-file-storage"),
         pytest.param("resources.server_type", "g3", id="g3"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "600"}, id="grace-600"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "45.5"}, id="grace-fraction"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "3600"}, id="grace-an-hour"),
     ],
 )
 def test_valid_variants(path, value):
@@ -116,6 +119,12 @@ def test_valid_variants(path, value):
         pytest.param("schedule", "every day", "schedule", "cron", id="schedule-bad"),
         pytest.param("data.source", DELETE, "data.source", "required", id="data-missing"),
         pytest.param("surprise", 1, "surprise", "unknown field", id="unknown-field"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "soon"}, "env", "CKPT_GRACE_SECONDS='soon'", id="grace-text"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "0"}, "env", "> 0 and <= 3600", id="grace-zero"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "-30"}, "env", "> 0 and <= 3600", id="grace-negative"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "3601"}, "env", "> 0 and <= 3600", id="grace-over-an-hour"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "nan"}, "env", "> 0 and <= 3600", id="grace-nan"),
+        pytest.param("env", {"CKPT_GRACE_SECONDS": "inf"}, "env", "> 0 and <= 3600", id="grace-inf"),
     ],
 )
 def test_invalid_fields_name_field_and_rule(path, value, field, rule_part):
