@@ -95,7 +95,11 @@ _UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
 # otherwise swallow SIGTERM. The subshell traps TERM (a handler, unlike an ignore, is not
 # inherited by the command) so it outlives the signal and reports the command's own exit
 # status. A command stopped by SIGTERM never reports success (143), even when it saved a
-# final checkpoint and exited 0: the attempt did not finish. $1 is the (wrapped) command.
+# final checkpoint and exited 0: the attempt did not finish. When PID 1 exits the kernel
+# SIGKILLs every process left in the container, so after SIGTERM it also waits for the
+# rest of the command's process group: the `deepspeed` launcher dies at once on SIGTERM
+# while its ranks still write their final checkpoint (the kubelet's SIGKILL at the end of
+# the grace period bounds the wait). $1 is the (wrapped) command.
 _SUPERVISOR = """\
 set -m
 echo "[sat] attempt ${SAT_ATTEMPT} of job ${SAT_JOB_NAME} on node ${SAT_NODE} (pod ${HOSTNAME}): %(marker)s"
@@ -107,6 +111,11 @@ stopped=
 trap 'stopped=1; kill -TERM -- "-${child}" 2>/dev/null' TERM INT
 wait "${child}"; rc=$?
 while kill -0 "${child}" 2>/dev/null; do wait "${child}"; rc=$?; done
+if [ -n "${stopped}" ] && kill -0 -- "-${child}" 2>/dev/null; then
+  echo "[sat] the command exited on SIGTERM; waiting for the processes it started (final checkpoint)"
+  while kill -0 -- "-${child}" 2>/dev/null; do sleep 0.2; done
+  echo "[sat] the command's processes have exited"
+fi
 if [ -n "${stopped}" ] && [ "${rc}" = 0 ]; then
   echo "[sat] stopped by SIGTERM before the command finished: exit 143"; rc=143
 fi

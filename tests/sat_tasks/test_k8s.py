@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -542,6 +543,50 @@ def test_supervisor_forwards_sigterm_to_the_training_process(tmp_path):
     assert "final checkpoint saved" in out
     assert rc == 143  # stopped early never counts as success
     assert time.monotonic() - started < 10
+
+
+def _unshare_available() -> bool:
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _unshare_available(), reason="needs unshare --pid --mount-proc (root or user namespaces)")
+def test_supervisor_as_pid_1_waits_for_ranks_the_deepspeed_launcher_leaves(tmp_path):
+    """In a pod the supervisor is PID 1: when it exits, the kernel SIGKILLs every process left.
+
+    The `deepspeed` launcher (which SAT renders for DeepSpeed jobs, with --no_ssh) dies on
+    SIGTERM at once while its ranks write their final checkpoint; the supervisor must not
+    exit with it. Run here as PID 1 of a new PID namespace, as in a container.
+    """
+    from tests.support.slow_rank import RANK
+
+    (tmp_path / "rank.py").write_text(RANK)
+    script = _container(_pods(_render(_job("spot-g3")))[0])["command"][2]
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "SAT_CODE_DIR": str(tmp_path), "SAT_ATTEMPT": "1", "SAT_JOB_NAME": "ds-job",
+           "SAT_NODE": "node-a", "SAT_OUTPUT_DIR": str(tmp_path / "out"), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", script, "sat-launch",
+                             "deepspeed --no_local_rank --num_gpus 1 rank.py 3"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    progress = tmp_path / "out" / "concurrent_checkpoint" / "progress.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not progress.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert progress.exists(), "the rank never started"
+        (pid_1,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(pid_1), signal.SIGTERM)  # what the kubelet does on a Spot notice
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "out" / "concurrent_checkpoint" / "final").exists(), out
+    assert "rank: final checkpoint committed" in out
+    assert "[sat] the command exited on SIGTERM; waiting for the processes it started" in out
+    assert proc.returncode == 143
 
 
 def test_supervisor_fails_clearly_without_staged_code(tmp_path):
