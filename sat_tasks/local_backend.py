@@ -134,6 +134,7 @@ class LocalAttempt:
             )
             reader.start()
             self._watch(proc, state, kern_log, log)
+            self._end_group(proc, state, log)
             reader.join(timeout=10)
             finished = now_utc()
             footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode)
@@ -161,6 +162,8 @@ class LocalAttempt:
         last_mtime = None
         while proc.poll() is None:
             time.sleep(self.poll_seconds)
+            if state.kill_at is not None and time.monotonic() >= state.kill_at:
+                _kill_group(proc, signal.SIGKILL)  # the grace period after SIGTERM is over
             progress = _read_json(progress_path)
             mtime = progress_path.stat().st_mtime if progress_path.exists() else None
             if mtime != last_mtime:
@@ -195,14 +198,37 @@ class LocalAttempt:
             _kill_group(proc, signal.SIGKILL)
         elif fault.kind is FaultKind.PREEMPTION:
             state.preemption_notice = True
+            state.kill_at = time.monotonic() + self.grace_seconds
             _kill_group(proc, signal.SIGTERM)
-            threading.Thread(target=_kill_after, args=(proc, self.grace_seconds), daemon=True).start()
         elif fault.kind is FaultKind.HANG:
             state.hung = True
             _kill_group(proc, signal.SIGSTOP)
             threading.Thread(
                 target=_hang_watchdog, args=(proc, self.heartbeat_timeout, log, self.node), daemon=True
             ).start()
+
+    def _end_group(self, proc: subprocess.Popen, state: _WatchState, log: Log) -> None:
+        """The command has exited; end the processes it left in its process group, as a pod's end does.
+
+        A launcher may exit before its workers: on SIGTERM the `deepspeed` launcher dies at
+        once while its ranks still write their final checkpoint. After a Spot notice they get
+        the rest of the grace period; then, as on any exit, what is left is SIGKILLed, so no
+        process of this attempt outlives it (and writes beside the next one).
+        """
+        if not _group_alive(proc.pid):
+            return
+        if state.kill_at is not None:
+            log("[sat] the command exited on SIGTERM; waiting for the processes it started (final checkpoint)")
+            while _group_alive(proc.pid) and time.monotonic() < state.kill_at:
+                time.sleep(self.poll_seconds)
+            if not _group_alive(proc.pid):
+                log("[sat] the command's processes have exited")
+                return
+        log("[sat] killing the processes the command left running")
+        _kill_group(proc, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _progress(self, state: _WatchState) -> dict | None:
         progress = _read_json(self.output_dir / PROGRESS_RELATIVE)
@@ -255,6 +281,7 @@ class _WatchState:
     heartbeat_timeout: bool = False
     node_lost: bool = False
     hung: bool = False
+    kill_at: float | None = None  # monotonic time of the SIGKILL after a Spot notice
     resumed_from: int | None = None
 
 
@@ -265,13 +292,30 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _kill_after(proc: subprocess.Popen, grace: float) -> None:
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return
-        time.sleep(0.1)
-    _kill_group(proc, signal.SIGKILL)
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` is still running; zombies (exited, not yet reaped) do not count."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: any member, zombie or not
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat.rpartition(")")[2].split()[:3]
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def _hang_watchdog(proc: subprocess.Popen, timeout: float, log: Log, node: str) -> None:

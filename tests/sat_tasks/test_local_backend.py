@@ -12,6 +12,7 @@ import pytest
 from sat_tasks.classify import classify
 from sat_tasks.local_backend import LocalAttempt, NoHealthyNodeError, pick_node
 from sat_tasks.spec import Fault
+from tests.support.slow_rank import RANK, running
 
 POOL = ["n0", "n1", "n2"]
 
@@ -118,3 +119,41 @@ def test_attempt_repr_hides_the_environment(tmp_path):
     runner = attempt(tmp_path, command="true")
     runner.env["AWS_SECRET_ACCESS_KEY"] = "do-not-print-me"
     assert "do-not-print-me" not in repr(runner)
+
+
+@pytest.mark.parametrize(("save_s", "grace", "committed"), [
+    # longer than the 10 s the log reader waits for the pipe's writers (the launcher's own
+    # child keeps it open), which alone kept a short final checkpoint alive before
+    pytest.param(12.0, 20.0, True, id="within-grace"),
+    pytest.param(60.0, 5.0, False, id="past-grace"),
+])
+def test_deepspeed_launcher_ranks_get_the_grace_period_after_the_launcher_exits(tmp_path, save_s, grace, committed):
+    """The real `deepspeed` launcher dies on SIGTERM at once; its rank still writes its final checkpoint."""
+    import time
+
+    runner = attempt(tmp_path, command=f"deepspeed --no_local_rank --num_gpus 1 rank.py {save_s}",
+                     faults=[Fault(kind="preemption", at_step=1)], grace=grace)
+    (tmp_path / "code" / "rank.py").write_text(RANK)
+    lines: list[str] = []
+    started = time.monotonic()
+    record = runner.run(lines.append)
+    final = tmp_path / "out" / "concurrent_checkpoint" / "final"
+    assert final.exists() is committed, "\n".join(lines[-20:])
+    assert not running(int((tmp_path / "out" / "concurrent_checkpoint" / "rank.pid").read_text()))
+    assert record.preemption_notice and record.exit_code == 143
+    assert any("waiting for the processes it started" in line for line in lines)
+    assert ("rank: final checkpoint committed" in record.log_tail) is committed
+    if committed:
+        assert any("the command's processes have exited" in line for line in lines)
+    else:  # SIGKILLed when the grace period ran out, and the attempt ended then
+        assert any("killing the processes the command left running" in line for line in lines)
+        assert time.monotonic() - started < 30
+
+
+def test_processes_left_behind_by_a_finished_command_are_killed(tmp_path):
+    pid_file = tmp_path / "orphan.pid"
+    lines: list[str] = []
+    record = attempt(tmp_path, command=f"(sleep 300 & echo $! > {pid_file}); echo launched").run(lines.append)
+    assert record.exit_code == 0 and "launched" in record.log_tail
+    assert not running(int(pid_file.read_text()))
+    assert any("killing the processes the command left running" in line for line in lines)
