@@ -15,6 +15,26 @@ from typing import Any
 log = logging.getLogger("ckpt_engine")
 
 EXIT_STATUS = 128 + signal.SIGTERM
+# Launchers that SIGKILL their ranks a fixed time after passing SIGTERM on, whatever the
+# ranks' grace period: `deepspeed.launcher.launch` (terminate_process_tree, hard-coded).
+HARD_KILL_LAUNCHERS = {"deepspeed.launcher.launch": 30.0}
+
+
+def launcher_kill_after(ppid: int | None = None) -> tuple[str, float] | None:
+    """The parent launcher that SIGKILLs this process a fixed time after SIGTERM, and that time.
+
+    Read from the parent's command line (Linux ``/proc``); None when the parent is none of
+    :data:`HARD_KILL_LAUNCHERS` or cannot be read.
+    """
+    try:
+        with open(f"/proc/{ppid or os.getppid()}/cmdline", "rb") as handle:
+            args = handle.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for name, seconds in HARD_KILL_LAUNCHERS.items():
+        if name in args:
+            return name, seconds
+    return None
 
 
 class StopVote:
@@ -77,6 +97,12 @@ class GracefulTermination:
             log.warning("[Concurrent Checkpoint] not in the main thread: SIGTERM handling disabled")
             return False
         self._previous = signal.signal(signal.SIGTERM, self._handle)
+        launcher = launcher_kill_after()
+        if launcher is not None and launcher[1] < self.grace_seconds:
+            log.warning("[Concurrent Checkpoint] %s SIGKILLs its ranks %.0fs after SIGTERM, before the final "
+                        "checkpoint's grace period of %.0fs ends; launch with torchrun (SAT sets "
+                        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT) to give the final checkpoint all of it",
+                        launcher[0], launcher[1], self.grace_seconds)
         return True
 
     def uninstall(self) -> None:

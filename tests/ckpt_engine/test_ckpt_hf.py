@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -113,6 +114,47 @@ def test_sigterm_takes_final_checkpoint_and_exits_143(tmp_path: Path, vendor_dir
     assert final is not None and final >= 5
     assert "SIGTERM received" in output and f"final checkpoint checkpoint-{final} committed" in output
     assert (root / f"checkpoint-{final}" / "manifest.json").exists()
+
+
+def test_sigterm_to_the_deepspeed_launchers_group_commits_a_final_checkpoint(
+        tmp_path: Path, vendor_dir: Path, corpus_dir: Path) -> None:
+    """A Spot notice as SAT delivers it, to the whole process group of the real `deepspeed` launcher.
+
+    The launcher dies at once, `deepspeed.launcher.launch` passes a second SIGTERM on and
+    SIGKILLs its rank 30 s later: the rank takes its final checkpoint well inside that.
+    """
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "ds"
+    out.mkdir()
+    root = out / "concurrent_checkpoint"
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto",
+                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                                  "zero_allow_untested_optimizer": True}))
+    venv_bin = str(Path(sys.executable).parent)
+    command = ["deepspeed", "--num_gpus", "1", "--master_port", "29573", str(Path(__file__).with_name("run_seed.py")),
+               "--data_dir", str(corpus_dir), "--output_dir", str(out), "--max_steps", "400", "--save_steps", "5",
+               "--deepspeed", str(config)]
+    env = seed_env(vendor_dir, SEED_STEP_SLEEP="0.1", CKPT_GRACE_SECONDS="20",
+                   PATH=f"{venv_bin}:{seed_env(vendor_dir)['PATH']}")
+    proc = subprocess.Popen(command, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not committed(root, 5)() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.25)  # land between periodic saves
+        os.killpg(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)  # the pipe closes when the rank, last, has exited
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    final = read_progress(root)["last_committed_step"]
+    assert f"final checkpoint checkpoint-{final} committed" in output, output[-3000:]
+    assert output.count("SIGTERM received") == 1  # the launcher's second SIGTERM changes nothing
+    assert "SIGKILLs its ranks" not in output  # 20 s of grace fit in the launcher's 30 s
+    manifest = json.loads((root / f"checkpoint-{final}" / "manifest.json").read_text())
+    assert any(name.startswith(f"global_step{final}/") for name in manifest["files"])
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -31,6 +31,30 @@ def test_exit_status_and_grace(grace: float, work: float, expired: bool) -> None
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(grace), str(work)], capture_output=True, text=True,
                             env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
     assert result.returncode == 143, result.stderr
+    assert "SIGKILLs its ranks" not in result.stderr  # no launcher above a plain process
     assert ("grace expired" in result.stdout) is expired
     assert ("requested True" in result.stdout) is not expired
     assert time.monotonic() - start < 20
+
+
+def test_a_launcher_that_sigkills_early_is_named_at_start(tmp_path: Path) -> None:
+    """Under the real `deepspeed` launcher a grace period over its hard-coded 30 s is called out."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "from ckpt_engine.signals import GracefulTermination\n"
+        "for grace in (20.0, 60.0):\n"
+        "    GracefulTermination(grace).install()\n"
+        "    print('installed', grace, file=sys.stderr, flush=True)\n"
+    )
+    venv_bin = str(Path(sys.executable).parent)
+    result = subprocess.run(["deepspeed", "--no_local_rank", "--num_gpus", "1", str(script)], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=str(REPO), PATH=f"{venv_bin}:{os.environ['PATH']}"))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout + result.stderr
+    before_60 = out[out.index("installed 20.0"):out.index("installed 60.0")]
+    assert "deepspeed.launcher.launch SIGKILLs its ranks 30s after SIGTERM" in before_60
+    assert "grace period of 60s" in before_60
+    assert "SIGKILLs its ranks" not in out[:out.index("installed 20.0")]  # 20 s fit in the launcher's 30 s
