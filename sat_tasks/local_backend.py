@@ -12,6 +12,7 @@ import collections
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +29,9 @@ from sat_tasks.spec import Fault, FaultKind
 Log = Callable[[str], None]
 LOG_TAIL_LINES = 200
 PROGRESS_RELATIVE = Path("concurrent_checkpoint") / "progress.json"
+# Every process of an attempt inherits this variable, with a value of its own: how the
+# runner finds the processes a launcher started in other sessions (torchrun's workers).
+ATTEMPT_TAG_ENV = "SAT_ATTEMPT_TAG"
 START_MARKER = "Starting dataset initialization"
 # The engine logs this when it resumes; the launcher notes the step in the record's progress.
 RESUME_RE = re.compile(r"Resuming from checkpoint-(\d+)")
@@ -110,6 +114,7 @@ class LocalAttempt:
         state = _WatchState()
         env = {**os.environ, **self.env}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env[ATTEMPT_TAG_ENV] = tag = secrets.token_hex(8)
         started = now_utc()
         with open(self.job_log, "a", encoding="utf-8") as job_log:
             header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
@@ -129,12 +134,13 @@ class LocalAttempt:
                 bufsize=1,
             )
             state.last_progress = time.monotonic()
+            procs = AttemptProcesses(proc, tag)
             reader = threading.Thread(
                 target=self._pump, args=(proc, job_log, tail, state, log), name="sat-log-pump", daemon=True
             )
             reader.start()
-            self._watch(proc, state, kern_log, log)
-            self._end_group(proc, state, log)
+            self._watch(procs, state, kern_log, log)
+            self._end(procs, state, log)
             reader.join(timeout=10)
             finished = now_utc()
             footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode)
@@ -155,7 +161,8 @@ class LocalAttempt:
             if match:
                 state.resumed_from = int(match.group(1))
 
-    def _watch(self, proc: subprocess.Popen, state: _WatchState, kern_log: Path, log: Log) -> None:
+    def _watch(self, procs: AttemptProcesses, state: _WatchState, kern_log: Path, log: Log) -> None:
+        proc = procs.proc
         started = time.monotonic()
         pending = [f for f in self.faults if f.attempt == self.attempt]
         progress_path = self.output_dir / PROGRESS_RELATIVE
@@ -163,7 +170,7 @@ class LocalAttempt:
         while proc.poll() is None:
             time.sleep(self.poll_seconds)
             if state.kill_at is not None and time.monotonic() >= state.kill_at:
-                _kill_group(proc, signal.SIGKILL)  # the grace period after SIGTERM is over
+                procs.signal_all(signal.SIGKILL)  # the grace period after SIGTERM is over
             progress = _read_json(progress_path)
             mtime = progress_path.stat().st_mtime if progress_path.exists() else None
             if mtime != last_mtime:
@@ -177,57 +184,59 @@ class LocalAttempt:
                 )
                 if due:
                     pending.remove(fault)
-                    self._inject(fault, proc, state, kern_log, step, log)
+                    self._inject(fault, procs, state, kern_log, step, log)
             if state.hung:
                 continue  # a stopped process makes no progress; the heartbeat below catches it
             if time.monotonic() - state.last_progress > self.heartbeat_timeout and not state.heartbeat_timeout:
                 state.heartbeat_timeout = True
                 log(f"[sat] no training progress for {self.heartbeat_timeout:.0f}s on {self.node}: killing the hung attempt")
-                _kill_group(proc, signal.SIGKILL)
+                procs.signal_all(signal.SIGKILL)
         if state.hung and not state.heartbeat_timeout:
             state.heartbeat_timeout = True
 
-    def _inject(self, fault: Fault, proc, state: _WatchState, kern_log: Path, step: int, log: Log) -> None:
+    def _inject(self, fault: Fault, procs: AttemptProcesses, state: _WatchState, kern_log: Path, step: int,
+                log: Log) -> None:
+        """Do to the attempt's processes what the fault does to a node's (every rank, not only the launcher)."""
         log(f"[sat] injecting fault {fault.kind.value} on {self.node} at step {step} (attempt {self.attempt})")
         if fault.kind is FaultKind.HARDWARE:
             with open(kern_log, "a", encoding="utf-8") as handle:
-                handle.write(xid_line(self.node, fault.xid, proc.pid) + "\n")
-            _kill_group(proc, signal.SIGKILL)  # a dead GPU takes the process down with it
+                handle.write(xid_line(self.node, fault.xid, procs.proc.pid) + "\n")
+            procs.signal_all(signal.SIGKILL)  # a dead GPU takes the processes down with it
         elif fault.kind is FaultKind.NODE_LOSS:
             state.node_lost = True
-            _kill_group(proc, signal.SIGKILL)
+            procs.signal_all(signal.SIGKILL)
         elif fault.kind is FaultKind.PREEMPTION:
             state.preemption_notice = True
             state.kill_at = time.monotonic() + self.grace_seconds
-            _kill_group(proc, signal.SIGTERM)
+            procs.signal_group(signal.SIGTERM)  # as a pod's PID 1 passes it on; launchers tell their workers
         elif fault.kind is FaultKind.HANG:
             state.hung = True
-            _kill_group(proc, signal.SIGSTOP)
+            procs.signal_all(signal.SIGSTOP)
             threading.Thread(
-                target=_hang_watchdog, args=(proc, self.heartbeat_timeout, log, self.node), daemon=True
+                target=_hang_watchdog, args=(procs, self.heartbeat_timeout, log, self.node), daemon=True
             ).start()
 
-    def _end_group(self, proc: subprocess.Popen, state: _WatchState, log: Log) -> None:
-        """The command has exited; end the processes it left in its process group, as a pod's end does.
+    def _end(self, procs: AttemptProcesses, state: _WatchState, log: Log) -> None:
+        """The command has exited; end the processes it left, as a pod's end does.
 
         A launcher may exit before its workers: on SIGTERM the `deepspeed` launcher dies at
         once while its ranks still write their final checkpoint. After a Spot notice they get
         the rest of the grace period; then, as on any exit, what is left is SIGKILLed, so no
         process of this attempt outlives it (and writes beside the next one).
         """
-        if not _group_alive(proc.pid):
+        if not procs.alive():
             return
         if state.kill_at is not None:
             log("[sat] the command exited on SIGTERM; waiting for the processes it started (final checkpoint)")
-            while _group_alive(proc.pid) and time.monotonic() < state.kill_at:
+            while procs.alive() and time.monotonic() < state.kill_at:
                 time.sleep(self.poll_seconds)
-            if not _group_alive(proc.pid):
+            if not procs.alive():
                 log("[sat] the command's processes have exited")
                 return
-        log("[sat] killing the processes the command left running")
-        _kill_group(proc, signal.SIGKILL)
+        log(f"[sat] killing the processes the command left running: {procs.describe()}")
+        procs.signal_all(signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
+        while procs.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def _progress(self, state: _WatchState) -> dict | None:
@@ -285,48 +294,93 @@ class _WatchState:
     resumed_from: int | None = None
 
 
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+class AttemptProcesses:
+    """The processes of one attempt: the command's process group, and every process carrying its tag.
+
+    torchrun starts each worker in a session of its own, so a signal to the command's
+    group reaches torchrun only, and a SIGKILLed torchrun leaves its workers running. Each
+    process inherits `SAT_ATTEMPT_TAG` (a value per attempt) in its environment, whatever
+    session it is in and whoever its parent is now, so they are found through `/proc`.
+    """
+
+    def __init__(self, proc: subprocess.Popen, tag: str) -> None:
+        self.proc = proc
+        self._needle = f"{ATTEMPT_TAG_ENV}={tag}".encode()
+
+    def pids(self) -> list[int]:
+        """Running (not zombie) processes of the attempt, the command's group first."""
+        found: list[int] = []
+        try:
+            entries = os.listdir("/proc")
+        except OSError:  # no procfs: the group is all there is to find
+            return [self.proc.pid] if _killpg(self.proc.pid, 0) else []
+        for entry in entries:
+            if entry.isdigit() and self._is_member(int(entry)):
+                found.append(int(entry))
+        return found
+
+    def _is_member(self, pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+                state, _ppid, pgrp = handle.read().rpartition(")")[2].split()[:3]
+            if state in ("Z", "X"):
+                return False
+            if int(pgrp) == self.proc.pid:
+                return True
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = handle.read()
+        except (OSError, ValueError):  # gone, or not ours to read
+            return False
+        return environ.startswith(self._needle + b"\0") or (b"\0" + self._needle + b"\0") in environ
+
+    def alive(self) -> bool:
+        """Whether any process of the attempt still runs."""
+        return bool(self.pids())
+
+    def describe(self) -> str:
+        """The running processes as `pid (name)`, for the log."""
+        names = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+                    names.append(f"{pid} ({handle.read().strip()})")
+            except OSError:
+                continue
+        return ", ".join(names) or "none"
+
+    def signal_group(self, sig: int) -> None:
+        """`sig` to the command's process group (what a pod's PID 1 forwards)."""
+        _killpg(self.proc.pid, sig)
+
+    def signal_all(self, sig: int) -> None:
+        """`sig` to the group and to every process of the attempt outside it."""
+        _killpg(self.proc.pid, sig)
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group `pgid` is still running; zombies (exited, not yet reaped) do not count."""
+def _killpg(pgid: int, sig: int) -> bool:
     try:
-        os.killpg(pgid, 0)
+        os.killpg(pgid, sig)
+        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # no procfs: any member, zombie or not
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        state, _ppid, pgrp = stat.rpartition(")")[2].split()[:3]
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            return True
-    return False
 
 
-def _hang_watchdog(proc: subprocess.Popen, timeout: float, log: Log, node: str) -> None:
+def _hang_watchdog(procs: AttemptProcesses, timeout: float, log: Log, node: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if procs.proc.poll() is not None:
             return
         time.sleep(0.1)
     log(f"[sat] no training progress for {timeout:.0f}s on {node}: killing the hung attempt")
-    _kill_group(proc, signal.SIGKILL)
-    _kill_group(proc, signal.SIGCONT)
+    procs.signal_all(signal.SIGKILL)
+    procs.signal_all(signal.SIGCONT)
 
 
 def _read_json(path: Path) -> dict | None:

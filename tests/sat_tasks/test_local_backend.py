@@ -22,6 +22,7 @@ TRAINER = textwrap.dedent(
     out = os.path.join(os.environ["SAT_OUTPUT_DIR"], "concurrent_checkpoint")
     os.makedirs(out, exist_ok=True)
     print("env", os.environ["SAT_JOB_NAME"], os.environ.get("CKPT_LAST_STEP"), flush=True)
+    open(os.path.join(out, "worker.pid"), "w").write(str(os.getpid()))
     for step in range(1, int(sys.argv[1]) + 1):
         time.sleep(0.02)
         with open(os.path.join(out, "progress.json"), "w") as f:
@@ -157,3 +158,16 @@ def test_processes_left_behind_by_a_finished_command_are_killed(tmp_path):
     assert record.exit_code == 0 and "launched" in record.log_tail
     assert not running(int(pid_file.read_text()))
     assert any("killing the processes the command left running" in line for line in lines)
+
+
+@pytest.mark.parametrize("kind", ["hardware", "hang"])
+def test_faults_reach_torchrun_workers_in_their_own_sessions(tmp_path, kind):
+    """torchrun starts its workers with setsid: a fault stops or kills them too, and none outlives the attempt."""
+    fault = Fault(kind=kind, at_step=20)
+    record = attempt(tmp_path, command="torchrun --nproc-per-node 1 t.py 1500", faults=[fault],
+                     heartbeat=2.0).run(lambda _: None)
+    worker = int((tmp_path / "out" / "concurrent_checkpoint" / "worker.pid").read_text())
+    assert not running(worker)  # before: the worker trained on, orphaned, beside the next attempt
+    assert 20 <= record.progress["step"] < 1500  # a hung worker made no more progress
+    assert classify(record).kind.value == "HARDWARE"
+    assert record.heartbeat_timeout is (kind == "hang")
