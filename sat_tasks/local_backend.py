@@ -308,7 +308,7 @@ class AttemptProcesses:
         self._needle = f"{ATTEMPT_TAG_ENV}={tag}".encode()
 
     def pids(self) -> list[int]:
-        """Running (not zombie) processes of the attempt, the command's group first."""
+        """Running (not zombie) processes of the attempt: members of the command's group, or tagged."""
         found: list[int] = []
         try:
             entries = os.listdir("/proc")
