@@ -59,7 +59,7 @@ COPY ckpt_engine /tmp/sat-build/ckpt_engine
 RUN cd /tmp/sat-build \
  && python -c "from ckpt_engine.vendor import write_vendor_dir; write_vendor_dir('/opt/sat/checkpoint_vendor')" \
  && cd / && rm -rf /tmp/sat-build \
- && PYTHONPATH=/opt/sat/checkpoint_vendor python -c "from datastates.llm import DecoratedCheckpointing; import ckpt_engine"
+ && PYTHONPATH=/opt/sat/checkpoint_vendor python -c "from datastates.llm import DecoratedCheckpointing; import ckpt_engine, ckpt_engine.launch"
 
 ENV CHECKPOINT_VENDOR=/opt/sat/checkpoint_vendor \
     PYTHONPATH=/opt/sat/checkpoint_vendor \

@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import re
-import shlex
 import sys
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Sequence
@@ -324,16 +323,23 @@ def _nproc_per_node(job: TrainingJob) -> int:
     return max(job.resources.gpus_per_node, 1)
 
 
-def launch_command(job: TrainingJob, *, hosts: Sequence[str] = ()) -> str:
-    """The shell command a pod runs: the job's command, wrapped in the framework launcher when distributed.
+# The worker entry point that gives a DeepSpeed script the `--local_rank=<n>` argument the
+# `deepspeed` launcher would (ckpt_engine/launch.py, in the vendor directory of every pod).
+DEEPSPEED_ENTRY = "-m ckpt_engine.launch"
+
+
+def launch_command(job: TrainingJob) -> str:
+    """The shell command a pod runs: the job's command, wrapped in torchrun when distributed.
 
     One node: the command as written. Two or more: a command that starts with `python`
     (`python script.py ...` or `python -m module ...`; interpreter flags such as `-u` are
-    dropped, the pod sets PYTHONUNBUFFERED) becomes `torchrun` (pytorch) or the
-    `deepspeed` launcher without ssh (deepspeed; `hosts` fill its hostfile), with
-    rendezvous on rank 0 from the pod's env. Any other command (an explicit `torchrun`,
-    `accelerate launch`, a script) runs as written and reads the same env
-    (`MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`, `NNODES`, `NPROC_PER_NODE`, `PET_*`).
+    dropped, the pod sets PYTHONUNBUFFERED) becomes `torchrun` with rendezvous on rank 0
+    from the pod's env. For DeepSpeed the workers start through `ckpt_engine.launch`,
+    which passes `--local_rank=<n>` first as the `deepspeed` launcher does: torchrun waits
+    out the final checkpoint after SIGTERM (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`), the
+    `deepspeed` launcher SIGKILLs after 30 s (ADR 0007). Any other command (an explicit
+    `torchrun`, `deepspeed`, `accelerate launch`, a script) runs as written and reads the
+    same env (`MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`, `NNODES`, `NPROC_PER_NODE`, `PET_*`).
     """
     command = job.command.strip()
     match = _PYTHON_CMD_RE.match(command)
@@ -341,18 +347,7 @@ def launch_command(job: TrainingJob, *, hosts: Sequence[str] = ()) -> str:
         return command
     rest = match.group("rest")
     if job.framework is Framework.DEEPSPEED:
-        module = rest.startswith("-m")
-        if module:
-            rest = rest[2:].lstrip()
-        hostfile = "/tmp/sat-hostfile"
-        slots = _nproc_per_node(job)
-        lines = " ".join(shlex.quote(f"{host} slots={slots}") for host in hosts)
-        return (
-            f"printf '%s\\n' {lines} > {hostfile} && "
-            f"deepspeed --hostfile={hostfile} --no_ssh --node_rank=\"$NODE_RANK\" "
-            f"--master_addr=\"$MASTER_ADDR\" --master_port=\"$MASTER_PORT\" "
-            f"{'--module ' if module else ''}{rest}"
-        )
+        rest = f"{DEEPSPEED_ENTRY} {rest}"
     return (
         'torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" '
         f'--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" {rest}'
@@ -530,11 +525,10 @@ def build_attempt_pods(
         raise ValueError("attempt must be >= 1")
     settings = settings or KubernetesSettings.from_sat_config()
     service = attempt_name(job, run_id, attempt) if job.distributed else None
-    hosts = [f"{_pod_name(job, run_id, attempt, r)}.{service}.{namespace}.svc" for r in range(job.nodes)]
     node_selector, tolerations, affinity = _scheduling(job, exclude_nodes, settings)
     volumes, mounts = _volumes(job, run_id, pvc_name)
     script = _supervisor_script(job, settings)
-    command = launch_command(job, hosts=hosts if job.distributed else ())
+    command = launch_command(job)
     pull_secrets = None
     if job.image.registry_conn_id:
         pull_secrets = [k8s.V1LocalObjectReference(name=pull_secret_name(job.image.registry_conn_id))]

@@ -156,9 +156,14 @@ def losses(checkpoint: Path) -> dict[int, float]:
 
 def torchrun_command(out: Path, config: Path | None, vendor_dir: Path, corpus_dir: Path, *args: str,
                      env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """The seed script on 2 CPU ranks: DeepSpeed with ``config``, plain DDP (gloo) without."""
+    """The seed script on 2 CPU ranks: DeepSpeed with ``config``, plain DDP (gloo) without.
+
+    DeepSpeed ranks start as SAT's Kubernetes backend starts them (``k8s.launch_command``):
+    through ``ckpt_engine.launch``, which passes ``--local_rank`` as the ``deepspeed`` launcher does.
+    """
+    entry = ["-m", "ckpt_engine.launch"] if config is not None else []
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-               "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__).with_name("run_seed.py")),
+               "127.0.0.1", "--master_port", str(free_port()), *entry, str(Path(__file__).with_name("run_seed.py")),
                "--data_dir", str(corpus_dir), "--output_dir", str(out), *args]
     if config is not None:
         command += ["--deepspeed", str(config)]

@@ -492,6 +492,16 @@ def test_container_runs_the_command_under_the_supervisor_in_login_bash():
         pytest.param("on-demand-pytorch-3nodes", "torchrun --nproc-per-node=4 train.py",
                      "torchrun --nproc-per-node=4 train.py", id="explicit-launcher-untouched"),
         pytest.param("spot-g3", "python train.py", "python train.py", id="single-node-untouched"),
+        pytest.param("deepspeed-g2-2nodes", "python -m train.main --deepspeed ds.json",
+                     'torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" '
+                     '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" -m ckpt_engine.launch '
+                     '-m train.main --deepspeed ds.json', id="deepspeed-module"),
+        pytest.param("deepspeed-g2-2nodes", "python3 -u train.py --deepspeed ds.json",
+                     'torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" '
+                     '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" -m ckpt_engine.launch '
+                     'train.py --deepspeed ds.json', id="deepspeed-script"),
+        pytest.param("deepspeed-g2-2nodes", "deepspeed train.py --deepspeed ds.json",
+                     "deepspeed train.py --deepspeed ds.json", id="explicit-deepspeed-untouched"),
     ],
 )
 def test_launch_command(key, command, expected):
@@ -499,16 +509,53 @@ def test_launch_command(key, command, expected):
     assert k8s.launch_command(job) == expected
 
 
-def test_deepspeed_launcher_without_ssh_lists_every_rank():
-    job = _job("deepspeed-g2-2nodes")
+# A script as written for the `deepspeed` launcher: `--local_rank` is required. (It joins
+# the group with torch.distributed, as deepspeed.init_distributed does from the same env,
+# without DeepSpeed's CPU shared-memory op, a JIT build on first use.)
+DS_RANK_SCRIPT = """
+import argparse
+import torch, torch.distributed as dist
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, required=True)
+parser.add_argument("--deepspeed")
+args = parser.parse_args()
+dist.init_process_group(backend="gloo")
+total = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(total)
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} local_rank={args.local_rank} "
+      f"sum={int(total.item())} name={__name__} config={args.deepspeed}", flush=True)
+"""
+
+
+def test_rendered_deepspeed_command_runs_two_nodes_as_the_deepspeed_launcher_would(tmp_path):
+    """Both pods' commands, run here as two "nodes" of one rank each: torchrun rendezvous, `--local_rank` passed."""
+    import socket
+
+    from ckpt_engine.vendor import write_vendor_dir
+
+    job = _job("deepspeed-g2-2nodes").model_copy(update={"command": "python train.py --deepspeed ds.json"})
     pods = _pods(_render(job))
-    launched = _container(pods[0])["command"][4]
-    assert "deepspeed --hostfile=/tmp/sat-hostfile --no_ssh" in launched
-    assert '--node_rank="$NODE_RANK"' in launched and "--module train.main --deepspeed ds_config.json" in launched
-    for pod in pods:
-        host = f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}.sat-jobs.svc"
-        assert f"'{host} slots=8'" in launched
-    assert _container(pods[1])["command"] == _container(pods[0])["command"]  # ranks differ by env only
+    launched = [_container(pod)["command"][4] for pod in pods]
+    assert launched[0] == launched[1] and launched[0].startswith("torchrun ")  # ranks differ by env only
+    (tmp_path / "train.py").write_text(DS_RANK_SCRIPT)
+    vendor = write_vendor_dir(tmp_path / "vendor")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    venv_bin = str(Path(sys.executable).parent)
+    procs = []
+    for rank, pod in enumerate(pods):
+        env = {**os.environ, **{k: v for k, v in _env(pod).items() if isinstance(v, str) and k.startswith("N")},
+               "NNODES": "2", "NODE_RANK": str(rank), "NPROC_PER_NODE": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYTHONPATH": str(vendor), "PATH": f"{venv_bin}:{os.environ['PATH']}",
+               "OMP_NUM_THREADS": "1"}
+        assert _env(pod)["NODE_RANK"] == str(rank) and _env(pod)["NNODES"] == "2"
+        procs.append(subprocess.Popen(["bash", "-c", launched[rank]], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [proc.communicate(timeout=180)[0] for proc in procs]
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, out[-3000:]
+        assert f"rank={rank} world=2 local_rank=0 sum=3 name=__main__ config=ds.json" in out
 
 
 def _supervise(command: str, tmp_path: Path, *, term_after: float | None = None, code_dir: Path | None = None):
@@ -557,9 +604,9 @@ def _unshare_available() -> bool:
 def test_supervisor_as_pid_1_waits_for_ranks_the_deepspeed_launcher_leaves(tmp_path):
     """In a pod the supervisor is PID 1: when it exits, the kernel SIGKILLs every process left.
 
-    The `deepspeed` launcher (which SAT renders for DeepSpeed jobs, with --no_ssh) dies on
-    SIGTERM at once while its ranks write their final checkpoint; the supervisor must not
-    exit with it. Run here as PID 1 of a new PID namespace, as in a container.
+    The `deepspeed` launcher (a command written as `deepspeed ...`; SAT rendered multi-node
+    DeepSpeed jobs so until it switched to torchrun) dies on SIGTERM at once while its
+    ranks write their final checkpoint; the supervisor must not exit with it. Run here as PID 1 of a new PID namespace, as in a container.
     """
     from tests.support.slow_rank import RANK
 
