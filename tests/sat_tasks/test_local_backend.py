@@ -171,3 +171,22 @@ def test_faults_reach_torchrun_workers_in_their_own_sessions(tmp_path, kind):
     assert 20 <= record.progress["step"] < 1500  # a hung worker made no more progress
     assert classify(record).kind.value == "HARDWARE"
     assert record.heartbeat_timeout is (kind == "hang")
+
+
+@pytest.mark.parametrize(("shutdown_timeout", "committed"), [pytest.param("15", True, id="sized-by-sat"),
+                                                             pytest.param("2", False, id="too-short")])
+def test_torchrun_waits_out_the_final_checkpoint_for_its_shutdown_timeout(tmp_path, shutdown_timeout, committed):
+    """What SAT relies on when it launches multi-node jobs (DeepSpeed too) with torchrun.
+
+    torchrun passes SIGTERM to its workers and SIGKILLs them `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`
+    seconds later; SAT sets it from the grace period (runtime_env). A rank that needs 5 s
+    for its final checkpoint gets it with 15 s and loses it with 2 s.
+    """
+    runner = attempt(tmp_path, command="torchrun --nproc-per-node 1 rank.py 5",
+                     faults=[Fault(kind="preemption", at_step=1)], grace=25.0)
+    runner.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = shutdown_timeout
+    (tmp_path / "code" / "rank.py").write_text(RANK)
+    record = runner.run(lambda _: None)
+    assert (tmp_path / "out" / "concurrent_checkpoint" / "final").exists() is committed, record.log_tail[-20:]
+    assert record.preemption_notice
+    assert not running(int((tmp_path / "out" / "concurrent_checkpoint" / "rank.pid").read_text()))
