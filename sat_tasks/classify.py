@@ -191,9 +191,18 @@ _SOCKET_ERROR = re.compile(
 _SHM_ERROR = re.compile(r"shared memory|/dev/shm|No space left on device", re.IGNORECASE)
 _NCCL_FRAME = re.compile(r"libnccl\S*\.so|ncclProxy|\bnccl[A-Z]\w*\(", re.IGNORECASE)
 _SEGFAULT = re.compile(r"Segmentation fault|SIGSEGV|signal 11\b", re.IGNORECASE)
-_TORCHRUN_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID|exitcode\s*:\s*-(\d+)")
+# How torchrun says a signal ended the run. A child killed by a signal (`exitcode : -9`,
+# `Signal 9 (SIGKILL) received by PID`); a child that exited 128+n after handling signal n
+# (`exitcode : 143`: the checkpoint engine exits so after its final checkpoint, also when
+# another rank got the SIGTERM); torchrun itself stopped by a signal (torch >= 2.x:
+# `SignalException: Process <pid> got signal: 15`).
+_TORCHRUN_SIGNAL = re.compile(
+    r"Signal (\d+) \((SIG\w+)\) received by PID|exitcode\s*:\s*-(\d+)"
+    r"|SignalException: Process \d+ got signal: (\d+)|exitcode\s*:\s*(129|1[3-8]\d|19[0-2])\b"
+)
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
-_WRAPPER_EXCEPTIONS = ("ChildFailedError",)  # torchrun's summary of a failed child, not a cause
+# torchrun's summary of a failed child, and its own reaction to a signal: not a cause.
+_WRAPPER_EXCEPTIONS = ("ChildFailedError", "SignalException")
 
 # Kubernetes words.
 _IMAGE_WAITING_REASONS = frozenset({
@@ -522,11 +531,13 @@ def _find_events(record: AttemptRecord) -> Iterator[_Finding]:
 
 
 def _find_torchrun_signal(lines: list[str]) -> tuple[int | None, str | None]:
-    """torchrun exits 1 when a child died by a signal; its summary names the signal."""
+    """torchrun exits 1 when a signal stopped it or a child; its log names the signal."""
     for line in reversed(lines):
         match = _TORCHRUN_SIGNAL.search(line)
         if match:
-            return int(match.group(1) or match.group(3)), line
+            if match.group(5):
+                return int(match.group(5)) - 128, line
+            return int(match.group(1) or match.group(3) or match.group(4)), line
     return None, None
 
 

@@ -209,6 +209,52 @@ def test_torchrun_wrapper_traceback_is_not_the_cause():
     assert log[-1] in verdict.evidence
 
 
+# torch 2.13's torchrun, as a Spot notice leaves it (tests/ckpt_engine/test_ckpt_multirank.py
+# runs a 2-node job so): the pod that got SIGTERM, and its peer whose rank stopped for it.
+TORCHRUN_SIGTERMED = [
+    "W1130 07:12:42.647000 30047 torch/distributed/elastic/multiprocessing/api.py:1028] "
+    "Sending process 30050 closing signal SIGTERM",
+    "2026-11-30 07:12:42,648 WARNING [Concurrent Checkpoint] SIGTERM received: finishing the in-flight "
+    "checkpoint and taking a final one within 60s",
+    "Traceback (most recent call last):",
+    '  File "/opt/venv/bin/torchrun", line 6, in <module>',
+    '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 84, '
+    "in _terminate_process_handler",
+    '    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)',
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 30047 got signal: 15",
+]
+TORCHRUN_PEER_STOPPED = [
+    "2026-11-30 07:11:27,100 WARNING [Concurrent Checkpoint] another rank received SIGTERM: finishing the "
+    "in-flight checkpoint and taking a final one within 60s",
+    "E1130 07:11:28.824000 29623 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 143) "
+    "local_rank: 0 (pid: 29628) of binary: /opt/venv/bin/python3.11",
+    "Traceback (most recent call last):",
+    '  File "/opt/venv/bin/torchrun", line 6, in <module>',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "  rank      : 0 (local_rank: 0)",
+    "  exitcode  : 143 (pid: 29628)",
+    "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+]
+
+
+@pytest.mark.parametrize("log", [pytest.param(TORCHRUN_SIGTERMED, id="torchrun-got-sigterm"),
+                                 pytest.param(TORCHRUN_PEER_STOPPED, id="rank-stopped-for-a-peer")])
+def test_torchrun_stopped_by_sigterm_is_not_an_internal_error(log):
+    """Before: INTERNAL ("the training script raised SignalException" / "exited with code 1"), so a
+    Spot notice without Kubernetes evidence stopped the job instead of resuming it."""
+    verdict = classify(record(exit_code=1, log_tail=log))
+    assert verdict.kind is VerdictKind.HARDWARE
+    assert "killed by SIGTERM from outside" in verdict.reason
+    assert log[-1] in verdict.evidence or log[-2] in verdict.evidence
+    # With the Spot notice on record (the local backend's flag; Kubernetes: events, conditions) it is a preemption.
+    assert classify(record(exit_code=1, log_tail=log, preemption_notice=True)).kind is VerdictKind.PREEMPTED
+
+
+def test_a_child_exit_status_below_129_is_not_a_signal():
+    log = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "  exitcode  : 2 (pid: 5)"]
+    assert classify(record(exit_code=1, log_tail=log)).kind is VerdictKind.INTERNAL
+
+
 def test_rank_and_timestamp_prefixes_are_understood():
     log = [
         "2026-11-29T03:12:11.123456789Z [rank3]: Traceback (most recent call last):",
