@@ -324,3 +324,85 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_final_chec
     manifest = json.loads((root / f"checkpoint-{final}" / "manifest.json").read_text())
     assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors"} <= set(manifest["files"])
     assert read_progress(root)["last_committed_step"] == final and final > 5
+
+
+def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: Path, vendor_dir: Path,
+                                                                     corpus_dir: Path) -> None:
+    """The whole Kubernetes stop path, run here: two "pods" of a 2-node ZeRO-1 job as SAT renders them.
+
+    Each pod is the rendered supervisor (PID 1's script) running the rendered torchrun command
+    (`-m ckpt_engine.launch` in front of the seed script); a Spot notice (SIGTERM) reaches
+    pod 1 only. Both ranks must stop at the same step and commit one final checkpoint together.
+    """
+    pytest.importorskip("deepspeed")
+    from sat_tasks import k8s
+    from sat_tasks.spec import parse_spec
+
+    out = tmp_path / "shared"  # the run's volume, shared by both pods
+    out.mkdir()
+    root = out / "concurrent_checkpoint"
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto",
+                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                                  "zero_allow_untested_optimizer": True}))
+    job = parse_spec({
+        "name": "ds-spot", "learning_type": "spot", "framework": "deepspeed", "nodes": 2,
+        "resources": {"server_type": "cpu", "gpus_per_node": 0, "memory": "8Gi"},
+        "image": {"url": "registry.example.com/sat/training:0.1.0"},
+        "data": {"source": "s3://data/corpus/"}, "results": {"destination": "s3://results/out/"},
+        "command": f"python run_seed.py --data_dir {corpus_dir} --output_dir {out} --max_steps 400 "
+                   f"--save_steps 5 --deepspeed {config}",
+        "env": {"CKPT_GRACE_SECONDS": "60"},
+    }, source="ds-spot")
+    pods = k8s.build_attempt_pods(job, run_id="manual__spot", attempt=1, settings=k8s.KubernetesSettings())
+    script, launched = pods[0].spec.containers[0].command[2], pods[0].spec.containers[0].command[4]
+    assert "-m ckpt_engine.launch run_seed.py" in launched
+    pod_env = {var.name: var.value for var in pods[0].spec.containers[0].env if var.value is not None}
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = seed_env(vendor_dir, DS_ACCELERATOR="cpu", SEED_CPU_DIST="1", SEED_STEP_SLEEP="0.1",
+                       CKPT_GRACE_SECONDS=pod_env["CKPT_GRACE_SECONDS"],
+                       TORCH_ELASTIC_SHUTDOWN_TIMEOUT=pod_env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"],
+                       NNODES="2", NODE_RANK=str(rank), NPROC_PER_NODE="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port, SAT_CODE_DIR=str(Path(__file__).parent), SAT_ATTEMPT="1",
+                       SAT_JOB_NAME=job.name, SAT_NODE=f"node-{rank}")
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+        procs.append(subprocess.Popen(["bash", "-c", script.replace("getent", "true"), "sat-launch", launched],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        deadline = time.monotonic() + 180
+        while (read_progress(root).get("last_committed_step") or 0) < 5 and time.monotonic() < deadline \
+                and all(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        time.sleep(0.25)  # between periodic saves
+        procs[1].send_signal(signal.SIGTERM)  # the kubelet, to pod 1's PID 1
+        outputs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    final = read_progress(root)["last_committed_step"]
+    assert final is not None and final > 5, outputs[1][-4000:]
+    for output in outputs:
+        assert f"final checkpoint checkpoint-{final} committed" in output, output[-4000:]
+    # Both ranks exited 143 after the final checkpoint; each torchrun exits 1 (as it does), and
+    # its log says why: pod 1's torchrun got the signal, pod 0's rank got none and learned of
+    # the stop from the vote. The classifier must read that as a stop from outside, not as an
+    # internal error that would end a Spot job instead of resuming it.
+    from sat_tasks.attempt import AttemptRecord
+    from sat_tasks.classify import VerdictKind, classify
+    from sat_tasks.k8s_launch import combine_rank_records
+
+    assert [p.returncode for p in procs] == [1, 1]
+    assert "another rank received SIGTERM" in outputs[0]
+    records = [AttemptRecord(job=job.name, attempt=1, backend="kubernetes", node=f"node-{rank}", exit_code=1,
+                             log_tail=output.splitlines()[-200:]) for rank, output in enumerate(outputs)]
+    for rank, record in enumerate(records):
+        verdict = classify(record)
+        assert verdict.kind is VerdictKind.HARDWARE and "killed by SIGTERM from outside" in verdict.reason, (
+            rank, verdict)
+    assert classify(combine_rank_records(records, log=lambda _: None)).kind is VerdictKind.HARDWARE
+    manifest = json.loads((root / f"checkpoint-{final}" / "manifest.json").read_text())
+    assert any(name.startswith(f"global_step{final}/") for name in manifest["files"])
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(manifest["files"])
