@@ -16,6 +16,15 @@ def seed_env(vendor: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def write_ds_config(path: Path, stage: int, zero: dict | None = None, **top: object) -> Path:
+    """A DeepSpeed config for the seed script's Trainer ("auto" batch sizes) at ZeRO ``stage``."""
+    config = {"zero_optimization": {"stage": stage, **(zero or {})}, "train_micro_batch_size_per_gpu": "auto",
+              "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+              "zero_allow_untested_optimizer": True, **top}
+    path.write_text(json.dumps(config))
+    return path
+
+
 def flip_byte(path: Path) -> None:
     """Corrupt a file in place: one byte in the middle inverted (the size stays)."""
     data = bytearray(path.read_bytes())

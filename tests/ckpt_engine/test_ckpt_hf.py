@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ckpt_helpers import read_progress, seed_env
+from ckpt_helpers import read_progress, seed_env, write_ds_config
 
 from ckpt_engine.manifest import CHECKSUM_PREFIX
 
@@ -127,10 +127,7 @@ def test_sigterm_to_the_deepspeed_launchers_group_commits_a_final_checkpoint(
     out = tmp_path / "ds"
     out.mkdir()
     root = out / "concurrent_checkpoint"
-    config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto",
-                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
-                                  "zero_allow_untested_optimizer": True}))
+    config = write_ds_config(tmp_path / "ds.json", 1)
     venv_bin = str(Path(sys.executable).parent)
     command = ["deepspeed", "--num_gpus", "1", "--master_port", "29573", str(Path(__file__).with_name("run_seed.py")),
                "--data_dir", str(corpus_dir), "--output_dir", str(out), "--max_steps", "400", "--save_steps", "5",
@@ -162,11 +159,7 @@ def test_deepspeed_one_rank_save_and_resume(tmp_path: Path, run_seed, stage: int
     pytest.importorskip("deepspeed")
     out = tmp_path / "ds"
     out.mkdir()
-    config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
-                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
-                                  "zero_allow_untested_optimizer": True,
-                                  "datastates_ckpt": {"host_cache_size": 1, "parser_threads": 1}}))
+    config = write_ds_config(tmp_path / "ds.json", stage, datastates_ckpt={"host_cache_size": 1, "parser_threads": 1})
     dist_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29561", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     first = run_seed(out, "--max_steps", "6", "--save_steps", "3", "--deepspeed", str(config), env=dist_env)
     assert first.returncode == 0, first.stdout[-3000:]

@@ -20,7 +20,7 @@ from ckpt_engine import CheckpointEngine, FaultyStorage
 from ckpt_engine.formats import BytesFile, plan_torch_file
 from ckpt_engine.manifest import CHECKSUM_PREFIX, FileEntry, split_for_ranks
 from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
-from ckpt_helpers import flip_byte, read_progress, seed_env
+from ckpt_helpers import flip_byte, read_progress, seed_env, write_ds_config
 from sat_tasks.local_s3 import free_port
 
 TOKEN = "0123abcd"
@@ -197,13 +197,9 @@ def test_deepspeed_two_ranks_concurrent_save_and_resume(tmp_path: Path, vendor_d
     pytest.importorskip("deepspeed")
     out = tmp_path / "ds2"
     out.mkdir()
-    config = tmp_path / "ds.json"
-    zero: dict = {"stage": stage}
-    if stage == 3:  # partitioned weights: model.safetensors needs the gather the Trainer also uses
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    config.write_text(json.dumps({"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
-                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
-                                  "zero_allow_untested_optimizer": True}))
+    # ZeRO-3's partitioned weights: model.safetensors needs the gather the Trainer also uses
+    gather = {"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {}
+    config = write_ds_config(tmp_path / "ds.json", stage, gather)
     root = out / "concurrent_checkpoint"
     args = ("--max_steps", "6", "--save_steps", "3")
     first = torchrun(out, config, vendor_dir, corpus_dir, *args)
@@ -341,10 +337,7 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     out = tmp_path / "shared"  # the run's volume, shared by both pods
     out.mkdir()
     root = out / "concurrent_checkpoint"
-    config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto",
-                                  "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
-                                  "zero_allow_untested_optimizer": True}))
+    config = write_ds_config(tmp_path / "ds.json", 1)
     job = parse_spec({
         "name": "ds-spot", "learning_type": "spot", "framework": "deepspeed", "nodes": 2,
         "resources": {"server_type": "cpu", "gpus_per_node": 0, "memory": "8Gi"},
