@@ -462,8 +462,9 @@ def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> 
 
     Precedence: a pre-empted rank; a rank with hardware evidence of its own; a rank whose
     image could not be pulled; a rank with an internal error of its own; a rank that only
-    shows a peer's failure (NCCL/gloo network errors, stopped from outside); else (every rank
-    succeeded) rank 0. The chosen rank's node is the one a failover avoids. Its progress is
+    shows a peer's failure (NCCL/gloo network errors, stopped from outside); a rank that
+    stopped because another rank got SIGTERM (the one that got it comes first); else
+    (every rank succeeded) rank 0. The chosen rank's node is the one a failover avoids. Its progress is
     the newest checkpoint every rank that logged commits has committed.
     """
     from sat_tasks.classify import VerdictKind, classify
@@ -476,9 +477,11 @@ def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> 
         verdict = verdicts[index]
         peer_only = verdict.kind is VerdictKind.HARDWARE and bool(_PEER_SYMPTOM_REASONS.search(verdict.reason))
         if verdict.kind is VerdictKind.HARDWARE:
+            if verdict.reason.startswith("stopped with the other ranks"):
+                return 5
             return 4 if peer_only else 1
         return {VerdictKind.PREEMPTED: 0, VerdictKind.IMAGE_PULL: 2, VerdictKind.INTERNAL: 3,
-                VerdictKind.SUCCEEDED: 5}[verdict.kind]
+                VerdictKind.SUCCEEDED: 6}[verdict.kind]
 
     chosen = min(range(len(records)), key=lambda i: (order(i), i))
     for rank, verdict in enumerate(verdicts):

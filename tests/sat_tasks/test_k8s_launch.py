@@ -605,6 +605,10 @@ _PEER = ["NCCL WARN NET/IB : Got completion from peer 10.0.3.23<44321> with stat
 _XID = ["NVRM: Xid (PCI:0000:9a:00): 79, pid=55121, name=python, GPU has fallen off the bus."]
 _PREEMPTED = {"pod_conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
 _IMAGE = {"container_states": [{"name": "base", "state": {"waiting": {"reason": "ImagePullBackOff"}}}]}
+_TORCHRUN_SIGTERMED = ["torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15"]
+_STOPPED_FOR_PEER = ["[Concurrent Checkpoint] another rank received SIGTERM: finishing the in-flight checkpoint",
+                     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+                     "  exitcode  : 143 (pid: 9)"]
 
 
 @pytest.mark.parametrize(("ranks", "chosen", "kind"), [
@@ -614,6 +618,8 @@ _IMAGE = {"container_states": [{"name": "base", "state": {"waiting": {"reason": 
     pytest.param([("n0", 1, _XID, {}), ("n1", 143, [], _PREEMPTED)], "n1", "PREEMPTED", id="preemption-first"),
     pytest.param([("n0", 1, _PEER, {}), ("n1", None, [], _IMAGE)], "n1", "IMAGE_PULL", id="image-beats-peer"),
     pytest.param([("n0", 1, _PEER, {}), ("n1", 137, [], {})], "n0", "HARDWARE", id="only-peer-symptoms"),
+    pytest.param([("n0", 1, _STOPPED_FOR_PEER, {}), ("n1", 1, _TORCHRUN_SIGTERMED, {})], "n1", "HARDWARE",
+                 id="the-rank-that-got-sigterm-before-its-peer"),
     pytest.param([("n0", 0, [], {}), ("n1", 0, [], {})], "n0", "SUCCEEDED", id="all-succeeded"),
     pytest.param([("n0", 0, [], {}), ("n1", 1, _TRACEBACK, {})], "n1", "INTERNAL", id="one-rank-failed"),
 ])
