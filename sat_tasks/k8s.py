@@ -98,9 +98,12 @@ _UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
 # SIGKILLs every process left in the container, so after SIGTERM it also waits for the
 # rest of the command's process group: the `deepspeed` launcher dies at once on SIGTERM
 # while its ranks still write their final checkpoint (the kubelet's SIGKILL at the end of
-# the grace period bounds the wait). $1 is the (wrapped) command.
+# the grace period bounds the wait). A SIGTERM before the command starts (ranks > 0 wait for
+# rank 0's DNS name first) ends the pod at once: PID 1 ignores a signal it has no handler
+# for, and the pod would start training on a node being drained. $1 is the (wrapped) command.
 _SUPERVISOR = """\
 set -m
+trap 'echo "[sat] SIGTERM before the command started: exit 143"; exit 143' TERM INT
 echo "[sat] attempt ${SAT_ATTEMPT} of job ${SAT_JOB_NAME} on node ${SAT_NODE} (pod ${HOSTNAME}): %(marker)s"
 cd "${SAT_CODE_DIR}" || { echo "[sat] code directory ${SAT_CODE_DIR} is missing: was the script staged?" >&2; exit 1; }
 %(wait_for_rank0)s( trap : TERM INT; eval "$1" ) &

@@ -636,6 +636,37 @@ def test_supervisor_as_pid_1_waits_for_ranks_the_deepspeed_launcher_leaves(tmp_p
     assert proc.returncode == 143
 
 
+@pytest.mark.skipif(not _unshare_available(), reason="needs unshare --pid --mount-proc (root or user namespaces)")
+def test_supervisor_as_pid_1_stops_on_sigterm_while_waiting_for_rank_0(tmp_path):
+    """A rank > 0 waits for rank 0's DNS name before it starts; a SIGTERM then must end the pod.
+
+    PID 1 ignores a signal it has no handler for: before, the pod waited out the DNS loop
+    and then started training on a node that was being drained.
+    """
+    job = _job("on-demand-pytorch-3nodes")
+    settings = k8s.KubernetesSettings(rendezvous_dns_wait_seconds=20)
+    pod = _pods(k8s.render_attempt_manifests(job, run_id=RUN_ID, attempt=1, settings=settings))[1]
+    script = _container(pod)["command"][2]
+    started = tmp_path / "started"
+    env = {**os.environ, "SAT_CODE_DIR": str(tmp_path), "SAT_ATTEMPT": "1", "SAT_JOB_NAME": job.name,
+           "SAT_NODE": "node-b", "NODE_RANK": "1", "MASTER_ADDR": "rank-0.does-not-exist.invalid"}
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", script, "sat-launch",
+                             f"touch {started}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.5)  # inside the DNS wait
+        (pid_1,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        sent = time.monotonic()
+        os.kill(int(pid_1), signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out
+    assert "[sat] SIGTERM before the command started" in out
+    assert not started.exists()
+    assert time.monotonic() - sent < 10  # at most one 5 s sleep of the wait loop
+
+
 def test_supervisor_fails_clearly_without_staged_code(tmp_path):
     rc, out = _supervise("true", tmp_path, code_dir=tmp_path / "missing")
     assert rc == 1 and "was the script staged?" in out
