@@ -326,6 +326,11 @@ def _nproc_per_node(job: TrainingJob) -> int:
     return max(job.resources.gpus_per_node, 1)
 
 
+# `python -m <one of these>` is a launcher already: it runs as written, never inside another.
+_LAUNCHER_MODULES = re.compile(
+    r"^-m\s+(torch\.distributed\.(run|launch)|deepspeed(\.launcher\.\w+)?|accelerate\.commands\.\w+"
+    r"|ckpt_engine\.launch)(\s|$)"
+)
 # The worker entry point that gives a DeepSpeed script the `--local_rank=<n>` argument the
 # `deepspeed` launcher would (ckpt_engine/launch.py, in the vendor directory of every pod).
 DEEPSPEED_ENTRY = "-m ckpt_engine.launch"
@@ -341,12 +346,13 @@ def launch_command(job: TrainingJob) -> str:
     which passes `--local_rank=<n>` first as the `deepspeed` launcher does: torchrun waits
     out the final checkpoint after SIGTERM (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`), the
     `deepspeed` launcher SIGKILLs after 30 s (ADR 0007). Any other command (an explicit
-    `torchrun`, `deepspeed`, `accelerate launch`, a script) runs as written and reads the
+    `torchrun`, `deepspeed`, `accelerate launch`, their `python -m` forms, a script) runs
+    as written and reads the
     same env (`MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`, `NNODES`, `NPROC_PER_NODE`, `PET_*`).
     """
     command = job.command.strip()
     match = _PYTHON_CMD_RE.match(command)
-    if not job.distributed or not match:
+    if not job.distributed or not match or _LAUNCHER_MODULES.match(match.group("rest")):
         return command
     rest = match.group("rest")
     if job.framework is Framework.DEEPSPEED:

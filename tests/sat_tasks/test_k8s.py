@@ -502,6 +502,17 @@ def test_container_runs_the_command_under_the_supervisor_in_login_bash():
                      'train.py --deepspeed ds.json', id="deepspeed-script"),
         pytest.param("deepspeed-g2-2nodes", "deepspeed train.py --deepspeed ds.json",
                      "deepspeed train.py --deepspeed ds.json", id="explicit-deepspeed-untouched"),
+        # a launcher's `python -m` form is a launcher too: never nested in torchrun
+        pytest.param("on-demand-pytorch-3nodes", "python -m torch.distributed.run --nproc-per-node 8 train.py",
+                     "python -m torch.distributed.run --nproc-per-node 8 train.py", id="python-m-torchrun-untouched"),
+        pytest.param("deepspeed-g2-2nodes", "python3 -m deepspeed.launcher.runner train.py",
+                     "python3 -m deepspeed.launcher.runner train.py", id="python-m-deepspeed-untouched"),
+        pytest.param("deepspeed-g2-2nodes", "python -m accelerate.commands.launch train.py",
+                     "python -m accelerate.commands.launch train.py", id="python-m-accelerate-untouched"),
+        pytest.param("on-demand-pytorch-3nodes", "python -m torch_utils.train",
+                     'torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" '
+                     '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" -m torch_utils.train',
+                     id="module-named-like-torch-is-wrapped"),
     ],
 )
 def test_launch_command(key, command, expected):
