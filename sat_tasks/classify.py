@@ -200,8 +200,10 @@ _TORCHRUN_SIGNAL = re.compile(
     r"Signal (\d+) \((SIG\w+)\) received by PID|exitcode\s*:\s*-(\d+)"
     r"|SignalException: Process \d+ got signal: (\d+)|exitcode\s*:\s*(129|1[3-8]\d|19[0-2])\b"
 )
-# The checkpoint engine's line on a rank that stopped because another rank got SIGTERM.
+# The checkpoint engine's line on a rank that stopped because another rank got SIGTERM, and
+# the verdict's reason for such a rank (k8s_launch.combine_rank_records ranks it last).
 _PEER_STOP = re.compile(r"\[Concurrent Checkpoint\] another rank received SIG(?:TERM|INT)")
+PEER_STOP_REASON = "stopped with the other ranks after another rank received SIGTERM"
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 # torchrun's summary of a failed child, and its own reaction to a signal: not a cause.
 _WRAPPER_EXCEPTIONS = ("ChildFailedError", "SignalException")
@@ -620,10 +622,10 @@ def _classify_by_exit_status(record: AttemptRecord) -> Verdict:
     evidence = [_exit_line(record)] + ([child_line] if child_signal and child_line else [])
     if number is not None:
         name = _signal_name(number)
-        peer_stop = next((line for line in reversed(record.log_tail) if _PEER_STOP.search(line)), None)
-        if number == signal_module.SIGTERM and peer_stop is not None:
-            return Verdict(_HW, evidence + [peer_stop], "stopped with the other ranks after another rank "
-                                                        "received SIGTERM (its node's notice, see ADR 0004)")
+        if number == signal_module.SIGTERM:
+            peer_stop = next((line for line in reversed(record.log_tail) if _PEER_STOP.search(line)), None)
+            if peer_stop is not None:
+                return Verdict(_HW, evidence + [peer_stop], f"{PEER_STOP_REASON} (its node's notice, see ADR 0004)")
         if number in _EXTERNAL_KILL_SIGNALS:
             return Verdict(_HW, evidence, f"killed by {name} from outside with no sign of a user error "
                                           "(treated as a node-side kill, see ADR 0004)")

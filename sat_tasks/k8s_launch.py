@@ -467,7 +467,7 @@ def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> 
     (every rank succeeded) rank 0. The chosen rank's node is the one a failover avoids. Its progress is
     the newest checkpoint every rank that logged commits has committed.
     """
-    from sat_tasks.classify import VerdictKind, classify
+    from sat_tasks.classify import PEER_STOP_REASON, VerdictKind, classify
 
     if len(records) == 1:
         return records[0]
@@ -477,7 +477,7 @@ def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> 
         verdict = verdicts[index]
         peer_only = verdict.kind is VerdictKind.HARDWARE and bool(_PEER_SYMPTOM_REASONS.search(verdict.reason))
         if verdict.kind is VerdictKind.HARDWARE:
-            if verdict.reason.startswith("stopped with the other ranks"):
+            if verdict.reason.startswith(PEER_STOP_REASON):
                 return 5
             return 4 if peer_only else 1
         return {VerdictKind.PREEMPTED: 0, VerdictKind.IMAGE_PULL: 2, VerdictKind.INTERNAL: 3,
