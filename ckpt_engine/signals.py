@@ -20,14 +20,14 @@ EXIT_STATUS = 128 + signal.SIGTERM
 HARD_KILL_LAUNCHERS = {"deepspeed.launcher.launch": 30.0}
 
 
-def launcher_kill_after(ppid: int | None = None) -> tuple[str, float] | None:
+def launcher_kill_after() -> tuple[str, float] | None:
     """The parent launcher that SIGKILLs this process a fixed time after SIGTERM, and that time.
 
     Read from the parent's command line (Linux ``/proc``); None when the parent is none of
     :data:`HARD_KILL_LAUNCHERS` or cannot be read.
     """
     try:
-        with open(f"/proc/{ppid or os.getppid()}/cmdline", "rb") as handle:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
             args = handle.read().decode(errors="replace").split("\0")
     except OSError:
         return None
