@@ -133,7 +133,7 @@ def test_sigterm_to_the_deepspeed_launchers_group_commits_a_final_checkpoint(
                "--data_dir", str(corpus_dir), "--output_dir", str(out), "--max_steps", "400", "--save_steps", "5",
                "--deepspeed", str(config)]
     env = seed_env(vendor_dir, SEED_STEP_SLEEP="0.1", CKPT_GRACE_SECONDS="20",
-                   PATH=f"{venv_bin}:{seed_env(vendor_dir)['PATH']}")
+                   PATH=f"{venv_bin}:{os.environ['PATH']}")
     proc = subprocess.Popen(command, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

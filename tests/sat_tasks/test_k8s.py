@@ -611,13 +611,19 @@ def _unshare_available() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _unshare_available(), reason="needs unshare --pid --mount-proc (root or user namespaces)")
+# Run a supervisor as PID 1 of its own PID namespace, as in a container (probed once).
+needs_pid_namespace = pytest.mark.skipif(not _unshare_available(),
+                                         reason="needs unshare --pid --mount-proc (root or user namespaces)")
+
+
+@needs_pid_namespace
 def test_supervisor_as_pid_1_waits_for_ranks_the_deepspeed_launcher_leaves(tmp_path):
     """In a pod the supervisor is PID 1: when it exits, the kernel SIGKILLs every process left.
 
     The `deepspeed` launcher (a command written as `deepspeed ...`; SAT rendered multi-node
     DeepSpeed jobs so until it switched to torchrun) dies on SIGTERM at once while its
-    ranks write their final checkpoint; the supervisor must not exit with it. Run here as PID 1 of a new PID namespace, as in a container.
+    ranks write their final checkpoint; the supervisor must not exit with it. Run here as
+    PID 1 of a new PID namespace, as in a container.
     """
     from tests.support.slow_rank import RANK
 
@@ -647,7 +653,7 @@ def test_supervisor_as_pid_1_waits_for_ranks_the_deepspeed_launcher_leaves(tmp_p
     assert proc.returncode == 143
 
 
-@pytest.mark.skipif(not _unshare_available(), reason="needs unshare --pid --mount-proc (root or user namespaces)")
+@needs_pid_namespace
 def test_supervisor_as_pid_1_stops_on_sigterm_while_waiting_for_rank_0(tmp_path):
     """A rank > 0 waits for rank 0's DNS name before it starts; a SIGTERM then must end the pod.
 
@@ -662,7 +668,8 @@ def test_supervisor_as_pid_1_stops_on_sigterm_while_waiting_for_rank_0(tmp_path)
     env = {**os.environ, "SAT_CODE_DIR": str(tmp_path), "SAT_ATTEMPT": "1", "SAT_JOB_NAME": job.name,
            "SAT_NODE": "node-b", "NODE_RANK": "1", "MASTER_ADDR": "rank-0.does-not-exist.invalid"}
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", script, "sat-launch",
-                             f"touch {started}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             f"touch {started}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     try:
         time.sleep(1.5)  # inside the DNS wait
         (pid_1,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
