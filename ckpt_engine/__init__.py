@@ -1,40 +1,37 @@
 """ckpt_engine: concurrent (asynchronous) checkpointing for PyTorch, the HF Trainer and DeepSpeed.
 
-``CheckpointEngine`` is importable without transformers; ``DecoratedCheckpointing``
-(which needs transformers) is imported on first access.
+Layout: `layout` (names every part shares), `storage` (where files go, by URL scheme),
+`manifest` (checksums, verification), `formats` and `pool` (planning and staging
+tensors), `engine` (stage, persist, commit), `multirank`, `mirror`, `signals`,
+`integrations` (HF Trainer, DeepSpeed, the DataStates surface), `cli`, `vendor`, `launch`.
+
+Every name below is imported on first access (PEP 562), so `import ckpt_engine.cli` (the
+`sat ckpt` command) does not import torch; `CheckpointEngine` does.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import Any
 
-from ckpt_engine.engine import CheckpointEngine, CommitRecord, ProgressRecord, SaveHandle
-from ckpt_engine.errors import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    ConfigError,
-    CorruptCheckpointError,
-    PersistError,
-    StorageError,
-    UnsupportedSchemeError,
-)
-from ckpt_engine.manifest import Manifest, VerifyReport, verify_checkpoint
-from ckpt_engine.storage import FaultyStorage, FileStorage, MemoryStorage, Storage, open_storage, register_scheme
-
-if TYPE_CHECKING:
-    from ckpt_engine.hf import DecoratedCheckpointing
-
-__all__ = [
-    "CheckpointEngine", "CheckpointError", "CheckpointNotFoundError", "CommitRecord", "ConfigError",
-    "CorruptCheckpointError", "DecoratedCheckpointing", "FaultyStorage", "FileStorage", "Manifest",
-    "MemoryStorage", "PersistError", "ProgressRecord", "SaveHandle", "Storage", "StorageError",
-    "UnsupportedSchemeError", "VerifyReport", "open_storage", "register_scheme", "verify_checkpoint",
-]
+_EXPORTS = {
+    "CheckpointEngine": "ckpt_engine.engine", "CommitRecord": "ckpt_engine.engine",
+    "ProgressRecord": "ckpt_engine.engine", "SaveHandle": "ckpt_engine.engine",
+    "CheckpointError": "ckpt_engine.errors", "CheckpointNotFoundError": "ckpt_engine.errors",
+    "ConfigError": "ckpt_engine.errors", "CorruptCheckpointError": "ckpt_engine.errors",
+    "PersistError": "ckpt_engine.errors", "StorageError": "ckpt_engine.errors",
+    "UnsupportedSchemeError": "ckpt_engine.errors",
+    "Manifest": "ckpt_engine.manifest", "VerifyReport": "ckpt_engine.manifest",
+    "verify_checkpoint": "ckpt_engine.manifest",
+    "Storage": "ckpt_engine.storage", "FileStorage": "ckpt_engine.storage", "MemoryStorage": "ckpt_engine.storage",
+    "FaultyStorage": "ckpt_engine.storage", "open_storage": "ckpt_engine.storage",
+    "register_scheme": "ckpt_engine.storage",
+    "DecoratedCheckpointing": "ckpt_engine.integrations.hf",
+}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "DecoratedCheckpointing":
-        from ckpt_engine.hf import DecoratedCheckpointing
-
-        return DecoratedCheckpointing
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'ckpt_engine' has no attribute {name!r}")

@@ -10,26 +10,34 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ckpt_engine.manifest import list_checkpoint_steps, parse_step, verify_checkpoint
-from ckpt_engine.storage import FileStorage
+from ckpt_engine.layout import CONCURRENT_DIR, PROGRESS_NAME, parse_step
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt_engine.storage.file import FileStorage
 
 EXIT_OK, EXIT_CORRUPT, EXIT_NOTHING = 0, 1, 2
 
 
 def _locate(directory: str) -> tuple[FileStorage, list[str]]:
+    # numpy and xxhash come with the manifest: imported when a command runs, not when `sat` builds its parser.
+    from ckpt_engine.manifest import list_checkpoint_steps
+    from ckpt_engine.storage.file import FileStorage
+
     path = Path(directory).resolve()
     if parse_step(path.name) is not None:
         return FileStorage(path.parent), [path.name]
-    if (path / "concurrent_checkpoint").is_dir() and not list_checkpoint_steps(FileStorage(path)):
-        path = path / "concurrent_checkpoint"
+    if (path / CONCURRENT_DIR).is_dir() and not list_checkpoint_steps(FileStorage(path)):
+        path = path / CONCURRENT_DIR
     storage = FileStorage(path)
     return storage, [f"checkpoint-{step}" for step in list_checkpoint_steps(storage)]
 
 
 def list_checkpoints(args: argparse.Namespace) -> int:
     """Print every checkpoint with its state, size and date (manifest and sizes only, fast)."""
+    from ckpt_engine.manifest import verify_checkpoint
+
     storage, names = _locate(args.dir)
     rows: list[dict[str, Any]] = []
     for name in names:
@@ -46,7 +54,7 @@ def list_checkpoints(args: argparse.Namespace) -> int:
         for row in rows:
             size = f"{row['bytes'] / 1e6:.1f}" if row["bytes"] is not None else "-"
             print(f"{row['name']:<22} {row['status']:<11} {size:>9} {row['files'] or '-':>5}  {row['created_at'] or '-'}")
-        progress = Path(storage.root) / "progress.json"
+        progress = Path(storage.root) / PROGRESS_NAME
         if progress.exists():
             data = json.loads(progress.read_text())
             print(f"progress: step={data.get('step')} last_committed_step={data.get('last_committed_step')} "
@@ -56,6 +64,8 @@ def list_checkpoints(args: argparse.Namespace) -> int:
 
 def verify_checkpoints(args: argparse.Namespace) -> int:
     """Check every file of every checkpoint against its manifest (sizes and checksums)."""
+    from ckpt_engine.manifest import verify_checkpoint
+
     storage, names = _locate(args.dir)
     if not names:
         print(f"no checkpoint-<step> directories under {args.dir}", file=sys.stderr)

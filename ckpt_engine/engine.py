@@ -26,7 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ckpt_engine.errors import CheckpointNotFoundError, CorruptCheckpointError, PersistError
+from ckpt_engine.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    PersistError,
+)
 from ckpt_engine.formats import (
     FilePlan,
     gc_paused,
@@ -35,12 +39,16 @@ from ckpt_engine.formats import (
     plan_safetensors,
     plan_torch_file,
 )
-from ckpt_engine.manifest import (
+from ckpt_engine.layout import (
     MANIFEST_NAME,
+    PROGRESS_NAME,
     TMP_PREFIX,
+    TRASH_PREFIX,
+    checkpoint_dir,
+)
+from ckpt_engine.manifest import (
     FileEntry,
     Manifest,
-    checkpoint_dir,
     checksum_buffer,
     format_checksum,
     hash_pool,
@@ -50,7 +58,7 @@ from ckpt_engine.manifest import (
     verify_checkpoint,
 )
 from ckpt_engine.pool import DEFAULT_SLAB_BYTES, SEGMENT_ALIGNMENT, HostBufferPool, Slab
-from ckpt_engine.storage import Storage, StorageWriter, open_storage
+from ckpt_engine.storage.base import Storage, StorageWriter, open_storage
 
 if TYPE_CHECKING:
     from ckpt_engine.mirror import CheckpointMirror
@@ -58,9 +66,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ckpt_engine")
 
-PROGRESS_NAME = "progress.json"
 PROGRESS_EVERY_S = 0.25
-TRASH_PREFIX = ".trash-"
+# A step-only progress update reaches the mirror (Object Storage) at most this often; commits,
+# resumes and errors go at once. The orchestrator reads the mirrored file on Kubernetes.
+PROGRESS_MIRROR_EVERY_S = 30.0
+# The attempt number SAT gives each (re)start; progress.json carries it so a reader can tell
+# this attempt's step from an earlier attempt's (the file outlives attempts).
+ATTEMPT_ENV = "SAT_ATTEMPT"
 ON_ERROR_CHOICES = ("continue", "raise")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _GIB = 1 << 30
@@ -95,9 +107,18 @@ class CommitRecord:
     waited_for_previous_s: float
 
 
+def _attempt_from_env() -> int | None:
+    raw = os.environ.get(ATTEMPT_ENV, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
 @dataclass
 class ProgressRecord:
-    """Contents of ``progress.json`` (read by the orchestrator and the UI)."""
+    """Contents of ``progress.json`` (read by the orchestrator and the UI).
+
+    ``step`` is the training step (None until training runs); ``resumed_from_step`` the
+    checkpoint this process resumed from; ``attempt`` the ``SAT_ATTEMPT`` it ran as.
+    """
 
     step: int | None = None
     last_committed_step: int | None = None
@@ -107,6 +128,8 @@ class ProgressRecord:
     updated_at: str = field(default_factory=utc_now)
     last_error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    resumed_from_step: int | None = None
+    attempt: int | None = field(default_factory=_attempt_from_env)
 
 
 class SaveHandle:
@@ -224,6 +247,7 @@ class CheckpointEngine:
         self.records: list[CommitRecord] = []
         self.progress = ProgressRecord(committed_steps=self._committed_steps())
         self._progress_written_at = 0.0
+        self._progress_mirrored_at = 0.0
         self.progress.last_committed_step = self.progress.committed_steps[0] if self.progress.committed_steps else None
         self._progress_lock = threading.Lock()
         self.on_commit: list[Callable[[CommitRecord], None]] = []
@@ -522,7 +546,11 @@ class CheckpointEngine:
         committed = list(kept)
         return sorted(set(committed), reverse=True)
 
-    def _write_progress(self, **changes: Any) -> None:
+    def _write_progress(self, *, publish: bool | None = None, **changes: Any) -> None:
+        """Update progress.json (rank 0); also queue it for the mirror unless only the step moved lately.
+
+        ``publish`` forces (True) or skips (False) the mirror copy.
+        """
         with self._progress_lock:  # the commit and mirror threads both write: an older snapshot never lands last
             with self._lock:
                 for key, value in changes.items():
@@ -535,6 +563,18 @@ class CheckpointEngine:
                 self.storage.write_atomic(PROGRESS_NAME, raw, durable=False)  # advisory: atomic, no fsync
             except OSError as exc:
                 log.warning("[Concurrent Checkpoint] could not write %s: %r", PROGRESS_NAME, exc)
+            if self.mirror is None:
+                return
+            now = time.monotonic()
+            if publish is None:
+                publish = set(changes) - {"step"} or now - self._progress_mirrored_at >= PROGRESS_MIRROR_EVERY_S
+            if publish:
+                self._progress_mirrored_at = now
+                self.mirror.publish_progress(raw)
+
+    def record_resume(self, step: int) -> None:
+        """Note in progress.json (and its mirror, at once) that this process resumes from ``checkpoint-<step>``."""
+        self._write_progress(resumed_from_step=step)
 
     def record_step(self, step: int) -> None:
         """Note the training step; ``progress.json`` gets it at most every PROGRESS_EVERY_S seconds.
@@ -565,6 +605,7 @@ class CheckpointEngine:
                 records.append(record)
         self._janitor.submit(lambda: None).result()  # retention deletes queued so far are done
         if self.mirror is not None:
+            self._write_progress(publish=True)  # the newest step reaches the mirror with the last upload
             if mirror_deadline is None:
                 self.mirror.wait()
             else:
@@ -625,10 +666,13 @@ class CheckpointEngine:
                 log.warning("[Concurrent Checkpoint] skipping corrupt %s", problems[-1])
                 continue
             try:
-                return self._read_state(report.manifest, map_location, weights_only)
+                state = self._read_state(report.manifest, map_location, weights_only)
             except (CorruptCheckpointError, OSError) as exc:  # OSError: EIO while reading, as on a failing disk
                 problems.append(f"checkpoint-{candidate}: {exc}")
                 log.warning("[Concurrent Checkpoint] skipping corrupt %s", problems[-1])
+                continue
+            self.record_resume(candidate)
+            return state
         raise CheckpointNotFoundError(f"no complete, verified checkpoint (step {step}) in {self.storage.url}: "
                                       f"{problems}")
 

@@ -7,7 +7,6 @@ import ctypes
 import json
 import mmap
 import os
-import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -19,13 +18,13 @@ import numpy as np
 import xxhash
 
 from ckpt_engine.errors import CorruptCheckpointError
-from ckpt_engine.storage import Storage
+from ckpt_engine.layout import (
+    MANIFEST_NAME,
+    parse_step,
+)
+from ckpt_engine.storage.base import Storage
 
-MANIFEST_NAME = "manifest.json"
 FORMAT = "ckpt_engine/1"
-CHECKPOINT_PREFIX = "checkpoint-"
-TMP_PREFIX = ".tmp-checkpoint-"
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 _READ_BLOCK = 8 << 20
 
 
@@ -199,17 +198,6 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     manifest: Manifest | None = None
     hashed: list[str] = field(default_factory=list)  # files whose checksums this check computed
-
-
-def checkpoint_dir(step: int) -> str:
-    """Directory name of the checkpoint for ``step``."""
-    return f"{CHECKPOINT_PREFIX}{step}"
-
-
-def parse_step(name: str) -> int | None:
-    """The step of a ``checkpoint-<step>`` name, else None."""
-    match = _CHECKPOINT_RE.match(name)
-    return int(match.group(1)) if match else None
 
 
 def list_checkpoint_steps(storage: Storage, root: str = "") -> list[int]:

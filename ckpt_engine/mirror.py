@@ -17,20 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from ckpt_engine.engine import TRASH_PREFIX
 from ckpt_engine.errors import CorruptCheckpointError
+from ckpt_engine.layout import MANIFEST_NAME, PROGRESS_NAME, TMP_PREFIX, TRASH_PREFIX, checkpoint_dir
 from ckpt_engine.manifest import (
-    MANIFEST_NAME,
-    TMP_PREFIX,
     FileEntry,
     Manifest,
-    checkpoint_dir,
     format_checksum,
     list_checkpoint_steps,
     new_hasher,
     verify_checkpoint,
 )
-from ckpt_engine.storage import Storage, open_storage
+from ckpt_engine.storage.base import Storage, open_storage
 
 log = logging.getLogger("ckpt_engine")
 
@@ -120,11 +117,13 @@ def _manifest_bytes(storage: Storage, directory: str) -> tuple[bytes, Manifest]:
 
 
 class CheckpointMirror:
-    """Copies each committed checkpoint to ``url`` in one background thread.
+    """Copies each committed checkpoint to ``url`` in one background thread, and the engine's progress.
 
     Call order: ``submit(step)`` after every local commit (never blocks; a submission
-    replaces one still queued, so the newest checkpoint goes next) -> ``wait(timeout)``
-    before exit -> ``close()``. One upload runs at a time: every file named in the local
+    replaces one still queued, so the newest checkpoint goes next) and
+    ``publish_progress(raw)`` when progress.json changes (the newest snapshot replaces a
+    queued one; it goes up after any queued checkpoint, as ``<url>progress.json``) ->
+    ``wait(timeout)`` before exit -> ``close()``. One upload runs at a time: every file named in the local
     manifest, each verified against it while read, then the manifest; then retention
     keeps the ``keep_last`` newest complete mirrored checkpoints (0 keeps all) plus the
     one just mirrored, and deletes incomplete leftovers. ``on_mirrored(step)`` runs after
@@ -142,7 +141,8 @@ class CheckpointMirror:
         self.records: list[MirrorRecord] = []
         self._cond = threading.Condition()
         self._pending: int | None = None
-        self._busy: int | None = None
+        self._progress: bytes | None = None
+        self._busy: int | str | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -161,19 +161,48 @@ class CheckpointMirror:
                 log.info("[Concurrent Checkpoint] mirror: checkpoint-%d superseded by checkpoint-%d before its "
                          "upload started", self._pending, step)
             self._pending = step
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ckpt-mirror", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+            self._start()
+
+    def publish_progress(self, raw: bytes) -> None:
+        """Queue a progress.json snapshot for ``<url>progress.json`` (replacing a queued one); returns at once."""
+        with self._cond:
+            if self._closed:
+                return
+            self._progress = bytes(raw)
+            self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ckpt-mirror", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
+
+    def _upload_progress(self, raw: bytes) -> None:
+        try:
+            self.remote.write_atomic(PROGRESS_NAME, raw, durable=False)
+        except Exception as exc:  # advisory, like the local file: logged, training goes on
+            log.warning("[Concurrent Checkpoint] could not mirror %s to %s: %r", PROGRESS_NAME, self.url, exc)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._pending is None and not self._closed:
+                while self._pending is None and self._progress is None and not self._closed:
                     self._cond.wait()
-                if self._pending is None:
+                if self._pending is None and self._progress is not None:
+                    raw, self._progress, self._busy = self._progress, None, PROGRESS_NAME
+                    step = None
+                elif self._pending is None:
                     return
-                step, self._pending, self._busy = self._pending, None, self._pending
+                else:
+                    step, self._pending, self._busy = self._pending, None, self._pending
+            if step is None:
+                try:
+                    self._upload_progress(raw)
+                finally:
+                    with self._cond:
+                        self._busy = None
+                        self._cond.notify_all()
+                continue
             try:
                 self.mirror_checkpoint(step)
             except Exception as exc:  # logged; the mirror never stops training
@@ -229,7 +258,7 @@ class CheckpointMirror:
         """Block until no upload is queued or running (at most ``timeout`` s; None waits forever)."""
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._pending is not None or self._busy is not None:
+            while self._pending is not None or self._progress is not None or self._busy is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     log.warning("[Concurrent Checkpoint] mirror upload of checkpoint-%s did not finish within %.0fs; "
@@ -246,6 +275,7 @@ class CheckpointMirror:
         with self._cond:
             self._closed = True
             self._pending = None
+            self._progress = None
             self._cond.notify_all()
 
 

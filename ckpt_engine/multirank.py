@@ -46,8 +46,10 @@ from typing import Any
 import xxhash
 
 from ckpt_engine.errors import CorruptCheckpointError, PersistError
-from ckpt_engine.manifest import TMP_PREFIX, FileEntry
-from ckpt_engine.storage import Storage, fsync_dir
+from ckpt_engine.layout import TMP_PREFIX
+from ckpt_engine.manifest import FileEntry
+from ckpt_engine.storage.base import Storage
+from ckpt_engine.storage.file import fsync_dir
 
 log = logging.getLogger("ckpt_engine")
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 _DATASTATES_INIT = '''"""Alias of ckpt_engine for scripts and DeepSpeed configs written for DataStates."""
 
-from ckpt_engine.deepspeed_compat import DataStatesEngine as CheckpointEngine
+from ckpt_engine.integrations.deepspeed import DataStatesEngine as CheckpointEngine
 
 __all__ = ["CheckpointEngine"]
 '''
 
 _DATASTATES_LLM = '''"""Alias of ckpt_engine's Hugging Face Trainer integration (``from datastates.llm import DecoratedCheckpointing``)."""
 
-from ckpt_engine.hf import DecoratedCheckpointing
+from ckpt_engine.integrations.hf import DecoratedCheckpointing
 
 __all__ = ["DecoratedCheckpointing"]
 '''

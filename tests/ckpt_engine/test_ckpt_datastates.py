@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckpt_engine.deepspeed_compat import DataStatesEngine
+from ckpt_engine.integrations.deepspeed import DataStatesEngine
 from ckpt_engine.errors import PersistError
 
 
@@ -33,9 +33,9 @@ def test_failed_write_raises_on_wait(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def failing_replace(src: str, dst: str) -> None:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr("ckpt_engine.deepspeed_compat.os.replace", failing_replace)
+    monkeypatch.setattr("ckpt_engine.integrations.deepspeed.os.replace", failing_replace)
     engine.save({"w": torch.ones(4)}, str(tmp_path / "x.pt"))
     with pytest.raises(PersistError):
         engine.wait(persist=True)
-    monkeypatch.setattr("ckpt_engine.deepspeed_compat.os.replace", real_replace)
+    monkeypatch.setattr("ckpt_engine.integrations.deepspeed.os.replace", real_replace)
     assert not list(tmp_path.iterdir())

@@ -22,8 +22,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 
 from ckpt_engine import CheckpointEngine, ConfigError, DecoratedCheckpointing, MemoryStorage
 from ckpt_engine.mirror import CheckpointMirror, restore_from_mirror
-from ckpt_engine.s3 import S3Storage
-from sat_tasks.local_s3 import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
+from ckpt_engine.storage.s3 import S3Storage
+from sat_tasks.io.local_s3 import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
 
 DATA_FILES = ["extra.pt", "model.safetensors", "optimizer.pt"]
 ALL_FILES = sorted([*DATA_FILES, "manifest.json"])
@@ -92,12 +92,17 @@ def test_mirror_uploads_manifest_last_keeps_newest_and_restores(tmp_path: Path, 
     save_steps(engine, [1, 2, 3])
     engine.close()
 
-    assert object_keys(mirror_url) == [f"checkpoint-{s}/{n}" for s in (2, 3) for n in ALL_FILES]
+    assert object_keys(mirror_url) == [f"checkpoint-{s}/{n}" for s in (2, 3) for n in ALL_FILES] + ["progress.json"]
     for step in (1, 2, 3):
         uploads = [key.split("/", 1)[1] for key in order if key.startswith(f"checkpoint-{step}/")]
         assert sorted(uploads[:-1]) == DATA_FILES and uploads[-1] == "manifest.json"  # manifest last
     progress = json.loads((tmp_path / "node-a" / "progress.json").read_text())
     assert progress["last_mirrored_step"] == 3 and progress["last_committed_step"] == 3
+    # The orchestrator's copy of the progress: in the mirror, after every checkpoint it describes.
+    mirrored = json.loads(S3Storage(mirror_url).read_bytes("progress.json"))
+    assert mirrored["last_committed_step"] == 3 and mirrored["committed_steps"] == progress["committed_steps"]
+    last_progress = len(order) - 1 - order[::-1].index("progress.json")
+    assert last_progress > order.index("checkpoint-3/manifest.json")
 
     fresh = tmp_path / "node-b" / "concurrent_checkpoint"  # a new node: nothing local, not even the directory
     assert restore_from_mirror(CheckpointEngine(fresh).storage, mirror_url) == 3
@@ -235,7 +240,7 @@ def test_s3_storage_as_an_engine_root(tmp_path: Path, mirror_url: str) -> None:
 
 def test_large_files_go_multipart_both_ways(tmp_path: Path, mirror_url: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ckpt_engine.s3.PART_BYTES", 5 << 20)  # S3's smallest part size
+    monkeypatch.setattr("ckpt_engine.storage.s3.PART_BYTES", 5 << 20)  # S3's smallest part size
     engine = CheckpointEngine(tmp_path / "node-a", mirror_url=mirror_url)
     calls: list[str] = []
     engine.mirror.remote.client.meta.events.register(

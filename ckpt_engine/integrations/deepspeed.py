@@ -27,14 +27,16 @@ import torch
 from ckpt_engine.engine import CheckpointEngine
 from ckpt_engine.errors import PersistError
 from ckpt_engine.formats import BytesFile, FilePlan, plan_torch_file
-from ckpt_engine.manifest import TMP_PREFIX
-from ckpt_engine.storage import FileStorage
+from ckpt_engine.layout import TMP_PREFIX
+from ckpt_engine.storage.file import FileStorage
 
 log = logging.getLogger("ckpt_engine")
 
 
 def _collecting_engine_class() -> type:
-    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine as DeepSpeedCheckpointEngine
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
+        CheckpointEngine as DeepSpeedCheckpointEngine,
+    )
 
     class CollectingCheckpointEngine(DeepSpeedCheckpointEngine):
         """Records every ``save`` as a planned file instead of writing it."""

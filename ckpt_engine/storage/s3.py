@@ -25,8 +25,8 @@ from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 from ckpt_engine.errors import StorageError
-from ckpt_engine.manifest import MANIFEST_NAME
-from ckpt_engine.storage import Storage, StorageWriter
+from ckpt_engine.layout import MANIFEST_NAME
+from ckpt_engine.storage.base import Storage, StorageWriter
 
 ENDPOINT_ENV = "CKPT_S3_ENDPOINT_URL"
 _ENDPOINT_FALLBACK_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")

@@ -32,14 +32,20 @@ from transformers import TrainerCallback
 from ckpt_engine.config import RuntimeConfig
 from ckpt_engine.engine import CheckpointEngine, SaveHandle
 from ckpt_engine.errors import ConfigError
-from ckpt_engine.formats import BytesFile, FilePlan, gc_paused, plan_safetensors, plan_torch_file
-from ckpt_engine.manifest import checkpoint_dir, list_checkpoint_steps, parse_step, verify_checkpoint
+from ckpt_engine.formats import (
+    BytesFile,
+    FilePlan,
+    gc_paused,
+    plan_safetensors,
+    plan_torch_file,
+)
+from ckpt_engine.layout import CONCURRENT_DIR, checkpoint_dir, parse_step
+from ckpt_engine.manifest import list_checkpoint_steps, verify_checkpoint
 from ckpt_engine.signals import GracefulTermination, StopVote
 
 log = logging.getLogger("ckpt_engine")
 
 CKPT_LAST_STEP_ENV = "CKPT_LAST_STEP"
-CONCURRENT_DIR = "concurrent_checkpoint"
 MIRROR_EXIT_MARGIN_S = 2.0  # after SIGTERM, stop waiting for the mirror this long before the grace period ends
 
 
@@ -239,6 +245,7 @@ class DecoratedCheckpointing:
                 log.warning("[Concurrent Checkpoint] checkpoint-%d requested but not usable; falling back to "
                             "checkpoint-%d", step, found)
             log.info("[Concurrent Checkpoint] Resuming from checkpoint-%d (%s)", found, path)
+            self.engine.record_resume(found)
             return path
         log.info("[Concurrent Checkpoint] No Checkpoint found with step: %d", step)
         return None
@@ -318,7 +325,7 @@ class DecoratedCheckpointing:
                 return []
             files = []
             if deepspeed:
-                from ckpt_engine.deepspeed_compat import plan_deepspeed_files
+                from ckpt_engine.integrations.deepspeed import plan_deepspeed_files
 
                 files = plan_deepspeed_files(trainer.model_wrapped, step, self.root, write_latest=False)
             files.append(plan_torch_file(f"rng_state_{args.process_index}.pth", collect_rng_state()))
@@ -335,7 +342,7 @@ class DecoratedCheckpointing:
             files.append(BytesFile(name="generation_config.json", data=generation.to_json_string().encode()))
         if not args.save_only_model:
             if deepspeed:
-                from ckpt_engine.deepspeed_compat import plan_deepspeed_files
+                from ckpt_engine.integrations.deepspeed import plan_deepspeed_files
 
                 files.extend(plan_deepspeed_files(trainer.model_wrapped, step, self.root))
             elif trainer.optimizer is not None:
