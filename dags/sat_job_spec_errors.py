@@ -5,8 +5,8 @@ Airflow keys import errors by DAG file; this file exists so that a bad spec show
 every good spec's DAG loaded. No bad spec: nothing is raised and this file defines no DAG.
 """
 
-from sat_tasks.job_dags import load_job_dags
-from sat_tasks.paths import sat_setting
+from sat_tasks.airflow.job_dags import load_job_dags
+from sat_tasks.config import sat_setting
 from sat_tasks.spec import SpecFileErrors
 
 _errors = load_job_dags(sat_setting("jobs_dir"), build=False).errors

@@ -4,6 +4,7 @@ Trigger it with the form (sections Job, Compute, Container image, Data and resul
 Advanced) or with `sat run SPEC.yaml`, which fills the same form from a spec file.
 """
 
-from sat_tasks.dag_factory import GENERIC_DAG_ID, build_job_dag, generic_params
+from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID, build_job_dag
+from sat_tasks.airflow.params import generic_params
 
 dag = build_job_dag(None, dag_id=GENERIC_DAG_ID, params=generic_params(), doc_md=__doc__, fileloc=__file__)

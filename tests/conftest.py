@@ -62,7 +62,7 @@ def airflow_db() -> Path:
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on 127.0.0.1 for the session, exported as the sat_object_storage connection."""
-    from sat_tasks.local_s3 import LocalS3Server
+    from sat_tasks.io.local_s3 import LocalS3Server
 
     server = LocalS3Server().start()
     previous = {k: os.environ.get(k) for k in server.connection_env()}
@@ -79,7 +79,7 @@ def s3_server():
 @pytest.fixture(scope="session")
 def s3_hook(s3_server):
     """An S3Hook on the session's S3 server."""
-    from sat_tasks.storage import object_storage_hook
+    from sat_tasks.io.object_storage import object_storage_hook
 
     return object_storage_hook()
 
@@ -87,7 +87,7 @@ def s3_hook(s3_server):
 @pytest.fixture(scope="session")
 def demo_bucket(s3_hook):
     """The demo bucket seeded with the shipped corpus and scripts."""
-    from sat_tasks.local_s3 import DEMO_BUCKET, seed_demo_bucket
+    from sat_tasks.io.local_s3 import DEMO_BUCKET, seed_demo_bucket
 
     seed_demo_bucket(s3_hook)
     return DEMO_BUCKET

@@ -167,7 +167,7 @@ def test_training_image_pins_equal_the_lock():
 
 
 def test_training_image_vendors_the_engine_and_sets_the_env():
-    from sat_tasks.runtime_env import IMAGE_VENDOR_DIR
+    from sat_tasks.core.runtime_env import IMAGE_VENDOR_DIR
 
     instructions = _instructions(DOCKER / "training.Dockerfile")
     runs = " ".join(a for k, a in instructions if k == "RUN")

@@ -130,12 +130,12 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="sat-goodput-"))
     sys.path.insert(0, str(ROOT))
     _setup_env(home)
-    from sat_tasks.cli import run_job
-    from sat_tasks.local_s3 import LocalS3Server
+    from sat_tasks.cli.run import run_job
+    from sat_tasks.io.local_s3 import LocalS3Server
 
     with LocalS3Server(process=True) as server:
         os.environ.update(server.connection_env())
-        from sat_tasks.storage import object_storage_hook
+        from sat_tasks.io.object_storage import object_storage_hook
 
         hook = object_storage_hook()
         results = {}

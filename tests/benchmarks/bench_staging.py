@@ -37,8 +37,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     home = Path(tempfile.mkdtemp(prefix="sat-bench-"))
     os.environ.update({"AIRFLOW_HOME": str(home), "AIRFLOW_CONFIG": str(ROOT / "airflow.cfg")})
-    from sat_tasks.local_s3 import LocalS3Server
-    from sat_tasks.storage import object_storage_hook, split_s3_uri, stage_prefix
+    from sat_tasks.io.local_s3 import LocalS3Server
+    from sat_tasks.io.object_storage import object_storage_hook, split_s3_uri, stage_prefix
 
     with LocalS3Server(process=True) as server:
         os.environ.update(server.connection_env())

@@ -21,7 +21,7 @@ from ckpt_engine.formats import BytesFile, plan_torch_file
 from ckpt_engine.manifest import CHECKSUM_PREFIX, FileEntry, split_for_ranks
 from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
 from ckpt_helpers import flip_byte, read_progress, seed_env, write_ds_config
-from sat_tasks.local_s3 import free_port
+from sat_tasks.io.local_s3 import free_port
 
 TOKEN = "0123abcd"
 
@@ -158,7 +158,7 @@ def torchrun_command(out: Path, config: Path | None, vendor_dir: Path, corpus_di
                      env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The seed script on 2 CPU ranks: DeepSpeed with ``config``, plain DDP (gloo) without.
 
-    DeepSpeed ranks start as SAT's Kubernetes backend starts them (``k8s.launch_command``):
+    DeepSpeed ranks start as SAT's Kubernetes backend starts them (``k8s_supervisor.launch_command``):
     through ``ckpt_engine.launch``, which passes ``--local_rank`` as the ``deepspeed`` launcher does.
     """
     entry = ["-m", "ckpt_engine.launch"] if config is not None else []
@@ -331,7 +331,9 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     pod 1 only. Both ranks must stop at the same step and commit one final checkpoint together.
     """
     pytest.importorskip("deepspeed")
-    from sat_tasks import k8s
+    from sat_tasks.backends.kubernetes import pods as k8s_pods
+    from sat_tasks.backends.kubernetes import settings as k8s_settings
+    from sat_tasks.backends.kubernetes import supervisor as k8s_supervisor
     from sat_tasks.spec import parse_spec
 
     out = tmp_path / "shared"  # the run's volume, shared by both pods
@@ -347,7 +349,7 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
                    f"--save_steps 5 --deepspeed {config}",
         "env": {"CKPT_GRACE_SECONDS": "60"},
     }, source="ds-spot")
-    pods = k8s.build_attempt_pods(job, run_id="manual__spot", attempt=1, settings=k8s.KubernetesSettings())
+    pods = k8s_pods.build_attempt_pods(job, run_id="manual__spot", attempt=1, settings=k8s_settings.KubernetesSettings())
     script, launched = pods[0].spec.containers[0].command[2], pods[0].spec.containers[0].command[4]
     assert "-m ckpt_engine.launch run_seed.py" in launched
     pod_env = {var.name: var.value for var in pods[0].spec.containers[0].env if var.value is not None}
@@ -383,9 +385,9 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     # its log says why: pod 1's torchrun got the signal, pod 0's rank got none and learned of
     # the stop from the vote. The classifier must read that as a stop from outside, not as an
     # internal error that would end a Spot job instead of resuming it.
-    from sat_tasks.attempt import AttemptRecord
+    from sat_tasks.core.attempt import AttemptRecord
     from sat_tasks.classify import VerdictKind, classify
-    from sat_tasks.k8s_launch import combine_rank_records
+    from sat_tasks.classify import combine_rank_records
 
     assert [p.returncode for p in procs] == [1, 1]
     assert "another rank received SIGTERM" in outputs[0]

@@ -52,14 +52,21 @@ def test_every_dag_has_tags_owner_and_sane_settings(bag):
 def test_job_dag_shape(bag):
     dag = bag.dags["tiny-llama-demo"]
     ids = {t.task_id for t in dag.tasks}
-    assert {"validate_spec", "check_image", "stage_data", "validate_data", "upload_results", "finalize"} <= ids
-    assert {f"attempt_{k}.{step}" for k in range(1, 5) for step in ("launch", "classify", "decide")} <= ids
+    assert {"validate_spec", "check_image", "stage_data", "validate_data", "upload_results", "finalize",
+            "cleanup_run"} <= ids
+    assert {f"attempt_{k}.{step}" for k in range(1, 5) for step in ("launch", "classify", "decide", "cleanup")} <= ids
     assert "attempt_5.launch" not in ids  # 1 attempt + at most 3 failovers
     assert dag.get_task("check_image").downstream_task_ids == {"stage_data"}
     assert dag.get_task("stage_data").downstream_task_ids == {"validate_data"}
     assert dag.get_task("attempt_1.classify").trigger_rule == "all_done"
     assert dag.get_task("finalize").trigger_rule == "all_done"
-    assert dag.get_task("attempt_2.launch").upstream_task_ids == {"attempt_1.decide", "validate_spec"}
+    # The next attempt waits for the whole previous group (its decision and its cleanup).
+    assert dag.get_task("attempt_2.launch").upstream_task_ids == {"attempt_1.decide", "attempt_1.cleanup"}
+    assert dag.get_task("attempt_1.cleanup").trigger_rule == "all_done"
+    # The run's volume goes once the outputs are uploaded, whatever happened; finalize decides the run's state.
+    assert dag.get_task("cleanup_run").upstream_task_ids == {"upload_results", "validate_spec"}
+    assert dag.get_task("cleanup_run").trigger_rule == "all_done"
+    assert {t.task_id for t in dag.leaves} == {"finalize", "cleanup_run"}
     spot = bag.dags["tiny-llama-spot"]
     assert "attempt_2.wait_for_capacity" in {t.task_id for t in spot.tasks}
     assert spot.get_task("attempt_2.wait_for_capacity").mode == "reschedule"
@@ -74,7 +81,7 @@ def test_generic_dag_form(bag):
     assert params.get_param("framework").schema["enum"] == ["pytorch", "deepspeed"]
     assert params.get_param("server_type").schema["enum"] == ["cpu", "g2", "g3"]
     assert all(params.get_param(k).description for k in params)
-    from sat_tasks.dag_factory import spec_from_params
+    from sat_tasks.airflow.params import spec_from_params
     from sat_tasks.spec import parse_spec
 
     defaults = {k: params[k] for k in params}
@@ -82,7 +89,7 @@ def test_generic_dag_form(bag):
 
 
 def test_params_round_trip_a_spec():
-    from sat_tasks.dag_factory import params_from_spec, spec_from_params
+    from sat_tasks.airflow.params import params_from_spec, spec_from_params
     from sat_tasks.spec import load_spec, parse_spec
 
     for path in JOBS.glob("*.yaml"):
@@ -149,7 +156,11 @@ def test_kubernetes_backend_dag_uses_the_pod_operator(tmp_path, monkeypatch):
     launch = dag.get_task("attempt_1.launch")
     assert type(launch).__name__ == "SatTrainingPodOperator"
     assert launch.on_finish_action.value == "keep_pod"
-    assert dag.get_task("attempt_1.cleanup_pods").trigger_rule == "all_done"
+    assert dag.get_task("attempt_1.cleanup").trigger_rule == "all_done"
     assert dag.get_task("attempt_1.classify").upstream_task_ids == {"attempt_1.launch", "validate_spec"}
+    # The same shape as a local job's DAG: only the launch operator differs (the backend's).
+    local = load_bag(JOBS, monkeypatch).dags["tiny-llama-demo"]
+    assert {t.task_id for t in dag.tasks} == {t.task_id for t in local.tasks}
+    assert type(local.get_task("attempt_1.launch")).__name__ == "LocalLaunchOperator"
     ranks = {t.task_id for t in bag.dags["k8s-multi"].tasks if t.task_id.startswith("attempt_1.launch")}
     assert ranks == {"attempt_1.launch", "attempt_1.launch_rank_1"}

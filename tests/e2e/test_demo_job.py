@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sat_tasks.cli import run_job
+from sat_tasks.cli.run import run_job
 from sat_tasks.spec import load_spec
-from sat_tasks.storage import read_json
+from sat_tasks.io.object_storage import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "include" / "jobs" / "tiny-llama-demo.yaml"
@@ -40,6 +40,10 @@ def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, ai
     for expected in ("output/final/model.safetensors", "output/trainer_state.json", "job.log", "report.json",
                      "status.json", "output/concurrent_checkpoint/checkpoint-160/model.safetensors"):
         assert prefix + expected in keys, expected
+    # The engine's progress reaches Object Storage as data (its mirror), not through the log text.
+    mirrored = read_json(s3_hook, report["results"] + "checkpoints/progress.json")
+    assert mirrored["attempt"] == 2 and mirrored["resumed_from_step"] == committed
+    assert mirrored["last_committed_step"] == 160 and mirrored["step"] == 160
     log = s3_hook.read_key(prefix + "job.log", bucket_name=demo_bucket)
     assert log.count("Starting dataset initialization") == 2
     assert f"Resuming from checkpoint-{committed}" in log

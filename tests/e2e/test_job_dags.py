@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sat_tasks.cli import run_job
-from sat_tasks.pipeline import JobRun
+from sat_tasks.cli.run import run_job
+from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec
-from sat_tasks.storage import read_json
+from sat_tasks.io.object_storage import read_json
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FAKE = "python fake_train.py"

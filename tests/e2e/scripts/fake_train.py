@@ -1,6 +1,7 @@
 """A stand-in trainer for DAG tests: steps, 'commits' a checkpoint every N steps, resumes, handles SIGTERM.
 
-It writes progress.json the way the checkpoint engine does (step, last_committed_step),
+It writes progress.json the way the checkpoint engine does (step, last_committed_step,
+resumed_from_step, and the attempt it runs as),
 so the launcher, the fault injector and the resume logic see what they see in production.
 """
 
@@ -22,7 +23,10 @@ if resume is not None:
     wanted = int(resume)
     start = (committed[-1] if committed else 0) if wanted == -1 else wanted
     print(f"[Concurrent Checkpoint] Resuming from checkpoint-{start} (CKPT_LAST_STEP={resume})", flush=True)
-state = {"step": start, "last_committed_step": committed[-1] if committed else None, "committed_steps": committed}
+attempt = os.environ.get("SAT_ATTEMPT", "")
+state = {"step": None, "last_committed_step": committed[-1] if committed else None, "committed_steps": committed,
+         "resumed_from_step": start if resume is not None else None,
+         "attempt": int(attempt) if attempt.isdigit() else None}
 
 
 def write_progress():

@@ -1,0 +1,239 @@
+"""Build the Training Job DAG: validate -> image -> stage -> validate data -> unrolled attempts -> upload -> finalize.
+
+Only wiring lives here: every task body is a function of `sat_tasks.pipeline.steps`, and
+the `launch` task(s) come from the job's backend (`Backend.launch_operators`), so nothing
+here asks which backend a job runs on. Heavy imports happen inside task bodies: building
+a DAG is cheap (files are re-parsed often).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from sat_tasks.backends import backend_for
+from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
+from sat_tasks.core.policy import plan_attempt
+from sat_tasks.errors import JobStopped, NotApplicable
+from sat_tasks.pipeline import steps
+from sat_tasks.spec import TrainingJob
+
+log = logging.getLogger("sat.task")
+START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+GENERIC_DAG_ID = "sat_training_job"
+GENERIC_MAX_ATTEMPTS = 6  # 1 + max(3 failovers, 5 Spot resumes)
+
+DEFAULT_ARGS = {
+    "owner": "sat",
+    "retries": 0,
+    "retry_delay": timedelta(seconds=30),
+}
+
+
+def _say(message: str) -> None:
+    log.info("%s", message)
+
+
+def _run(fn, *args, **kwargs):
+    """Call a task function, turning its stop/skip signals into Airflow's."""
+    try:
+        return fn(*args, log=_say, **kwargs)
+    except JobStopped as exc:
+        raise AirflowFailException(str(exc)) from None
+    except NotApplicable as exc:
+        raise AirflowSkipException(str(exc)) from None
+
+
+def _job(spec: dict | None) -> TrainingJob:
+    if spec is None:
+        raise AirflowSkipException("no validated spec (validate_spec did not succeed)")
+    return TrainingJob.model_validate(spec)
+
+
+def _pull(task_id: str) -> Any:
+    return get_current_context()["ti"].xcom_pull(task_ids=task_id)
+
+
+def _run_id() -> str:
+    return get_current_context()["run_id"]
+
+
+def _schedule(job: TrainingJob | None):
+    if job is None or job.schedule is None:
+        return None
+    if job.schedule.startswith("asset:"):
+        return [Asset(job.schedule[len("asset:"):])]
+    return job.schedule
+
+
+def build_job_dag(
+    job: TrainingJob | None,
+    *,
+    dag_id: str,
+    spec_path: str | None = None,
+    fileloc: str | None = None,
+    max_attempts: int | None = None,
+    params: dict[str, Param] | None = None,
+    doc_md: str | None = None,
+) -> DAG:
+    """The DAG of one Training Job (`job` given), or the generic one (`job` None: spec from params)."""
+    baked = job.to_dict() if job else None
+    attempts = max_attempts or (job.max_attempts() if job else GENERIC_MAX_ATTEMPTS)
+    spot_waits = job is None or job.is_spot
+    tags = ["sat", "training-job"] + ([f"{k}:{v}" for k, v in sorted(job.tags.items())][:20] if job else ["generic"])
+
+    with DAG(
+        dag_id=dag_id,
+        schedule=_schedule(job),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1 if job else 16,
+        default_args=DEFAULT_ARGS,
+        tags=tags,
+        params=params or {},
+        doc_md=doc_md or f"Training Job `{dag_id}`" + (f" from `{spec_path}`" if spec_path else ""),
+        render_template_as_native_obj=False,
+    ) as dag:
+        if fileloc:
+            dag.fileloc = fileloc
+
+        @task(task_id="validate_spec")
+        def validate_spec() -> dict:
+            from sat_tasks.airflow.params import spec_from_params
+
+            context = get_current_context()
+            spec = baked if baked is not None else spec_from_params(dict(context["params"]))
+            return _run(steps.validate_spec, spec, None, context["run_id"])
+
+        @task(task_id="check_image", retries=2)
+        def check_image(spec: dict) -> dict:
+            from airflow.sdk import BaseHook
+
+            return _run(steps.check_image, _job(spec), _run_id(), get_connection=BaseHook.get_connection)
+
+        @task(task_id="stage_data", retries=2)
+        def stage_data(spec: dict) -> dict:
+            return _run(steps.stage_data, _job(spec), _run_id())
+
+        @task(task_id="validate_data")
+        def validate_data(spec: dict, staged: dict) -> dict:
+            return _run(steps.validate_data, _job(spec), _run_id(), staged)
+
+        spec = validate_spec()
+        staged = stage_data(spec)
+        check_image(spec) >> staged
+        gate = validate_data(spec, staged)
+
+        previous_decide: str | None = None
+        upstream = gate
+        decide_ids = []
+        for k in range(1, attempts + 1):
+            with TaskGroup(group_id=f"attempt_{k}", tooltip=f"attempt {k}: launch, classify, decide") as group:
+                entries = _attempt_group(spec, k, previous_decide, spot_waits, job)
+            for entry in entries:
+                upstream >> entry
+            upstream = group
+            previous_decide = f"attempt_{k}.decide"
+            decide_ids.append(previous_decide)
+
+        @task(task_id="upload_results", trigger_rule=TriggerRule.ALL_DONE, retries=2)
+        def upload_results(spec: dict | None) -> dict:
+            decisions = [_pull(tid) for tid in decide_ids]
+            return _run(steps.upload_results, _job(spec), _run_id(), decisions)
+
+        @task(task_id="finalize", trigger_rule=TriggerRule.ALL_DONE, retries=1)
+        def finalize() -> dict:
+            spec_now = _pull("validate_spec")
+            job_now = TrainingJob.model_validate(spec_now) if spec_now else None
+            try:
+                return steps.finalize(job_now, _run_id(), failed_tasks=_failed_tasks(), log=_say)
+            except JobStopped as exc:
+                raise AirflowFailException(str(exc)) from None
+
+        @task(task_id="cleanup_run", trigger_rule=TriggerRule.ALL_DONE)
+        def cleanup_run(spec: dict | None) -> list[str]:
+            return _run(steps.cleanup_run, _job(spec), _run_id())
+
+        upload = upload_results(spec)
+        upstream >> upload >> finalize()
+        upload >> cleanup_run(spec)
+    return dag
+
+
+def _failed_tasks() -> list[str]:
+    """`<task id> failed` for each task that failed in this DAG run (what `finalize` names)."""
+    context = get_current_context()
+    ti = context["ti"]
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[context["run_id"]])
+    except Exception as exc:  # noqa: BLE001 - the report is still written without the names
+        log.warning("could not read the task states of this run: %s", exc)
+        return []
+    run_states = states.get(context["run_id"], {}) if isinstance(states, dict) else {}
+    return [f"{task_id} failed" for task_id, state in sorted(run_states.items())
+            if str(getattr(state, "value", state)) == "failed"]
+
+
+def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, job: TrainingJob | None):
+    """launch -> classify -> decide (and cleanup) for attempt k, plus a capacity wait for Spot resumes.
+
+    Returns the group's entry tasks (what the previous group points to).
+    """
+
+    def previous() -> Decision | None:
+        return Decision.from_xcom(_pull(previous_decide)) if previous_decide else None
+
+    def plan(job_: TrainingJob) -> Plan:
+        try:
+            return plan_attempt(job_, k, previous())
+        except NotApplicable as exc:
+            raise AirflowSkipException(str(exc)) from None
+
+    first = []
+    if k > 1 and spot_waits:
+        poll = job.spot.poll_seconds if job else 30
+        timeout = job.spot.max_wait_seconds if job else 24 * 3600
+
+        @task.sensor(task_id="wait_for_capacity", poke_interval=poll, timeout=timeout, mode="reschedule")
+        def wait_for_capacity(spec: dict) -> bool:
+            prev = previous()
+            if prev is None or not prev.needs_attempt:
+                raise AirflowSkipException(f"attempt {k} is not needed")
+            if prev.action is not Action.RESUME:
+                return True
+            return _run(steps.capacity_available, _job(spec), _run_id(), prev)
+
+        first.append(wait_for_capacity(spec))
+
+    launch_ops = backend_for(job).launch_operators(attempt=k, previous_decide_task_id=previous_decide, job=job)
+
+    @task(task_id="classify", trigger_rule=TriggerRule.ALL_DONE, retries=1)
+    def classify(spec: dict | None) -> dict:
+        job_ = _job(spec)
+        plan(job_)
+        return _run(steps.classify_attempt, job_, _run_id(), k)
+
+    @task(task_id="decide")
+    def decide(spec: dict, verdict: dict) -> dict:
+        job_ = _job(spec)
+        return _run(steps.decide, job_, _run_id(), plan(job_), Verdict.from_xcom(verdict))
+
+    @task(task_id="cleanup", trigger_rule=TriggerRule.ALL_DONE)
+    def cleanup(spec: dict | None) -> list[str]:
+        job_ = _job(spec)
+        plan(job_)
+        return _run(steps.cleanup_attempt, job_, _run_id(), k)
+
+    verdict = classify(spec)
+    for node in first:
+        for op in launch_ops:
+            node >> op
+    for op in launch_ops:
+        op >> verdict
+    decide(spec, verdict)
+    verdict >> cleanup(spec)
+    return first or launch_ops

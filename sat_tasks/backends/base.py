@@ -1,0 +1,100 @@
+"""The Backend protocol: everything a Training Job's tasks need from the place where training runs.
+
+A backend is one subpackage of `sat_tasks.backends` (`local`, `kubernetes`) with a class
+that has these methods; `sat_tasks.backends.get_backend(kind)` finds it. The task
+functions (`sat_tasks.pipeline`) and the DAG factory call only these, so they never ask
+which backend they are on. Call order for one run:
+
+    stage(run)                      -> staging report (XCom-sized)
+    check_staged_data(run, staged)  -> DataCheck (the Great Expectations result)
+    per attempt k:
+        launch_operators(...)       -> the Airflow task(s) that run attempt k
+        read_attempt_record(run, k) -> the AttemptRecord classify reads (None: never launched)
+        cleanup_attempt(run, k)     -> what was deleted (the attempt's pods, ...)
+        capacity(run, decision)     -> Spot: is there room for the next attempt?
+    upload_outputs(run)             -> the training outputs into <results>/output/
+    job_log(run)                    -> the run's job log as a local file, for upload
+    cleanup_run(run)                -> what was deleted (the run's volume, ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.contracts import Decision
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.spec import BackendKind, TrainingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import BaseOperator
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DataCheck:
+    """The outcome of the data validation suite on the staged data."""
+
+    success: bool
+    summary_lines: list[str] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Whether a resumed attempt fits now, and a line saying why (for the task log)."""
+
+    available: bool
+    summary: str
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Where `launch` runs the training. See the module doc for the call order.
+
+    Attributes:
+        kind: the spec's `backend` value this class serves.
+        pulls_images: whether attempts run in the job's container image. When False (the
+            local backend runs the command on this host) the image check only parses the
+            reference unless the job names a registry connection.
+    """
+
+    kind: BackendKind
+    pulls_images: bool
+
+    def stage(self, run: JobRun, log: Log) -> dict[str, Any]:
+        """Copy the script and data from Object Storage to where the attempts read them."""
+
+    def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
+        """Run (or read the result of) the job's expectation suite on the staged data."""
+
+    def launch_operators(self, *, attempt: int, previous_decide_task_id: str | None,
+                         job: TrainingJob | None) -> list[BaseOperator]:
+        """The Airflow task(s) that run attempt `attempt` (call inside the attempt's TaskGroup).
+
+        `job` is None for the generic DAG (the spec arrives with the run). Each task reads the
+        validated spec and the previous decision from XCom, plans the attempt
+        (`core.policy.plan_attempt`; skipped when not needed), records Running, runs it and
+        stores what `read_attempt_record` returns.
+        """
+
+    def read_attempt_record(self, run: JobRun, attempt: int, log: Log) -> AttemptRecord | None:
+        """The record of attempt `attempt`, stored at `run.attempt_uri`; None when it never launched."""
+
+    def cleanup_attempt(self, run: JobRun, attempt: int, log: Log) -> list[str]:
+        """Delete what the attempt left running or kept for classify; `kind/name` of each object."""
+
+    def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
+        """Spot: whether the next attempt (after `decision`) fits now."""
+
+    def upload_outputs(self, run: JobRun, log: Log) -> dict[str, Any]:
+        """Upload the training outputs to `run.output_uri`; the transfer report."""
+
+    def job_log(self, run: JobRun, log: Log) -> Path | None:
+        """The run's job log (all attempts) as a local file, None when there is none yet."""
+
+    def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
+        """Delete what the run kept between attempts (volume, staging pods); `kind/name` of each."""

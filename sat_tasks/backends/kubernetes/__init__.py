@@ -1,0 +1,122 @@
+"""The Kubernetes backend (production): attempts as pods, one per node rank, launched by KubernetesPodOperator.
+
+Modules: `settings` (cluster conventions), `names` (names and labels), `supervisor` (PID 1,
+the launch command, probes), `pods` (the attempt's pods, Service and the run's claim: the
+one source `sat render` prints), `operator` (the `launch` task), `records` (reading the
+kept pods into an AttemptRecord), `staging` (helper pods: staging and upload),
+`capacity` (Spot capacity), `cleanup` (deleting what SAT created), `client` (the API
+client from the Airflow connection). ADR 0007 explains the choices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from sat_tasks.backends.base import Capacity, DataCheck
+from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.contracts import Decision
+from sat_tasks.errors import JobStopped
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.spec import BackendKind, TrainingJob
+
+Log = Callable[[str], None]
+
+
+class KubernetesBackend:
+    """The Backend protocol on a cluster (see `sat_tasks.backends.base` for the call order).
+
+    `client` is a CoreV1Api; by default the provider's KubernetesHook on `[sat]
+    kubernetes_conn_id`, made when first needed. Tests pass a recording fake.
+    """
+
+    kind = BackendKind.KUBERNETES
+    pulls_images = True
+
+    def __init__(self, client: Any = None, namespace: str | None = None) -> None:
+        self._client = client
+        self._namespace = namespace
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from sat_tasks.backends.kubernetes.client import core_v1_client
+
+            return core_v1_client()
+        return self._client
+
+    @property
+    def namespace(self) -> str:
+        from sat_tasks.backends.kubernetes.client import namespace
+
+        return self._namespace or namespace()
+
+    # ---- before training -----------------------------------------------------------------------
+    def stage(self, run: JobRun, log: Log) -> dict[str, Any]:
+        """Create the run's claim (once), then fill it with the staging pod; its report."""
+        from sat_tasks.backends.kubernetes.staging import ensure_run_volume, stage_into_volume
+
+        client, namespace = self.client, self.namespace
+        if ensure_run_volume(run.job, run.run_id, client=client, namespace=namespace):
+            log(f"created the run volume claim in {namespace}")
+        return stage_into_volume(run.job, run.run_id, client=client, namespace=namespace, log=log)
+
+    def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
+        """The staging pod ran the suite where the data is (`stage --validate`): read its result."""
+        result = (staged or {}).get("validation")
+        if result is None:
+            raise JobStopped("the staging pod reported no data validation result")
+        return DataCheck(bool(result.get("success")), list(result.get("summary_lines", [])), result)
+
+    # ---- attempts ------------------------------------------------------------------------------
+    def launch_operators(self, *, attempt: int, previous_decide_task_id: str | None,
+                         job: TrainingJob | None) -> list:
+        from sat_tasks.backends.kubernetes.operator import make_launch_operators
+
+        return make_launch_operators(attempt=attempt, previous_decide_task_id=previous_decide_task_id, job=job)
+
+    def read_attempt_record(self, run: JobRun, attempt: int, log: Log) -> AttemptRecord | None:
+        from sat_tasks.backends.kubernetes.records import read_attempt_record
+
+        return read_attempt_record(run, attempt, client=self.client, namespace=self.namespace, log=log)
+
+    def cleanup_attempt(self, run: JobRun, attempt: int, log: Log) -> list[str]:
+        from sat_tasks.backends.kubernetes.cleanup import cleanup_attempt
+
+        return cleanup_attempt(self.client, run.job, run_id=run.run_id, attempt=attempt, namespace=self.namespace)
+
+    def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
+        """Ask the cluster for nodes a rank of the next attempt fits on (`capacity.cluster_capacity`)."""
+        from sat_tasks.backends.kubernetes.capacity import CapacityForbidden, cluster_capacity
+
+        try:
+            assessment = cluster_capacity(run.job, run.run_id, decision.attempt + 1,
+                                          exclude_nodes=list(decision.exclude_nodes), client=self._client, log=log)
+        except CapacityForbidden as exc:
+            raise JobStopped(str(exc)) from None
+        if assessment is None:
+            return Capacity(False, "the Kubernetes API did not answer; asking again")
+        return Capacity(assessment.available, assessment.summary())
+
+    # ---- after training ------------------------------------------------------------------------
+    def upload_outputs(self, run: JobRun, log: Log) -> dict[str, Any]:
+        """The outputs are on the run's claim: an upload pod copies them to `run.output_uri`."""
+        from sat_tasks.backends.kubernetes.staging import upload_from_volume
+
+        return upload_from_volume(run.job, run.run_id, client=self.client, namespace=self.namespace, log=log)
+
+    def job_log(self, run: JobRun, log: Log) -> Path | None:
+        """The job log assembled from the attempts' sections that classify stored."""
+        from sat_tasks.backends.kubernetes.records import assemble_job_log
+
+        return assemble_job_log(run)
+
+    def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
+        """Delete the run's claim, helper pods and anything an attempt left (once the outputs are uploaded)."""
+        from sat_tasks.backends.kubernetes.cleanup import cleanup_run
+
+        return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace)
+
+
+BACKEND = KubernetesBackend()
+__all__ = ["BACKEND", "KubernetesBackend"]

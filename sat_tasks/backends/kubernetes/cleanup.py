@@ -1,0 +1,81 @@
+"""Deleting what SAT created on the cluster: a failed rank's peers, an attempt's objects, the run's objects.
+
+Every function takes a CoreV1Api (`client.core_v1_client()` in the DAG; a recording fake in
+tests), is idempotent (objects already gone are skipped) and returns `kind/name` of what it
+deleted. What is created and deleted is exactly what `sat render` prints (tested).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from sat_tasks.backends.kubernetes import names
+from sat_tasks.spec import TrainingJob
+
+
+def teardown_peers(pod: Any, client: Any) -> list[str]:
+    """When `pod` (one rank) failed, delete the attempt's other ranks that still run.
+
+    They get SIGTERM and their grace period, so they write a final checkpoint, instead of
+    hanging in a collective until NCCL times out. The failed pod itself is kept for
+    classify. `pod` is a V1Pod, `client` a CoreV1Api; returns the names deleted.
+    """
+    if (pod.status.phase if pod.status else None) != "Failed":
+        return []
+    labels = pod.metadata.labels or {}
+    attempt_id, rank = labels.get(names.LABEL_ATTEMPT_ID), labels.get(names.LABEL_NODE_RANK)
+    if not attempt_id:
+        return []
+    selector = f"{names.LABEL_ATTEMPT_ID}={attempt_id}" + (f",{names.LABEL_NODE_RANK}!={rank}" if rank is not None else "")
+    peers = client.list_namespaced_pod(pod.metadata.namespace, label_selector=selector).items
+    deleted = []
+    for peer in peers:
+        if peer.status and peer.status.phase in ("Succeeded", "Failed"):
+            continue
+        client.delete_namespaced_pod(peer.metadata.name, peer.metadata.namespace,
+                                     grace_period_seconds=pod.spec.termination_grace_period_seconds)
+        deleted.append(peer.metadata.name)
+    return deleted
+
+
+
+def _delete_all(kinds: Iterable[tuple[str, Callable, Callable]], namespace: str, selector: str,
+                **delete_kwargs: Any) -> list[str]:
+    from kubernetes.client.exceptions import ApiException
+
+    deleted = []
+    for kind, lister, deleter in kinds:
+        for item in lister(namespace, label_selector=selector).items:
+            try:
+                deleter(item.metadata.name, namespace, **delete_kwargs)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            deleted.append(f"{kind}/{item.metadata.name}")
+    return deleted
+
+
+def cleanup_attempt(client: Any, job: TrainingJob, *, run_id: str, attempt: int, namespace: str) -> list[str]:
+    """Delete an attempt's pods and rendezvous Service (after classify has read them).
+
+    The run's claim stays: the next attempt resumes from it (`cleanup_run` deletes it).
+    """
+    return _delete_all(
+        (("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
+         ("service", client.list_namespaced_service, client.delete_namespaced_service)),
+        namespace, names.attempt_label_selector(job, run_id, attempt))
+
+
+def cleanup_run(client: Any, job: TrainingJob, *, run_id: str, namespace: str) -> list[str]:
+    """Delete everything the run still has: pods and Services of any attempt, helper pods, the claim.
+
+    Runs once the outputs are uploaded (the claim holds them until then). A claim named by
+    `pvc_name` (a long-lived shared one) carries no run labels and is never deleted.
+    """
+    return _delete_all(
+        (("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
+         ("service", client.list_namespaced_service, client.delete_namespaced_service),
+         ("persistentvolumeclaim", client.list_namespaced_persistent_volume_claim,
+          client.delete_namespaced_persistent_volume_claim)),
+        namespace, names.run_label_selector(job, run_id))

@@ -1,0 +1,19 @@
+"""The Kubernetes API client of the backend: the provider's KubernetesHook, from `[sat] kubernetes_conn_id`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sat_tasks.config import sat_setting
+
+
+def core_v1_client(kubernetes_conn_id: str | None = None) -> Any:
+    """A CoreV1Api from the Airflow Kubernetes connection (default `[sat] kubernetes_conn_id`)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook(conn_id=kubernetes_conn_id or sat_setting("kubernetes_conn_id")).core_v1_client
+
+
+def namespace() -> str:
+    """The namespace SAT's objects live in (`[sat] kubernetes_namespace`)."""
+    return sat_setting("kubernetes_namespace")

@@ -1,0 +1,288 @@
+"""The `launch` task of the Kubernetes backend: the provider's KubernetesPodOperator, building the rendered pod.
+
+Call order for attempt k (the DAG factory wires it, inside the `attempt_<k>` group):
+``make_launch_operators(attempt=k, previous_decide_task_id=..., job=...)`` gives one
+``SatTrainingPodOperator`` per node rank (`launch`, `launch_rank_1`, ...). Each, at
+`execute`: plans the attempt (skipped when not needed), applies the kwargs of
+``build_pod_operator_kwargs`` (the pod of ``pods.build_attempt_pods``), creates the
+attempt's rendezvous Service (multi-node; an existing one is kept), records Running
+(rank 0), then the provider creates the pod, follows its log and keeps the pod for
+classify. A failed rank tears the others down (``gang_teardown_callback``).
+
+Importing this module imports the provider (and with it the kubernetes client): only
+`KubernetesBackend.launch_operators` does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, OnKillAction
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from sat_tasks.backends.kubernetes.cleanup import teardown_peers
+from sat_tasks.backends.kubernetes.pods import build_attempt_pods, rendezvous_service
+from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
+from sat_tasks.backends.launch import AttemptLaunch
+from sat_tasks.config import sat_setting
+from sat_tasks.core.attempt import MAIN_CONTAINER_NAME
+from sat_tasks.core.contracts import Plan
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.spec import TrainingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk.definitions.context import Context
+
+
+def rank_task_id(node_rank: int) -> str:
+    """`launch` for rank 0, `launch_rank_<r>` for the other ranks of a multi-node attempt."""
+    return "launch" if node_rank == 0 else f"launch_rank_{node_rank}"
+
+
+def build_pod_operator_kwargs(
+    job: TrainingJob,
+    *,
+    run_id: str,
+    attempt: int,
+    exclude_nodes: Sequence[str] = (),
+    resume_step: int | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    kubernetes_conn_id: str = "kubernetes_default",
+    node_rank: int = 0,
+    pvc_name: str | None = None,
+    deferrable: bool = True,
+    settings: KubernetesSettings | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments (all but `task_id`) for `KubernetesPodOperator`, for one node rank.
+
+    The pod goes in as `full_pod_spec`: the operator builds exactly the rendered pod (plus
+    its own Airflow labels), and no part of the user's command or env passes through Jinja
+    (a `{#` in a shell command would otherwise break rendering). The pod has a fixed name
+    (no random suffix): an attempt's pods are addressable, and ranks find each other by
+    hostname. The pod is kept when it finishes (`classify` reads it; `cleanup` deletes it).
+    """
+    settings = settings or KubernetesSettings.from_sat_config()
+    if not 0 <= node_rank < job.nodes:
+        raise ValueError(f"node_rank must be in [0, {job.nodes})")
+    pod = build_attempt_pods(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
+                             resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
+                             settings=settings)[node_rank]
+    return {
+        "kubernetes_conn_id": kubernetes_conn_id,
+        "namespace": namespace,
+        "name": pod.metadata.name,
+        "random_name_suffix": False,
+        "full_pod_spec": pod,
+        "base_container_name": MAIN_CONTAINER_NAME,
+        "termination_message_policy": "FallbackToLogsOnError",
+        "termination_grace_period": pod.spec.termination_grace_period_seconds,
+        "get_logs": True,
+        "log_events_on_failure": True,
+        "on_finish_action": "keep_pod",
+        "on_kill_action": "delete_pod",
+        "startup_timeout_seconds": settings.startup_timeout_seconds,
+        "deferrable": deferrable,
+        "do_xcom_push": False,
+        "callbacks": [gang_teardown_callback()] if job.distributed else [],
+    }
+
+
+_GANG_TEARDOWN: type | None = None
+
+
+def gang_teardown_callback() -> type:
+    """A `KubernetesPodOperatorCallback` that runs `teardown_peers` when a rank's pod completes."""
+    global _GANG_TEARDOWN
+    if _GANG_TEARDOWN is None:
+        from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
+
+        class GangTeardown(KubernetesPodOperatorCallback):
+            """If one rank of a multi-node attempt fails, stop the others (they checkpoint on SIGTERM)."""
+
+            @staticmethod
+            def on_pod_completion(*, pod: Any, client: Any, mode: str, **kwargs: Any) -> None:
+                if pod is not None and client is not None:
+                    teardown_peers(pod, client)
+
+        _GANG_TEARDOWN = GangTeardown
+    return _GANG_TEARDOWN
+
+
+class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
+    """The `launch` task of one attempt (one node rank) on the kubernetes backend.
+
+    Call order (`execute`): read the validated spec and the previous `decide` from XCom,
+    `plan_attempt` (not needed -> skipped), build the operator kwargs for this rank, apply
+    them, create the rendezvous Service (multi-node), record `Running` (rank 0), then the provider's `execute`
+    creates the pod, follows its log and keeps the pod when it ends (a failed pod fails the
+    task; `classify` runs anyway and reads the kept pod).
+
+    Everything that depends on the run (the pod, its name, node exclusions, `CKPT_LAST_STEP`)
+    is built at `execute`, never at parse time, and never through Jinja. The pod gets no
+    secret: the image pull Secret is referenced by name only.
+
+    Args:
+        attempt: 1-based attempt number.
+        previous_decide_task_id: task id of the previous attempt's `decide` (None for attempt 1).
+        node_rank: the node rank this task launches (0 = rendezvous host).
+        max_nodes: the number of rank tasks the DAG has for this attempt; a job asking for
+            more nodes fails rank 0, ranks beyond the job's `nodes` are skipped. None: no check.
+        spec_task_id: task id whose XCom is the validated spec (`TrainingJob.to_dict()`).
+        pvc_name: an existing claim instead of the run's own (`names.run_volume_claim_name`).
+        namespace / kubernetes_conn_id: default `[sat] kubernetes_namespace` / `kubernetes_conn_id`.
+        deferrable: wait for the pod in the triggerer (the pod is rebuilt on re-entry).
+    """
+
+    def __init__(
+        self,
+        *,
+        attempt: int,
+        previous_decide_task_id: str | None,
+        node_rank: int = 0,
+        max_nodes: int | None = None,
+        spec_task_id: str = "validate_spec",
+        pvc_name: str | None = None,
+        namespace: str | None = None,
+        kubernetes_conn_id: str | None = None,
+        deferrable: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("task_id", rank_task_id(node_rank))
+        super().__init__(namespace=namespace, kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable,
+                         on_finish_action="keep_pod", **kwargs)
+        self.attempt = attempt
+        self.previous_decide_task_id = previous_decide_task_id
+        self.node_rank = node_rank
+        self.max_nodes = max_nodes
+        self.spec_task_id = spec_task_id
+        self.pvc_name = pvc_name
+
+    # -- steps ---------------------------------------------------------------------------------
+    def build_plan(self, context: Context) -> tuple[TrainingJob, Plan]:
+        """The job and this attempt's plan; AirflowSkipException when this task has nothing to do."""
+        job, plan = self.resolve_attempt(context)
+        if self.max_nodes is not None and job.nodes > self.max_nodes:
+            if self.node_rank == 0:
+                raise AirflowFailException(
+                    f"job {job.name} asks for {job.nodes} nodes; this DAG launches at most {self.max_nodes}")
+            raise AirflowSkipException(f"job {job.name} cannot run on this DAG ({job.nodes} nodes)")
+        if self.node_rank >= job.nodes:
+            raise AirflowSkipException(f"rank {self.node_rank} is not used by a {job.nodes}-node job")
+        return job, plan
+
+    def target_namespace(self) -> str:
+        return self.namespace or sat_setting("kubernetes_namespace")
+
+    def build_pod_kwargs(self, job: TrainingJob, run_id: str, plan: Plan) -> dict[str, Any]:
+        """`build_pod_operator_kwargs` for this rank and plan."""
+        return build_pod_operator_kwargs(
+            job,
+            run_id=run_id,
+            attempt=plan.attempt,
+            exclude_nodes=plan.exclude_nodes,
+            resume_step=plan.resume_step,
+            namespace=self.target_namespace(),
+            kubernetes_conn_id=self.kubernetes_conn_id or sat_setting("kubernetes_conn_id"),
+            node_rank=self.node_rank,
+            pvc_name=self.pvc_name,
+            deferrable=self.deferrable,
+        )
+
+    def apply_pod_kwargs(self, kwargs: dict[str, Any]) -> None:
+        """Set the attributes `KubernetesPodOperator.__init__` would derive from `kwargs`.
+
+        Covers exactly what `build_pod_operator_kwargs` returns (an unknown key raises, so a
+        new key there cannot be dropped silently); `deferrable` stays this task's own choice.
+        """
+        for key, value in kwargs.items():
+            if key == "deferrable":
+                continue
+            if key == "on_finish_action":
+                self.on_finish_action = OnFinishAction(value)
+                self._is_delete_operator_pod = self.on_finish_action == OnFinishAction.DELETE_POD
+            elif key == "on_kill_action":
+                self.on_kill_action = OnKillAction(value)
+            elif key == "startup_timeout_seconds":
+                self.startup_timeout_seconds = value
+                self.schedule_timeout_seconds = value
+            elif key == "callbacks":
+                self.callbacks = list(value or [])
+            elif key in _PLAIN_ATTRIBUTES:
+                setattr(self, key, value)
+            else:
+                raise TypeError(f"SatTrainingPodOperator cannot apply the operator argument {key!r}")
+        self.pod_request_obj = None
+
+    def create_rendezvous_service(self, job: TrainingJob, run_id: str, plan: Plan) -> bool:
+        """Multi-node: create the attempt's headless Service (what `sat render` prints first).
+
+        Every rank's task tries; the first creates it, the others find it (409). Without it
+        rank 0's DNS name never resolves and the ranks cannot rendezvous. True when created.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        if not job.distributed:
+            return False
+        body = rendezvous_service(job, run_id=run_id, attempt=plan.attempt, namespace=self.target_namespace(),
+                                  settings=KubernetesSettings.from_sat_config())
+        try:
+            self.client.create_namespaced_service(self.target_namespace(), body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        self.log.info("created the rendezvous Service %s/%s", self.target_namespace(), body["metadata"]["name"])
+        return True
+
+    def prepare(self, context: Context) -> tuple[TrainingJob, Plan]:
+        """`build_plan`, then the pod of this rank onto the operator (before the provider builds it)."""
+        job, plan = self.build_plan(context)
+        self.apply_pod_kwargs(self.build_pod_kwargs(job, context["run_id"], plan))
+        return job, plan
+
+    # -- the provider's entry points ---------------------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        job, plan = self.prepare(context)
+        self.create_rendezvous_service(job, context["run_id"], plan)
+        if self.node_rank == 0:  # one Running entry per attempt
+            JobRun(job, context["run_id"]).record_attempt_start(plan, self.log.info)
+        return super().execute(context)
+
+    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        # A deferred task resumes in a freshly parsed operator: rebuild what execute set.
+        self.prepare(context)
+        return super().trigger_reentry(context, event)
+
+
+# Operator attributes that `build_pod_operator_kwargs` sets and `__init__` stores unchanged.
+_PLAIN_ATTRIBUTES = frozenset({
+    "kubernetes_conn_id", "namespace", "name", "random_name_suffix", "full_pod_spec", "base_container_name",
+    "termination_message_policy", "termination_grace_period", "get_logs", "log_events_on_failure",
+    "do_xcom_push",
+})
+
+
+def make_launch_operators(
+    *,
+    attempt: int,
+    previous_decide_task_id: str | None,
+    job: TrainingJob | None,
+    max_nodes: int = 1,
+    **kwargs: Any,
+) -> list[SatTrainingPodOperator]:
+    """The `launch` task(s) of attempt `attempt` (call inside its TaskGroup): one per node rank.
+
+    Task ids `launch`, `launch_rank_1`, ...; all go upstream of `classify`. `job` None (the
+    generic DAG, spec known only at run time): `max_nodes` rank tasks; ranks beyond the
+    job's `nodes` are skipped and a job asking for more fails `launch`. `kwargs` go to
+    every operator (e.g. `namespace`).
+    """
+    ranks = job.nodes if job is not None else max_nodes
+    return [
+        SatTrainingPodOperator(
+            task_id=rank_task_id(rank), attempt=attempt, previous_decide_task_id=previous_decide_task_id,
+            node_rank=rank, max_nodes=ranks, **kwargs,
+        )
+        for rank in range(ranks)
+    ]

@@ -1,0 +1,92 @@
+"""Cluster conventions the Kubernetes backend renders with: defaults, overridden by `[sat] k8s_<field>` settings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from sat_tasks.config import sat_setting
+from sat_tasks.core.runtime_env import POD_GRACE_MARGIN_S
+from sat_tasks.errors import SatError
+
+DEFAULT_NAMESPACE = "sat-jobs"
+
+
+class SettingError(SatError, ValueError):
+    """A `[sat] k8s_<field>` setting has a value of the wrong type; the message names it."""
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """Cluster conventions the rendering depends on; defaults, `[sat]` config overrides.
+
+    Attributes:
+        termination_grace_seconds: pod grace period (SIGTERM -> SIGKILL); must cover the
+            final checkpoint (`[sat] final_checkpoint_grace_seconds`) plus exit.
+        master_port: rendezvous port of rank 0 (torchrun / deepspeed TCPStore).
+        capacity_label: node label telling Spot from on-demand capacity.
+        spot_label_value: value of `capacity_label` on Spot nodes (on-demand pods avoid it).
+        spot_taint_key / spot_taint_value: the taint Spot nodes carry (tolerated by Spot pods).
+        gpu_resource: the extended resource name of a GPU.
+        gpu_product_label: node label with the GPU model (NVIDIA GPU feature discovery).
+        gpu_taint_key: taint GPU nodes carry (tolerated when the job asks for GPUs).
+        startup_timeout_seconds: how long the operator waits for a pod to start (large image pulls).
+        run_volume_size / run_volume_storage_class: the per-run claim.
+        rendezvous_dns_wait_seconds: bound on how long ranks > 0 wait for rank 0's DNS name.
+        object_storage_endpoint: the S3 endpoint pods use for the checkpoint mirror
+            (`CKPT_S3_ENDPOINT_URL`); empty = AWS's own endpoints.
+        object_storage_secret: the Kubernetes Secret holding the Object Storage keys
+            (`access_key_id`, `secret_access_key`); pods read them through `secretKeyRef`,
+            so no key is ever part of a rendered manifest. The cluster's operator creates it
+            (from the same credentials as the `sat_object_storage` connection).
+        staging_image: the image of the run's helper pods (staging, upload:
+            `sat_tasks.backends.kubernetes.staging`): SAT's Airflow image, which has
+            `sat_tasks` and the Amazon provider.
+    """
+
+    termination_grace_seconds: int = 120
+    master_port: int = 29500
+    capacity_label: str = "sat.ai/capacity"
+    spot_label_value: str = "spot"
+    spot_taint_key: str = "sat.ai/capacity"
+    spot_taint_value: str = "spot"
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_product_label: str = "nvidia.com/gpu.product"
+    gpu_taint_key: str = "nvidia.com/gpu"
+    startup_timeout_seconds: int = 1800
+    run_volume_size: str = "100Gi"
+    run_volume_storage_class: str | None = None
+    rendezvous_dns_wait_seconds: int = 600
+    object_storage_endpoint: str = ""
+    object_storage_secret: str = "sat-object-storage"
+    staging_image: str = "registry.example.com/sat/airflow:0.1.0"
+
+    @classmethod
+    def from_sat_config(cls) -> KubernetesSettings:
+        """Defaults, then `[sat] k8s_<field>` settings (env `AIRFLOW__SAT__K8S_<FIELD>` first).
+
+        The grace period is at least `final_checkpoint_grace_seconds` + 60 s (and a job
+        whose env sets a longer `CKPT_GRACE_SECONDS` gets a longer one: `pod_grace_seconds`).
+        """
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = sat_setting(f"k8s_{f.name}", default="")
+            if raw:
+                values[f.name] = _typed(f.name, f.type, raw)
+        settings = cls(**values)
+        final_ckpt = math.ceil(float(sat_setting("final_checkpoint_grace_seconds")))
+        if settings.termination_grace_seconds < final_ckpt + POD_GRACE_MARGIN_S:
+            settings = cls(**{**settings.__dict__, "termination_grace_seconds": final_ckpt + POD_GRACE_MARGIN_S})
+        return settings
+
+
+
+def _typed(name: str, annotation: Any, raw: str) -> Any:
+    """A setting's text as its field's type (`int` fields must be whole numbers)."""
+    if annotation in ("int", int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise SettingError(f"[sat] k8s_{name} = {raw!r}: must be a whole number") from None
+    return raw

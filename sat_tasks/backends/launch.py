@@ -1,0 +1,45 @@
+"""The part every backend's `launch` operator shares: read the spec and the previous decision, and plan.
+
+A backend's launch operator subclasses its Airflow operator and this mixin, then calls
+`resolve_attempt(context)` first in `execute`: it returns the job and the attempt's Plan,
+or skips the task when the attempt is not needed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow.sdk.exceptions import AirflowSkipException
+
+from sat_tasks.core.contracts import Decision, Plan
+from sat_tasks.core.policy import plan_attempt
+from sat_tasks.errors import NotApplicable
+from sat_tasks.spec import TrainingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk.definitions.context import Context
+
+SPEC_TASK_ID = "validate_spec"
+
+
+class AttemptLaunch:
+    """Mixin for launch operators. Set `attempt`, `previous_decide_task_id`, `spec_task_id` in `__init__`."""
+
+    attempt: int
+    previous_decide_task_id: str | None
+    spec_task_id: str = SPEC_TASK_ID
+
+    def resolve_attempt(self, context: Context) -> tuple[TrainingJob, Plan]:
+        """The validated job and this attempt's plan; AirflowSkipException when there is nothing to run."""
+        ti = context["ti"]
+        spec = ti.xcom_pull(task_ids=self.spec_task_id)
+        if spec is None:
+            raise AirflowSkipException("no validated spec (validate_spec did not succeed)")
+        job = TrainingJob.model_validate(spec)
+        previous = None
+        if self.previous_decide_task_id:
+            previous = Decision.from_xcom(ti.xcom_pull(task_ids=self.previous_decide_task_id))
+        try:
+            return job, plan_attempt(job, self.attempt, previous)
+        except NotApplicable as exc:
+            raise AirflowSkipException(str(exc)) from None

@@ -1,0 +1,405 @@
+"""The local backend's runner: run an attempt as a subprocess on a named local "node", watch it, record it.
+
+It produces the same `AttemptRecord` as the Kubernetes path, so `classify` does not care
+where an attempt ran. A small pool of named nodes stands in for machines; each node has a
+kernel log (`nodes/<node>/kern.log`) where injected hardware faults leave Xid lines, as
+a real GPU node's dmesg would.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
+from sat_tasks.core.clock import now_utc
+from sat_tasks.core.joblog import job_log_footer, job_log_header
+from sat_tasks.errors import SatError
+from sat_tasks.io.run_layout import CHECKPOINT_ROOT, PROGRESS_NAME
+from sat_tasks.spec import Fault, FaultKind
+
+Log = Callable[[str], None]
+LOG_TAIL_LINES = 200
+PROGRESS_RELATIVE = Path(CHECKPOINT_ROOT) / PROGRESS_NAME
+# Every process of an attempt inherits this variable, with a value of its own: how the
+# runner finds the processes a launcher started in other sessions (torchrun's workers).
+ATTEMPT_TAG_ENV = "SAT_ATTEMPT_TAG"
+
+
+class NoHealthyNodeError(SatError, RuntimeError):
+    """Every node of the local pool is excluded (they all failed earlier attempts): add nodes to `[sat] local_nodes`."""
+
+
+def pick_node(pool: Sequence[str], exclude: Sequence[str]) -> str:
+    """The first node of the pool that is not excluded."""
+    for node in pool:
+        if node not in exclude:
+            return node
+    raise NoHealthyNodeError(f"no healthy node left: pool {list(pool)}, excluded {list(exclude)}")
+
+
+def xid_line(node: str, xid: int, pid: int) -> str:
+    """A kernel-log line like the NVIDIA driver writes for an Xid event."""
+    messages = {
+        79: "GPU has fallen off the bus.",
+        48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
+        74: "NVLink: fatal error detected on link 3",
+        95: "Uncontained ECC error",
+        13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    }
+    stamp = f"[{time.monotonic():12.6f}]"
+    return f"{stamp} NVRM: Xid (PCI:0000:3b:00): {xid}, pid={pid}, name=python, {messages.get(xid, 'GPU error')}"
+
+
+@dataclass
+class LocalAttempt:
+    """One attempt to run on the local backend.
+
+    Call order: build it, then `run(log)` once; it returns the `AttemptRecord`.
+
+    Hang detection has two phases, like a pod's startupProbe and livenessProbe: until the
+    engine reports the attempt's first training step (its progress.json), only
+    `startup_timeout` applies (0: none), however quiet loading a model or data set is;
+    from then on, no progress (a new step or an output line) for `heartbeat_timeout` is a
+    hang. A job whose script writes no progress (no checkpoint engine) needs
+    `startup_timeout` 0: the heartbeat then counts output lines from the start.
+    """
+
+    job: str
+    attempt: int
+    node: str
+    command: str
+    env: dict[str, str] = field(repr=False)  # may hold object-storage keys: never in a repr
+    cwd: Path
+    output_dir: Path
+    job_log: Path
+    node_dir: Path
+    image: str | None = None
+    faults: list[Fault] = field(default_factory=list)
+    heartbeat_timeout: float = 300.0
+    startup_timeout: float = 1800.0
+    grace_seconds: float = 30.0
+    poll_seconds: float = 0.2
+
+    def run(self, log: Log = print) -> AttemptRecord:
+        """Start the command, stream its output, inject faults, watch for hangs; return the record."""
+        self.node_dir.mkdir(parents=True, exist_ok=True)
+        self.job_log.parent.mkdir(parents=True, exist_ok=True)
+        kern_log = self.node_dir / "kern.log"
+        kern_offset = kern_log.stat().st_size if kern_log.exists() else 0
+        tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        state = _WatchState()
+        env = {**os.environ, **self.env}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env[ATTEMPT_TAG_ENV] = tag = secrets.token_hex(8)
+        started = now_utc()
+        with open(self.job_log, "a", encoding="utf-8") as job_log:
+            header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
+            job_log.write(header + "\n")
+            job_log.flush()
+            log(header)
+            proc = subprocess.Popen(
+                ["bash", "-c", self.command],
+                cwd=self.cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+            state.last_progress = time.monotonic()
+            procs = AttemptProcesses(proc, tag)
+            reader = threading.Thread(
+                target=self._pump, args=(proc, job_log, tail, state, log), name="sat-log-pump", daemon=True
+            )
+            reader.start()
+            self._watch(procs, state, kern_log, log)
+            self._end(procs, state, log)
+            reader.join(timeout=10)
+            finished = now_utc()
+            footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode)
+            job_log.write(footer + "\n")
+            log(footer)
+        return self._record(proc.returncode, started, finished, list(tail), kern_log, kern_offset, state)
+
+    # ---- steps ------------------------------------------------------------------------------
+    def _pump(self, proc, job_log, tail, state: _WatchState, log: Log) -> None:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            job_log.write(line + "\n")
+            job_log.flush()
+            log(line)
+            state.last_progress = time.monotonic()
+
+    def _own_progress(self, progress: dict[str, Any] | None, mtime: float | None, started_at: float) -> bool:
+        """Whether `progress` (progress.json) reports a training step of *this* attempt.
+
+        The file outlives attempts (the run's output directory is shared), so a step counts
+        only when the engine stamped it with this attempt, or (an engine without the stamp)
+        when the file was written after the attempt started.
+        """
+        if not progress or progress.get("step") is None:
+            return False
+        if progress.get("attempt") is not None:
+            return progress.get("attempt") == self.attempt
+        return mtime is not None and mtime >= started_at
+
+    def _watch(self, procs: AttemptProcesses, state: _WatchState, kern_log: Path, log: Log) -> None:
+        proc = procs.proc
+        started = time.monotonic()
+        started_at = time.time()
+        pending = [f for f in self.faults if f.attempt == self.attempt]
+        progress_path = self.output_dir / PROGRESS_RELATIVE
+        last_mtime = None
+        state.training_started = not self.startup_timeout  # no start-up deadline: the heartbeat runs from now
+        while proc.poll() is None:
+            time.sleep(self.poll_seconds)
+            if state.kill_at is not None and time.monotonic() >= state.kill_at:
+                procs.signal_all(signal.SIGKILL)  # the grace period after SIGTERM is over
+            progress = _read_json(progress_path)
+            mtime = progress_path.stat().st_mtime if progress_path.exists() else None
+            own = self._own_progress(progress, mtime, started_at)
+            if own and not state.training_started:
+                state.training_started = True
+                state.last_progress = time.monotonic()
+                log(f"[sat] first training step {progress.get('step')} after {time.monotonic() - started:.0f}s "
+                    f"on {self.node}: start-up done, heartbeat on ({self.heartbeat_timeout:.0f}s)")
+            if mtime != last_mtime:
+                last_mtime = mtime
+                if state.training_started:
+                    state.last_progress = time.monotonic()
+            step = int(progress.get("step") or 0) if own else 0
+            elapsed = time.monotonic() - started
+            for fault in list(pending):
+                due = (fault.at_step is not None and step >= fault.at_step) or (
+                    fault.after_seconds is not None and elapsed >= fault.after_seconds
+                )
+                if due:
+                    pending.remove(fault)
+                    self._inject(fault, procs, state, kern_log, step, log)
+            if state.hung or state.kill_at is not None:
+                continue  # stopped (the watchdog decides), or stopping within its grace period
+            if not state.training_started:
+                if elapsed > self.startup_timeout and not state.startup_timeout:
+                    state.startup_timeout = True
+                    log(f"[sat] no training step within startup_timeout_seconds={self.startup_timeout:.0f}s "
+                        f"on {self.node}: the start-up (loading the model, the data) did not finish; "
+                        "stopping the attempt")
+                    procs.signal_all(signal.SIGKILL)
+                continue
+            if time.monotonic() - state.last_progress > self.heartbeat_timeout and not state.heartbeat_timeout:
+                state.heartbeat_timeout = True
+                log(f"[sat] no training progress for {self.heartbeat_timeout:.0f}s on {self.node}: "
+                    "killing the hung attempt")
+                procs.signal_all(signal.SIGKILL)
+        if state.hung and not state.heartbeat_timeout:
+            state.heartbeat_timeout = True
+
+    def _inject(self, fault: Fault, procs: AttemptProcesses, state: _WatchState, kern_log: Path, step: int,
+                log: Log) -> None:
+        """Do to the attempt's processes what the fault does to a node's (every rank, not only the launcher)."""
+        log(f"[sat] injecting fault {fault.kind.value} on {self.node} at step {step} (attempt {self.attempt})")
+        if fault.kind is FaultKind.HARDWARE:
+            with open(kern_log, "a", encoding="utf-8") as handle:
+                handle.write(xid_line(self.node, fault.xid, procs.proc.pid) + "\n")
+            procs.signal_all(signal.SIGKILL)  # a dead GPU takes the processes down with it
+        elif fault.kind is FaultKind.NODE_LOSS:
+            state.node_lost = True
+            procs.signal_all(signal.SIGKILL)
+        elif fault.kind is FaultKind.PREEMPTION:
+            state.preemption_notice = True
+            state.kill_at = time.monotonic() + self.grace_seconds
+            procs.signal_group(signal.SIGTERM)  # as a pod's PID 1 passes it on; launchers tell their workers
+        elif fault.kind is FaultKind.HANG:
+            state.hung = True
+            procs.signal_all(signal.SIGSTOP)
+            threading.Thread(
+                target=_hang_watchdog, args=(procs, self.heartbeat_timeout, log, self.node), daemon=True
+            ).start()
+
+    def _end(self, procs: AttemptProcesses, state: _WatchState, log: Log) -> None:
+        """The command has exited; end the processes it left, as a pod's end does.
+
+        A launcher may exit before its workers: on SIGTERM the `deepspeed` launcher dies at
+        once while its ranks still write their final checkpoint. After a Spot notice they get
+        the rest of the grace period; then, as on any exit, what is left is SIGKILLed, so no
+        process of this attempt outlives it (and writes beside the next one).
+        """
+        if not procs.alive():
+            return
+        if state.kill_at is not None:
+            log("[sat] the command exited on SIGTERM; waiting for the processes it started (final checkpoint)")
+            while procs.alive() and time.monotonic() < state.kill_at:
+                time.sleep(self.poll_seconds)
+            if not procs.alive():
+                log("[sat] the command's processes have exited")
+                return
+        log(f"[sat] killing the processes the command left running: {procs.describe()}")
+        procs.signal_all(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while procs.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _progress(self) -> dict | None:
+        """The engine's progress.json at the end of the attempt, without what an earlier attempt wrote."""
+        return progress_of_attempt(_read_json(self.output_dir / PROGRESS_RELATIVE), self.attempt)
+
+    def _record(self, returncode, started, finished, tail, kern_log, kern_offset, state) -> AttemptRecord:
+        node_log = []
+        if kern_log.exists():
+            with open(kern_log, encoding="utf-8", errors="replace") as handle:
+                handle.seek(kern_offset)
+                node_log = [line.rstrip("\n") for line in handle]
+        sig = -returncode if returncode is not None and returncode < 0 else None
+        exit_code = 128 + sig if sig else returncode
+        node_conditions = []
+        if state.node_lost:
+            node_conditions.append(
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "reason": "NodeStatusUnknown",
+                    "message": "Kubelet stopped posting node status.",
+                }
+            )
+        return AttemptRecord(
+            job=self.job,
+            attempt=self.attempt,
+            backend="local",
+            node=self.node,
+            exit_code=exit_code,
+            signal=sig,
+            termination_reason="Completed" if returncode == 0 else "Error",
+            log_tail=tail,
+            node_log=node_log,
+            node_conditions=node_conditions,
+            started_at=started,
+            finished_at=finished,
+            progress=self._progress(),
+            preemption_notice=state.preemption_notice,
+            heartbeat_timeout=state.heartbeat_timeout,
+            startup_timeout=state.startup_timeout,
+            image=self.image,
+        )
+
+
+@dataclass
+class _WatchState:
+    last_progress: float = 0.0
+    preemption_notice: bool = False
+    heartbeat_timeout: bool = False
+    startup_timeout: bool = False
+    training_started: bool = False
+    node_lost: bool = False
+    hung: bool = False
+    kill_at: float | None = None  # monotonic time of the SIGKILL after a Spot notice
+
+
+class AttemptProcesses:
+    """The processes of one attempt: the command's process group, and every process carrying its tag.
+
+    torchrun starts each worker in a session of its own, so a signal to the command's
+    group reaches torchrun only, and a SIGKILLed torchrun leaves its workers running. Each
+    process inherits `SAT_ATTEMPT_TAG` (a value per attempt) in its environment, whatever
+    session it is in and whoever its parent is now, so they are found through `/proc`.
+    """
+
+    def __init__(self, proc: subprocess.Popen, tag: str) -> None:
+        self.proc = proc
+        self._needle = f"{ATTEMPT_TAG_ENV}={tag}".encode()
+
+    def pids(self) -> list[int]:
+        """Running (not zombie) processes of the attempt: members of the command's group, or tagged."""
+        found: list[int] = []
+        try:
+            entries = os.listdir("/proc")
+        except OSError:  # no procfs: the group is all there is to find
+            return [self.proc.pid] if _killpg(self.proc.pid, 0) else []
+        for entry in entries:
+            if entry.isdigit() and self._is_member(int(entry)):
+                found.append(int(entry))
+        return found
+
+    def _is_member(self, pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+                state, _ppid, pgrp = handle.read().rpartition(")")[2].split()[:3]
+            if state in ("Z", "X"):
+                return False
+            if int(pgrp) == self.proc.pid:
+                return True
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = handle.read()
+        except (OSError, ValueError):  # gone, or not ours to read
+            return False
+        return environ.startswith(self._needle + b"\0") or (b"\0" + self._needle + b"\0") in environ
+
+    def alive(self) -> bool:
+        """Whether any process of the attempt still runs."""
+        return bool(self.pids())
+
+    def describe(self) -> str:
+        """The running processes as `pid (name)`, for the log."""
+        names = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+                    names.append(f"{pid} ({handle.read().strip()})")
+            except OSError:
+                continue
+        return ", ".join(names) or "none"
+
+    def signal_group(self, sig: int) -> None:
+        """`sig` to the command's process group (what a pod's PID 1 forwards)."""
+        _killpg(self.proc.pid, sig)
+
+    def signal_all(self, sig: int) -> None:
+        """`sig` to the group and to every process of the attempt outside it."""
+        _killpg(self.proc.pid, sig)
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _hang_watchdog(procs: AttemptProcesses, timeout: float, log: Log, node: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if procs.proc.poll() is not None:
+            return
+        time.sleep(0.1)
+    log(f"[sat] no training progress for {timeout:.0f}s on {node}: killing the hung attempt")
+    procs.signal_all(signal.SIGKILL)
+    procs.signal_all(signal.SIGCONT)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

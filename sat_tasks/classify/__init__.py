@@ -1,0 +1,28 @@
+"""Failure classification: tell hardware faults, preemptions, image and user errors apart.
+
+`rules` (what is known: the Xid catalog, log-line rules, Kubernetes words), `evidence`
+(applying them to a record), `classifier` (weighing the findings into a Verdict),
+`multirank` (which rank speaks for a multi-node attempt), `loaders` (records from pods
+and files). Pure Python: no Airflow, no Kubernetes client.
+"""
+
+from sat_tasks.classify.classifier import classify
+from sat_tasks.classify.loaders import (
+    UnreadableInput,
+    job_and_attempt_of_pod,
+    load_record,
+    record_from_pod,
+)
+from sat_tasks.classify.multirank import combine_rank_records
+from sat_tasks.classify.rules import (
+    APPLICATION_XIDS,
+    HARDWARE_XIDS,
+    NOT_A_NODE_FAULT_XIDS,
+    PEER_STOP_REASON,
+)
+from sat_tasks.core.contracts import Verdict, VerdictKind
+
+__all__ = [
+    "APPLICATION_XIDS", "HARDWARE_XIDS", "NOT_A_NODE_FAULT_XIDS", "PEER_STOP_REASON", "UnreadableInput", "Verdict",
+    "VerdictKind", "classify", "combine_rank_records", "job_and_attempt_of_pod", "load_record", "record_from_pod",
+]

@@ -1,0 +1,129 @@
+"""The classifier: weigh an attempt's evidence into one Verdict (hardware, preempted, image, internal, succeeded).
+
+Call order: build an `AttemptRecord` (local backend, or `record_from_pod`), then
+`classify(record) -> Verdict`. The rules and their precedence are in
+docs/adr/0004-failure-classification.md; in short:
+
+1. PREEMPTED  — a Spot notice, scheduler preemption, graceful node shutdown, or a
+   Spot interruption taint/event. Outranks everything (a preempted peer makes the
+   other ranks log network errors).
+2. HARDWARE   — hardware Xids, "fallen off the bus", uncorrectable ECC, machine
+   checks, NCCL/gloo network errors, a hang (heartbeat timeout, collective
+   timeout), node NotReady / problem conditions, evictions and other pod
+   disruptions. Outranks exit codes and tracebacks.
+3. IMAGE_PULL — the container never ran and its image could not be pulled.
+4. SUCCEEDED  — exit code 0 and no evidence of kinds 1-2 that can outrank a clean
+   exit (network noise at shutdown and node snapshots cannot).
+5. INTERNAL   — OOM, tracebacks, bad arguments, application Xids, exit codes 1-127.
+6. By exit status alone: killed by SIGKILL/SIGTERM/SIGHUP from outside with no other
+   evidence → HARDWARE; crash signals (SIGSEGV, SIGBUS, SIGABRT, ...) → INTERNAL;
+   no exit status at all → HARDWARE (the attempt was lost).
+
+The classifier is pure Python (no Airflow, no Kubernetes client) and never raises on
+odd input: missing fields just mean less evidence.
+"""
+
+from __future__ import annotations
+
+import signal as signal_module
+
+from sat_tasks.classify.evidence import (
+    Finding,
+    describe_state,
+    exit_signal,
+    find_torchrun_signal,
+    gather,
+    signal_name,
+)
+from sat_tasks.classify.rules import (
+    EXTERNAL_KILL_SIGNALS,
+    HW,
+    INT,
+    PEER_STOP,
+    PEER_STOP_REASON,
+)
+from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.contracts import Verdict, VerdictKind
+
+
+def _verdict(kind: VerdictKind, findings: list[Finding], limit: int = 8) -> Verdict:
+    evidence: list[str] = []
+    for finding in findings:
+        if finding.evidence not in evidence:
+            evidence.append(finding.evidence)
+    return Verdict(kind=kind, evidence=evidence[:limit], reason=findings[0].reason)
+
+
+def _exit_line(record: AttemptRecord) -> str:
+    for status in record.container_states:
+        if status.get("init"):
+            continue
+        for key in ("state", "lastState"):
+            terminated = (status.get(key) or {}).get("terminated")
+            if terminated and terminated.get("exitCode") == record.exit_code:
+                return describe_state(status.get("name", "?"), "terminated", terminated)
+    text = f"exit code {record.exit_code}"
+    if record.signal:
+        text += f" (signal {record.signal} {signal_name(record.signal)})"
+    if record.termination_reason:
+        text += f", reason {record.termination_reason}"
+    return text
+
+
+def classify(record: AttemptRecord) -> Verdict:
+    """Classify one attempt. Never raises on incomplete records; see the module doc.
+
+    The verdict names the attempt, its node and its last committed checkpoint (the record's
+    progress), so that `decide_next` needs nothing else.
+    """
+    verdict = _weigh(record)
+    return verdict.model_copy(update={"attempt": record.attempt, "node": record.node,
+                                      "last_committed_step": record.last_committed_step})
+
+
+def _weigh(record: AttemptRecord) -> Verdict:
+    """The verdict from the record's evidence, by the precedence of the module doc."""
+    findings = gather(record)
+    by_kind = {kind: [f for f in findings if f.kind is kind] for kind in VerdictKind}
+    clean_exit = record.exit_code == 0 and not record.signal
+
+    if by_kind[VerdictKind.PREEMPTED]:
+        return _verdict(VerdictKind.PREEMPTED, by_kind[VerdictKind.PREEMPTED])
+    hardware = [f for f in by_kind[HW] if f.beats_success or not clean_exit]
+    if hardware:
+        # Strongest first: device-level evidence before network noise and snapshots.
+        hardware.sort(key=lambda f: not f.beats_success)
+        return _verdict(HW, hardware)
+    if by_kind[VerdictKind.IMAGE_PULL] and record.exit_code is None:
+        return _verdict(VerdictKind.IMAGE_PULL, by_kind[VerdictKind.IMAGE_PULL])
+    if clean_exit:
+        return Verdict.of(VerdictKind.SUCCEEDED, [_exit_line(record)], "the training exited with code 0")
+    if by_kind[INT]:
+        verdict = _verdict(INT, by_kind[INT])
+        if record.exit_code is not None and _exit_line(record) not in verdict.evidence:
+            verdict = verdict.model_copy(update={"evidence": [*verdict.evidence, _exit_line(record)]})
+        return verdict
+    return _classify_by_exit_status(record)
+
+
+def _classify_by_exit_status(record: AttemptRecord) -> Verdict:
+    """No decisive evidence: decide from how the process ended."""
+    child_signal, child_line = find_torchrun_signal(list(record.log_tail))
+    number = exit_signal(record) or child_signal
+    evidence = [_exit_line(record)] + ([child_line] if child_signal and child_line else [])
+    if number is not None:
+        name = signal_name(number)
+        if number == signal_module.SIGTERM:
+            peer_stop = next((line for line in reversed(record.log_tail) if PEER_STOP.search(line)), None)
+            if peer_stop is not None:
+                return Verdict.of(HW, evidence + [peer_stop], f"{PEER_STOP_REASON} (its node's notice, see ADR 0004)")
+        if number in EXTERNAL_KILL_SIGNALS:
+            return Verdict.of(HW, evidence, f"killed by {name} from outside with no sign of a user error "
+                                             "(treated as a node-side kill, see ADR 0004)")
+        return Verdict.of(INT, evidence, f"the training process ended with {name} and no hardware evidence")
+    if record.exit_code is None:
+        return Verdict.of(HW, ["no exit status recorded for the attempt"],
+                          "the attempt ended without an exit status (node or runtime lost)")
+    return Verdict.of(INT, evidence, f"the training exited with code {record.exit_code} and no hardware evidence")
+
+

@@ -1,0 +1,399 @@
+"""Evidence: what each part of an attempt record says, as findings that point to a verdict kind.
+
+`gather(record)` runs every gatherer over the record (logs, kernel log, pod and container
+states, conditions, events, node) and returns the findings; `classifier.classify` weighs them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signal_module
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sat_tasks.classify.rules import (
+    APPLICATION_XIDS,
+    EXCEPTION_LINE,
+    HARDWARE_TERMINATION_REASONS,
+    HARDWARE_XIDS,
+    HW,
+    IMAGE_EVENT_MESSAGE,
+    IMAGE_WAITING_REASONS,
+    INT,
+    INTERNAL_TERMINATION_REASONS,
+    INTERNAL_WAITING_REASONS,
+    ISO_STAMP,
+    LINE_PREFIX,
+    LIVENESS_PROBE,
+    NCCL_FRAME,
+    NCCL_SYSTEM_ERROR,
+    NODE_DOWN_TAINTS,
+    NODE_LOG_SLACK_AFTER,
+    NODE_LOG_SLACK_BEFORE,
+    PREEMPTED_TERMINATION_REASONS,
+    PREEMPTING_DISRUPTIONS,
+    PRESSURE_CONDITIONS,
+    SEGFAULT,
+    SHM_ERROR,
+    SHUTDOWN_MESSAGE,
+    SOCKET_ERROR,
+    SPOT_TAINT,
+    SPOT_WORDS,
+    STARTUP_PROBE,
+    STARTUP_REASON,
+    TEXT_RULES,
+    TORCHRUN_SIGNAL,
+    WRAPPER_EXCEPTIONS,
+    XID_LINE,
+    XID_RECOVERY_ACTION,
+)
+from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.contracts import VerdictKind
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One piece of evidence: which kind it points to, the line, and a short reason.
+
+    `beats_success` is False for evidence that must not turn a clean exit 0 into a
+    failure: NCCL/gloo teardown noise and node-condition snapshots taken afterwards.
+    """
+
+    kind: VerdictKind
+    evidence: str
+    reason: str
+    beats_success: bool = True
+
+
+
+def strip(line: str) -> str:
+    return LINE_PREFIX.sub("", line, count=1).rstrip()
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal_module.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def exit_signal(record: AttemptRecord) -> int | None:
+    """The signal that ended the main process: explicit, negative exit code, or 128+N."""
+    if record.signal:
+        return record.signal
+    code = record.exit_code
+    if code is None:
+        return None
+    if code < 0:
+        return -code
+    if 128 < code <= 128 + 64:
+        return code - 128
+    return None
+
+
+def _line_time(line: str) -> datetime | None:
+    match = ISO_STAMP.search(line[:64])
+    if not match:
+        return None
+    stamp, zone = match.groups()
+    zone = "+00:00" if zone == "Z" else (zone if ":" in zone else f"{zone[:3]}:{zone[3:]}")
+    try:
+        return datetime.fromisoformat(f"{stamp.replace(' ', 'T')}{zone}")
+    except ValueError:
+        return None
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=timezone.utc)
+
+
+def _node_log_in_window(record: AttemptRecord) -> list[str]:
+    """Kernel-log lines that may belong to this attempt.
+
+    Lines with an ISO-8601 timestamp (dmesg --time-format=iso, journalctl -o short-iso)
+    outside [started_at - 60 s, finished_at + 5 min] are dropped: an Xid from before a
+    reboot is not this attempt's fault. Lines without a parseable timestamp are kept.
+    """
+    started, finished = _aware(record.started_at), _aware(record.finished_at)
+    if started is None and finished is None:
+        return list(record.node_log)
+    kept = []
+    for line in record.node_log:
+        moment = _line_time(line)
+        if moment is not None:
+            if started is not None and moment < started - NODE_LOG_SLACK_BEFORE:
+                continue
+            if finished is not None and moment > finished + NODE_LOG_SLACK_AFTER:
+                continue
+        kept.append(line)
+    return kept
+
+
+def describe_state(name: str, kind: str, state: dict[str, Any]) -> str:
+    reason = state.get("reason") or "-"
+    if kind == "terminated":
+        text = f'container "{name}" terminated: reason={reason}, exitCode={state.get("exitCode")}'
+        if state.get("signal"):
+            text += f", signal={state['signal']}"
+    else:
+        text = f'container "{name}" {kind}: reason={reason}'
+    if state.get("message"):
+        text += f": {str(state['message']).strip()}"
+    return text
+
+
+def _describe_condition(prefix: str, condition: dict[str, Any]) -> str:
+    text = f"{prefix} condition {condition.get('type')}={condition.get('status')}"
+    if condition.get("reason"):
+        text += f" reason={condition['reason']}"
+    if condition.get("message"):
+        text += f": {str(condition['message']).strip()}"
+    return text
+
+
+def _describe_event(event: dict[str, Any]) -> str:
+    involved = event.get("involvedObject") or event.get("regarding") or {}
+    about = f"{involved.get('kind')}/{involved.get('name')} " if involved.get("kind") else ""
+    message = event.get("message") or event.get("note") or ""
+    return f"event {about}{event.get('type') or 'Normal'} {event.get('reason')}: {str(message).strip()}"
+
+
+# ---- gatherers: one per kind of evidence ----------------------------------------------------
+
+def _find_flags(record: AttemptRecord) -> Iterator[Finding]:
+    if record.preemption_notice:
+        yield Finding(VerdictKind.PREEMPTED, "preemption notice: Spot SIGTERM notice delivered to the attempt",
+                       "the Spot capacity was reclaimed (notice delivered)")
+    if record.heartbeat_timeout:
+        step = (record.progress or {}).get("step")
+        where = f" at step {step}" if step is not None else ""
+        yield Finding(VerdictKind.HARDWARE, f"heartbeat timeout: training stopped making progress{where}",
+                       "training hung (no progress before the heartbeat timeout)")
+    if record.startup_timeout:
+        yield Finding(INT, "start-up timeout: no training step before startup_timeout_seconds ran out",
+                      STARTUP_REASON)
+
+
+def _recovery_action_needed(line: str) -> bool:
+    """Xid 154 names the recovery action the GPU now needs; `to 0x0 (None)` clears it."""
+    target = re.search(r"\bto (0x[0-9a-f]+)", line, re.IGNORECASE)
+    if target:
+        return int(target.group(1), 16) != 0
+    return bool(re.search(r"reboot|reset|drain", line, re.IGNORECASE))
+
+
+def find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[Finding]:
+    for line in lines:
+        match = XID_LINE.search(line)
+        if not match:
+            continue
+        xid, where = int(match.group(2)), match.group(1)
+        on = f" on {where}" if where else ""
+        if xid in HARDWARE_XIDS:
+            yield Finding(HW, describe(line), f"Xid {xid}{on}: {HARDWARE_XIDS[xid]}")
+        elif xid in APPLICATION_XIDS:
+            yield Finding(INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}")
+        elif xid == XID_RECOVERY_ACTION and _recovery_action_needed(line):
+            yield Finding(HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot")
+        # 63/92/94 and unknown Xids are not evidence of a node fault on their own.
+
+
+def find_text(lines: Iterable[str], describe=lambda line: line) -> Iterator[Finding]:
+    for line in lines:
+        for rule in TEXT_RULES:
+            if rule.pattern.search(line):
+                yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success)
+                break
+
+
+def _find_nccl_system_errors(lines: list[str]) -> Iterator[Finding]:
+    """`ncclSystemError` is the network when sockets fail, config when /dev/shm is too small."""
+    system = [line for line in lines if NCCL_SYSTEM_ERROR.search(line)]
+    if not system:
+        return
+    sockets = [line for line in lines if SOCKET_ERROR.search(line)]
+    shm = [line for line in lines if SHM_ERROR.search(line)]
+    if sockets:
+        for line in (system[0], sockets[0]):
+            yield Finding(HW, line, "NCCL system error on a socket (network)", beats_success=False)
+    elif shm:
+        for line in (system[0], shm[0]):
+            yield Finding(INT, line, "NCCL could not set up shared memory (/dev/shm too small)")
+
+
+def _find_nccl_segfault(record: AttemptRecord, lines: list[str]) -> Iterator[Finding]:
+    """A segfault whose stack is inside NCCL is the transport, not the user's code."""
+    segfault = exit_signal(record) == signal_module.SIGSEGV or any(SEGFAULT.search(line) for line in lines)
+    frames = [line for line in lines if NCCL_FRAME.search(line)]
+    if segfault and frames:
+        seg_lines = [line for line in lines if SEGFAULT.search(line)]
+        for line in (seg_lines[:1] + frames[:1]):
+            yield Finding(HW, line, "segmentation fault inside NCCL (network transport)")
+
+
+def _last_exception(lines: list[str]) -> str | None:
+    """The verbatim line naming the last exception of the last Python traceback."""
+    found, in_traceback = None, False
+    for line in lines:
+        text = strip(line)
+        if text.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+            continue
+        if not in_traceback or not text or text[0].isspace():
+            continue
+        in_traceback = False
+        match = EXCEPTION_LINE.match(text)
+        if match and match.group(1).rsplit(".", 1)[-1] in WRAPPER_EXCEPTIONS:
+            continue
+        found = line
+    return found
+
+
+def _find_traceback(lines: list[str]) -> Iterator[Finding]:
+    line = _last_exception(lines)
+    if line is not None:
+        name = (EXCEPTION_LINE.match(strip(line)) or [None, "an exception"])[1]
+        yield Finding(INT, line, f"the training script raised {name}")
+
+
+def _find_container_states(record: AttemptRecord) -> Iterator[Finding]:
+    for status in record.container_states:
+        name = status.get("name", "?")
+        for key in ("state", "lastState"):
+            state = status.get(key) or {}
+            waiting, terminated = state.get("waiting"), state.get("terminated")
+            if waiting and key == "state":
+                reason = waiting.get("reason")
+                if reason in IMAGE_WAITING_REASONS:
+                    yield Finding(VerdictKind.IMAGE_PULL, describe_state(name, "waiting", waiting),
+                                   f"the image could not be pulled ({reason})")
+                elif reason in INTERNAL_WAITING_REASONS:
+                    yield Finding(INT, describe_state(name, "waiting", waiting),
+                                   f"the container could not be created ({reason})")
+            if terminated and terminated.get("reason") in INTERNAL_TERMINATION_REASONS:
+                reason = terminated["reason"]
+                why = "out of memory (OOMKilled)" if reason == "OOMKilled" else f"the container failed ({reason})"
+                yield Finding(INT, describe_state(name, "terminated", terminated), why)
+
+
+def _find_termination(record: AttemptRecord) -> Iterator[Finding]:
+    reason = record.termination_reason
+    if not reason:
+        return
+    seen = {
+        ((status.get(key) or {}).get("terminated") or {}).get("reason")
+        for status in record.container_states for key in ("state", "lastState")
+    }
+    message = (record.termination_message or "").strip()
+    line = f"termination reason {reason}" + (f": {message}" if message else "")
+    if reason in PREEMPTED_TERMINATION_REASONS:
+        if reason in {"Preempted", "Preempting", "NodeShutdown"} or SHUTDOWN_MESSAGE.search(message):
+            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node shut down ({reason})")
+    elif reason in HARDWARE_TERMINATION_REASONS or reason.startswith("OutOf"):
+        if SPOT_WORDS.search(message):
+            yield Finding(VerdictKind.PREEMPTED, line, f"the node was reclaimed ({reason})")
+        else:
+            yield Finding(HW, line, f"the node failed the pod ({reason})")
+    elif reason in INTERNAL_TERMINATION_REASONS and reason not in seen:
+        why = "out of memory (OOMKilled)" if reason == "OOMKilled" else f"the container failed ({reason})"
+        yield Finding(INT, line, why)
+
+
+def _find_pod_conditions(record: AttemptRecord) -> Iterator[Finding]:
+    """DisruptionTarget=True: preemption and node shutdown → PREEMPTED; the rest → HARDWARE."""
+    for condition in record.pod_conditions:
+        if condition.get("type") != "DisruptionTarget" or str(condition.get("status")) != "True":
+            continue
+        reason, message = condition.get("reason") or "", condition.get("message") or ""
+        line = _describe_condition("pod", condition)
+        if reason in PREEMPTING_DISRUPTIONS or SPOT_WORDS.search(message):
+            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted ({reason or 'DisruptionTarget'})")
+        elif reason == "TerminationByKubelet" and SHUTDOWN_MESSAGE.search(message):
+            yield Finding(VerdictKind.PREEMPTED, line, "the node shut down (graceful node shutdown)")
+        elif reason == "TerminationByKubelet":
+            yield Finding(HW, line, "the kubelet evicted the pod (node pressure)")
+        else:
+            yield Finding(HW, line, f"the node disrupted the pod ({reason or 'DisruptionTarget'})")
+
+
+def _find_node(record: AttemptRecord) -> Iterator[Finding]:
+    """Node conditions and taints are snapshots taken after the attempt: they cannot beat exit 0."""
+    for condition in record.node_conditions:
+        kind, status = condition.get("type"), str(condition.get("status"))
+        line = _describe_condition("node", condition)
+        text = f"{condition.get('reason') or ''} {condition.get('message') or ''}"
+        if kind == "Ready" and status in {"False", "Unknown"}:
+            yield Finding(HW, line, "the node is NotReady", beats_success=False)
+        elif kind not in PRESSURE_CONDITIONS and kind != "Ready" and status == "True":
+            if SPOT_WORDS.search(text):
+                yield Finding(VerdictKind.PREEMPTED, line, f"the node is being reclaimed ({kind})")
+            else:
+                yield Finding(HW, line, f"the node reports a problem ({kind})", beats_success=False)
+    for taint in record.node_taints:
+        key = taint.get("key") or ""
+        line = f"node taint {key}={taint.get('value') or ''}:{taint.get('effect') or ''}"
+        if SPOT_TAINT.search(key):
+            yield Finding(VerdictKind.PREEMPTED, line, "the node is being reclaimed (Spot interruption)")
+        elif key in NODE_DOWN_TAINTS:
+            yield Finding(HW, line, "the node is unreachable or not ready", beats_success=False)
+
+
+def _find_events(record: AttemptRecord) -> Iterator[Finding]:
+    for event in record.events:
+        reason = str(event.get("reason") or "")
+        message = str(event.get("message") or event.get("note") or "")
+        line = _describe_event(event)
+        if reason in IMAGE_WAITING_REASONS or (reason in {"Failed", "BackOff", "InspectFailed"}
+                                                and IMAGE_EVENT_MESSAGE.search(message)):
+            yield Finding(VerdictKind.IMAGE_PULL, line, "the image could not be pulled")
+        elif reason in {"Preempted", "Preempting", "NodeShutdown", "Shutdown"} or SPOT_WORDS.search(reason):
+            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node reclaimed ({reason})")
+        elif reason in {"Evicted", "Evicting"}:
+            yield Finding(HW, line, "the kubelet evicted the pod (node pressure)")
+        elif reason in {"NodeNotReady", "TaintManagerEviction", "Rebooted", "NodeLost"}:
+            yield Finding(HW, line, f"the node failed ({reason})", beats_success=False)
+        elif STARTUP_PROBE.search(message):
+            yield Finding(INT, line, STARTUP_REASON)
+        elif LIVENESS_PROBE.search(message):
+            yield Finding(HW, line, "training hung (the liveness probe saw no progress)")
+        elif reason in {"OOMKilling", "SystemOOM"}:
+            yield Finding(INT, line, "out of host memory (kernel OOM killer)")
+        else:
+            yield from find_xids([message], describe=lambda _m, line=line: line)
+            yield from find_text([message], describe=lambda _m, line=line: line)
+
+
+def find_torchrun_signal(lines: list[str]) -> tuple[int | None, str | None]:
+    """torchrun exits 1 when a signal stopped it or a child; its log names the signal."""
+    for line in reversed(lines):
+        match = TORCHRUN_SIGNAL.search(line)
+        if match:
+            if match.group(5):
+                return int(match.group(5)) - 128, line
+            return int(match.group(1) or match.group(3) or match.group(4)), line
+    return None, None
+
+
+def gather(record: AttemptRecord) -> list[Finding]:
+    log, node_log = list(record.log_tail), _node_log_in_window(record)
+    lines = node_log + log
+    findings: list[Finding] = []
+    # Order matters only for the verdict's reason: the first finding of the winning kind.
+    findings += find_xids(lines)
+    findings += find_text(lines)
+    findings += _find_nccl_system_errors(log)
+    findings += _find_nccl_segfault(record, log)
+    findings += _find_flags(record)
+    findings += _find_pod_conditions(record)
+    findings += _find_termination(record)
+    findings += _find_container_states(record)
+    findings += _find_events(record)
+    findings += _find_node(record)
+    findings += _find_traceback(log)
+    return findings
+
+

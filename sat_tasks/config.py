@@ -1,0 +1,104 @@
+"""SAT's settings: the one reader of the `[sat]` config section, and where SAT's files live.
+
+A setting comes from, in order: the environment (`AIRFLOW__SAT__<KEY>`, as Airflow itself
+reads it), the `[sat]` section of the Airflow config file (`$AIRFLOW_CONFIG`, else
+`$AIRFLOW_HOME/airflow.cfg`), then `SAT_DEFAULTS`. The file is read with `configparser`,
+not through `airflow.configuration`, so the `sat` command line and the training image need
+no Airflow import (importing it costs ~1.5 s); `${VAR}` in a value is expanded as Airflow
+expands it.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SECTION = "sat"
+
+# [sat] defaults; airflow.cfg's [sat] section or AIRFLOW__SAT__<KEY> override them.
+SAT_DEFAULTS = {
+    "backend": "local",
+    "object_storage_conn_id": "sat_object_storage",
+    "work_dir": str(PROJECT_ROOT / ".sat" / "work"),
+    "local_nodes": "local-node-0,local-node-1,local-node-2,local-node-3,local-node-4",
+    "kubernetes_namespace": "sat-jobs",
+    "kubernetes_conn_id": "kubernetes_default",
+    "jobs_dir": str(PROJECT_ROOT / "include" / "jobs"),
+    "final_checkpoint_grace_seconds": "60",
+}
+
+_file_cache: dict[tuple[str, float], dict[str, str]] = {}
+
+
+def config_file() -> Path | None:
+    """The Airflow config file in effect: `$AIRFLOW_CONFIG`, else `$AIRFLOW_HOME/airflow.cfg` (None if absent)."""
+    explicit = os.environ.get("AIRFLOW_CONFIG")
+    if explicit:
+        return Path(explicit)
+    home = os.environ.get("AIRFLOW_HOME") or str(Path.home() / "airflow")
+    return Path(home) / "airflow.cfg"
+
+
+def _file_section(path: Path | None) -> dict[str, str]:
+    """The `[sat]` section of `path` (cached per path and modification time)."""
+    if path is None:
+        return {}
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return {}
+    key = (str(path), mtime)
+    if key not in _file_cache:
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        parser.read(path, encoding="utf-8")
+        _file_cache.clear()
+        _file_cache[key] = dict(parser.items(SECTION)) if parser.has_section(SECTION) else {}
+    return _file_cache[key]
+
+
+def sat_setting(key: str, default: str | None = None) -> str:
+    """One `[sat]` setting: env `AIRFLOW__SAT__<KEY>`, then the config file, then the default.
+
+    `default` serves keys without an entry in `SAT_DEFAULTS` (optional settings such as
+    `k8s_<field>`, where `""` means "not set"); an unknown key without one is a
+    programming error (KeyError).
+    """
+    env_value = os.environ.get(f"AIRFLOW__SAT__{key.upper()}")
+    if env_value:
+        return env_value
+    value = _file_section(config_file()).get(key.lower())
+    if value:
+        return os.path.expandvars(value)
+    if key in SAT_DEFAULTS:
+        return SAT_DEFAULTS[key]
+    if default is not None:
+        return default
+    raise KeyError(f"[sat] {key}: no such setting and no default")
+
+
+def local_node_pool() -> list[str]:
+    """The local backend's named nodes, from `[sat] local_nodes` (comma-separated)."""
+    return [n.strip() for n in (sat_setting("local_nodes") or "").split(",") if n.strip()]
+
+
+def include_dir() -> Path:
+    """The include/ directory (env SAT_INCLUDE_DIR overrides, e.g. in an image)."""
+    return Path(os.environ.get("SAT_INCLUDE_DIR", PROJECT_ROOT / "include"))
+
+
+def work_dir() -> Path:
+    """The local backend's working directory (staged data, outputs, job logs per run)."""
+    return Path(sat_setting("work_dir"))
+
+
+def safe_run_id(run_id: str) -> str:
+    """A run id made safe as a single path component and object key segment."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("._") or "run"
+
+
+def run_dir(job_name: str, run_id: str) -> Path:
+    """The local working directory of one job run."""
+    return work_dir() / job_name / safe_run_id(run_id)

@@ -1,0 +1,120 @@
+"""The attempt record: what one training attempt left behind, from either backend."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+__all__ = ["AttemptRecord", "MAIN_CONTAINER_NAME", "LOG_TAIL_LINES", "NODE_LOG_LINES"]
+
+#: Name KubernetesPodOperator gives the training container; preferred as the main one.
+MAIN_CONTAINER_NAME = "base"
+#: How many trailing lines of the container log a record keeps.
+LOG_TAIL_LINES = 1000
+#: How many kernel-log lines of the node a record keeps (the newest).
+NODE_LOG_LINES = 2000
+
+
+class AttemptRecord(BaseModel):
+    """Everything `classify` needs to know about one attempt of a Training Job.
+
+    Built by the local backend directly, or from Kubernetes objects with
+    `sat_tasks.classify.loaders.record_from_pod`. Round-trips through JSON with `model_dump(mode="json")` and
+    `AttemptRecord.model_validate`.
+
+    Fields:
+        job: the Training Job name.
+        attempt: 1-based attempt number.
+        backend: `local` or `kubernetes`.
+        node: the node the attempt ran on (local pool name or k8s node name).
+        exit_code: exit status of the main process/container; negative values from
+            `subprocess` mean "killed by signal -exit_code".
+        signal: signal number that killed the process (local backend, or the k8s
+            terminated state's `signal`).
+        termination_reason: e.g. OOMKilled, Error, Completed, Evicted, Preempted.
+        termination_message: the human message that goes with the reason
+            (pod `status.message`, or the container's terminated `message`).
+        container_states: k8s `containerStatuses` entries (name, state, lastState, ...).
+        pod_conditions: k8s pod `status.conditions`.
+        events: k8s events of the pod and node (each at least reason/message/type).
+        node_conditions: k8s node `status.conditions`.
+        node_taints: k8s node `spec.taints` (Spot interruption taints live here).
+        log_tail: the last lines of the container log.
+        node_log: kernel-log lines of the node (e.g. NVRM Xid lines).
+        started_at / finished_at: when the main process started and ended.
+        progress: the engine's progress.json (`step`, `last_committed_step`,
+            `resumed_from_step`, `attempt`): structured data the engine writes, never
+            parsed from log text.
+        preemption_notice: the local backend delivered a Spot SIGTERM notice.
+        heartbeat_timeout: the launcher saw training stop making progress after it started.
+        startup_timeout: the attempt never reached its first training step within the
+            job's start-up deadline (`startup_timeout_seconds`).
+        image: the training image reference.
+    """
+
+    job: str
+    attempt: int = Field(ge=1)
+    backend: Literal["local", "kubernetes"]
+    node: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    termination_reason: str | None = None
+    termination_message: str | None = None
+    container_states: list[dict[str, Any]] = Field(default_factory=list)
+    pod_conditions: list[dict[str, Any]] = Field(default_factory=list)
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    node_conditions: list[dict[str, Any]] = Field(default_factory=list)
+    node_taints: list[dict[str, Any]] = Field(default_factory=list)
+    log_tail: list[str] = Field(default_factory=list)
+    node_log: list[str] = Field(default_factory=list)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    progress: dict[str, Any] | None = None
+    preemption_notice: bool = False
+    heartbeat_timeout: bool = False
+    startup_timeout: bool = False
+    image: str | None = None
+
+    @field_validator("log_tail", "node_log", mode="before")
+    @classmethod
+    def _split_text(cls, value: Any) -> Any:
+        """Accept a whole log as one string as well as a list of lines."""
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return value.splitlines()
+        return value
+
+    @property
+    def last_committed_step(self) -> int | None:
+        """The last step the checkpoint engine committed, from progress.json, or None."""
+        if not self.progress:
+            return None
+        step = self.progress.get("last_committed_step")
+        if step is None or isinstance(step, bool):
+            return None
+        try:
+            return int(step)
+        except (TypeError, ValueError):
+            return None
+
+
+# progress.json keys that belong to the attempt that wrote them (the rest outlives it).
+_ATTEMPT_OWN_PROGRESS = ("step", "resumed_from_step", "in_flight_step", "attempt")
+
+
+def progress_of_attempt(progress: dict[str, Any] | None, attempt: int) -> dict[str, Any] | None:
+    """The engine's progress.json as it concerns attempt `attempt`.
+
+    The file outlives attempts (the run's output directory and its mirror are shared).
+    Committed checkpoints stay valid (`last_committed_step`, `committed_steps`); the step,
+    the resume point and the in-flight checkpoint written by another attempt (its
+    `attempt` stamp differs) are not this one's and are dropped.
+    """
+    if not progress:
+        return progress
+    if progress.get("attempt") not in (None, attempt):
+        return {k: v for k, v in progress.items() if k not in _ATTEMPT_OWN_PROGRESS}
+    return progress

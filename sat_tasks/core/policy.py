@@ -1,0 +1,80 @@
+"""The restart policy, as pure functions: which attempt runs, and what follows a verdict.
+
+`plan_attempt` and `decide_next` read nothing and write nothing: the task that calls
+`decide_next` records the `Decision.status` it returns (with `Decision.why`) in the job's
+status history. ADR 0001 and ADR 0004 say why each verdict leads where it does.
+"""
+
+from __future__ import annotations
+
+from sat_tasks.core.contracts import Action, Decision, Plan, Verdict, VerdictKind
+from sat_tasks.core.status import JobStatus
+from sat_tasks.errors import NotApplicable
+from sat_tasks.spec import FaultKind, TrainingJob
+
+EVIDENCE_IN_STATUS = 3  # evidence lines quoted in a status reason
+
+
+def plan_attempt(job: TrainingJob, attempt: int, previous: Decision | None) -> Plan:
+    """Whether attempt `attempt` runs, where it must not run, and from which step it resumes.
+
+    Attempt 1 always runs, fresh. A later attempt runs only when the previous decision
+    asks for one (fail over or resume); otherwise NotApplicable (its tasks are skipped).
+    """
+    if attempt == 1:
+        return Plan(attempt=1)
+    if previous is None or not previous.needs_attempt:
+        raise NotApplicable(f"attempt {attempt} is not needed")
+    return Plan(attempt=attempt, exclude_nodes=list(previous.exclude_nodes), resume_step=previous.resume_step,
+                failovers=previous.failovers, resumes=previous.resumes)
+
+
+def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float) -> Decision:
+    """Turn a verdict into the next action and the job status it implies (`now`: epoch seconds)."""
+    attempt, node = plan.attempt, verdict.node
+    exclude = list(plan.exclude_nodes)
+    evidence = "; ".join(verdict.evidence[:EVIDENCE_IN_STATUS]) or verdict.reason
+    base = {
+        "attempt": attempt, "verdict": verdict.kind, "exclude_nodes": exclude, "failovers": plan.failovers,
+        "resumes": plan.resumes,
+        "resume_step": -1 if verdict.last_committed_step is None else verdict.last_committed_step,
+    }
+
+    def stop(status: JobStatus, why: str) -> Decision:
+        return Decision(**base, action=Action.STOP, status=status, why=why)
+
+    kind = verdict.kind
+    if kind is VerdictKind.SUCCEEDED:
+        return Decision(**base, action=Action.UPLOAD, why="training completed")
+    if kind is VerdictKind.IMAGE_PULL:
+        return stop(JobStatus.IMAGE_PULL_BACKOFF, f"image could not be pulled: {evidence}")
+    if kind is VerdictKind.INTERNAL:
+        return stop(JobStatus.INTERNAL_ERROR, f"internal error in attempt {attempt} (no retry): {evidence}")
+    if kind is VerdictKind.PREEMPTED:
+        if not job.is_spot:
+            kind = VerdictKind.HARDWARE  # an on-demand pod evicted by the platform: treat as a node problem
+        elif plan.resumes >= job.spot.max_resumes:
+            return stop(JobStatus.FAILED, f"pre-empted again after {plan.resumes} resumes (spot.max_resumes)")
+        else:
+            delay = max([f.capacity_delay_seconds for f in job.faults
+                         if f.attempt == attempt and f.kind is FaultKind.PREEMPTION] or [0])
+            return Decision(**{**base, "resumes": plan.resumes + 1}, action=Action.RESUME,
+                            status=JobStatus.PREEMPTED,
+                            why=f"attempt {attempt} pre-empted on {node}; waiting for capacity",
+                            preempted_at=now, capacity_at=now + delay)
+    # HARDWARE
+    failed_nodes = exclude + ([node] if node else [])
+    if not job.job_failover and not job.is_spot:
+        return stop(JobStatus.FAILED, f"hardware fault on {node} and job_failover is off: {evidence}")
+    if job.is_spot:
+        if plan.resumes >= job.spot.max_resumes:
+            return stop(JobStatus.FAILED, f"hardware fault after {plan.resumes} resumes: {evidence}")
+        return Decision(**{**base, "resumes": plan.resumes + 1, "exclude_nodes": failed_nodes},
+                        action=Action.RESUME, why="hardware fault on a spot node", preempted_at=now)
+    if plan.failovers >= job.max_failovers:
+        return stop(JobStatus.MAX_RETRIES_EXCEEDED,
+                    f"hardware fault on {node} after {plan.failovers} failovers (max {job.max_failovers}): {evidence}")
+    return Decision(**{**base, "failovers": plan.failovers + 1, "exclude_nodes": failed_nodes},
+                    action=Action.FAILOVER, status=JobStatus.FAILOVER_IN_PROGRESS,
+                    why=f"hardware fault on {node}: {evidence}; failing over "
+                        f"(failover {plan.failovers + 1} of {job.max_failovers})")

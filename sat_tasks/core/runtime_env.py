@@ -1,0 +1,104 @@
+"""The environment contract between SAT and a training process, the same on every backend."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sat_tasks.config import sat_setting
+from sat_tasks.spec import GRACE_ENV, TrainingJob
+
+# Where the training image carries the vendored checkpoint engine (docker/training.Dockerfile).
+IMAGE_VENDOR_DIR = "/opt/sat/checkpoint_vendor"
+# Paths inside a Kubernetes pod.
+POD_DATA_DIR = "/opt/sat/data"
+POD_OUTPUT_DIR = "/opt/sat/output"
+POD_CODE_DIR = "/opt/sat/code"
+# After SIGTERM a launcher (torchrun, the local runner) waits this much longer than the
+# engine's final-checkpoint grace period before it SIGKILLs: the engine exits first.
+LAUNCHER_GRACE_MARGIN_S = 15
+# A pod's grace period (SIGTERM -> SIGKILL by the kubelet) is this much longer than the
+# engine's: the launcher's margin and the process's exit fit in it.
+POD_GRACE_MARGIN_S = 60
+
+
+def final_checkpoint_grace_seconds(job: TrainingJob) -> float:
+    """Seconds the engine has for its final checkpoint after SIGTERM.
+
+    The job's `env.CKPT_GRACE_SECONDS` (validated by the spec), else
+    `[sat] final_checkpoint_grace_seconds`.
+    """
+    return float(job.env.get(GRACE_ENV) or sat_setting("final_checkpoint_grace_seconds"))
+
+
+def pod_grace_seconds(job: TrainingJob, configured: int) -> int:
+    """A pod's `terminationGracePeriodSeconds`: `configured`, raised to cover the job's final checkpoint."""
+    return max(configured, math.ceil(final_checkpoint_grace_seconds(job)) + POD_GRACE_MARGIN_S)
+
+
+@dataclass(frozen=True)
+class TrainingPaths:
+    """The directories a training process sees (host paths locally, pod paths on Kubernetes)."""
+
+    data_dir: str
+    output_dir: str
+    code_dir: str
+    vendor_dir: str
+
+
+def training_environment(
+    job: TrainingJob,
+    paths: TrainingPaths,
+    *,
+    attempt: int,
+    node: str,
+    resume_step: int | None,
+    mirror_url: str | None = None,
+    s3_endpoint_url: str | None = None,
+) -> dict[str, str]:
+    """Environment variables for one attempt of `job`.
+
+    `resume_step` is None on a fresh start; otherwise it becomes `CKPT_LAST_STEP`
+    (`-1` means "the newest complete checkpoint"). `mirror_url` (the run's
+    `<results prefix>checkpoints/`) becomes `CKPT_MIRROR_URL`: the engine copies each
+    checkpoint there and restores from it on a fresh node; `s3_endpoint_url` becomes
+    `CKPT_S3_ENDPOINT_URL`. Credentials are not part of this contract: the launcher adds
+    `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` to the process environment only.
+
+    After SIGTERM the engine has `[sat] final_checkpoint_grace_seconds` for its final
+    checkpoint (`CKPT_GRACE_SECONDS`, unless the job's env sets it); the local runner and
+    the pod's grace period (`pod_grace_seconds`) allow that plus a margin. A distributed job's `torchrun` gets
+    `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` of that plus `LAUNCHER_GRACE_MARGIN_S`: by default it
+    SIGKILLs its workers 30 s after forwarding SIGTERM, whatever their final checkpoint
+    still needs. (The `deepspeed` launcher's 30 s are hard-coded; see ADR 0007.)
+    """
+    env = dict(job.env)
+    env.update(
+        {
+            "CHECKPOINT_VENDOR": paths.vendor_dir,
+            "PYTHONPATH": paths.vendor_dir,
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "SAT_JOB_NAME": job.name,
+            "SAT_ATTEMPT": str(attempt),
+            "SAT_NODE": node,
+            "SAT_DATA_DIR": paths.data_dir,
+            "SAT_OUTPUT_DIR": paths.output_dir,
+            "SAT_CODE_DIR": paths.code_dir,
+            "SAT_FRAMEWORK": job.framework.value,
+            "SAT_NODES": str(job.nodes),
+        }
+    )
+    grace = final_checkpoint_grace_seconds(job)
+    env.setdefault(GRACE_ENV, f"{grace:g}")
+    if job.distributed:
+        env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(math.ceil(grace) + LAUNCHER_GRACE_MARGIN_S))
+    if resume_step is not None:
+        env["CKPT_LAST_STEP"] = str(resume_step)
+    if mirror_url:
+        env["CKPT_MIRROR_URL"] = mirror_url
+    if s3_endpoint_url:
+        env["CKPT_S3_ENDPOINT_URL"] = s3_endpoint_url
+    return env

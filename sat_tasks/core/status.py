@@ -1,0 +1,75 @@
+"""Job status in the service's words, and the recorded history of its transitions."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, Callable
+
+from sat_tasks.core.clock import now_utc
+
+
+class JobStatus(str, Enum):
+    """The status words users know from the managed service."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    FAILOVER_IN_PROGRESS = "Pending - failoverinprogress"
+    MAX_RETRIES_EXCEEDED = "Pending - maxretriesexceeded"
+    IMAGE_PULL_BACKOFF = "Pending - imagepullbackoff"
+    INTERNAL_ERROR = "Pending - internalerror"
+    PREEMPTED = "Pending - preempted"
+    FAILED = "Failed"
+    COMPLETED = "Completed"
+
+
+TERMINAL = {
+    JobStatus.MAX_RETRIES_EXCEEDED,
+    JobStatus.IMAGE_PULL_BACKOFF,
+    JobStatus.INTERNAL_ERROR,
+    JobStatus.FAILED,
+    JobStatus.COMPLETED,
+}
+
+
+@dataclass
+class StatusChange:
+    """One recorded transition."""
+
+    status: str
+    at: str
+    reason: str
+    attempt: int | None = None
+    task: str | None = None
+
+
+class StatusHistory:
+    """The status history of one job run, persisted through a load/save pair.
+
+    `load()` returns the list of dicts stored so far (or None); `save(list)` stores it.
+    Every `record()` appends, saves and logs, so the history survives the task.
+    """
+
+    def __init__(self, load: Callable[[], list[dict] | None], save: Callable[[list[dict]], None], log=print):
+        self._load = load
+        self._save = save
+        self._log = log
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every transition so far, oldest first."""
+        return list(self._load() or [])
+
+    def current(self) -> str | None:
+        """The latest status, or None before the first."""
+        entries = self.entries()
+        return entries[-1]["status"] if entries else None
+
+    def record(self, status: JobStatus, reason: str, *, attempt: int | None = None, task: str | None = None) -> None:
+        """Append one transition (a repeat of the current status with the same reason is not repeated)."""
+        entries = self.entries()
+        if entries and entries[-1]["status"] == status.value and entries[-1]["reason"] == reason:
+            return
+        change = StatusChange(status=status.value, at=now_utc().isoformat(), reason=reason, attempt=attempt, task=task)
+        entries.append(asdict(change))
+        self._save(entries)
+        self._log(f"[sat] job status -> {status.value}: {reason}")

@@ -1,0 +1,678 @@
+"""Container-image check: can the job's image be pulled, speaking the OCI distribution API."""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import enum
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+import requests
+
+from sat_tasks.errors import SatError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MANIFEST_MEDIA_TYPES",
+    "ImageCheckOutcome",
+    "ImageCheckResult",
+    "ImageReference",
+    "MalformedReference",
+    "RegistryAccess",
+    "check_image",
+    "parse_image_reference",
+    "registry_access_from_connection",
+]
+
+# Docker Hub: the name users write, and the host that serves its API.
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API_HOST = "registry-1.docker.io"
+_DOCKER_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+# Accept header of the manifest HEAD: image manifests and indexes, Docker and OCI.
+MANIFEST_MEDIA_TYPES: tuple[str, ...] = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+
+# Grammar of github.com/distribution/reference (the one containerd and Docker use).
+_PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = re.compile(
+    rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?"
+)
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}")
+_NAME_MAX_LENGTH = 255
+
+RETRIABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
+
+
+class MalformedReference(SatError, ValueError):
+    """The image reference breaks the reference grammar; the message names the rule."""
+
+
+class _RetriesExhausted(Exception):
+    """A request kept failing transiently (429, 5xx, timeout, connection) after all retries."""
+
+
+class ImageCheckOutcome(str, enum.Enum):
+    """What a pull of the image would do."""
+
+    OK = "ok"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    UNREACHABLE = "unreachable"
+    MALFORMED = "malformed"
+
+
+# Outcomes a pull retry cannot fix: the job ends as "Pending - imagepullbackoff".
+_PULL_FAILURES = frozenset(
+    {ImageCheckOutcome.UNAUTHORIZED, ImageCheckOutcome.NOT_FOUND, ImageCheckOutcome.MALFORMED}
+)
+
+
+@dataclass(frozen=True)
+class ImageReference:
+    """A parsed image reference.
+
+    Attributes:
+        registry: registry host[:port] as written, ``docker.io`` when none was written.
+        repository: repository path, ``library/`` prefixed for official Docker Hub images.
+        tag: the tag; ``latest`` when neither tag nor digest was written.
+        digest: ``algorithm:hex`` when the reference pins one (it wins over the tag).
+    """
+
+    registry: str
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def api_host(self) -> str:
+        """Host[:port] that serves the distribution API (Docker Hub's differs from its name)."""
+        return DOCKER_HUB_API_HOST if self.registry in _DOCKER_HUB_ALIASES else self.registry
+
+    @property
+    def manifest_reference(self) -> str:
+        """The ``<reference>`` of ``/v2/<name>/manifests/<reference>``: digest, else tag."""
+        return self.digest or self.tag or "latest"
+
+    def __str__(self) -> str:
+        text = f"{self.registry}/{self.repository}"
+        if self.tag:
+            text += f":{self.tag}"
+        if self.digest:
+            text += f"@{self.digest}"
+        return text
+
+
+def parse_image_reference(ref: str) -> ImageReference:
+    """Parse ``[host[:port]/]path[:tag][@digest]`` with Docker's defaults.
+
+    Raises:
+        MalformedReference: naming the rule the reference breaks.
+    """
+    if not isinstance(ref, str) or not ref.strip():
+        raise MalformedReference("image reference is empty")
+    if ref != ref.strip() or any(ch.isspace() for ch in ref):
+        raise MalformedReference(f"image reference {ref!r} contains whitespace")
+    if "://" in ref:
+        raise MalformedReference(
+            f"image reference {ref!r} has a URL scheme; write host/repository[:tag] without it"
+        )
+
+    if "@" in ref and "/" in ref.split("@", 1)[1]:  # user:password@host/... ; never echo it
+        raise MalformedReference(
+            "image reference carries credentials (user:password@host/...); give them "
+            "as username and password instead"
+        )
+    remainder, digest = ref, None
+    if "@" in remainder:
+        remainder, digest = remainder.split("@", 1)
+        if not _DIGEST.fullmatch(digest):
+            raise MalformedReference(
+                f"digest {digest!r} in {ref!r} is not algorithm:hex (e.g. sha256:<64 hex digits>)"
+            )
+        algorithm, encoded = digest.split(":", 1)
+        if algorithm == "sha256" and not re.fullmatch(r"[a-f0-9]{64}", encoded):
+            raise MalformedReference(
+                f"sha256 digest in {ref!r} must be 64 lowercase hex digits"
+            )
+
+    tag = None
+    last_slash = remainder.rfind("/")
+    if remainder.rfind(":") > last_slash:  # a colon after the last slash starts the tag
+        remainder, tag = remainder.rsplit(":", 1)
+        if not _TAG.fullmatch(tag):
+            raise MalformedReference(
+                f"tag {tag!r} in {ref!r} must be 1-128 of [A-Za-z0-9_.-], not starting with . or -"
+            )
+
+    if not remainder:
+        raise MalformedReference(f"image reference {ref!r} has no repository name")
+    registry, path = _split_registry(remainder)
+    if not path:
+        raise MalformedReference(f"image reference {ref!r} has no repository name")
+    if len(path) > _NAME_MAX_LENGTH:
+        raise MalformedReference(
+            f"repository name in {ref!r} is longer than {_NAME_MAX_LENGTH} characters"
+        )
+    for component in path.split("/"):
+        if not component:
+            raise MalformedReference(f"repository name in {ref!r} has an empty path component")
+        if component != component.lower():
+            raise MalformedReference(f"repository name in {ref!r} must be lowercase")
+        if not _PATH_COMPONENT.fullmatch(component):
+            raise MalformedReference(
+                f"path component {component!r} in {ref!r} must be [a-z0-9] separated by "
+                "'.', '_', '__' or '-'"
+            )
+    if registry == DOCKER_HUB and "/" not in path:
+        path = f"library/{path}"
+    if tag is None and digest is None:
+        tag = "latest"
+    return ImageReference(registry=registry, repository=path, tag=tag, digest=digest)
+
+
+def _split_registry(name: str) -> tuple[str, str]:
+    """Split ``name`` into (registry, path); the first part is a host if it looks like one."""
+    first, sep, rest = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        if not _DOMAIN.fullmatch(first):
+            raise MalformedReference(f"registry host {first!r} is not a valid host[:port]")
+        return first, rest
+    return DOCKER_HUB, name
+
+
+@dataclass(frozen=True)
+class ImageCheckResult:
+    """Outcome of ``check_image``; holds no credential, so it may go to logs and XCom.
+
+    Attributes:
+        outcome: what a pull would do.
+        reference: the reference as given (or its canonical form when it parsed).
+        message: one line for a human.
+        digest: the manifest digest (``Docker-Content-Digest``) when ``outcome`` is OK.
+        media_type: the manifest media type when ``outcome`` is OK.
+        status_code: the last HTTP status the registry answered, if any.
+    """
+
+    outcome: ImageCheckOutcome
+    reference: str
+    message: str
+    digest: str | None = None
+    media_type: str | None = None
+    status_code: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is ImageCheckOutcome.OK
+
+    @property
+    def pulls_fail(self) -> bool:
+        """True when a pull cannot succeed by waiting: unauthorized, not found, malformed."""
+        return self.outcome in _PULL_FAILURES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "reference": self.reference,
+            "message": self.message,
+            "digest": self.digest,
+            "media_type": self.media_type,
+            "status_code": self.status_code,
+            "pulls_fail": self.pulls_fail,
+        }
+
+
+@dataclass(frozen=True)
+class RegistryAccess:
+    """Credentials and scheme for one registry, as read from an Airflow connection.
+
+    The password is kept out of ``repr``; pass the fields to ``check_image``.
+    """
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    insecure: bool = False
+
+
+def registry_access_from_connection(conn: Any, ref: str | ImageReference) -> RegistryAccess:
+    """Read login, password and scheme from a connection-like object for the image ``ref``.
+
+    ``conn`` needs Airflow ``Connection`` attributes (``host``, ``login``, ``password``,
+    ``schema``, ``extra_dejson``); none is imported here. Plain http is chosen only
+    explicitly: a ``http://`` host, ``schema == "http"`` or ``{"insecure": true}`` in the
+    extra. When the connection names a host that is not the image's registry, its
+    credentials are withheld (never sent to another registry).
+    """
+    image = ref if isinstance(ref, ImageReference) else parse_image_reference(ref)
+    raw_host = (getattr(conn, "host", None) or "").strip()
+    extra = getattr(conn, "extra_dejson", None) or {}
+    insecure = (getattr(conn, "schema", None) or "").lower() == "http" or _truthy(
+        extra.get("insecure")
+    )
+    host = raw_host
+    if "://" in raw_host:
+        parts = urlsplit(raw_host)
+        insecure = insecure or parts.scheme == "http"
+        host = parts.netloc
+    host = host.split("/", 1)[0]
+    if host and not _same_registry(host, image):
+        log.warning(
+            "registry connection is for %s, image %s is on %s: checking without credentials",
+            host,
+            image,
+            image.registry,
+        )
+        return RegistryAccess(insecure=False)
+    return RegistryAccess(
+        username=getattr(conn, "login", None) or None,
+        password=getattr(conn, "password", None) or None,
+        insecure=insecure,
+    )
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"1", "true", "yes", "on"}
+    return bool(value)
+
+
+def _same_registry(host: str, image: ImageReference) -> bool:
+    host = host.lower()
+    if host in _DOCKER_HUB_ALIASES:
+        return image.registry in _DOCKER_HUB_ALIASES
+    return host == image.registry.lower()
+
+
+def check_image(
+    ref: str,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    insecure: bool = False,
+    timeout: float = 10,
+    retries: int = 3,
+    backoff: float = 1.0,
+    max_backoff: float = 30.0,
+) -> ImageCheckResult:
+    """Tell whether ``ref`` could be pulled, without pulling it.
+
+    Call order: ``GET /v2/`` (ping), then the ``WWW-Authenticate`` challenge (a Bearer
+    token from the realm for ``repository:<repo>:pull``, or Basic), then
+    ``HEAD /v2/<repo>/manifests/<tag|digest>`` accepting ``MANIFEST_MEDIA_TYPES``.
+
+    Args:
+        ref: the image reference, e.g. ``registry.example.com/team/llm:v3``.
+        username, password: registry credentials; the password is never logged,
+            returned or put in an exception message.
+        insecure: plain http instead of https (never chosen automatically).
+        timeout: seconds per connect and per read.
+        retries: extra attempts per request after 408, 429, 5xx, timeouts and
+            connection errors; still failing means UNREACHABLE, never a bad image.
+        backoff: first wait in seconds; it doubles per retry. A ``Retry-After`` header
+            replaces it. Every wait is capped at ``max_backoff``.
+    """
+    try:
+        image = parse_image_reference(ref)
+    except MalformedReference as exc:
+        result = ImageCheckResult(ImageCheckOutcome.MALFORMED, str(ref), f"malformed: {exc}")
+    else:
+        checker = _ImageChecker(
+            image,
+            username=username,
+            password=password,
+            insecure=insecure,
+            timeout=timeout,
+            retries=max(0, retries),
+            backoff=max(0.0, backoff),
+            max_backoff=max(0.0, max_backoff),
+        )
+        try:
+            result = checker.run()
+        finally:
+            checker.close()
+    if password:  # e.g. a reference written as user:password@host/repo
+        result = dataclasses.replace(
+            result,
+            reference=result.reference.replace(password, "***"),
+            message=result.message.replace(password, "***"),
+        )
+    log.log(logging.INFO if result.ok else logging.WARNING, "image check: %s", result.message)
+    return result
+
+
+@dataclass(frozen=True)
+class _Credentials:
+    """What the manifest request sends after the challenge: headers and/or Basic auth."""
+
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    auth: tuple[bytes, bytes] | None = field(default=None, repr=False)
+
+
+def _has_challenge(response: requests.Response) -> bool:
+    return bool(response.headers.get("WWW-Authenticate"))
+
+
+def _media_type(response: requests.Response) -> str:
+    return (response.headers.get("Content-Type") or "").split(";")[0].strip()
+
+
+class _ImageChecker:
+    """One check of one image: ping, authenticate, HEAD the manifest."""
+
+    def __init__(
+        self,
+        image: ImageReference,
+        *,
+        username: str | None,
+        password: str | None,
+        insecure: bool,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        max_backoff: float,
+    ) -> None:
+        self.image = image
+        self.username = username
+        self._password = password
+        self.insecure = insecure
+        self.scheme = "http" if insecure else "https"
+        self.base_url = f"{self.scheme}://{image.api_host}"
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = "sat-image-check/1"
+
+    def __repr__(self) -> str:
+        return f"_ImageChecker(image={str(self.image)!r}, base_url={self.base_url!r})"
+
+    def close(self) -> None:
+        self.session.close()
+
+    @property
+    def _basic(self) -> tuple[bytes, bytes] | None:
+        """Basic credentials as UTF-8 (requests would encode str as latin-1 and fail)."""
+        if self.username is None and self._password is None:
+            return None
+        return ((self.username or "").encode(), (self._password or "").encode())
+
+    def _result(
+        self, outcome: ImageCheckOutcome, message: str, **fields: Any
+    ) -> ImageCheckResult:
+        return ImageCheckResult(outcome, str(self.image), f"{outcome.value}: {message}", **fields)
+
+    def run(self) -> ImageCheckResult:
+        try:
+            return self._check()
+        except _RetriesExhausted as exc:
+            return self._result(ImageCheckOutcome.UNREACHABLE, str(exc))
+        except requests.exceptions.SSLError:
+            hint = "" if self.insecure else " (a plain-http registry needs insecure=True)"
+            return self._result(
+                ImageCheckOutcome.UNREACHABLE, f"TLS handshake with {self.base_url} failed{hint}"
+            )
+        except requests.RequestException as exc:
+            return self._result(
+                ImageCheckOutcome.UNREACHABLE,
+                f"request to {self.base_url} failed: {type(exc).__name__}",
+            )
+
+    def _check(self) -> ImageCheckResult:
+        ping = self._request("GET", f"{self.base_url}/v2/")
+        credentials: _Credentials | ImageCheckResult = _Credentials()
+        challenged = ping.status_code in (401, 403)
+        if challenged:
+            credentials = self._answer_challenge(ping)
+        elif ping.status_code != 200:
+            return self._result(
+                ImageCheckOutcome.UNREACHABLE,
+                f"{self.base_url}/v2/ answered {ping.status_code}: not an OCI distribution "
+                "registry",
+                status_code=ping.status_code,
+            )
+        if isinstance(credentials, ImageCheckResult):
+            return credentials
+        response = self._head_manifest(credentials)
+        if response.status_code == 401 and not challenged and _has_challenge(response):
+            # /v2/ was open, but this repository asks for credentials.
+            credentials = self._answer_challenge(response)
+            if isinstance(credentials, ImageCheckResult):
+                return credentials
+            response = self._head_manifest(credentials)
+        return self._classify_manifest(response, credentials)
+
+    def _answer_challenge(self, response: requests.Response) -> _Credentials | ImageCheckResult:
+        """Turn a 401's ``WWW-Authenticate`` into what the manifest request sends."""
+        scheme, params = _parse_challenge(response.headers.get("WWW-Authenticate", ""))
+        if scheme == "bearer":
+            return self._fetch_token(params)
+        if scheme == "basic":
+            if self._basic is None:
+                return self._result(
+                    ImageCheckOutcome.UNAUTHORIZED,
+                    f"{self.image.registry} requires credentials and none were given",
+                    status_code=response.status_code,
+                )
+            verify = self._request("GET", f"{self.base_url}/v2/", auth=self._basic)
+            if verify.status_code in (401, 403):
+                return self._result(
+                    ImageCheckOutcome.UNAUTHORIZED,
+                    f"{self.image.registry} rejected the credentials of user {self.username!r}",
+                    status_code=verify.status_code,
+                )
+            return _Credentials(auth=self._basic)
+        return self._result(
+            ImageCheckOutcome.UNAUTHORIZED,
+            f"{self.image.registry} answered {response.status_code} without a Basic or "
+            "Bearer challenge",
+            status_code=response.status_code,
+        )
+
+    def _fetch_token(self, params: Mapping[str, str]) -> _Credentials | ImageCheckResult:
+        realm = params.get("realm", "")
+        realm_parts = urlsplit(realm)
+        if realm_parts.scheme not in ("http", "https") or not realm_parts.netloc:
+            return self._result(
+                ImageCheckOutcome.UNAUTHORIZED,
+                f"{self.image.registry} sent a Bearer challenge without a usable realm URL",
+            )
+        auth = self._basic
+        if auth is not None and realm_parts.scheme == "http" and not self.insecure:
+            log.warning("token realm %s is plain http: not sending credentials to it", realm)
+            auth = None
+        query = {"scope": f"repository:{self.image.repository}:pull"}
+        if params.get("service"):
+            query["service"] = params["service"]
+        response = self._request("GET", realm, params=query, auth=auth)
+        if response.status_code in (401, 403):
+            who = f"user {self.username!r}" if auth else "anonymous access"
+            return self._result(
+                ImageCheckOutcome.UNAUTHORIZED,
+                f"token service {realm_parts.netloc} refused {who} "
+                f"for repository:{self.image.repository}:pull",
+                status_code=response.status_code,
+            )
+        token = None
+        if response.status_code == 200:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                token = body.get("token") or body.get("access_token")
+        if not token:
+            return self._result(
+                ImageCheckOutcome.UNREACHABLE,
+                f"token service {realm_parts.netloc} answered {response.status_code} "
+                "without a token",
+                status_code=response.status_code,
+            )
+        return _Credentials(headers={"Authorization": f"Bearer {token}"})
+
+    def _manifest_url(self) -> str:
+        return (
+            f"{self.base_url}/v2/{self.image.repository}/manifests/"
+            f"{self.image.manifest_reference}"
+        )
+
+    def _head_manifest(self, credentials: _Credentials) -> requests.Response:
+        headers = {**credentials.headers, "Accept": ", ".join(MANIFEST_MEDIA_TYPES)}
+        return self._request(
+            "HEAD",
+            self._manifest_url(),
+            headers=headers,
+            auth=credentials.auth,
+            allow_redirects=True,
+        )
+
+    def _classify_manifest(
+        self, response: requests.Response, credentials: _Credentials
+    ) -> ImageCheckResult:
+        status = response.status_code
+        if status == 200:
+            digest = response.headers.get("Docker-Content-Digest")
+            media_type = _media_type(response)
+            if not digest:
+                digest, media_type = self._digest_by_get(credentials, media_type)
+            return self._result(
+                ImageCheckOutcome.OK,
+                f"{self.image} resolves to {digest} ({media_type or 'unknown media type'})",
+                digest=digest,
+                media_type=media_type or None,
+                status_code=status,
+            )
+        if status in (401, 403):
+            who = f"user {self.username!r}" if self._basic else "anonymous access"
+            return self._result(
+                ImageCheckOutcome.UNAUTHORIZED,
+                f"{who} may not pull {self.image.repository} from {self.image.registry} "
+                "(no access, or the repository does not exist)",
+                status_code=status,
+            )
+        if status == 404:
+            return self._result(
+                ImageCheckOutcome.NOT_FOUND,
+                f"{self._explain_not_found(credentials)} on {self.image.registry}",
+                status_code=status,
+            )
+        return self._result(
+            ImageCheckOutcome.UNREACHABLE,
+            f"{self.image.registry} answered {status} to the manifest request",
+            status_code=status,
+        )
+
+    def _digest_by_get(
+        self, credentials: _Credentials, media_type: str
+    ) -> tuple[str | None, str]:
+        """Some registries omit ``Docker-Content-Digest`` on HEAD: hash the manifest body."""
+        if self.image.digest:
+            return self.image.digest, media_type
+        response = self._request(
+            "GET",
+            self._manifest_url(),
+            headers={**credentials.headers, "Accept": ", ".join(MANIFEST_MEDIA_TYPES)},
+            auth=credentials.auth,
+        )
+        if response.status_code != 200:
+            return None, media_type
+        return "sha256:" + hashlib.sha256(response.content).hexdigest(), _media_type(response)
+
+    def _explain_not_found(self, credentials: _Credentials) -> str:
+        """A 404 HEAD says nothing more: the tag list tells a missing repository apart."""
+        missing = (
+            f"digest {self.image.digest}" if self.image.digest else f"tag {self.image.tag}"
+        )
+        try:
+            response = self.session.get(
+                f"{self.base_url}/v2/{self.image.repository}/tags/list",
+                headers=credentials.headers,
+                auth=credentials.auth,
+                timeout=self.timeout,
+            )
+        except requests.RequestException:
+            response = None
+        if response is not None and response.status_code == 404:
+            return f"repository {self.image.repository} does not exist"
+        if response is not None and response.status_code == 200:
+            return f"{missing} does not exist in {self.image.repository}"
+        return f"{missing} of {self.image.repository} not found"
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """Send with retries on 408, 429, 5xx, timeouts and connection errors."""
+        kwargs.setdefault("timeout", self.timeout)
+        target = urlsplit(url).netloc + urlsplit(url).path
+        problem = ""
+        for attempt in range(self.retries + 1):
+            retry_after: float | None = None
+            try:
+                response = self.session.request(method, url, **kwargs)
+            except requests.exceptions.SSLError:
+                raise
+            except requests.exceptions.Timeout:
+                problem = f"{method} {target} timed out after {self.timeout:g}s"
+            except requests.exceptions.ConnectionError:
+                problem = f"cannot connect to {urlsplit(url).netloc}"
+            else:
+                if response.status_code not in RETRIABLE_STATUS:
+                    return response
+                problem = f"{method} {target} answered {response.status_code}"
+                retry_after = _parse_retry_after(response.headers.get("Retry-After"))
+                response.close()
+            if attempt == self.retries:
+                break
+            delay = self.backoff * (2**attempt) if retry_after is None else retry_after
+            delay = min(delay, self.max_backoff)
+            log.info(
+                "image check: %s; retry %d/%d in %.2fs", problem, attempt + 1, self.retries, delay
+            )
+            time.sleep(delay)
+        tries = self.retries + 1
+        raise _RetriesExhausted(f"{problem} ({tries} {'try' if tries == 1 else 'tries'})")
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds, from delta-seconds or an HTTP date; None when absent."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+_CHALLENGE_PARAM = re.compile(r'([A-Za-z][\w-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))')
+
+
+def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """``Bearer realm="…",service="…"`` -> ("bearer", {"realm": …, "service": …})."""
+    header = header.strip()
+    if not header:
+        return "", {}
+    scheme, _, rest = header.partition(" ")
+    params = {
+        match.group(1).lower(): (
+            match.group(2).replace('\\"', '"') if match.group(2) is not None else match.group(3)
+        )
+        for match in _CHALLENGE_PARAM.finditer(rest)
+    }
+    return scheme.lower(), params

@@ -1,0 +1,156 @@
+"""Where one run of a Training Job keeps its files: the local work directory and `<results>/<job>/<run_id>/`.
+
+Object Storage holds everything a later task (on any worker) needs: the status history,
+each attempt's record, verdict and log section, the engine's mirrored progress and
+checkpoints, the outputs, the job log and the report:
+
+    <results>/<job>/<run_id>/
+        status.json                      the status history (StatusHistory)
+        attempts/attempt-<k>.json        the attempt record (AttemptRecord)
+        attempts/attempt-<k>.verdict.json
+        attempts/attempt-<k>.log         Kubernetes: the attempt's section of job.log
+        checkpoints/                     the engine's mirror (checkpoint-<step>/, progress.json)
+        output/                          the training outputs (upload_results)
+        job.log, report.json
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from sat_tasks import config
+from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.contracts import Plan, Verdict
+from sat_tasks.core.status import JobStatus, StatusHistory
+from sat_tasks.io import object_storage as storage
+from sat_tasks.spec import TrainingJob, split_s3_uri
+
+Log = Callable[[str], None]
+# The engine's progress file, in its checkpoint root (local) and in its mirror (Object Storage).
+PROGRESS_NAME = "progress.json"
+CHECKPOINT_ROOT = "concurrent_checkpoint"
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One run of a Training Job: where its files and objects live."""
+
+    job: TrainingJob
+    run_id: str
+
+    # ---- this worker's disk (the local backend's node disk) ----------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return config.run_dir(self.job.name, self.run_id)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.run_dir / "data"
+
+    @property
+    def code_dir(self) -> Path:
+        return self.run_dir / "code"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.run_dir / "output"
+
+    @property
+    def job_log(self) -> Path:
+        return self.run_dir / "job.log"
+
+    @property
+    def vendor_dir(self) -> Path:
+        return self.run_dir / "checkpoint_vendor"
+
+    def node_dir(self, node: str) -> Path:
+        return self.run_dir / "nodes" / node
+
+    # ---- Object Storage ------------------------------------------------------------------------
+    @property
+    def results_uri(self) -> str:
+        """`<results>/<job>/<run_id>/`: one prefix per run, so no run overwrites another."""
+        base = self.job.results.destination.rstrip("/")
+        return f"{base}/{self.job.name}/{config.safe_run_id(self.run_id)}/"
+
+    @property
+    def mirror_uri(self) -> str:
+        """Where the engine mirrors committed checkpoints and its progress (`CKPT_MIRROR_URL`)."""
+        return self.results_uri + "checkpoints/"
+
+    @property
+    def progress_uri(self) -> str:
+        """The engine's progress.json as its mirror keeps it (read by the Kubernetes backend)."""
+        return self.mirror_uri + PROGRESS_NAME
+
+    @property
+    def output_uri(self) -> str:
+        return self.results_uri + "output/"
+
+    def attempt_uri(self, attempt: int) -> str:
+        return f"{self.results_uri}attempts/attempt-{attempt}.json"
+
+    def verdict_uri(self, attempt: int) -> str:
+        return f"{self.results_uri}attempts/attempt-{attempt}.verdict.json"
+
+    def attempt_log_uri(self, attempt: int) -> str:
+        """Kubernetes: the attempt's section of job.log (its pods' logs), kept by classify."""
+        return f"{self.results_uri}attempts/attempt-{attempt}.log"
+
+    @property
+    def status_uri(self) -> str:
+        return f"{self.results_uri}status.json"
+
+    @property
+    def report_uri(self) -> str:
+        return f"{self.results_uri}report.json"
+
+    def hook(self):
+        """The S3Hook of SAT's Object Storage connection (`[sat] object_storage_conn_id`)."""
+        return storage.object_storage_hook(config.sat_setting("object_storage_conn_id"))
+
+    def history(self, log: Log = print) -> StatusHistory:
+        """The status history, kept in Object Storage under the run's results prefix."""
+        hook = self.hook()
+        return StatusHistory(
+            load=lambda: storage.read_json(hook, self.status_uri),
+            save=lambda entries: storage.write_json(hook, self.status_uri, entries),
+            log=log,
+        )
+
+    def record_attempt_start(self, plan: Plan, log: Log = print, where: str = "") -> None:
+        """Job status Running (one entry per attempt); the plan's exclusions and resume step in the log."""
+        self.history(log).record(
+            JobStatus.RUNNING, f"attempt {plan.attempt} started" + (f" on {where}" if where else ""),
+            attempt=plan.attempt, task="launch")
+        if plan.exclude_nodes:
+            log(f"avoiding nodes of failed attempts: {', '.join(plan.exclude_nodes)}")
+        if plan.resume_step is not None:
+            log(f"resuming with CKPT_LAST_STEP={plan.resume_step}")
+
+    # ---- records -------------------------------------------------------------------------------
+    def store_record(self, record: AttemptRecord) -> None:
+        """Keep the attempt record in Object Storage (classify and the report read it from there)."""
+        storage.write_json(self.hook(), self.attempt_uri(record.attempt), record.model_dump(mode="json"))
+
+    def load_record(self, attempt: int) -> AttemptRecord | None:
+        """The stored record of an attempt, or None when the attempt never launched."""
+        data = storage.read_json(self.hook(), self.attempt_uri(attempt))
+        return None if data is None else AttemptRecord.model_validate(data)
+
+    def store_verdict(self, verdict: Verdict) -> None:
+        storage.write_json(self.hook(), self.verdict_uri(verdict.attempt or 0), verdict.to_xcom())
+
+    def load_verdict(self, attempt: int) -> Verdict | None:
+        return Verdict.from_xcom(storage.read_json(self.hook(), self.verdict_uri(attempt)))
+
+    def read_progress(self) -> dict[str, Any] | None:
+        """The engine's progress as its mirror last wrote it (None before the first write)."""
+        return storage.read_json(self.hook(), self.progress_uri)
+
+    def upload_file(self, path: Path, uri: str) -> None:
+        """Put one local file at `uri` (replacing what is there)."""
+        bucket, key = split_s3_uri(uri)
+        self.hook().load_file(filename=path, key=key, bucket_name=bucket, replace=True)

@@ -1,0 +1,101 @@
+"""The job report (`report.json`): status, history, attempts, losses and checkpoints, read from Object Storage only.
+
+Everything comes from `<results>/<job>/<run_id>/` (see `io.run_layout`), so any worker
+can write it, on any backend: the attempts' records and verdicts, the Trainer's
+`trainer_state.json` (from the uploaded outputs, else from the newest mirrored
+checkpoint), and the committed checkpoints (uploaded, else mirrored).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from sat_tasks.io.run_layout import CHECKPOINT_ROOT, JobRun
+from sat_tasks.spec import split_s3_uri
+
+_CHECKPOINT = re.compile(r"(?:^|/)checkpoint-(\d+)/manifest\.json$")
+
+
+def committed_checkpoints(hook: Any, prefix_uri: str) -> list[int]:
+    """Steps of the `checkpoint-<step>/` directories under `prefix_uri` that have their manifest."""
+    bucket, prefix = split_s3_uri(prefix_uri)
+    keys = hook.list_keys(bucket_name=bucket, prefix=prefix) or []
+    return sorted({int(m.group(1)) for key in keys if (m := _CHECKPOINT.search(key[len(prefix):]))})
+
+
+def _trainer_state(run: JobRun, hook: Any, mirrored: list[int]) -> dict[str, Any]:
+    from sat_tasks.io.object_storage import read_json
+
+    candidates = [run.output_uri + "trainer_state.json"]
+    candidates += [f"{run.mirror_uri}checkpoint-{step}/trainer_state.json" for step in reversed(mirrored)]
+    for uri in candidates:
+        try:
+            state = read_json(hook, uri)
+        except (ValueError, json.JSONDecodeError):
+            continue
+        if state:
+            return state
+    return {}
+
+
+def build_report(run: JobRun, entries: list[dict]) -> dict:
+    """The job report: status, history, attempts, losses and checkpoints."""
+    hook = run.hook()
+    attempts = []
+    for n in range(1, run.job.max_attempts() + 1):
+        record = run.load_record(n)
+        if record is None:
+            continue
+        verdict = run.load_verdict(n)
+        progress = record.progress or {}
+        attempts.append({
+            "attempt": n,
+            "node": record.node,
+            "exit_code": record.exit_code,
+            "verdict": verdict.kind.value if verdict else None,
+            "evidence": verdict.evidence[:3] if verdict else [],
+            "resumed_from": progress.get("resumed_from_step"),
+            "last_committed_step": progress.get("last_committed_step"),
+            "step_at_end": progress.get("step"),
+            "started_at": record.started_at.isoformat() if record.started_at else None,
+            "finished_at": record.finished_at.isoformat() if record.finished_at else None,
+        })
+    uploaded = committed_checkpoints(hook, f"{run.output_uri}{CHECKPOINT_ROOT}/")
+    mirrored = committed_checkpoints(hook, run.mirror_uri)
+    state = _trainer_state(run, hook, mirrored)
+    losses = [(e["step"], e["loss"]) for e in state.get("log_history", []) if "loss" in e]
+    return {
+        "job": run.job.name,
+        "run_id": run.run_id,
+        "status": entries[-1]["status"] if entries else None,
+        "history": entries,
+        "attempts": attempts,
+        "global_step": state.get("global_step"),
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "checkpoints": [f"checkpoint-{step}" for step in (uploaded or mirrored)],
+        "results": run.results_uri,
+    }
+
+
+def format_report(report: dict) -> list[str]:
+    """Human lines for the job report (task log and CLI)."""
+    lines = [f"job {report['job']} run {report['run_id']}: {report['status']}"]
+    for entry in report["history"]:
+        lines.append(f"  {entry['at']}  {entry['status']:<30} {entry['reason']}")
+    for a in report["attempts"]:
+        lines.append(
+            f"  attempt {a['attempt']} on {a['node']}: exit {a['exit_code']}, verdict {a['verdict']}"
+            + (f", resumed from step {a['resumed_from']}" if a.get("resumed_from") is not None else "")
+        )
+    if report.get("global_step") is not None:
+        lines.append(f"  steps: {report['global_step']}")
+    if report.get("first_loss"):
+        lines.append(f"  loss: {report['first_loss'][1]:.4f} (step {report['first_loss'][0]}) -> "
+                     f"{report['last_loss'][1]:.4f} (step {report['last_loss'][0]})")
+    if report.get("checkpoints"):
+        lines.append(f"  checkpoints: {', '.join(report['checkpoints'])}")
+    lines.append(f"  results: {report['results']}")
+    return lines

@@ -1,0 +1,219 @@
+"""What each task of a Training Job DAG does, as plain functions (no scheduler needed).
+
+The DAG factory wraps these in Airflow tasks. Each takes the validated job, the run id and
+a `log` callable; it returns small JSON-able values (XCom-sized: the contracts' `to_xcom()`)
+and raises `JobStopped` (the job ends, the task goes red) or `NotApplicable` (the task is
+skipped). Where training runs is the backend's business (`sat_tasks.backends`): nothing
+here asks which one it is.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any, Callable
+
+from sat_tasks.backends import backend_for
+from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
+from sat_tasks.core.policy import decide_next
+from sat_tasks.core.status import TERMINAL, JobStatus
+from sat_tasks.errors import JobStopped, NotApplicable
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.pipeline.report import build_report, format_report
+from sat_tasks.spec import TrainingJob, load_spec, parse_spec
+
+Log = Callable[[str], None]
+
+
+# ---- validate_spec ----------------------------------------------------------------------------
+def resolve_job(spec: dict[str, Any] | None, spec_path: str | None, source: str = "<spec>") -> TrainingJob:
+    """The job to run: the spec file as it is now (when given), else the spec mapping; backend resolved."""
+    from pathlib import Path
+
+    from sat_tasks.config import sat_setting
+
+    if spec_path and Path(spec_path).exists():
+        job = load_spec(spec_path)
+    else:
+        job = parse_spec(spec or {}, source=source)
+    return job.with_backend(sat_setting("backend"))
+
+
+def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: str, log: Log = print) -> dict:
+    """Validate the spec and open the job's status history (status Pending)."""
+    job = resolve_job(spec, spec_path)
+    run = JobRun(job, run_id)
+    log(f"job {job.name}: {job.learning_type.value} {job.framework.value}, {job.nodes} node(s), "
+        f"backend {job.backend.value}")
+    run.history(log).record(JobStatus.PENDING, "spec validated", task="validate_spec")
+    return job.to_dict()
+
+
+# ---- check_image ------------------------------------------------------------------------------
+def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log = print) -> dict:
+    """Check that the image can be pulled (OCI distribution API); bad images stop the job."""
+    from sat_tasks.io import registry
+
+    run = JobRun(job, run_id)
+    access = registry.RegistryAccess(insecure=job.image.insecure)
+    if job.image.registry_conn_id:
+        conn = get_connection(job.image.registry_conn_id)
+        access = registry.registry_access_from_connection(conn, job.image.url)
+        access = registry.RegistryAccess(access.username, access.password, access.insecure or job.image.insecure)
+    elif not backend_for(job).pulls_images:
+        try:
+            ref = registry.parse_image_reference(job.image.url)
+        except registry.MalformedReference as exc:
+            return _image_failed(run, registry.ImageCheckResult(
+                registry.ImageCheckOutcome.MALFORMED, job.image.url, f"malformed: {exc}"), log)
+        log(f"image {ref}: reference is well-formed; the {job.backend.value} backend runs the command on this "
+            "host, so no pull happens (set image.registry_conn_id to check the registry anyway)")
+        return {"outcome": "skipped-local", "reference": str(ref), "pulls_fail": False}
+    result = registry.check_image(
+        job.image.url, username=access.username, password=access.password, insecure=access.insecure
+    )
+    if result.pulls_fail:
+        return _image_failed(run, result, log)
+    if not result.ok:
+        raise RuntimeError(f"image check inconclusive: {result.message}")  # retried by Airflow
+    log(f"image ok: {result.reference} {result.digest} ({result.media_type})")
+    return result.to_dict()
+
+
+def _image_failed(run: JobRun, result, log: Log) -> dict:
+    run.history(log).record(JobStatus.IMAGE_PULL_BACKOFF, result.message, task="check_image")
+    raise JobStopped(f"image {result.reference}: {result.message}")
+
+
+# ---- stage_data / validate_data ----------------------------------------------------------------
+def stage_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
+    """Copy the training script and the data from Object Storage to where the attempts read them."""
+    return backend_for(job).stage(JobRun(job, run_id), log)
+
+
+def validate_data(job: TrainingJob, run_id: str, staged: dict | None = None, log: Log = print) -> dict:
+    """Run the Great Expectations suite on the staged data; a failure stops the job before training."""
+    run = JobRun(job, run_id)
+    check = backend_for(job).check_staged_data(run, staged, log)
+    if not check.success:
+        run.history(log).record(JobStatus.INTERNAL_ERROR, "data validation failed: " + "; ".join(check.summary_lines),
+                                task="validate_data")
+        raise JobStopped("data validation failed:\n" + "\n".join(check.summary_lines))
+    return check.result
+
+
+# ---- attempts -----------------------------------------------------------------------------------
+def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = print) -> dict:
+    """Read what attempt `attempt` left behind and classify it; skipped when it never launched."""
+    from sat_tasks.classify import classify
+
+    run = JobRun(job, run_id)
+    record = backend_for(job).read_attempt_record(run, attempt, log)
+    if record is None:
+        raise NotApplicable(f"attempt {attempt} did not launch")
+    verdict = classify(record)
+    run.store_verdict(verdict)
+    log(f"attempt {attempt} on {record.node}: {verdict.kind.value} — {verdict.reason}")
+    for line in verdict.evidence:
+        log(f"  evidence: {line}")
+    return verdict.to_xcom()
+
+
+def decide(job: TrainingJob, run_id: str, plan: Plan, verdict: Verdict, log: Log = print) -> dict:
+    """Turn a verdict into the next action (`core.policy.decide_next`) and record the status it implies."""
+    decision = decide_next(job, plan, verdict, now=time.time())
+    if decision.status is not None:
+        JobRun(job, run_id).history(log).record(decision.status, decision.why, attempt=plan.attempt, task="decide")
+    log(f"attempt {plan.attempt}: {verdict.kind.value} -> {decision.action.value} ({decision.why})")
+    return decision.to_xcom()
+
+
+def cleanup_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = print) -> list[str]:
+    """Delete what the attempt kept for classify (its pods, ...)."""
+    deleted = backend_for(job).cleanup_attempt(JobRun(job, run_id), attempt, log)
+    for name in deleted:
+        log(f"deleted {name}")
+    return deleted
+
+
+def capacity_available(job: TrainingJob, run_id: str, previous: Decision, log: Log = print) -> bool:
+    """Spot: is there capacity again? Stops the job once spot.max_wait_seconds have passed.
+
+    Like SageMaker's MaxWaitTimeInSeconds, the budget counts from the first start of
+    training and covers both training and waiting.
+    """
+    run = JobRun(job, run_id)
+    history = run.history(log)
+    starts = [e["at"] for e in history.entries() if e["status"] == JobStatus.RUNNING.value]
+    first = datetime.fromisoformat(starts[0]).timestamp() if starts else (previous.preempted_at or time.time())
+    elapsed = time.time() - first
+    if elapsed > job.spot.max_wait_seconds:
+        why = f"no Spot capacity within spot.max_wait_seconds={job.spot.max_wait_seconds}s of the first start"
+        history.record(JobStatus.FAILED, why, attempt=previous.attempt, task="wait_for_capacity")
+        raise JobStopped(why)
+    try:
+        capacity = backend_for(job).capacity(run, previous, log)
+    except JobStopped as exc:
+        history.record(JobStatus.FAILED, str(exc), attempt=previous.attempt, task="wait_for_capacity")
+        raise
+    log(f"capacity check {elapsed:.0f}s after the first start: {capacity.summary}")
+    return capacity.available
+
+
+# ---- upload_results, finalize, cleanup_run -------------------------------------------------------
+def upload_results(job: TrainingJob, run_id: str, decisions: list[dict | None], log: Log = print) -> dict:
+    """Upload the outputs and the job log under `<results>/<job>/<run_id>/`."""
+    if not any(d and Decision.from_xcom(d).action is Action.UPLOAD for d in decisions):
+        raise NotApplicable("no attempt succeeded: nothing to upload")
+    run = JobRun(job, run_id)
+    report = backend_for(job).upload_outputs(run, log)
+    upload_job_log(run, log)
+    run.history(log).record(JobStatus.COMPLETED, "training completed; results uploaded", task="upload_results")
+    return {"results": run.results_uri, **report}
+
+
+def upload_job_log(run: JobRun, log: Log = print) -> None:
+    """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one."""
+    path = backend_for(run.job).job_log(run, log)
+    if path is not None:
+        run.upload_file(path, run.results_uri + "job.log")
+
+
+def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | None = None, log: Log = print) -> dict:
+    """Write the final job report; raise JobStopped unless the job Completed.
+
+    `failed_tasks` (the task ids that failed in this run, with their messages) name what
+    really went wrong when the history ends without a terminal status.
+    """
+    if job is None:
+        raise JobStopped("validate_spec did not produce a job: " + ("; ".join(failed_tasks or [])
+                                                                       or "see validate_spec's log"))
+    run = JobRun(job, run_id)
+    history = run.history(log)
+    entries = history.entries()
+    status = entries[-1]["status"] if entries else JobStatus.FAILED.value
+    if status not in {terminal.value for terminal in TERMINAL}:
+        why = f"the run ended while the job was {status!r}"
+        if failed_tasks:
+            why += ": " + "; ".join(failed_tasks)
+        history.record(JobStatus.FAILED, why, task="finalize")
+        entries = history.entries()
+        status = JobStatus.FAILED.value
+    from sat_tasks.io import object_storage as storage
+
+    report = build_report(run, entries)
+    storage.write_json(run.hook(), run.report_uri, report)
+    upload_job_log(run, log)
+    for line in format_report(report):
+        log(line)
+    if status != JobStatus.COMPLETED.value:
+        raise JobStopped(f"job {job.name} ended as {status}: {entries[-1]['reason'] if entries else ''}")
+    return {"status": status, "results": run.results_uri}
+
+
+def cleanup_run(job: TrainingJob, run_id: str, log: Log = print) -> list[str]:
+    """Delete what the run kept on its backend (its volume, helper pods); after the outputs are uploaded."""
+    deleted = backend_for(job).cleanup_run(JobRun(job, run_id), log)
+    for name in deleted:
+        log(f"deleted {name}")
+    return deleted

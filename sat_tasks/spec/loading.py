@@ -1,0 +1,152 @@
+"""Read and validate job specs: every problem as `<file>: <field>: <rule>`, all of them at once."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from sat_tasks.errors import SatError
+from sat_tasks.spec.model import TrainingJob, cross_field_problems
+
+# pydantic error types raised by a field constraint: reported with the field's own rule (`x-rule`).
+_CONSTRAINT_ERRORS = frozenset({
+    "string_pattern_mismatch", "string_too_short", "string_too_long", "greater_than", "greater_than_equal",
+    "less_than", "less_than_equal", "too_long", "too_short",
+})
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.]*): (.+)$", re.DOTALL)
+
+
+class SpecProblem(BaseModel):
+    """One problem in a spec: the field path and the rule it breaks."""
+
+    field: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.rule}"
+
+
+class SpecError(SatError, ValueError):
+    """A spec breaks one or more rules; `problems` lists them all. Fix the fields named and validate again."""
+
+    def __init__(self, source: str, problems: list[SpecProblem]):
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+class SpecFileErrors(SatError, ImportError):
+    """One or more job spec files break rules; the message lists `<file>: <field>: <rule>` lines."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = errors
+        super().__init__(
+            f"{len(errors)} job spec file(s) are invalid and have no DAG:\n" + "\n".join(errors.values())
+        )
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`Fault`, `list[Fault]`, `Resources | None`), if any."""
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def field_info(loc: tuple[Any, ...], model: type[BaseModel] = TrainingJob) -> tuple[FieldInfo | None, type | None]:
+    """The field at an error location, and the model that holds the fields below it."""
+    info: FieldInfo | None = None
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if current is None or part not in current.model_fields:
+            return None, None
+        info = current.model_fields[part]
+        current = _model_of(info.annotation)
+    return info, current
+
+
+def _rule_of(info: FieldInfo | None) -> str | None:
+    extra = info.json_schema_extra if info is not None else None
+    return extra.get("x-rule") if isinstance(extra, dict) else None
+
+
+def problems_from(exc: ValidationError, model: type[BaseModel] = TrainingJob) -> list[SpecProblem]:
+    """pydantic's errors in the service's words: one `SpecProblem` per broken rule."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        field = ".".join(str(part) for part in loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        info, holder = field_info(loc, model)
+        if err["type"] in _CONSTRAINT_ERRORS and _rule_of(info):
+            msg = _rule_of(info)
+            if err["type"] == "too_long" and "actual_length" in err.get("ctx", {}):
+                msg += f" (got {err['ctx']['actual_length']})"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        elif err["type"] in ("enum", "literal_error"):
+            msg = f"must be one of {err.get('ctx', {}).get('expected', '')}".strip()
+        # A model's own rule names the field it is about ("job_failover: ...", "gpus_per_node: ...").
+        named = _FIELD_PREFIX.match(msg)
+        if named and (not loc or (holder is not None and named.group(1).split(".")[0] in holder.model_fields)):
+            field = ".".join(p for p in (field, named.group(1)) if p)
+            msg = named.group(2)
+        problems.append(SpecProblem(field=field or "<spec>", rule=msg))
+    return problems
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> TrainingJob:
+    """Validate a mapping into a TrainingJob or raise SpecError listing every problem."""
+    if not isinstance(data, dict):
+        raise SpecError(source, [SpecProblem(field="<spec>", rule="must be a mapping of fields")])
+    try:
+        return TrainingJob.model_validate(data)
+    except ValidationError as exc:
+        problems = problems_from(exc)
+        # Cross-field rules run only on a field-valid model; report them now too.
+        for line in cross_field_problems(data):
+            field, rule = line.split(": ", 1)
+            if all(p.field != field for p in problems):
+                problems.append(SpecProblem(field=field, rule=rule))
+        raise SpecError(source, problems) from None
+
+
+def load_spec(path: str | Path) -> TrainingJob:
+    """Read and validate one YAML spec file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"cannot be read: {exc}")]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"is not valid YAML{where}")]) from None
+    return parse_spec(data, source=str(path))
+
+
+def dag_id_for(job: TrainingJob) -> str:
+    """The DAG id of a job spec: its name (valid job names are valid DAG ids)."""
+    return job.name
+
+
+def job_schema() -> dict[str, Any]:
+    """The Training Job's JSON Schema (draft 2020-12), with each field's rule; what `sat schema` prints."""
+    schema = TrainingJob.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema.setdefault("title", "TrainingJob")
+    return schema

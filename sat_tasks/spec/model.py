@@ -1,0 +1,348 @@
+"""The Training Job model: every field, its rule as a constraint JSON Schema can carry, and the cross-field rules.
+
+Rules that JSON Schema can express (lengths, patterns, ranges, enums) are field
+constraints, so `TrainingJob.model_json_schema()` carries them (`sat schema` prints it,
+the generic DAG's form is built from it). Each constrained field also carries its rule in
+the service's words (`x-rule` in the schema); `sat_tasks.spec.loading` turns a broken
+constraint into `<field>: <rule>`. What a schema cannot say (a cron expression, a
+quantity's value, spot without failover, GPUs of a server type) stays a validator.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sat_tasks.spec.quantities import QUANTITY_PATTERN, parse_quantity
+from sat_tasks.spec.uris import S3_URI_PATTERN, S3_URI_RULE, check_s3_uri
+
+NAME_PATTERN = r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$"
+NAME_RULE = (
+    "must be 3-63 chars of lowercase letters, digits, '-' or '.', starting and ending with a letter or digit"
+)
+CONN_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,250}$"
+TAG_KEY_PATTERN = r"^[A-Za-z0-9_.:/=+@-]{1,128}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+QUANTITY_RULE = "must be a Kubernetes quantity such as 512Mi, 8Gi, 500m or 2"
+SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
+MAX_TAGS = 50
+# The engine's final-checkpoint grace period after SIGTERM; a job's env may set it
+# (the default is `[sat] final_checkpoint_grace_seconds`).
+GRACE_ENV = "CKPT_GRACE_SECONDS"
+MAX_GRACE_SECONDS = 3600
+
+# Server types a job can ask for; the Kubernetes backend maps them to GPU models.
+SERVER_TYPES = {
+    "cpu": {"gpu_model": None, "gpus": 0},
+    "g2": {"gpu_model": "NVIDIA-H100-80GB-HBM3", "gpus": 8},
+    "g3": {"gpu_model": "NVIDIA-B300", "gpus": 8},
+}
+ServerType = Literal["cpu", "g2", "g3"]
+
+
+def ruled(default: Any = ..., *, rule: str, description: str | None = None, **constraints: Any) -> Any:
+    """A field whose constraints come with their rule in words (`x-rule`), for errors and forms."""
+    return Field(default, description=description or rule, json_schema_extra={"x-rule": rule}, **constraints)
+
+
+class LearningType(str, Enum):
+    """How capacity is bought: on-demand or Spot (pre-emptible)."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+class Framework(str, Enum):
+    """The training framework the command uses."""
+
+    PYTORCH = "pytorch"
+    DEEPSPEED = "deepspeed"
+
+
+class BackendKind(str, Enum):
+    """Where `launch` runs the training (`sat_tasks.backends` has one subpackage each)."""
+
+    LOCAL = "local"
+    KUBERNETES = "kubernetes"
+
+
+class FaultKind(str, Enum):
+    """Faults the local backend can inject (tests and the demo)."""
+
+    HARDWARE = "hardware"
+    NODE_LOSS = "node_loss"
+    PREEMPTION = "preemption"
+    HANG = "hang"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+
+class Resources(_Model):
+    """Compute asked for per node."""
+
+    gpus_per_node: int = ruled(0, rule="must be between 0 and 8", description="GPUs per node (0-8)", ge=0, le=8)
+    memory: str = ruled("8Gi", rule=QUANTITY_RULE, pattern=QUANTITY_PATTERN,
+                        description="memory per node, a Kubernetes quantity such as 64Gi")
+    shared_memory: str = ruled("1Gi", rule=QUANTITY_RULE, pattern=QUANTITY_PATTERN,
+                               description="size of /dev/shm, a Kubernetes quantity")
+    server_type: ServerType = Field("cpu", description="server type: cpu, g2 (8x H100) or g3 (8x B300)")
+    cpu: str = ruled("2", rule=QUANTITY_RULE, pattern=QUANTITY_PATTERN,
+                     description="CPU cores per node, a Kubernetes quantity such as 2 or 500m")
+
+    @field_validator("memory", "shared_memory", "cpu")
+    @classmethod
+    def _positive_quantity(cls, v: str) -> str:
+        try:
+            value = parse_quantity(v)
+        except ValueError:
+            raise ValueError(QUANTITY_RULE) from None
+        if not value > 0:
+            raise ValueError(f"{QUANTITY_RULE}, greater than 0")
+        return v
+
+    @model_validator(mode="after")
+    def _gpus_fit_server(self) -> Resources:
+        limit = SERVER_TYPES[self.server_type]["gpus"]
+        if self.gpus_per_node > limit:
+            raise ValueError(f"gpus_per_node: server type {self.server_type} has {limit} GPUs per node")
+        return self
+
+
+class Image(_Model):
+    """The training container image and the connection holding its registry credentials."""
+
+    url: str = ruled(rule="must be an image reference of 1-512 chars without spaces", min_length=1,
+                     max_length=512, pattern=r"^\S+$",
+                     description="image reference, e.g. registry.example.com/team/train:1.0")
+    registry_conn_id: str | None = ruled(None, rule="must be an Airflow connection id (letters, digits, _ . -)",
+                                         pattern=CONN_ID_PATTERN,
+                                         description="Airflow connection id with the registry credentials")
+    insecure: bool = Field(False, description="talk plain HTTP to the registry (test registries only)")
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        host = v.split("/")[0]
+        if "@" in host and ":" in v.split("@")[0].split("/")[0]:
+            raise ValueError("must not carry credentials; use registry_conn_id")
+        return v
+
+
+class Storage(_Model):
+    """Where the training script comes from and an optional File Storage mount."""
+
+    script_url: str | None = ruled(None, rule=S3_URI_RULE, pattern=S3_URI_PATTERN,
+                                   description="s3:// URI of the training script (or a prefix ending in /)")
+    file_storage_mount: str | None = ruled(None, rule="must be an absolute path without '..'", pattern=r"^/",
+                                           description="absolute mount path of a File Storage volume")
+
+    @field_validator("script_url")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        return None if v is None else check_s3_uri(v)
+
+    @field_validator("file_storage_mount")
+    @classmethod
+    def _mount(cls, v: str | None) -> str | None:
+        if v is not None and ".." in v.split("/"):
+            raise ValueError("must be an absolute path without '..'")
+        return v
+
+
+class DataSource(_Model):
+    """Training data in Object Storage."""
+
+    source: str = ruled(rule=S3_URI_RULE, pattern=S3_URI_PATTERN, description="s3:// prefix holding the training data")
+    expectation_suite: str | None = Field(
+        None, description="Great Expectations suite (JSON file under include/expectations) to run on the data"
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        return check_s3_uri(v)
+
+
+class Results(_Model):
+    """Where the results go."""
+
+    destination: str = ruled(rule=S3_URI_RULE, pattern=S3_URI_PATTERN,
+                             description="s3:// prefix; results land under <destination>/<job>/<run_id>/")
+
+    @field_validator("destination")
+    @classmethod
+    def _dest(cls, v: str) -> str:
+        return check_s3_uri(v)
+
+
+class SpotPolicy(_Model):
+    """How a Spot job waits for capacity and resumes."""
+
+    max_resumes: int = ruled(3, rule="must be between 0 and 5", description="resumes after pre-emption (0-5)",
+                             ge=0, le=5)
+    max_wait_seconds: int = ruled(3600, rule="must be > 0", gt=0,
+                                  description="total time to wait for capacity (like MaxWaitTimeInSeconds)")
+    poll_seconds: float = ruled(30, rule="must be > 0", gt=0, description="how often to look for capacity")
+
+
+class Fault(_Model):
+    """A fault the local backend injects into one attempt."""
+
+    kind: FaultKind
+    attempt: int = ruled(1, rule="attempt must be >= 1", ge=1, description="1-based attempt the fault hits")
+    at_step: int | None = Field(None, description="training step (from progress.json) at which to strike")
+    after_seconds: float | None = Field(None, description="seconds after launch at which to strike")
+    xid: int = Field(79, description="NVIDIA Xid written to the node's kernel log (hardware faults)")
+    capacity_delay_seconds: float = Field(
+        0, description="preemption: seconds before the local pool has Spot capacity again"
+    )
+
+    @model_validator(mode="after")
+    def _when(self) -> Fault:
+        if (self.at_step is None) == (self.after_seconds is None):
+            raise ValueError("set exactly one of at_step or after_seconds")
+        return self
+
+
+class TrainingJob(_Model):
+    """A Training Job: one spec, one DAG."""
+
+    name: str = ruled(rule=NAME_RULE, min_length=3, max_length=63, pattern=NAME_PATTERN,
+                      description="3-63 chars: lowercase letters, digits, '-', '.'; alphanumeric at both ends")
+    learning_type: LearningType = Field(LearningType.ON_DEMAND, description="on-demand or spot")
+    framework: Framework = Field(Framework.PYTORCH, description="pytorch or deepspeed")
+    job_failover: bool = Field(False, description="fail over to another node on a hardware fault (not with spot)")
+    resources: Resources = Field(default_factory=Resources)
+    nodes: int = ruled(1, rule="must be between 1 and 64", ge=1, le=64,
+                       description="number of nodes; distributed from 2")
+    image: Image
+    storage: Storage = Field(default_factory=Storage)
+    data: DataSource
+    results: Results
+    command: str = ruled(rule="must be 3-1024 chars", min_length=3, max_length=1024,
+                         description="the training command, 3-1024 chars")
+    tags: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_TAGS,
+        description=f"at most {MAX_TAGS} key/value pairs (keys 1-128 chars of letters, digits or _.:/=+@-; "
+                    "values at most 256 chars)",
+        json_schema_extra={"x-rule": f"at most {MAX_TAGS} key/value pairs",
+                           "propertyNames": {"pattern": TAG_KEY_PATTERN},
+                           "additionalProperties": {"type": "string", "maxLength": 256}},
+    )
+    schedule: str | None = Field(None, description="cron, a preset such as @daily, or asset:<s3 uri>")
+    backend: BackendKind | None = Field(None, description="local or kubernetes; default from airflow.cfg [sat] backend")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra environment for the training process "
+                    f"({GRACE_ENV}: the final checkpoint's grace period, 0-{MAX_GRACE_SECONDS} s)",
+        json_schema_extra={"propertyNames": {"pattern": ENV_NAME_PATTERN}},
+    )
+    spot: SpotPolicy = Field(default_factory=SpotPolicy)
+    faults: list[Fault] = Field(default_factory=list, description="injected faults (local backend only)")
+    startup_timeout_seconds: float = ruled(
+        1800, rule="must be >= 0 (0 turns the start-up deadline off)", ge=0,
+        description="seconds from launch to the first training step the checkpoint engine reports "
+                    "(loading a model and data); running out of it is a start-up failure, not a hang. "
+                    "0 turns it off (a script without the engine reports no steps)",
+    )
+    heartbeat_timeout_seconds: float = ruled(
+        300, rule="must be > 0", gt=0,
+        description="once training has started: no progress (step, output line) for this long is a hang",
+    )
+    max_failovers: int = ruled(3, rule="must be between 0 and 3", ge=0, le=3,
+                               description="hardware failovers at most (0-3)")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not re.match(TAG_KEY_PATTERN, key):
+                raise ValueError(f"key {key!r} must be 1-128 chars of letters, digits or _.:/=+@-")
+            if len(value) > 256:
+                raise ValueError(f"value of {key!r} must be at most 256 chars")
+        return v
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str | None) -> str | None:
+        if v is None or v in SCHEDULE_PRESETS:
+            return v
+        if v.startswith("asset:"):
+            check_s3_uri(v[len("asset:"):])
+            return v
+        from croniter import croniter
+
+        if len(v.split()) not in (5, 6) or not croniter.is_valid(v):
+            raise ValueError("must be a cron expression, a preset (@daily, @hourly, ...) or asset:s3://...")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(ENV_NAME_PATTERN, key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        if GRACE_ENV in v:
+            # Sizes the pod's grace period and the launchers' SIGKILL, so it is checked here
+            # and not first by the engine after the Spot notice.
+            try:
+                grace = float(v[GRACE_ENV])
+            except ValueError:
+                grace = math.nan
+            if not 0 < grace <= MAX_GRACE_SECONDS:
+                raise ValueError(f"{GRACE_ENV}={v[GRACE_ENV]!r}: the final checkpoint's grace period must be "
+                                 f"a number of seconds > 0 and <= {MAX_GRACE_SECONDS}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> TrainingJob:
+        for problem in cross_field_problems(self.model_dump(mode="json")):
+            raise ValueError(problem)
+        if self.resources.gpus_per_node == 0 and self.resources.server_type != "cpu":
+            raise ValueError("resources.gpus_per_node: must be >= 1 on a GPU server type")
+        return self
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        """True when the job spans two or more nodes."""
+        return self.nodes >= 2
+
+    @property
+    def is_spot(self) -> bool:
+        """True for Spot jobs."""
+        return self.learning_type is LearningType.SPOT
+
+    def max_attempts(self) -> int:
+        """Attempts the DAG unrolls: the first one plus failovers or Spot resumes."""
+        extra = self.spot.max_resumes if self.is_spot else (self.max_failovers if self.job_failover else 0)
+        return 1 + extra
+
+    def with_backend(self, backend: BackendKind | str) -> TrainingJob:
+        """Return a copy with the backend resolved (the spec wins over the default)."""
+        resolved = self.backend or BackendKind(backend)
+        return TrainingJob.model_validate({**self.model_dump(mode="json"), "backend": resolved.value})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (no secrets: a spec never holds one)."""
+        return self.model_dump(mode="json")
+
+
+def cross_field_problems(data: dict[str, Any]) -> list[str]:
+    """The cross-field rules, as `<field>: <rule>` lines, on a raw mapping or a dumped model.
+
+    Run on the model (a validator) and on the raw mapping when fields fail too, so every
+    problem is reported at once.
+    """
+    problems = []
+    if data.get("job_failover") is True and data.get("learning_type") == LearningType.SPOT.value:
+        problems.append("job_failover: not allowed with learning_type spot (Spot jobs resume instead)")
+    if data.get("faults") and data.get("backend") == BackendKind.KUBERNETES.value:
+        problems.append("faults: fault injection is only allowed on the local backend")
+    return problems
