@@ -27,7 +27,9 @@ from urllib.parse import urljoin
 import pytest
 import requests
 
-from sat_tasks.io.local_s3 import free_port  # one helper for a free loopback port (re-exported for the tests)
+from sat_tasks.io.local_s3 import (
+    free_port,  # one helper for a free loopback port (re-exported for the tests)
+)
 
 REGISTRY_BINARY = "docker-registry"
 INSTALL_HINT = "apt-get install -y docker-registry apache2-utils"

@@ -233,12 +233,23 @@ def _exit_detail(client: Any, name: str, namespace: str) -> str:
 
 
 def _read_log(client: Any, name: str, namespace: str) -> list[str]:
+    """The helper pod's log lines. Raw bytes, decoded here: with content preloading the
+    kubernetes client (36) returns the repr of the bytes ("b'...'"), kubernetes-client/python#2596,
+    and the report line would never be found."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        text = client.read_namespaced_pod_log(name, namespace, container=HELPER_CONTAINER)
+        response = client.read_namespaced_pod_log(name, namespace, container=HELPER_CONTAINER,
+                                                  _preload_content=False)
     except ApiException:
         return []
+    try:
+        data = response.data if hasattr(response, "data") else response
+    finally:
+        release = getattr(response, "release_conn", None)
+        if release is not None:
+            release()
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else str(data)
     return text.splitlines()
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from types import SimpleNamespace
-from urllib.parse import parse_qsl, unquote, urlparse
 
 import pytest
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -38,6 +36,7 @@ from sat_tasks.io import object_storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.pipeline import steps
 from sat_tasks.spec import TrainingJob, parse_spec
+from tests.support.k8s_api import RecordedCluster
 from tests.support.paths import SAT_FIXTURES
 
 FIXTURES = SAT_FIXTURES / "k8s_launch"
@@ -101,128 +100,6 @@ def bucket(s3_hook):
     if not s3_hook.check_for_bucket(BUCKET):
         s3_hook.create_bucket(bucket_name=BUCKET)
     return BUCKET
-
-
-# ---- a cluster that answers from recorded API responses ------------------------------------------
-class _Response:
-    """What urllib3 hands the kubernetes client's REST layer."""
-
-    def __init__(self, status: int, body: str | bytes, content_type: str = "application/json"):
-        self.status, self.reason = status, {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-                                    409: "Conflict"}[status]
-        self.data = body if isinstance(body, bytes) else body.encode()
-        self.headers = {"content-type": content_type}
-
-    def getheaders(self):
-        return self.headers
-
-    def getheader(self, name, default=None):
-        return self.headers.get(name.lower(), default)
-
-
-def _status(code: int, reason: str, message: str) -> _Response:
-    return _Response(code, json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                       "message": message, "reason": reason, "code": code}))
-
-
-def _matches(labels: dict, selector: str) -> bool:
-    for term in filter(None, selector.split(",")):
-        if term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif "!=" in term:
-            key, value = term.split("!=", 1)
-            if labels.get(key) == value:
-                return False
-        else:
-            key, value = term.split("=", 1)
-            if labels.get(key) != value:
-                return False
-    return True
-
-
-def _field(obj: dict, path: str):
-    for part in path.split("."):
-        obj = (obj or {}).get(part)
-    return obj
-
-
-class RecordedCluster:
-    """The API server behind a real CoreV1Api: recorded pods, events, nodes and logs.
-
-    Stands in for the client's urllib3 pool manager (`rest_client.pool_manager`), so the
-    real client builds the requests and parses the answers. Records every request.
-    """
-
-    def __init__(self, pods=(), events=(), nodes=(), logs=None, services=(), claims=(), forbidden_namespaces=()):
-        self.pods, self.events, self.nodes = list(pods), list(events), list(nodes)
-        self.services, self.claims = list(services), list(claims)
-        self.logs = dict(logs or {})
-        self.forbidden_namespaces = set(forbidden_namespaces)
-        self.requests: list[tuple[str, str, dict]] = []
-
-    @classmethod
-    def from_case(cls, name: str) -> RecordedCluster:
-        folder = FIXTURES / name
-        items = lambda file: json.loads((folder / file).read_text())["items"]  # noqa: E731
-        logs = {p.stem: p.read_text() for p in (folder / "logs").glob("*.log")} if (folder / "logs").exists() else {}
-        return cls(items("pods.json"), items("events.json"), items("nodes.json"), logs)
-
-    def client(self):
-        from kubernetes.client import Configuration, CoreV1Api
-
-        config = Configuration(host="https://k8s.test")
-        api = ApiClient(config)
-        api.rest_client.pool_manager = self
-        return CoreV1Api(api)
-
-    def request(self, method, url, fields=None, body=None, headers=None, **kwargs) -> _Response:
-        parsed = urlparse(url)
-        query = dict(parse_qsl(parsed.query))
-        query.update({k: str(v) for k, v in (fields or [])})
-        path = unquote(parsed.path)
-        self.requests.append((method, path, query))
-        match = re.fullmatch(
-            r"/api/v1/namespaces/([^/]+)/(pods|events|services|persistentvolumeclaims)(?:/([^/]+))?(/log)?", path)
-        node = re.fullmatch(r"/api/v1/nodes/([^/]+)", path)
-        if node and method == "GET":
-            found = [n for n in self.nodes if n["metadata"]["name"] == node.group(1)]
-            return _Response(200, json.dumps(found[0])) if found else _status(
-                404, "NotFound", f'nodes "{node.group(1)}" not found')
-        if not match:
-            return _status(404, "NotFound", f"no route {method} {path}")
-        namespace, kind, name, log = match.groups()
-        if namespace in self.forbidden_namespaces:
-            return _status(403, "Forbidden", f'{kind} is forbidden in the namespace "{namespace}"')
-        store = {"pods": self.pods, "events": self.events, "services": self.services, "persistentvolumeclaims": self.claims}[kind]
-        here = [o for o in store if (o["metadata"].get("namespace") or namespace) == namespace]
-        if method == "GET" and log:
-            if name not in self.logs:
-                return _status(400, "BadRequest",
-                               f'container "base" in pod "{name}" is waiting to start: trying and failing to pull image')
-            lines = self.logs[name].splitlines()[-int(query.get("tailLines", 10**9)):]
-            return _Response(200, "\n".join(lines) + "\n", "text/plain")
-        if method == "GET" and name is None:
-            selected = [o for o in here if _matches(o["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
-            for term in filter(None, query.get("fieldSelector", "").split(",")):
-                key, value = term.split("=", 1)
-                selected = [o for o in selected if _field(o, key) == value]
-            list_kind = {"pods": "PodList", "events": "EventList", "services": "ServiceList",
-                         "persistentvolumeclaims": "PersistentVolumeClaimList"}[kind]
-            return _Response(200, json.dumps({"apiVersion": "v1", "kind": list_kind, "metadata": {}, "items": selected}))
-        if method == "POST" and name is None:
-            created = json.loads(body) if isinstance(body, (str, bytes)) else body
-            if any(o["metadata"]["name"] == created["metadata"]["name"] for o in here):
-                return _status(409, "AlreadyExists", f'{kind} "{created["metadata"]["name"]}" already exists')
-            store.append(created)
-            return _Response(201, json.dumps(created))
-        if method == "DELETE" and name:
-            found = [o for o in here if o["metadata"]["name"] == name]
-            if not found:
-                return _status(404, "NotFound", f'{kind} "{name}" not found')
-            store.remove(found[0])
-            return _Response(200, json.dumps(found[0]))
-        return _status(404, "NotFound", f"no route {method} {path}")
 
 
 # ---- the launch operator ----------------------------------------------------------------------
@@ -453,7 +330,7 @@ def test_operators_serialize_in_a_dag():
 def test_recorded_attempt(case, bucket, monkeypatch):
     data = _case(case)
     job = TrainingJob.model_validate({**data["spec"], "backend": "kubernetes"})
-    cluster = RecordedCluster.from_case(case)
+    cluster = RecordedCluster.from_case(FIXTURES / case)
     record = _read_record(job, data["run_id"], data["attempt"], client=cluster.client(),
                           namespace=data["namespace"], case=case)
     expected = data["expected"]
@@ -486,10 +363,10 @@ def test_fixture_set_covers_every_verdict():
 def test_record_reads_pod_events_node_and_log_through_the_api(bucket):
     data = _case("xid79-node-event")
     job = TrainingJob.model_validate(data["spec"])
-    cluster = RecordedCluster.from_case("xid79-node-event")
+    cluster = RecordedCluster.from_case(FIXTURES / "xid79-node-event")
     record = _read_record(job, data["run_id"], 1, client=cluster.client(), case="xid79-node-event")
     pod = f"{k8s_names.attempt_name(job, data['run_id'], 1)}-r0"
-    gets = [(path, query) for method, path, query in cluster.requests if method == "GET"]
+    gets = [(path, query) for method, path, query, _body in cluster.requests if method == "GET"]
     assert (f"/api/v1/namespaces/{NAMESPACE}/pods",
             {"labelSelector": k8s_names.attempt_label_selector(job, data["run_id"], 1)}) in gets
     assert (f"/api/v1/namespaces/{NAMESPACE}/events", {"fieldSelector": f"involvedObject.name={pod}"}) in gets
@@ -510,7 +387,7 @@ def test_record_reads_pod_events_node_and_log_through_the_api(bucket):
 def test_record_without_permission_for_node_events_or_a_node(bucket):
     data = _case("node-notready")
     job = TrainingJob.model_validate(data["spec"])
-    cluster = RecordedCluster.from_case("node-notready")
+    cluster = RecordedCluster.from_case(FIXTURES / "node-notready")
     cluster.forbidden_namespaces.add("default")
     cluster.nodes.clear()
     said = []
@@ -546,7 +423,7 @@ def test_job_log_section_holds_every_rank_log_between_header_and_footer(bucket):
     name = "multinode-traceback-and-peer-nccl"
     data = _case(name)
     job = _isolated_job(data["spec"], "job-log-section")
-    cluster = RecordedCluster.from_case(name)
+    cluster = RecordedCluster.from_case(FIXTURES / name)
     _read_record(job, data["run_id"], 1, client=cluster.client())
     run = JobRun(job, data["run_id"])
     section = _read_text(run.attempt_log_uri(1)).splitlines()
@@ -578,7 +455,7 @@ def test_unreadable_pod_logs_write_a_line_and_classify_still_runs(bucket):
     data = _case(name)
     job = _isolated_job(data["spec"], "unreadable")
     run_id = data["run_id"]
-    client = RecordedCluster.from_case(name).client()
+    client = RecordedCluster.from_case(FIXTURES / name).client()
     failures = iter([ApiException(status=404, reason="Not Found"), ProtocolError("Connection aborted.")])
 
     def read_log(*args, **kwargs):  # rank 0's pod was deleted, rank 1's read broke off
@@ -599,7 +476,7 @@ def test_unreadable_pod_logs_write_a_line_and_classify_still_runs(bucket):
 def test_a_pod_that_never_started_and_a_rank_without_pod(bucket):
     data = _case("image-pull-backoff")
     job = _isolated_job(data["spec"], "never-started", nodes=2)
-    cluster = RecordedCluster.from_case("image-pull-backoff")  # rank 0 only: rank 1's pod is gone
+    cluster = RecordedCluster.from_case(FIXTURES / "image-pull-backoff")  # rank 0 only: rank 1's pod is gone
     _read_record(job, data["run_id"], data["attempt"], client=cluster.client())
     section = _read_text(JobRun(job, data["run_id"]).attempt_log_uri(data["attempt"]))
     assert "container log not readable (400 Bad Request: the container never started)" in section
@@ -638,7 +515,7 @@ def test_a_retried_classify_replaces_its_section(bucket):
     job = _isolated_job(data["spec"], "retried")
     run_id = data["run_id"]
     for _ in range(2):
-        _read_record(job, run_id, data["attempt"], client=RecordedCluster.from_case("completed").client())
+        _read_record(job, run_id, data["attempt"], client=RecordedCluster.from_case(FIXTURES / "completed").client())
     job_log = k8s_records.assemble_job_log(JobRun(job, run_id))
     assert job_log.read_text().count("log of pod") == 1
 
@@ -647,7 +524,7 @@ def test_multi_node_peer_symptoms_are_what_classify_reports():
     """The peer-only reasons track classify's wording: rank 1 of case 7 is such a rank."""
     data = _case("multinode-traceback-and-peer-nccl")
     job = TrainingJob.model_validate(data["spec"])
-    cluster = RecordedCluster.from_case("multinode-traceback-and-peer-nccl")
+    cluster = RecordedCluster.from_case(FIXTURES / "multinode-traceback-and-peer-nccl")
     client = cluster.client()
     pods = [ApiClient().sanitize_for_serialization(p) for p in client.list_namespaced_pod(NAMESPACE).items]
     ranks = [k8s_records._read_rank(client, p, job, 1, NAMESPACE, None, lambda _m: None)[0] for p in pods]
@@ -720,7 +597,7 @@ def test_record_of_an_attempt_that_wrote_no_progress_keeps_the_earlier_commits(b
     earlier = {"step": 90, "last_committed_step": 60, "resumed_from_step": 20, "attempt": data["attempt"] - 1
                if data["attempt"] > 1 else 0}
     object_storage.write_json(JobRun(job, data["run_id"]).hook(), JobRun(job, data["run_id"]).progress_uri, earlier)
-    record = _read_record(job, data["run_id"], data["attempt"], client=RecordedCluster.from_case("oomkilled").client())
+    record = _read_record(job, data["run_id"], data["attempt"], client=RecordedCluster.from_case(FIXTURES / "oomkilled").client())
     assert record.progress == {"last_committed_step": 60} and record.last_committed_step == 60
 
 
@@ -789,7 +666,7 @@ class _ClusterRun:
 
         pod = ApiClient().sanitize_for_serialization(operator.build_pod_request_obj(context, dry_run=True))
         self.pods[operator.attempt] = pod
-        case = RecordedCluster.from_case(self.cases[operator.attempt])
+        case = RecordedCluster.from_case(FIXTURES / self.cases[operator.attempt])
         (recorded,) = case.pods
         name = pod["metadata"]["name"]
         pod["spec"]["nodeName"] = recorded["spec"]["nodeName"]

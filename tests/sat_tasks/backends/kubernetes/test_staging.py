@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -85,9 +86,9 @@ class FakeCoreV1:
         self.reads += 1
         return ApiClient()._ApiClient__deserialize({"metadata": {"name": name}, "status": status}, "V1Pod")
 
-    def read_namespaced_pod_log(self, name, namespace, container):
+    def read_namespaced_pod_log(self, name, namespace, container, _preload_content=True):
         self.log_requests.append((name, namespace, container))
-        return self.log
+        return SimpleNamespace(data=self.log.encode()) if not _preload_content else self.log
 
     def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
         if not self.pod_exists:

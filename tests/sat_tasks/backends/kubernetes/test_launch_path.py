@@ -1,0 +1,173 @@
+"""The Kubernetes launch path creates, and cleanup deletes, exactly what `sat render` prints.
+
+The real code runs (the backend's staging, each rank's launch operator with the provider's
+own `execute`, the attempt's cleanup, the upload pod, the run's cleanup) against the
+real `CoreV1Api`, whose HTTP layer is an API server in memory (`tests.support.k8s_api`):
+every request is recorded with its body, and a tiny kubelet "runs" each created pod.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+from sat_tasks.backends.kubernetes import KubernetesBackend
+from sat_tasks.backends.kubernetes import staging as k8s_staging
+from sat_tasks.backends.kubernetes.operator import make_launch_operators
+from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.cli.render import register as register_render
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.staging import REPORT_PREFIX
+from sat_tasks.spec import TrainingJob, parse_spec
+from tests.support.k8s_api import RecordedCluster
+
+BUCKET = "sat-launch-path"
+NAMESPACE = "sat-jobs"
+RUN_ID = "manual__2026-12-01T08:00:00+00:00"
+STAGED = {"data": {"files": 3, "transferred": 3}, "validation": {"success": True, "summary_lines": []}}
+UPLOADED = {"files": 4, "transferred": 4}
+
+
+def _job(nodes: int, tmp_path) -> tuple[TrainingJob, str]:
+    spec = {
+        "name": f"path-{nodes}-nodes", "learning_type": "on-demand", "framework": "pytorch", "job_failover": True,
+        "nodes": nodes, "command": "python train.py", "backend": "kubernetes",
+        "resources": {"gpus_per_node": 8, "server_type": "g2", "memory": "480Gi", "shared_memory": "64Gi",
+                      "cpu": "500m"},
+        "image": {"url": "registry.example.com/ml/llama-train:1.4.2", "registry_conn_id": "sat_registry_main"},
+        "data": {"source": f"s3://{BUCKET}/datasets/corpus/"},
+        "results": {"destination": f"s3://{BUCKET}/results/"},
+    }
+    path = tmp_path / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return parse_spec(spec), str(path)
+
+
+def _kubelet(pod: dict) -> tuple[int, str]:
+    """Helper pods print their report; training pods train."""
+    component = pod["metadata"]["labels"].get("app.kubernetes.io/component")
+    if component == "staging":
+        return 0, f"staged 3 files\n{REPORT_PREFIX}{json.dumps(STAGED)}\n"
+    if component == "upload":
+        return 0, f"uploaded 4 files\n{REPORT_PREFIX}{json.dumps(UPLOADED)}\n"
+    return 0, "Starting dataset initialization\n{'loss': 1.0}\n"
+
+
+def _rendered(spec_path: str, capsys) -> list[dict]:
+    """What `sat render SPEC --run-id RUN_ID` prints, as the objects it lists."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="sat")
+    register_render(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["render", spec_path, "--run-id", RUN_ID, "--namespace", NAMESPACE])
+    capsys.readouterr()
+    assert args.func(args) == 0
+    return [doc for doc in yaml.safe_load_all(capsys.readouterr().out) if doc]
+
+
+def _as_applied(obj):
+    """A manifest as the API server stores it: an empty list or object, or hostNetwork false, is the
+    field's default, the same as leaving it out (the provider's operator fills such defaults in)."""
+    if isinstance(obj, dict):
+        kept = {k: _as_applied(v) for k, v in obj.items() if not (k == "hostNetwork" and v is False)}
+        return {k: v for k, v in kept.items() if v not in (None, [], {})}
+    if isinstance(obj, list):
+        return [_as_applied(v) for v in obj]
+    return obj
+
+
+def _diff(got, want, path="") -> list[str]:
+    """Where two manifests differ (for the failure message)."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        return [d for key in sorted(set(got) | set(want)) for d in _diff(got.get(key), want.get(key), f"{path}.{key}")]
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        return [d for i, (a, b) in enumerate(zip(got, want)) for d in _diff(a, b, f"{path}[{i}]")]
+    return [] if got == want else [f"{path}: created {got!r}, rendered {want!r}"]
+
+
+class _TI:
+    def __init__(self, task_id: str, spec: dict):
+        self.dag_id, self.task_id, self.map_index, self.try_number = "path-job", task_id, -1, 1
+        self.pushed: dict = {}
+        self._spec = spec
+
+    def xcom_pull(self, task_ids=None, key="return_value"):
+        return self._spec if task_ids == "validate_spec" else None
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+@pytest.fixture
+def bucket(s3_hook):
+    if not s3_hook.check_for_bucket(BUCKET):
+        s3_hook.create_bucket(bucket_name=BUCKET)
+    return BUCKET
+
+
+@pytest.mark.parametrize("nodes", [pytest.param(1, id="1-node"), pytest.param(3, id="3-nodes")])
+def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes, tmp_path, capsys, monkeypatch,
+                                                                             bucket):
+    job, spec_path = _job(nodes, tmp_path)
+    rendered = _rendered(spec_path, capsys)
+    cluster = RecordedCluster(kubelet=_kubelet)
+    monkeypatch.setattr(KubernetesHook, "get_conn", lambda self: cluster.api_client())
+    monkeypatch.setattr(k8s_staging.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(KubernetesSettings, "from_sat_config", classmethod(lambda cls: KubernetesSettings()))
+    backend = KubernetesBackend(client=cluster.client(), namespace=NAMESPACE)
+    run = JobRun(job.with_backend("kubernetes"), RUN_ID)
+    said: list[str] = []
+
+    # stage_data, then attempt 1: every rank's launch task, the provider's execute included.
+    assert backend.stage(run, said.append) == STAGED
+    for operator in make_launch_operators(attempt=1, previous_decide_task_id=None, job=job,
+                                          namespace=NAMESPACE):
+        ti = _TI(operator.task_id, job.to_dict())
+        operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
+        assert ti.pushed["pod_name"].endswith(f"-r{operator.node_rank}")
+
+    # Every object `sat render` prints was created, in apply order, with the same body. The
+    # provider adds its own labels to a pod (dag_id, task_id, try_number, ...); nothing else.
+    created = [(kind, body) for kind, body in cluster.created
+               if kind != "Pod" or body["metadata"]["labels"].get("app.kubernetes.io/component") == "training"]
+    assert [(kind, body["metadata"]["name"]) for kind, body in created] == [
+        (doc["kind"], doc["metadata"]["name"]) for doc in rendered]
+    for (kind, body), doc in zip(created, rendered):
+        if kind == "Pod":
+            added = set(body["metadata"]["labels"]) - set(doc["metadata"]["labels"])
+            assert added <= {"dag_id", "task_id", "run_id", "try_number", "kubernetes_pod_operator",
+                             "airflow_version", "airflow_kpo_in_cluster", "map_index"}, added
+            body = {**body, "metadata": {**body["metadata"], "labels": {
+                k: v for k, v in body["metadata"]["labels"].items() if k not in added}}}
+        assert _as_applied(body) == _as_applied(doc), "\n".join(_diff(_as_applied(body), _as_applied(doc)))
+    assert sum(kind == "Service" for kind, _ in cluster.created) == (1 if nodes > 1 else 0)
+
+    # The attempt's cleanup, then the run's end: outputs uploaded from the claim, then nothing left.
+    deleted = backend.cleanup_attempt(run, 1, said.append)
+    assert sorted(deleted) == sorted(f"{doc['kind'].lower()}/{doc['metadata']['name']}" for doc in rendered
+                                     if doc["kind"] in ("Pod", "Service"))
+    assert backend.upload_outputs(run, said.append) == UPLOADED
+    upload_pod = next(body for kind, body in cluster.created
+                      if body["metadata"]["labels"].get("app.kubernetes.io/component") == "upload")
+    assert upload_pod["spec"]["containers"][0]["command"][3:] == [
+        "upload", "--source", "/opt/sat/output", "--dest", run.output_uri]
+    deleted = backend.cleanup_run(run, said.append)
+    assert deleted == [f"persistentvolumeclaim/{rendered[0]['metadata']['name']}"]
+    assert cluster.pods == [] and cluster.services == [] and cluster.claims == []
+    assert backend.cleanup_run(run, said.append) == []  # idempotent
+
+
+def test_a_shared_claim_named_by_pvc_name_is_never_deleted(tmp_path, bucket):
+    """`pvc_name` swaps in a long-lived claim: it carries no run labels, so the run's cleanup leaves it."""
+    job, _ = _job(1, tmp_path)
+    shared = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+              "metadata": {"name": "team-shared", "namespace": NAMESPACE, "labels": {"team": "ml"}},
+              "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}}}
+    cluster = RecordedCluster(claims=[shared])
+    backend = KubernetesBackend(client=cluster.client(), namespace=NAMESPACE)
+    assert backend.cleanup_run(JobRun(job, RUN_ID), lambda _m: None) == []
+    assert cluster.claims == [shared]

@@ -1,0 +1,201 @@
+"""A Kubernetes API server in memory, behind the real `kubernetes` client: recorded cases and a tiny kubelet.
+
+`RecordedCluster` stands in for the client's urllib3 pool manager (`rest_client.pool_manager`),
+so the real `CoreV1Api` builds every request (its own models, serialised) and parses every
+answer; every request is recorded with its method, path, query and body. It serves what
+the tests need of the core API: pods, services, events, persistent volume claims (list,
+get, create, patch, delete), nodes (get), pod logs (plain or followed). With `kubelet`
+set, a created pod "runs" at once: it gets a node, a log and a terminated state
+(`kubelet(pod) -> (exit code, log text)`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlparse
+
+from kubernetes.client import ApiClient
+
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict"}
+_KINDS = {"pods": "Pod", "services": "Service", "events": "Event", "persistentvolumeclaims": "PersistentVolumeClaim"}
+_ROUTE = re.compile(r"/api/v1/namespaces/([^/]+)/(pods|events|services|persistentvolumeclaims)(?:/([^/]+))?(/log)?")
+Kubelet = Callable[[dict], "tuple[int, str]"]
+
+
+class _Response:
+    """What urllib3 hands the kubernetes client's REST layer (also streamed, for followed logs)."""
+
+    def __init__(self, status: int, body: str | bytes, content_type: str = "application/json"):
+        self.status, self.reason = status, _REASONS[status]
+        self.data = body if isinstance(body, bytes) else body.encode()
+        self.headers = {"content-type": content_type}
+
+    def getheaders(self):
+        return self.headers
+
+    def getheader(self, name, default=None):
+        return self.headers.get(name.lower(), default)
+
+    def stream(self, amt=None, decode_content=True):
+        yield self.data
+
+    def close(self):
+        pass
+
+    def release_conn(self):
+        pass
+
+
+def _status(code: int, reason: str, message: str) -> _Response:
+    return _Response(code, json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                       "message": message, "reason": reason, "code": code}))
+
+
+def _matches(labels: dict, selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        if term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        else:
+            key, value = term.split("=", 1)
+            if labels.get(key) != value:
+                return False
+    return True
+
+
+def _field(obj: dict, path: str):
+    for part in path.split("."):
+        obj = (obj or {}).get(part)
+    return obj
+
+
+def _body(body) -> dict:
+    return json.loads(body) if isinstance(body, (str, bytes)) else body
+
+
+class RecordedCluster:
+    """The API server behind a real CoreV1Api: pods, services, claims, events, nodes and logs.
+
+    Attributes:
+        requests: every request as (method, path, query, body).
+        created: the body of every successful create, in order, as (kind, body).
+    """
+
+    def __init__(self, pods=(), events=(), nodes=(), logs=None, services=(), claims=(), forbidden_namespaces=(),
+                 kubelet: Kubelet | None = None):
+        self.pods, self.events, self.nodes = list(pods), list(events), list(nodes)
+        self.services, self.claims = list(services), list(claims)
+        self.logs = dict(logs or {})
+        self.forbidden_namespaces = set(forbidden_namespaces)
+        self.kubelet = kubelet
+        self.requests: list[tuple[str, str, dict, dict | None]] = []
+        self.created: list[tuple[str, dict]] = []
+
+    @classmethod
+    def from_case(cls, folder: Path) -> RecordedCluster:
+        """A cluster holding a recorded case (`pods.json`, `events.json`, `nodes.json`, `logs/<pod>.log`)."""
+        items = lambda file: json.loads((folder / file).read_text())["items"]  # noqa: E731
+        logs = {p.stem: p.read_text() for p in (folder / "logs").glob("*.log")} if (folder / "logs").exists() else {}
+        return cls(items("pods.json"), items("events.json"), items("nodes.json"), logs)
+
+    def api_client(self) -> ApiClient:
+        """An ApiClient whose HTTP layer is this cluster (what KubernetesHook.get_conn returns)."""
+        from kubernetes.client import Configuration
+
+        api = ApiClient(Configuration(host="https://k8s.test"))
+        api.rest_client.pool_manager = self
+        return api
+
+    def client(self):
+        from kubernetes.client import CoreV1Api
+
+        return CoreV1Api(self.api_client())
+
+    def objects(self, kind: str) -> list[dict]:
+        return {"pods": self.pods, "events": self.events, "services": self.services,
+                "persistentvolumeclaims": self.claims}[kind]
+
+    # ---- the kubelet ---------------------------------------------------------------------------
+    def _run(self, pod: dict) -> None:
+        exit_code, log = self.kubelet(pod)
+        name = pod["metadata"]["name"]
+        pod.setdefault("spec", {})["nodeName"] = pod["spec"].get("nodeName") or "node-1"
+        containers = [c["name"] for c in pod["spec"].get("containers", [])]
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                      "startedAt": "2026-12-01T08:00:00Z", "finishedAt": "2026-12-01T08:00:05Z"}
+        pod["status"] = {"phase": "Succeeded" if exit_code == 0 else "Failed", "startTime": "2026-12-01T08:00:00Z",
+                         "containerStatuses": [{"name": c, "ready": False, "restartCount": 0, "image": "x",
+                                                "imageID": "", "state": {"terminated": terminated}}
+                                               for c in containers]}
+        self.logs[name] = log
+
+    # ---- the API -------------------------------------------------------------------------------
+    def request(self, method, url, fields=None, body=None, headers=None, **kwargs) -> _Response:
+        parsed = urlparse(url)
+        query = dict(parse_qsl(parsed.query))
+        query.update({k: str(v) for k, v in (fields or [])})
+        path = unquote(parsed.path)
+        self.requests.append((method, path, query, _body(body) if body else None))
+        node = re.fullmatch(r"/api/v1/nodes/([^/]+)", path)
+        if node and method == "GET":
+            found = [n for n in self.nodes if n["metadata"]["name"] == node.group(1)]
+            return _Response(200, json.dumps(found[0])) if found else _status(
+                404, "NotFound", f'nodes "{node.group(1)}" not found')
+        match = _ROUTE.fullmatch(path)
+        if not match:
+            return _status(404, "NotFound", f"no route {method} {path}")
+        namespace, kind, name, log = match.groups()
+        if namespace in self.forbidden_namespaces:
+            return _status(403, "Forbidden", f'{kind} is forbidden in the namespace "{namespace}"')
+        store = self.objects(kind)
+        here = [o for o in store if (o["metadata"].get("namespace") or namespace) == namespace]
+        found = [o for o in here if o["metadata"]["name"] == name] if name else []
+        if method == "GET" and log:
+            if name not in self.logs:
+                return _status(400, "BadRequest",
+                               f'container "base" in pod "{name}" is waiting to start: trying and failing to pull image')
+            lines = self.logs[name].splitlines()[-int(query.get("tailLines", 10**9)):]
+            return _Response(200, "\n".join(lines) + ("\n" if lines else ""), "text/plain")
+        if method == "GET" and name is None:
+            selected = [o for o in here if _matches(o["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
+            for term in filter(None, query.get("fieldSelector", "").split(",")):
+                if "!=" in term:
+                    key, value = term.split("!=", 1)
+                    selected = [o for o in selected if _field(o, key) != value]
+                else:
+                    key, value = term.split("=", 1)
+                    selected = [o for o in selected if _field(o, key) == value]
+            return _Response(200, json.dumps({"apiVersion": "v1", "kind": f"{_KINDS[kind]}List", "metadata": {},
+                                              "items": selected}))
+        if method == "GET":
+            return _Response(200, json.dumps(found[0])) if found else _status(404, "NotFound",
+                                                                               f'{kind} "{name}" not found')
+        if method == "POST" and name is None:
+            created = json.loads(json.dumps(_body(body)))
+            created["metadata"].setdefault("namespace", namespace)
+            if any(o["metadata"]["name"] == created["metadata"]["name"] for o in here):
+                return _status(409, "AlreadyExists", f'{kind} "{created["metadata"]["name"]}" already exists')
+            self.created.append((_KINDS[kind], json.loads(json.dumps(_body(body)))))
+            store.append(created)
+            if kind == "pods" and self.kubelet is not None:
+                self._run(created)
+            return _Response(201, json.dumps(created))
+        if method == "PATCH" and found:
+            patch = _body(body)
+            target = found[0]
+            for section in ("labels", "annotations"):
+                target["metadata"].setdefault(section, {}).update((patch.get("metadata") or {}).get(section) or {})
+            return _Response(200, json.dumps(target))
+        if method == "DELETE" and name:
+            if not found:
+                return _status(404, "NotFound", f'{kind} "{name}" not found')
+            store.remove(found[0])
+            return _Response(200, json.dumps(found[0]))
+        return _status(404, "NotFound", f"no route {method} {path}")
