@@ -1,0 +1,104 @@
+"""The restart policy as pure functions, and the typed contracts the tasks hand each other."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sat_tasks.core.contracts import Action, Decision, Plan, Verdict, VerdictKind
+from sat_tasks.core.policy import decide_next, plan_attempt
+from sat_tasks.core.status import JobStatus
+from sat_tasks.errors import NotApplicable
+from sat_tasks.spec import parse_spec
+from tests.sat_tasks.spec.test_spec import BASE
+
+NOW = 1_800_000_000.0
+
+
+def job(**changes):
+    return parse_spec({**BASE, **changes})
+
+
+def verdict(kind: VerdictKind, node: str | None = "gpu-1", step: int | None = 60, attempt: int = 1) -> Verdict:
+    return Verdict(kind=kind, evidence=[f"{kind.value} evidence"], reason=kind.value.lower(), attempt=attempt,
+                   node=node, last_committed_step=step)
+
+
+SPOT = {"learning_type": "spot", "job_failover": False, "spot": {"max_resumes": 2}}
+
+
+@pytest.mark.parametrize(("spec", "plan", "kind", "action", "status"), [
+    pytest.param({}, Plan(attempt=1), VerdictKind.SUCCEEDED, Action.UPLOAD, None, id="succeeded"),
+    pytest.param({}, Plan(attempt=1), VerdictKind.INTERNAL, Action.STOP, JobStatus.INTERNAL_ERROR, id="internal"),
+    pytest.param({}, Plan(attempt=1), VerdictKind.IMAGE_PULL, Action.STOP, JobStatus.IMAGE_PULL_BACKOFF, id="image"),
+    pytest.param({}, Plan(attempt=1), VerdictKind.HARDWARE, Action.FAILOVER, JobStatus.FAILOVER_IN_PROGRESS,
+                 id="hardware-fails-over"),
+    pytest.param({}, Plan(attempt=4, failovers=3), VerdictKind.HARDWARE, Action.STOP,
+                 JobStatus.MAX_RETRIES_EXCEEDED, id="hardware-after-3-failovers"),
+    pytest.param({"job_failover": False}, Plan(attempt=1), VerdictKind.HARDWARE, Action.STOP, JobStatus.FAILED,
+                 id="hardware-without-failover"),
+    pytest.param({}, Plan(attempt=1), VerdictKind.PREEMPTED, Action.FAILOVER, JobStatus.FAILOVER_IN_PROGRESS,
+                 id="on-demand-preempted-is-a-node-problem"),
+    pytest.param(SPOT, Plan(attempt=1), VerdictKind.PREEMPTED, Action.RESUME, JobStatus.PREEMPTED, id="spot-resumes"),
+    pytest.param(SPOT, Plan(attempt=3, resumes=2), VerdictKind.PREEMPTED, Action.STOP, JobStatus.FAILED,
+                 id="spot-out-of-resumes"),
+    pytest.param(SPOT, Plan(attempt=1), VerdictKind.HARDWARE, Action.RESUME, None, id="spot-hardware-resumes"),
+])
+def test_decide_next(spec, plan, kind, action, status):
+    decision = decide_next(job(**spec), plan, verdict(kind, attempt=plan.attempt), now=NOW)
+    assert decision.action is action and decision.status is status and decision.verdict is kind
+    assert decision.why  # every decision says why, in the words the status history shows
+
+
+def test_a_failover_excludes_the_failed_node_and_resumes_from_the_last_commit():
+    decision = decide_next(job(), Plan(attempt=2, exclude_nodes=["gpu-0"], failovers=1),
+                           verdict(VerdictKind.HARDWARE, node="gpu-1", step=120, attempt=2), now=NOW)
+    assert decision.exclude_nodes == ["gpu-0", "gpu-1"] and decision.failovers == 2 and decision.resume_step == 120
+    assert "failover 2 of 3" in decision.why and "HARDWARE evidence" in decision.why
+    nxt = plan_attempt(job(), 3, decision)
+    assert nxt == Plan(attempt=3, exclude_nodes=["gpu-0", "gpu-1"], resume_step=120, failovers=2, resumes=0)
+
+
+def test_no_commit_yet_resumes_from_the_newest_checkpoint():
+    decision = decide_next(job(), Plan(attempt=1), verdict(VerdictKind.HARDWARE, step=None), now=NOW)
+    assert decision.resume_step == -1
+
+
+def test_a_spot_preemption_waits_for_the_injected_capacity_delay():
+    spec = {**SPOT, "faults": [{"kind": "preemption", "at_step": 5, "capacity_delay_seconds": 30}]}
+    decision = decide_next(job(**spec), Plan(attempt=1), verdict(VerdictKind.PREEMPTED), now=NOW)
+    assert (decision.preempted_at, decision.capacity_at) == (NOW, NOW + 30) and decision.resumes == 1
+
+
+@pytest.mark.parametrize("previous", [
+    pytest.param(None, id="previous-skipped"),
+    pytest.param(Decision(attempt=1, verdict=VerdictKind.SUCCEEDED, action=Action.UPLOAD, why="done"), id="upload"),
+    pytest.param(Decision(attempt=1, verdict=VerdictKind.INTERNAL, action=Action.STOP, why="bug"), id="stop"),
+])
+def test_an_attempt_nobody_asked_for_is_not_applicable(previous):
+    with pytest.raises(NotApplicable, match="attempt 2 is not needed"):
+        plan_attempt(job(), 2, previous)
+
+
+def test_the_first_attempt_always_runs_fresh():
+    assert plan_attempt(job(), 1, None) == Plan(attempt=1, exclude_nodes=[], resume_step=None)
+
+
+@pytest.mark.parametrize("contract", [
+    Plan(attempt=2, exclude_nodes=["a"], resume_step=40, failovers=1),
+    verdict(VerdictKind.HARDWARE),
+    Decision(attempt=1, verdict=VerdictKind.PREEMPTED, action=Action.RESUME, why="spot", status=JobStatus.PREEMPTED,
+             preempted_at=NOW, capacity_at=NOW + 5),
+], ids=["plan", "verdict", "decision"])
+def test_contracts_cross_xcom_as_json_and_come_back_typed(contract):
+    data = json.loads(json.dumps(contract.to_xcom()))
+    back = type(contract).from_xcom(data)
+    assert back == contract and type(contract).from_xcom(None) is None
+
+
+def test_a_contract_refuses_what_it_does_not_know():
+    with pytest.raises(ValueError):
+        Decision.from_xcom({"attempt": 1, "verdict": "HARDWARE", "action": "retry-forever", "why": "x"})
+    with pytest.raises(ValueError):
+        Plan.from_xcom({"attempt": 1, "surprise": True})
