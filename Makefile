@@ -10,7 +10,7 @@ export AIRFLOW_CONFIG := $(CURDIR)/airflow.cfg
 export GX_ANALYTICS_ENABLED := false
 export DS_BUILD_OPS := 0
 
-.PHONY: demo test test-slow benchmarks vendor system-deps clean
+.PHONY: demo test test-slow benchmarks vendor system-deps clean lock
 
 # The virtual environment, (re)built when the lock file or pyproject is newer than it.
 # torch first (the pinned CPU wheel), then the lock without build isolation so that
@@ -19,7 +19,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check pip==26.3 setuptools==84.2.1 wheel==0.48.0
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -r requirements.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --require-hashes -r requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $@
 
@@ -51,6 +51,16 @@ benchmarks: .venv
 
 vendor: .venv
 	$(VENV)/bin/sat vendor build/checkpoint_vendor
+
+# Regenerate requirements.lock (every package pinned, with hashes) from pyproject.toml's
+# dependencies and extras. torch is the CPU wheel that lies on this machine (/opt/wheels),
+# so its hash is that file's; deepspeed's metadata is built against the venv's torch.
+lock:
+	@test -x $(VENV)/bin/uv || $(PY) -m pip install -q --disable-pip-version-check uv
+	DS_BUILD_OPS=0 $(VENV)/bin/uv pip compile pyproject.toml --extra all --generate-hashes \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --find-links /opt/wheels \
+	  --override lock-overrides.txt --no-build-isolation-package deepspeed --python $(PY) \
+	  --no-header -o requirements.lock
 
 clean:
 	rm -rf .airflow .sat build

@@ -66,8 +66,8 @@ ENV CHECKPOINT_VENDOR=/opt/sat/checkpoint_vendor \
     PYTHONUNBUFFERED=1 \
     HF_DATASETS_OFFLINE=1
 
-# The pod mounts staged code, data and outputs here (sat_tasks.runtime_env POD_*_DIR) and
-# runs the job's command through `bash -lc` (sat_tasks.k8s); no ENTRYPOINT on purpose.
+# The pod mounts staged code, data and outputs here (sat_tasks.core.runtime_env POD_*_DIR) and
+# runs the job's command through `bash -lc` (sat_tasks.backends.kubernetes.supervisor); no ENTRYPOINT on purpose.
 RUN mkdir -p /opt/sat/code /opt/sat/data /opt/sat/output
 WORKDIR /opt/sat/code
 CMD ["bash"]
