@@ -17,10 +17,11 @@ COPY --chown=airflow:0 requirements.lock pyproject.toml /opt/sat/src/
 COPY --chown=airflow:0 sat_tasks /opt/sat/src/sat_tasks
 COPY --chown=airflow:0 ckpt_engine /opt/sat/src/ckpt_engine
 
-# The lock first (apache-airflow pinned to the base image's version, so pip never swaps
-# Airflow), then the project itself without touching a dependency.
-RUN pip install --no-cache-dir --extra-index-url ${TORCH_INDEX_URL} \
-        "apache-airflow==${AIRFLOW_VERSION}" -r /opt/sat/src/requirements.lock \
+# The lock first, every package checked against its hashes (it pins apache-airflow to the
+# base image's 3.3.2, so pip never swaps Airflow), then the project itself without
+# touching a dependency.
+RUN pip install --no-cache-dir --require-hashes --extra-index-url ${TORCH_INDEX_URL} \
+        -r /opt/sat/src/requirements.lock \
  && pip install --no-cache-dir --no-deps /opt/sat/src
 
 COPY --chown=airflow:0 dags /opt/airflow/dags

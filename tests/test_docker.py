@@ -89,12 +89,16 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 
 
 def _lock() -> dict[str, str]:
+    """Release of every package the lock pins (`name==version \\`, hashes on the next lines).
+
+    A local version label (`+cpu`) is dropped: the lock holds the CPU build of torch that lies on
+    this machine, the training image the CUDA build of the same release.
+    """
     pins = {}
     for line in (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            pins[_normalise(name)] = version.strip()
+        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", line)
+        if match:
+            pins[_normalise(match.group(1))] = match.group(2).split("+", 1)[0]
     return pins
 
 
