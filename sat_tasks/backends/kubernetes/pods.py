@@ -7,12 +7,13 @@ Call order for one attempt (the DAG does the wiring):
 2. ``render_attempt_manifests(job, run_id=..., attempt=..., exclude_nodes=..., resume_step=...)``:
    for one node a single Pod; for ``nodes >= 2`` a headless Service first, then one Pod per
    node rank with a stable DNS name (hostname + subdomain) and launcher rendezvous on rank 0.
-   ``build_attempt_pods`` / ``rendezvous_service`` are the objects behind it: the operator
-   launches exactly these (``operator.SatTrainingPodOperator``), `sat render` prints them.
+   ``attempt_pod_manifests`` / ``rendezvous_service`` are the objects behind it: the operator
+   launches exactly these (``build_attempt_pods`` makes client models of them for
+   ``operator.SatTrainingPodOperator``), `sat render` prints them.
 
-Nothing here talks to a cluster or imports Airflow; the kubernetes client's models are
-imported inside the functions (DAG files import this package at parse time). ADR 0007
-explains the choices.
+Everything is built as the API's JSON, so nothing here talks to a cluster, imports Airflow,
+or (except `build_attempt_pods` and `to_model`) imports the kubernetes client, which costs
+~0.8 s. ADR 0007 explains the choices.
 """
 
 from __future__ import annotations
@@ -62,9 +63,7 @@ def _env(
     namespace: str,
     run_id: str,
     settings: KubernetesSettings,
-) -> list[k8s.V1EnvVar]:
-    from kubernetes.client import models as k8s
-
+) -> list[dict[str, Any]]:
     paths = TrainingPaths(data_dir=POD_DATA_DIR, output_dir=POD_OUTPUT_DIR, code_dir=POD_CODE_DIR,
                           vendor_dir=IMAGE_VENDOR_DIR)
     # SAT_NODE is the Kubernetes node the pod lands on; the downward API fills it in.
@@ -74,8 +73,8 @@ def _env(
         s3_endpoint_url=settings.object_storage_endpoint or None,
     )
     field_refs = {"SAT_NODE": "spec.nodeName", "SAT_POD_NAME": "metadata.name"}
-    env = [k8s.V1EnvVar(name=k, value=v) for k, v in contract.items() if k not in field_refs]
-    env.append(k8s.V1EnvVar(name="SAT_RUN_ID", value=run_id))
+    env = [{"name": k, "value": v} for k, v in contract.items() if k not in field_refs]
+    env.append({"name": "SAT_RUN_ID", "value": run_id})
     if job.distributed:
         master = f"{service}-r0.{service}.{namespace}.svc"  # rank 0's stable DNS name
         rendezvous = {
@@ -86,112 +85,91 @@ def _env(
             "NPROC_PER_NODE": str(nproc_per_node(job)),
         }
         for key, value in rendezvous.items():
-            env.append(k8s.V1EnvVar(name=key, value=value))
-            env.append(k8s.V1EnvVar(name=f"PET_{key}", value=value))  # torchrun's env defaults
+            env.append({"name": key, "value": value})
+            env.append({"name": f"PET_{key}", "value": value})  # torchrun's env defaults
     for key, path in field_refs.items():
-        env.append(k8s.V1EnvVar(
-            name=key,
-            value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path=path)),
-        ))
+        env.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     env += object_storage_key_env(settings)
     return env
 
 
-def object_storage_key_env(settings: KubernetesSettings) -> list[k8s.V1EnvVar]:
+def object_storage_key_env(settings: KubernetesSettings) -> list[dict[str, Any]]:
     """`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` as references into the Object Storage Secret.
 
     The kubelet resolves them when the container starts: the keys never appear in the pod
     spec, a rendered manifest, an XCom or a log. A missing Secret (or key) keeps the pod
     from starting (`CreateContainerConfigError`) instead of training without its mirror.
     """
-    from kubernetes.client import models as k8s
-
-    return [
-        k8s.V1EnvVar(name=name, value_from=k8s.V1EnvVarSource(
-            secret_key_ref=k8s.V1SecretKeySelector(name=settings.object_storage_secret, key=key),
-        ))
-        for name, key in OBJECT_STORAGE_SECRET_KEYS.items()
-    ]
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": settings.object_storage_secret, "key": key}}}
+            for name, key in OBJECT_STORAGE_SECRET_KEYS.items()]
 
 
-def _resources(job: TrainingJob, settings: KubernetesSettings) -> k8s.V1ResourceRequirements:
-    from kubernetes.client import models as k8s
-
+def _resources(job: TrainingJob, settings: KubernetesSettings) -> dict[str, Any]:
     # requests == limits: Guaranteed QoS, the last class the kubelet evicts under pressure.
     amounts = {"cpu": job.resources.cpu, "memory": pod_memory(job)}
     if job.resources.gpus_per_node:
         amounts[settings.gpu_resource] = str(job.resources.gpus_per_node)
-    return k8s.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
+    return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
 def _scheduling(
     job: TrainingJob, exclude_nodes: Sequence[str], settings: KubernetesSettings
-) -> tuple[dict[str, str], list[k8s.V1Toleration], k8s.V1Affinity | None]:
+) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any] | None]:
     """Node selector, tolerations and node affinity for the server type, capacity and exclusions."""
-    from kubernetes.client import models as k8s
-
     selector: dict[str, str] = {}
-    tolerations: list[k8s.V1Toleration] = []
-    expressions: list[k8s.V1NodeSelectorRequirement] = []
+    tolerations: list[dict[str, Any]] = []
+    expressions: list[dict[str, Any]] = []
     gpu_model = SERVER_TYPES[job.resources.server_type]["gpu_model"]
     if gpu_model:
         selector[settings.gpu_product_label] = gpu_model
     if job.resources.gpus_per_node:
-        tolerations.append(k8s.V1Toleration(key=settings.gpu_taint_key, operator="Exists", effect="NoSchedule"))
+        tolerations.append({"effect": "NoSchedule", "key": settings.gpu_taint_key, "operator": "Exists"})
     if job.is_spot:
         selector[settings.capacity_label] = settings.spot_label_value
-        tolerations.append(k8s.V1Toleration(
-            key=settings.spot_taint_key, operator="Equal", value=settings.spot_taint_value, effect="NoSchedule",
-        ))
+        tolerations.append({"effect": "NoSchedule", "key": settings.spot_taint_key, "operator": "Equal",
+                            "value": settings.spot_taint_value})
     else:
         # On-demand: anything but Spot, so unlabelled on-demand nodes qualify too.
-        expressions.append(k8s.V1NodeSelectorRequirement(
-            key=settings.capacity_label, operator="NotIn", values=[settings.spot_label_value],
-        ))
+        expressions.append({"key": settings.capacity_label, "operator": "NotIn",
+                            "values": [settings.spot_label_value]})
     excluded = sorted(set(exclude_nodes))
     if excluded:
-        expressions.append(k8s.V1NodeSelectorRequirement(
-            key="kubernetes.io/hostname", operator="NotIn", values=excluded,
-        ))
+        expressions.append({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": excluded})
     affinity = None
     if expressions:
-        affinity = k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=expressions)]
-            )
-        ))
+        # One selector term: terms are ORed, the expressions of a term ANDed.
+        affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": expressions}]}}}
     return selector, tolerations, affinity
 
 
-def _volumes(
-    job: TrainingJob, run_id: str, pvc_name: str | None
-) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
-    from kubernetes.client import models as k8s
-
+def _volumes(job: TrainingJob, run_id: str, pvc_name: str | None) -> tuple[list[dict], list[dict]]:
     claim = pvc_name or names.run_volume_claim_name(job, run_id)
     subpaths = names.run_volume_subpaths(job, run_id)
     volumes = [
-        k8s.V1Volume(name="run", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=claim)),
-        k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(
-            medium="Memory", size_limit=job.resources.shared_memory,
-        )),
+        {"name": "run", "persistentVolumeClaim": {"claimName": claim}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.resources.shared_memory}},
     ]
     mounts = [
-        k8s.V1VolumeMount(name="run", mount_path=POD_DATA_DIR, sub_path=subpaths["data"]),
-        k8s.V1VolumeMount(name="run", mount_path=POD_OUTPUT_DIR, sub_path=subpaths["output"]),
-        k8s.V1VolumeMount(name="run", mount_path=POD_CODE_DIR, sub_path=subpaths["code"]),
-        k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+        {"mountPath": POD_DATA_DIR, "name": "run", "subPath": subpaths["data"]},
+        {"mountPath": POD_OUTPUT_DIR, "name": "run", "subPath": subpaths["output"]},
+        {"mountPath": POD_CODE_DIR, "name": "run", "subPath": subpaths["code"]},
+        {"mountPath": "/dev/shm", "name": "dshm"},
     ]
     if job.storage.file_storage_mount:
         # File Storage is mounted on every GPU node at the same path; the pod sees it there too.
-        volumes.append(k8s.V1Volume(name="file-storage", host_path=k8s.V1HostPathVolumeSource(
-            path=job.storage.file_storage_mount, type="Directory",
-        )))
-        mounts.append(k8s.V1VolumeMount(name="file-storage", mount_path=job.storage.file_storage_mount))
+        volumes.append({"name": "file-storage", "hostPath": {"path": job.storage.file_storage_mount,
+                                                              "type": "Directory"}})
+        mounts.append({"mountPath": job.storage.file_storage_mount, "name": "file-storage"})
     return volumes, mounts
 
 
-def build_attempt_pods(
+def _drop_empty(obj: dict[str, Any]) -> dict[str, Any]:
+    """Leave out fields that are None (as the API's own serialisation does)."""
+    return {k: v for k, v in obj.items() if v is not None}
+
+
+def attempt_pod_manifests(
     job: TrainingJob,
     *,
     run_id: str,
@@ -201,14 +179,13 @@ def build_attempt_pods(
     namespace: str = DEFAULT_NAMESPACE,
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
-) -> list[k8s.V1Pod]:
-    """The attempt's pods as kubernetes client models, one per node rank: the single source.
+) -> list[dict[str, Any]]:
+    """The attempt's pods, one per node rank, as the API's JSON: the single source.
 
-    `render_attempt_manifests` serialises them; `operator.build_pod_operator_kwargs` hands
-    one to KubernetesPodOperator as its `full_pod_spec`.
+    `render_attempt_manifests` prints them (no kubernetes client needed, so `sat render` stays
+    quick); `build_attempt_pods` turns them into client models for KubernetesPodOperator's
+    `full_pod_spec`.
     """
-    from kubernetes.client import models as k8s
-
     if attempt < 1:
         raise ValueError("attempt must be >= 1")
     settings = settings or KubernetesSettings.from_sat_config()
@@ -220,53 +197,67 @@ def build_attempt_pods(
     startup_probe, liveness_probe = training_probes(job)
     pull_secrets = None
     if job.image.registry_conn_id:
-        pull_secrets = [k8s.V1LocalObjectReference(name=names.pull_secret_name(job.image.registry_conn_id))]
+        pull_secrets = [{"name": names.pull_secret_name(job.image.registry_conn_id)}]
 
     pods = []
     for rank in range(job.nodes):
         name = names.pod_name(job, run_id, attempt, rank)
-        container = k8s.V1Container(
-            name=MAIN_CONTAINER_NAME,
-            image=job.image.url,
-            command=["bash", "-lc", script, "sat-launch", command],
-            env=_env(job, attempt=attempt, resume_step=resume_step, rank=rank, service=service,
-                     namespace=namespace, run_id=run_id, settings=settings),
-            resources=_resources(job, settings),
-            volume_mounts=mounts,
-            ports=[k8s.V1ContainerPort(name="rendezvous", container_port=settings.master_port)]
-            if job.distributed else None,
+        container = _drop_empty({
+            "command": ["bash", "-lc", script, "sat-launch", command],
+            "env": _env(job, attempt=attempt, resume_step=resume_step, rank=rank, service=service,
+                        namespace=namespace, run_id=run_id, settings=settings),
+            "image": job.image.url,
+            "livenessProbe": liveness_probe,
+            "name": MAIN_CONTAINER_NAME,
+            "ports": [{"containerPort": settings.master_port, "name": "rendezvous"}] if job.distributed else None,
+            "resources": _resources(job, settings),
+            "startupProbe": startup_probe,
             # The log tail becomes the termination message when the process leaves none.
-            termination_message_policy="FallbackToLogsOnError",
-            startup_probe=startup_probe,
-            liveness_probe=liveness_probe,
-        )
-        pods.append(k8s.V1Pod(
-            api_version="v1",
-            kind="Pod",
-            metadata=k8s.V1ObjectMeta(
-                name=name,
-                namespace=namespace,
-                labels={**names.labels(job, run_id, attempt), names.LABEL_NODE_RANK: str(rank)},
-                annotations=names.annotations(job, run_id),
-            ),
-            spec=k8s.V1PodSpec(
-                containers=[container],
-                restart_policy="Never",
-                termination_grace_period_seconds=pod_grace_seconds(job, settings.termination_grace_seconds),
-                hostname=name if job.distributed else None,
-                subdomain=service,
-                node_selector=node_selector or None,
-                tolerations=tolerations or None,
-                affinity=affinity,
-                image_pull_secrets=pull_secrets,
-                volumes=volumes,
-                # No Service env vars (a Service named `master` would set MASTER_PORT) and no
-                # API token: training talks to its peers and to storage, not to Kubernetes.
-                enable_service_links=False,
-                automount_service_account_token=False,
-            ),
-        ))
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": mounts,
+        })
+        pods.append({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "annotations": names.annotations(job, run_id),
+                "labels": {**names.labels(job, run_id, attempt), names.LABEL_NODE_RANK: str(rank)},
+                "name": name,
+                "namespace": namespace,
+            },
+            "spec": _drop_empty({
+                "affinity": affinity,
+                # No API token: training talks to its peers and to storage, not to Kubernetes.
+                "automountServiceAccountToken": False,
+                "containers": [container],
+                # No Service env vars (a Service named `master` would set MASTER_PORT).
+                "enableServiceLinks": False,
+                "hostname": name if job.distributed else None,
+                "imagePullSecrets": pull_secrets,
+                "nodeSelector": node_selector or None,
+                "restartPolicy": "Never",
+                "subdomain": service,
+                "terminationGracePeriodSeconds": pod_grace_seconds(job, settings.termination_grace_seconds),
+                "tolerations": tolerations or None,
+                "volumes": volumes,
+            }),
+        })
     return pods
+
+
+def build_attempt_pods(job: TrainingJob, **kwargs: Any) -> list[k8s.V1Pod]:
+    """`attempt_pod_manifests` as kubernetes client models (what KubernetesPodOperator takes)."""
+    return [to_model(pod, "V1Pod") for pod in attempt_pod_manifests(job, **kwargs)]
+
+
+def to_model(manifest: dict[str, Any], model: str) -> Any:
+    """A manifest (the API's JSON) as the kubernetes client's model named `model` (`V1Pod`)."""
+    import json
+
+    from kubernetes.client import ApiClient
+
+    response = type("Manifest", (), {"data": json.dumps(manifest)})()
+    return ApiClient().deserialize(response, model)
 
 
 def rendezvous_service(job: TrainingJob, *, run_id: str, attempt: int, namespace: str,
@@ -288,13 +279,6 @@ def rendezvous_service(job: TrainingJob, *, run_id: str, attempt: int, namespace
     }
 
 
-def serialize(obj: Any) -> dict[str, Any]:
-    """A kubernetes client model as the API's JSON (camelCase keys, no None fields)."""
-    from kubernetes.client import ApiClient
-
-    return ApiClient().sanitize_for_serialization(obj)
-
-
 def render_attempt_manifests(
     job: TrainingJob,
     *,
@@ -313,10 +297,9 @@ def render_attempt_manifests(
     (`-1` = newest complete checkpoint); `pvc_name` overrides the per-run claim.
     """
     settings = settings or KubernetesSettings.from_sat_config()
-    pods = build_attempt_pods(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
-                              resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
-                              settings=settings)
-    manifests = [serialize(pod) for pod in pods]
+    manifests = attempt_pod_manifests(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
+                                      resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
+                                      settings=settings)
     if job.distributed:
         manifests.insert(0, rendezvous_service(job, run_id=run_id, attempt=attempt,
                                                 namespace=namespace, settings=settings))

@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from sat_tasks.backends.kubernetes import names
-from sat_tasks.backends.kubernetes.pods import object_storage_key_env, render_run_volume_claim, serialize
+from sat_tasks.backends.kubernetes.pods import object_storage_key_env, render_run_volume_claim
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.core.runtime_env import POD_CODE_DIR, POD_DATA_DIR, POD_OUTPUT_DIR
 from sat_tasks.errors import SatError
@@ -80,7 +80,7 @@ def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args:
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if settings.object_storage_endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_storage_endpoint})  # boto3 reads it
-    env += serialize(object_storage_key_env(settings))
+    env += object_storage_key_env(settings)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import Any
 
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.core.joblog import START_MARKER
 from sat_tasks.core.runtime_env import POD_OUTPUT_DIR
 from sat_tasks.io.run_layout import CHECKPOINT_ROOT, PROGRESS_NAME
 from sat_tasks.spec import Framework, TrainingJob
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kubernetes.client import models as k8s
 
 # `python [-u|-B|-O...] script.py ...` or `python ... -m module ...`: what a launcher can take over.
 _PYTHON_CMD_RE = re.compile(
@@ -133,7 +130,7 @@ _STARTED_CHECK = (
 _FRESH_CHECK = 'p="%(file)s"; [ $(( $(date +%%s) - $(stat -c %%Y "$p") )) -lt %(seconds)d ]'
 
 
-def training_probes(job: TrainingJob) -> tuple[k8s.V1Probe | None, k8s.V1Probe | None]:
+def training_probes(job: TrainingJob) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The pod's startupProbe and livenessProbe, as Kubernetes tells start-up from a hang.
 
     startupProbe: passes once the engine has reported a training step of this attempt
@@ -144,23 +141,21 @@ def training_probes(job: TrainingJob) -> tuple[k8s.V1Probe | None, k8s.V1Probe |
     container is stopped ("Liveness probe failed": a hang, failed over). A job with
     `startup_timeout_seconds: 0` (its script reports no steps) gets neither.
     """
-    from kubernetes.client import models as k8s
-
     if not job.startup_timeout_seconds:
         return None, None
-    startup = k8s.V1Probe(
-        _exec=k8s.V1ExecAction(command=["bash", "-c", _STARTED_CHECK % {"file": PROGRESS_FILE}]),
-        period_seconds=PROBE_PERIOD_SECONDS,
-        timeout_seconds=5,
-        failure_threshold=max(1, math.ceil(job.startup_timeout_seconds / PROBE_PERIOD_SECONDS)),
-    )
-    liveness = k8s.V1Probe(
-        _exec=k8s.V1ExecAction(command=["bash", "-c", _FRESH_CHECK % {
-            "file": PROGRESS_FILE, "seconds": math.ceil(job.heartbeat_timeout_seconds)}]),
-        period_seconds=PROBE_PERIOD_SECONDS,
-        timeout_seconds=5,
-        failure_threshold=1,
+    startup = {
+        "exec": {"command": ["bash", "-c", _STARTED_CHECK % {"file": PROGRESS_FILE}]},
+        "failureThreshold": max(1, math.ceil(job.startup_timeout_seconds / PROBE_PERIOD_SECONDS)),
+        "periodSeconds": PROBE_PERIOD_SECONDS,
+        "timeoutSeconds": 5,
+    }
+    liveness = {
+        "exec": {"command": ["bash", "-c", _FRESH_CHECK % {
+            "file": PROGRESS_FILE, "seconds": math.ceil(job.heartbeat_timeout_seconds)}]},
+        "failureThreshold": 1,
+        "periodSeconds": PROBE_PERIOD_SECONDS,
         # A hung process does not write a final checkpoint: it gets a short grace period.
-        termination_grace_period_seconds=30,
-    )
+        "terminationGracePeriodSeconds": 30,
+        "timeoutSeconds": 5,
+    }
     return startup, liveness

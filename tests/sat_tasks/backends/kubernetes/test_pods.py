@@ -965,7 +965,7 @@ def _progress_file(tmp_path: Path, **fields) -> Path:
 
 def test_the_startup_probe_passes_at_this_attempts_first_step(tmp_path):
     startup, liveness = k8s_supervisor.training_probes(_job("spot-g3"))
-    command = startup._exec.command
+    command = startup["exec"]["command"]
     assert _probe(command, tmp_path / "missing.json", 2) != 0  # nothing written yet
     assert _probe(command, _progress_file(tmp_path, step=None, attempt=2), 2) != 0  # the engine is up, no step yet
     assert _probe(command, _progress_file(tmp_path, step=700, attempt=1), 2) != 0  # attempt 1's step, on the volume
@@ -973,17 +973,17 @@ def test_the_startup_probe_passes_at_this_attempts_first_step(tmp_path):
     assert _probe(command, _progress_file(tmp_path, step=12, attempt=12), 2) != 0  # 12 is not 2
     # Kubernetes gives it period x failureThreshold seconds: the job's start-up deadline.
     job = _job("spot-g3")
-    assert startup.period_seconds * startup.failure_threshold >= job.startup_timeout_seconds
-    assert liveness.failure_threshold == 1
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= job.startup_timeout_seconds
+    assert liveness["failureThreshold"] == 1
 
 
 def test_the_liveness_probe_fails_when_progress_stops(tmp_path):
     job = TrainingJob.model_validate({**_job("spot-g3").to_dict(), "heartbeat_timeout_seconds": 60})
     _, liveness = k8s_supervisor.training_probes(job)
     path = _progress_file(tmp_path, step=12, attempt=1)
-    assert _probe(liveness._exec.command, path, 1) == 0
+    assert _probe(liveness["exec"]["command"], path, 1) == 0
     os.utime(path, (path.stat().st_atime - 120, path.stat().st_mtime - 120))  # no step for 2 minutes
-    assert _probe(liveness._exec.command, path, 1) != 0
+    assert _probe(liveness["exec"]["command"], path, 1) != 0
 
 
 def test_a_job_without_a_start_up_deadline_gets_no_probes():
