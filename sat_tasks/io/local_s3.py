@@ -9,11 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from sat_tasks.config import include_dir
+from sat_tasks.errors import SatError
 
 LOCAL_ACCESS_KEY = "sat-local"
 LOCAL_SECRET_KEY = "sat-local-secret"  # a throwaway key for a loopback-only test server
 LOCAL_REGION = "us-east-1"
 DEMO_BUCKET = "sat-demo"
+
+
+class EmbeddedStorageError(SatError):
+    """The embedded Object Storage server did not start; the message says where it tried."""
 
 
 def free_port() -> int:
@@ -74,7 +79,8 @@ class LocalS3Server:
             except OSError:
                 time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"moto_server did not start on {self.endpoint_url}")
+        raise EmbeddedStorageError(f"moto_server did not start on {self.endpoint_url} within 30 s; "
+                                   "is the port taken, or moto[server] missing from the environment?")
 
     def stop(self) -> None:
         """Stop the server; its buckets are gone."""

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MANIFEST_MEDIA_TYPES",
+    "ImageCheckInconclusive",
     "ImageCheckOutcome",
     "ImageCheckResult",
     "ImageReference",
@@ -55,6 +56,10 @@ _DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}")
 _NAME_MAX_LENGTH = 255
 
 RETRIABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
+
+
+class ImageCheckInconclusive(SatError):
+    """The registry could not say whether the image can be pulled (unreachable, 5xx, rate limited): the task retries."""
 
 
 class MalformedReference(SatError, ValueError):

@@ -75,7 +75,7 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
     if result.pulls_fail:
         return _image_failed(run, result, log)
     if not result.ok:
-        raise RuntimeError(f"image check inconclusive: {result.message}")  # retried by Airflow
+        raise registry.ImageCheckInconclusive(f"image check inconclusive: {result.message}")  # retried by Airflow
     log(f"image ok: {result.reference} {result.digest} ({result.media_type})")
     return result.to_dict()
 
