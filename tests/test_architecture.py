@@ -63,3 +63,54 @@ def test_quick_commands_import_neither_torch_nor_airflow(command):
     assert result.returncode in (0, 2), result.stdout + result.stderr[-2000:]
     heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "airflow", "transformers", "deepspeed", "kubernetes"))
     assert heavy == []
+
+
+def _cycles(graph, modules) -> list[list[str]]:
+    """Strongly connected groups of more than one module (each an import circle)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in modules:
+                continue
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_circles_anywhere():
+    """Not only between layers: no two modules of sat_tasks or ckpt_engine import each other, even lazily."""
+    import grimp
+
+    graph = grimp.build_graph("sat_tasks", "ckpt_engine", exclude_type_checking_imports=True)
+    assert _cycles(graph, set(graph.modules)) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    class Graph:
+        imports = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+
+        def find_modules_directly_imported_by(self, module):
+            return self.imports[module]
+
+    assert _cycles(Graph(), {"a", "b", "c", "d"}) == [["a", "b", "c"]]

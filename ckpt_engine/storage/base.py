@@ -1,4 +1,4 @@
-"""The Storage interface and the URL-scheme registry: ``file://`` (:mod:`.file`), ``s3://`` (:mod:`.s3`), ``memory://`` (:mod:`.testing`).
+"""The Storage interface and the URL-scheme registry (the package registers ``file://``, ``s3://`` and ``memory://``).
 
 Call order the engine follows for one checkpoint (every backend must make it safe):
 
@@ -37,7 +37,6 @@ class StorageWriter(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Close without any durability promise (the caller discards the file)."""
-
 
 
 class Storage(ABC):
@@ -95,17 +94,14 @@ class Storage(ABC):
         return None
 
 
-
 StorageFactory = Callable[[str], Storage]
 
 _SCHEMES: dict[str, StorageFactory] = {}
 
 
-
 def register_scheme(scheme: str, factory: StorageFactory) -> None:
     """Make ``open_storage`` build ``factory(url)`` for URLs starting with ``scheme://``."""
     _SCHEMES[scheme] = factory
-
 
 
 def open_storage(url: str | os.PathLike[str] | Storage) -> Storage:
@@ -121,29 +117,3 @@ def open_storage(url: str | os.PathLike[str] | Storage) -> Storage:
             f"no storage backend for {scheme}:// (known: {sorted(_SCHEMES)}); register one with register_scheme()"
         ) from None
     return factory(text)
-
-
-
-def _file_factory(url: str) -> Storage:
-    from ckpt_engine.storage.file import FileStorage
-
-    return FileStorage(url[len("file://"):] if url.startswith("file://") else url)
-
-
-def _memory_factory(url: str) -> Storage:
-    from ckpt_engine.storage.testing import MemoryStorage
-
-    return MemoryStorage.named(url[len("memory://"):])
-
-
-def _s3_factory(url: str) -> Storage:
-    from ckpt_engine.storage.s3 import (
-        S3Storage,  # boto3 itself is imported when the first request is made
-    )
-
-    return S3Storage(url)
-
-
-register_scheme("file", _file_factory)
-register_scheme("memory", _memory_factory)
-register_scheme("s3", _s3_factory)

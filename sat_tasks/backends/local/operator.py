@@ -8,6 +8,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from sat_tasks.backends.launch import AttemptLaunch
+from sat_tasks.backends.local.launch import launch_attempt
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun
 
@@ -19,7 +20,7 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
     """Run attempt `attempt` as processes on a local node (`LocalBackend.launch`).
 
     Call order (`execute`): `resolve_attempt` (skipped when the attempt is not needed),
-    then the backend runs the attempt, stores its record and returns it; a non-zero exit
+    then `launch.launch_attempt` runs the attempt, stores its record and returns it; a non-zero exit
     fails the task (red in the grid), and `classify` runs anyway.
 
     Args:
@@ -35,11 +36,9 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
         self.previous_decide_task_id = previous_decide_task_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from sat_tasks.backends.local import BACKEND
-
         job, plan = self.resolve_attempt(context)
         try:
-            record = BACKEND.launch(JobRun(job, context["run_id"]), plan, log=self.log.info)
+            record = launch_attempt(JobRun(job, context["run_id"]), plan, log=self.log.info)
         except SatError as exc:
             raise AirflowFailException(str(exc)) from None
         if record.exit_code != 0:

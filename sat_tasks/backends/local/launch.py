@@ -1,0 +1,70 @@
+"""One attempt on the local backend: pick a node, record Running, lay out the vendor dir, run it, store its record."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ckpt_engine.vendor import write_vendor_dir
+from sat_tasks import config
+from sat_tasks.backends.local.runner import LocalAttempt, pick_node
+from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.contracts import Plan
+from sat_tasks.core.runtime_env import (
+    LAUNCHER_GRACE_MARGIN_S,
+    TrainingPaths,
+    training_environment,
+)
+from sat_tasks.io.run_layout import JobRun
+
+Log = Callable[[str], None]
+
+
+def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
+    """Run one attempt on the first healthy node of the pool and store its record."""
+    job = run.job
+    node = pick_node(config.local_node_pool(), plan.exclude_nodes)
+    run.record_attempt_start(plan, log, where=node)
+    write_vendor_dir(run.vendor_dir)
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    object_storage = run.hook().conn_config
+    env = training_environment(
+        job,
+        TrainingPaths(str(run.data_dir), str(run.output_dir), str(run.code_dir), str(run.vendor_dir)),
+        attempt=plan.attempt,
+        node=node,
+        resume_step=plan.resume_step,
+        mirror_url=run.mirror_uri,
+        s3_endpoint_url=object_storage.get_service_endpoint_url("s3"),
+    )
+    env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded
+    runner = LocalAttempt(
+        job=job.name,
+        attempt=plan.attempt,
+        node=node,
+        command=job.command,
+        env=env,
+        cwd=run.code_dir,
+        output_dir=run.output_dir,
+        job_log=run.job_log,
+        node_dir=run.node_dir(node),
+        image=job.image.url,
+        faults=list(job.faults),
+        heartbeat_timeout=job.heartbeat_timeout_seconds,
+        startup_timeout=job.startup_timeout_seconds,
+        # SIGKILL only after the engine's own grace period (CKPT_GRACE_SECONDS) has run out
+        grace_seconds=float(env["CKPT_GRACE_SECONDS"]) + LAUNCHER_GRACE_MARGIN_S,
+    )
+    record = runner.run(log)
+    run.store_record(record)
+    return record
+
+
+def _object_storage_keys(conn_config: Any) -> dict[str, str]:
+    """The connection's keys as the standard AWS variables (none when it relies on a role or profile)."""
+    keys = {
+        "AWS_ACCESS_KEY_ID": conn_config.aws_access_key_id,
+        "AWS_SECRET_ACCESS_KEY": conn_config.aws_secret_access_key,
+        "AWS_SESSION_TOKEN": conn_config.aws_session_token,
+        "AWS_DEFAULT_REGION": conn_config.region_name,
+    }
+    return {name: value for name, value in keys.items() if value}
