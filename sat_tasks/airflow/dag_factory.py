@@ -27,10 +27,16 @@ START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 GENERIC_DAG_ID = "sat_training_job"
 GENERIC_MAX_ATTEMPTS = 6  # 1 + max(3 failovers, 5 Spot resumes)
 
+# Every task but `launch` is idempotent and talks to Object Storage or the Airflow API, which
+# can fail for a moment (a stalled execution API, a busy S3 endpoint): those are retried. A
+# task that decides the job ends (JobStopped -> AirflowFailException) is never retried, and
+# `launch` never is (a failed attempt is the next attempt group's business).
 DEFAULT_ARGS = {
     "owner": "sat",
-    "retries": 0,
-    "retry_delay": timedelta(seconds=30),
+    "retries": 2,
+    "retry_delay": timedelta(seconds=10),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=2),
 }
 
 
@@ -39,13 +45,23 @@ def _say(message: str) -> None:
 
 
 def _run(fn, *args, **kwargs):
-    """Call a task function, turning its stop/skip signals into Airflow's."""
+    """Call a task function, turning its stop/skip signals into Airflow's.
+
+    Any other error is noted in the run's results (`task-failures/<task>.json`, what
+    `finalize` quotes when the job ends without a status that says why) and raised: the
+    task fails or is retried.
+    """
     try:
         return fn(*args, log=_say, **kwargs)
     except JobStopped as exc:
         raise AirflowFailException(str(exc)) from None
     except NotApplicable as exc:
         raise AirflowSkipException(str(exc)) from None
+    except Exception as exc:
+        if args and isinstance(args[0], TrainingJob):
+            ti = get_current_context()["ti"]
+            steps.record_task_failure(args[0], args[1], ti.task_id, ti.try_number, exc, log=_say)
+        raise
 
 
 def _job(spec: dict | None) -> TrainingJob:
@@ -109,13 +125,13 @@ def build_job_dag(
             spec = baked if baked is not None else spec_from_params(dict(context["params"]))
             return _run(steps.validate_spec, spec, None, context["run_id"])
 
-        @task(task_id="check_image", retries=2)
+        @task(task_id="check_image")
         def check_image(spec: dict) -> dict:
             from airflow.sdk import BaseHook
 
             return _run(steps.check_image, _job(spec), _run_id(), get_connection=BaseHook.get_connection)
 
-        @task(task_id="stage_data", retries=2)
+        @task(task_id="stage_data")
         def stage_data(spec: dict) -> dict:
             return _run(steps.stage_data, _job(spec), _run_id())
 
@@ -140,12 +156,12 @@ def build_job_dag(
             previous_decide = f"attempt_{k}.decide"
             decide_ids.append(previous_decide)
 
-        @task(task_id="upload_results", trigger_rule=TriggerRule.ALL_DONE, retries=2)
+        @task(task_id="upload_results", trigger_rule=TriggerRule.ALL_DONE)
         def upload_results(spec: dict | None) -> dict:
             decisions = [_pull(tid) for tid in decide_ids]
             return _run(steps.upload_results, _job(spec), _run_id(), decisions)
 
-        @task(task_id="finalize", trigger_rule=TriggerRule.ALL_DONE, retries=1)
+        @task(task_id="finalize", trigger_rule=TriggerRule.ALL_DONE)
         def finalize() -> dict:
             spec_now = _pull("validate_spec")
             job_now = TrainingJob.model_validate(spec_now) if spec_now else None
@@ -165,7 +181,7 @@ def build_job_dag(
 
 
 def _failed_tasks() -> list[str]:
-    """`<task id> failed` for each task that failed in this DAG run (what `finalize` names)."""
+    """The ids of the tasks that failed in this DAG run (what `finalize` names)."""
     context = get_current_context()
     ti = context["ti"]
     try:
@@ -174,7 +190,7 @@ def _failed_tasks() -> list[str]:
         log.warning("could not read the task states of this run: %s", exc)
         return []
     run_states = states.get(context["run_id"], {}) if isinstance(states, dict) else {}
-    return [f"{task_id} failed" for task_id, state in sorted(run_states.items())
+    return [task_id for task_id, state in sorted(run_states.items())
             if str(getattr(state, "value", state)) == "failed"]
 
 
@@ -211,7 +227,7 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
 
     launch_ops = backend_for(job).launch_operators(attempt=k, previous_decide_task_id=previous_decide, job=job)
 
-    @task(task_id="classify", trigger_rule=TriggerRule.ALL_DONE, retries=1)
+    @task(task_id="classify", trigger_rule=TriggerRule.ALL_DONE)
     def classify(spec: dict | None) -> dict:
         job_ = _job(spec)
         plan(job_)

@@ -134,3 +134,108 @@ def seed_demo_bucket(hook: Any, bucket: str = DEMO_BUCKET) -> list[str]:
                 hook.load_file(filename=path, key=key, bucket_name=bucket, replace=True)
                 uploaded.append(f"s3://{bucket}/{key}")
     return uploaded
+
+
+@dataclass
+class PersistentS3Server(LocalS3Server):
+    """The embedded Object Storage for `make up`: moto's server, with its objects kept in a directory.
+
+    moto's server keeps everything in memory, so on its own a `make down` loses every
+    result. This one restores the objects of `state_dir` when it starts, copies what
+    changed back every `sync_seconds` (in a thread, by listing ETags), and once more when
+    it stops: a `make down` / `make up` keeps every object, and a crash loses at most the
+    last `sync_seconds`. Layout: `<state_dir>/<bucket>/<key, percent-encoded>`, so any
+    key maps to one file.
+
+    Call order: `start()` -> ... -> `stop()` (final sync).
+    """
+
+    state_dir: Path = field(default_factory=lambda: Path(".sat/object-storage"))
+    sync_seconds: float = 5.0
+    process: bool = True
+    _stop_sync: Any = field(default=None, repr=False)
+    _thread: Any = field(default=None, repr=False)
+    _etags: dict = field(default_factory=dict, repr=False)
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=LOCAL_ACCESS_KEY,
+                            aws_secret_access_key=LOCAL_SECRET_KEY, region_name=LOCAL_REGION,
+                            config=Config(retries={"max_attempts": 3}))
+
+    def start(self) -> PersistentS3Server:
+        import threading
+
+        super().start()
+        restored = self.restore()
+        self._stop_sync = threading.Event()
+        self._thread = threading.Thread(target=self._sync_loop, name="sat-storage-sync", daemon=True)
+        self._thread.start()
+        if restored:
+            print(f"[sat] Object Storage: restored {restored} objects from {self.state_dir}", flush=True)
+        return self
+
+    def stop(self) -> None:
+        if self._stop_sync is not None:
+            self._stop_sync.set()
+            self._thread.join(timeout=60)
+            try:
+                self.sync()
+            except Exception as exc:  # noqa: BLE001 - say it; stopping must go on
+                print(f"[sat] Object Storage: the last copy to {self.state_dir} failed: {exc}", flush=True)
+            self._stop_sync = None
+        super().stop()
+
+    def restore(self) -> int:
+        """Create the buckets and put the objects kept in `state_dir`; returns how many."""
+        from urllib.parse import unquote
+
+        if not self.state_dir.is_dir():
+            return 0
+        client, count = self.client(), 0
+        for bucket_dir in sorted(p for p in self.state_dir.iterdir() if p.is_dir()):
+            client.create_bucket(Bucket=bucket_dir.name)
+            for path in sorted(p for p in bucket_dir.iterdir() if p.is_file() and not p.name.endswith(".part")):
+                key = unquote(path.name)
+                with open(path, "rb") as handle:
+                    etag = client.put_object(Bucket=bucket_dir.name, Key=key, Body=handle)["ETag"]
+                self._etags[(bucket_dir.name, key)] = etag
+                count += 1
+        return count
+
+    def sync(self) -> int:
+        """Copy new and changed objects to `state_dir` and drop deleted ones; returns how many changed."""
+        import os
+        from urllib.parse import quote
+
+        client, seen, changed = self.client(), set(), 0
+        for bucket in client.list_buckets().get("Buckets", []):
+            name = bucket["Name"]
+            folder = self.state_dir / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+                for obj in page.get("Contents", []):
+                    key, etag = obj["Key"], obj["ETag"]
+                    seen.add((name, key))
+                    target = folder / quote(key, safe="")
+                    if self._etags.get((name, key)) == etag and target.exists():
+                        continue
+                    part = target.with_name(target.name + ".part")
+                    client.download_file(name, key, str(part))
+                    os.replace(part, target)
+                    self._etags[(name, key)] = etag
+                    changed += 1
+        for name, key in set(self._etags) - seen:
+            (self.state_dir / name / quote(key, safe="")).unlink(missing_ok=True)
+            del self._etags[(name, key)]
+            changed += 1
+        return changed
+
+    def _sync_loop(self) -> None:
+        while not self._stop_sync.wait(self.sync_seconds):
+            try:
+                self.sync()
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                print(f"[sat] Object Storage: copying to {self.state_dir} failed, trying again: {exc}", flush=True)

@@ -11,6 +11,7 @@ checkpoints, the outputs, the job log and the report:
         attempts/attempt-<k>.log         Kubernetes: the attempt's section of job.log
         checkpoints/                     the engine's mirror (checkpoint-<step>/, progress.json)
         output/                          the training outputs (upload_results)
+        task-failures/<task>.json        why a task failed (an error outside SAT's own stops)
         job.log, report.json
 """
 
@@ -98,6 +99,10 @@ class JobRun:
     def attempt_log_uri(self, attempt: int) -> str:
         """Kubernetes: the attempt's section of job.log (its pods' logs), kept by classify."""
         return f"{self.results_uri}attempts/attempt-{attempt}.log"
+
+    def task_failure_uri(self, task_id: str) -> str:
+        """Why a task failed, as it noted it (what `finalize` quotes)."""
+        return f"{self.results_uri}task-failures/{task_id}.json"
 
     @property
     def status_uri(self) -> str:

@@ -179,15 +179,45 @@ def upload_job_log(run: JobRun, log: Log = print) -> None:
         run.upload_file(path, run.results_uri + "job.log")
 
 
+def record_task_failure(job: TrainingJob, run_id: str, task_id: str, try_number: int, exc: BaseException,
+                        log: Log = print) -> None:
+    """Note why a task failed (best effort), for `finalize` to quote: `<results>/task-failures/<task>.json`."""
+    from sat_tasks.io import object_storage as storage
+
+    run = JobRun(job, run_id)
+    try:
+        storage.write_json(run.hook(), run.task_failure_uri(task_id), {
+            "task": task_id, "try": try_number, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+    except Exception as error:  # noqa: BLE001 - Object Storage may be what failed
+        log(f"could not note the failure of {task_id} in Object Storage: {error}")
+
+
+def _failure_reasons(run: JobRun, failed_tasks: list[str]) -> list[str]:
+    """`<task> failed: <error>` for each failed task, with the error it noted (if it could)."""
+    from sat_tasks.io import object_storage as storage
+
+    reasons = []
+    for task_id in failed_tasks:
+        try:
+            noted = storage.read_json(run.hook(), run.task_failure_uri(task_id))
+        except Exception:  # noqa: BLE001 - the name alone still says where to look
+            noted = None
+        error = (noted or {}).get("error")
+        reasons.append(f"{task_id} failed" + (f" (try {noted['try']}): {error}" if error else
+                                              " (see its log: it failed before SAT's code ran)"))
+    return reasons
+
+
 def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | None = None, log: Log = print) -> dict:
     """Write the final job report; raise JobStopped unless the job Completed.
 
-    `failed_tasks` (the task ids that failed in this run, with their messages) name what
-    really went wrong when the history ends without a terminal status.
+    `failed_tasks` (the ids of the tasks that failed in this run) name what really went
+    wrong when the history ends without a status that says why, with the error each noted.
     """
     if job is None:
-        raise JobStopped("validate_spec did not produce a job: " + ("; ".join(failed_tasks or [])
-                                                                       or "see validate_spec's log"))
+        failed = [t for t in (failed_tasks or []) if t]
+        raise JobStopped("there is no validated job: " + (
+            "; ".join(f"{t} failed (see its log)" for t in failed) if failed else "validate_spec did not run"))
     run = JobRun(job, run_id)
     history = run.history(log)
     entries = history.entries()
@@ -195,7 +225,7 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
     if status not in {terminal.value for terminal in TERMINAL}:
         why = f"the run ended while the job was {status!r}"
         if failed_tasks:
-            why += ": " + "; ".join(failed_tasks)
+            why += ": " + "; ".join(_failure_reasons(run, failed_tasks))
         history.record(JobStatus.FAILED, why, task="finalize")
         entries = history.entries()
         status = JobStatus.FAILED.value

@@ -149,6 +149,7 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("task_id", rank_task_id(node_rank))
+        kwargs["retries"] = 0  # a failed attempt is classified, not run again (default_args say 2)
         super().__init__(namespace=namespace, kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable,
                          on_finish_action="keep_pod", **kwargs)
         self.attempt = attempt

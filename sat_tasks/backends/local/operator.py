@@ -31,6 +31,7 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
     ui_color = "#d6e9f8"
 
     def __init__(self, *, attempt: int, previous_decide_task_id: str | None, **kwargs: Any) -> None:
+        kwargs["retries"] = 0  # a failed attempt is classified, not run again (default_args say 2)
         super().__init__(**kwargs)
         self.attempt = attempt
         self.previous_decide_task_id = previous_decide_task_id

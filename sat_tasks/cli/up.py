@@ -1,0 +1,51 @@
+"""`sat up` and `sat down`: SAT as a service on this host (what `make up` / `make down` run)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sat_tasks.cli.common import EXIT_FAILED, EXIT_OK, configure_airflow_env
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("up", help="run SAT as a service here: API server and UI, scheduler, DAG processor, "
+                                         "Object Storage (Ctrl-C or `sat down` stops it)")
+    p.add_argument("--host", default=os.environ.get("SAT_HOST", "127.0.0.1"),
+                   help="address the API server binds (default 127.0.0.1: this host only; env SAT_HOST)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("SAT_PORT", "8080")),
+                   help="the API server's port (default 8080; env SAT_PORT)")
+    p.add_argument("--storage-port", type=int, default=int(os.environ.get("SAT_STORAGE_PORT", "9000")),
+                   help="the embedded Object Storage's port (default 9000; env SAT_STORAGE_PORT)")
+    p.set_defaults(func=cmd_up)
+    p = subparsers.add_parser("down", help="stop what `sat up` started")
+    p.set_defaults(func=cmd_down)
+
+
+def _home() -> Path:
+    configure_airflow_env()
+    return Path(os.environ["AIRFLOW_HOME"])
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from sat_tasks.config import PROJECT_ROOT
+    from sat_tasks.service.stack import ServiceStack
+
+    home = _home()
+    stack = ServiceStack(home=home, host=args.host, port=args.port, storage_port=args.storage_port,
+                         storage_dir=PROJECT_ROOT / ".sat" / "object-storage", work_dir=PROJECT_ROOT / ".sat" / "work",
+                         log=lambda line: print(line, flush=True))
+    return stack.run()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from sat_tasks.service.stack import ServiceError, stop_running
+
+    try:
+        stopped = stop_running(_home())
+    except ServiceError as exc:
+        print(f"[sat] {exc}")
+        return EXIT_FAILED
+    print("[sat] stopped" if stopped else "[sat] nothing to stop: no `sat up` runs for this project")
+    return EXIT_OK

@@ -1,0 +1,235 @@
+"""The service stack `make up` runs: Object Storage, the metadata DB, the API server, the scheduler, the DAG processor.
+
+Call order: `ServiceStack(...)` -> `start()` (storage, `airflow db migrate`, the components,
+waits until the API answers) -> `wait()` (until a component dies or a stop is asked) ->
+`stop()` (every component's process group, then the storage's last copy). `run()` does all
+three and stops on SIGINT/SIGTERM, which is what `make up` / `sat up` and `make down` /
+`sat down` (SIGTERM to the pid in `<home>/sat-up.pid`) use.
+
+The components share one environment: the project's config, the secrets of
+`service.secrets` (so the execution API accepts the scheduler's task tokens, and a restart
+keeps working), the Object Storage connection, and the API server's own URL for the
+execution API. The API server binds `host` (127.0.0.1 by default) with authentication on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sat_tasks.config import PROJECT_ROOT
+from sat_tasks.errors import SatError
+from sat_tasks.service import secrets as service_secrets
+
+PID_FILE = "sat-up.pid"
+COMPONENTS = ("api-server", "scheduler", "dag-processor")
+
+
+class ServiceError(SatError):
+    """A component did not start or stopped; the message names it and where its log is."""
+
+
+@dataclass
+class ServiceStack:
+    """The processes of one deployment on this host.
+
+    Args:
+        home: the Airflow home (metadata DB, logs, secrets, pid file).
+        host / port: where the API server (UI and REST API) listens; 127.0.0.1 unless configured.
+        storage_port: the embedded Object Storage's port (0: a free one).
+        storage_dir: where the Object Storage keeps its objects between runs.
+        dags_folder / jobs_dir / work_dir: the project's by default (tests use their own).
+        extra_env: more environment for every component (tests: short intervals).
+    """
+
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    storage_port: int = 0
+    storage_dir: Path | None = None
+    dags_folder: Path = PROJECT_ROOT / "dags"
+    jobs_dir: Path = PROJECT_ROOT / "include" / "jobs"
+    work_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log: object = print
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+    storage: object = field(default=None, repr=False)
+    _stopping: bool = field(default=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs" / "service"
+
+    def environment(self) -> dict[str, str]:
+        """The environment of every component (holds secrets: never printed)."""
+        kept = service_secrets.load_or_create(self.home)
+        env = {**os.environ}
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW_CONFIG": str(PROJECT_ROOT / "airflow.cfg"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__SAT__JOBS_DIR": str(self.jobs_dir),
+            "AIRFLOW__SAT__WORK_DIR": str(self.work_dir or self.home / "work"),
+            "GX_ANALYTICS_ENABLED": "false",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(service_secrets.component_env(kept, self.home))
+        if self.storage is not None:
+            env.update(self.storage.connection_env())
+        env.update(self.extra_env)
+        return env
+
+    # ---- start ----------------------------------------------------------------------------------
+    def start(self, timeout: float = 180) -> ServiceStack:
+        from sat_tasks.io.local_s3 import PersistentS3Server, seed_demo_bucket
+
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.storage = PersistentS3Server(port=self.storage_port,
+                                          state_dir=self.storage_dir or self.home / "object-storage").start()
+        self.log(f"[sat] Object Storage (moto S3, kept in {self.storage.state_dir}) on {self.storage.endpoint_url}")
+        seed_demo_bucket(_Client(self.storage))
+        env = self.environment()
+        self.log("[sat] migrating the metadata DB ...")
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for component in COMPONENTS:
+            command = [sys.executable, "-m", "airflow", component]
+            if component == "api-server":
+                command += ["--host", self.host, "--port", str(self.port)]
+            out = open(self.logs_dir / f"{component}.log", "ab")
+            self.processes[component] = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            out.close()
+        self.await_api(timeout)
+        (self.home / PID_FILE).write_text(str(os.getpid()))
+        return self
+
+    def await_api(self, timeout: float) -> float:
+        """Wait until the API server answers its health check; seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
+                    if response.status == 200:
+                        return time.monotonic() - started
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise ServiceError(f"the API server did not answer on {self.url} within {timeout:.0f}s; "
+                           f"see {self.logs_dir / 'api-server.log'}")
+
+    def check_alive(self) -> None:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None and not self._stopping:
+                raise ServiceError(f"the {name} exited with status {proc.returncode}; "
+                                   f"see {self.logs_dir / (name + '.log')}")
+
+    # ---- run and stop ---------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Until a stop is asked (SIGINT/SIGTERM) or a component dies."""
+        while not self._stopping:
+            self.check_alive()
+            time.sleep(1)
+
+    def stop(self, grace: float = 30) -> None:
+        """Stop every component (SIGTERM to its process group, SIGKILL after `grace`), then the storage."""
+        self._stopping = True
+        for proc in self.processes.values():
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.processes.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout=10)
+            _signal_group(proc, signal.SIGKILL)  # whatever a component left in its group (task processes)
+        if self.storage is not None:
+            self.storage.stop()
+        (self.home / PID_FILE).unlink(missing_ok=True)
+
+    def run(self) -> int:
+        """start, print how to log in, wait, stop; SIGINT and SIGTERM stop it."""
+        def ask_stop(signum, frame):  # noqa: ARG001
+            self._stopping = True
+
+        signal.signal(signal.SIGINT, ask_stop)
+        signal.signal(signal.SIGTERM, ask_stop)
+        try:
+            self.start()
+            self.log(f"[sat] SAT is up: {self.url}  (log in as {service_secrets.ADMIN_USER}; the password is in "
+                     f"{self.home / service_secrets.SECRETS_FILE}, key admin_password, readable by you only)")
+            self.log("[sat] Ctrl-C or `make down` stops it")
+            self.wait()
+            return 0
+        except ServiceError as exc:
+            self.log(f"[sat] {exc}")
+            return 1
+        finally:
+            self.log("[sat] stopping ...")
+            self.stop()
+            self.log("[sat] stopped")
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Client:
+    """Just enough of an S3Hook for `seed_demo_bucket` (the stack seeds before Airflow runs)."""
+
+    def __init__(self, storage) -> None:
+        self._client = storage.client()
+
+    def check_for_bucket(self, bucket: str) -> bool:
+        return any(b["Name"] == bucket for b in self._client.list_buckets().get("Buckets", []))
+
+    def create_bucket(self, bucket_name: str, region_name: str | None = None) -> None:
+        self._client.create_bucket(Bucket=bucket_name)
+
+    def load_file(self, filename, key: str, bucket_name: str, replace: bool = True) -> None:
+        self._client.upload_file(str(filename), bucket_name, key)
+
+
+def stop_running(home: Path, timeout: float = 90) -> bool:
+    """`sat down`: SIGTERM to the `sat up` of `home` and wait until it is gone; False when none runs."""
+    pid_file = home / PID_FILE
+    if not pid_file.exists():
+        return False
+    pid = int(pid_file.read_text().strip())
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pid_file.unlink(missing_ok=True)
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.5)
+    raise ServiceError(f"sat up (pid {pid}) did not stop within {timeout:.0f}s")
+
