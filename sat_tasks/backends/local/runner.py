@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.joblog import job_log_footer, job_log_header
+from sat_tasks.core.procs import carries, state_of
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import CHECKPOINT_ROOT, PROGRESS_NAME
 from sat_tasks.spec import Fault, FaultKind
@@ -335,18 +336,10 @@ class AttemptProcesses:
         return found
 
     def _is_member(self, pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-                state, _ppid, pgrp = handle.read().rpartition(")")[2].split()[:3]
-            if state in ("Z", "X"):
-                return False
-            if int(pgrp) == self.proc.pid:
-                return True
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                environ = handle.read()
-        except (OSError, ValueError):  # gone, or not ours to read
+        found = state_of(pid)
+        if found is None:
             return False
-        return environ.startswith(self._needle + b"\0") or (b"\0" + self._needle + b"\0") in environ
+        return found[1] == self.proc.pid or carries(pid, self._needle)
 
     def alive(self) -> bool:
         """Whether any process of the attempt still runs."""
