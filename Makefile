@@ -10,7 +10,7 @@ export AIRFLOW_CONFIG := $(CURDIR)/airflow.cfg
 export GX_ANALYTICS_ENABLED := false
 export DS_BUILD_OPS := 0
 
-.PHONY: demo test test-slow benchmarks vendor system-deps clean lock
+.PHONY: demo test test-slow up down benchmarks vendor system-deps clean lock
 
 # The virtual environment, (re)built when the lock file or pyproject is newer than it.
 # torch first (the pinned CPU wheel), then the lock without build isolation so that
@@ -36,6 +36,15 @@ demo: .venv
 
 test: .venv system-deps
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# SAT as a service on this host: embedded Object Storage, metadata DB, API server (UI and
+# REST API on http://127.0.0.1:8080), scheduler, DAG processor. Ctrl-C or `make down` stops it.
+up: .venv
+	$(VENV)/bin/sat up
+
+down:
+	@test -x $(VENV)/bin/sat || { echo "nothing to stop: no .venv"; exit 0; }
+	$(VENV)/bin/sat down
 
 test-slow: .venv system-deps
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the API server's port (default 8080; env SAT_PORT)")
     p.add_argument("--storage-port", type=int, default=int(os.environ.get("SAT_STORAGE_PORT", "9000")),
                    help="the embedded Object Storage's port (default 9000; env SAT_STORAGE_PORT)")
+    p.add_argument("--storage-dir", default=os.environ.get("SAT_STORAGE_DIR"),
+                   help="where the embedded Object Storage keeps its objects between runs "
+                        "(default .sat/object-storage in the project; env SAT_STORAGE_DIR)")
     p.set_defaults(func=cmd_up)
     p = subparsers.add_parser("down", help="stop what `sat up` started")
     p.set_defaults(func=cmd_down)
@@ -33,8 +36,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from sat_tasks.service.stack import ServiceStack
 
     home = _home()
+    storage_dir = Path(args.storage_dir) if args.storage_dir else PROJECT_ROOT / ".sat" / "object-storage"
     stack = ServiceStack(home=home, host=args.host, port=args.port, storage_port=args.storage_port,
-                         storage_dir=PROJECT_ROOT / ".sat" / "object-storage", work_dir=PROJECT_ROOT / ".sat" / "work",
+                         storage_dir=storage_dir, work_dir=PROJECT_ROOT / ".sat" / "work",
                          log=lambda line: print(line, flush=True))
     return stack.run()
 

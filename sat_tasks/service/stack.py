@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sat_tasks.config import PROJECT_ROOT
+from sat_tasks.core import procs
 from sat_tasks.errors import SatError
 from sat_tasks.service import secrets as service_secrets
 
 PID_FILE = "sat-up.pid"
+SERVICE_MARK_ENV = "SAT_SERVICE_HOME"  # every process the deployment starts inherits it
 COMPONENTS = ("api-server", "scheduler", "dag-processor")
 
 
@@ -61,6 +63,7 @@ class ServiceStack:
     log: object = print
     processes: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
     storage: object = field(default=None, repr=False)
+    first_answer_s: float | None = None
     _stopping: bool = field(default=False, repr=False)
 
     @property
@@ -77,11 +80,14 @@ class ServiceStack:
         env = {**os.environ}
         env.update({
             "AIRFLOW_HOME": str(self.home),
+            SERVICE_MARK_ENV: str(self.home),
             "AIRFLOW_CONFIG": str(PROJECT_ROOT / "airflow.cfg"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "sat_tasks.service.sqlite.CONNECT_ARGS",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "sat_tasks.service.sqlite.CONNECT_ARGS_ASYNC",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
             "AIRFLOW__API__BASE_URL": self.url,
@@ -98,8 +104,10 @@ class ServiceStack:
 
     # ---- start ----------------------------------------------------------------------------------
     def start(self, timeout: float = 180) -> ServiceStack:
+        """Start everything; returns once the API server answers (`first_answer_s` says after how long)."""
         from sat_tasks.io.local_s3 import PersistentS3Server, seed_demo_bucket
 
+        started = time.monotonic()
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.storage = PersistentS3Server(port=self.storage_port,
@@ -119,6 +127,7 @@ class ServiceStack:
                                                          stdin=subprocess.DEVNULL, start_new_session=True)
             out.close()
         self.await_api(timeout)
+        self.first_answer_s = time.monotonic() - started
         (self.home / PID_FILE).write_text(str(os.getpid()))
         return self
 
@@ -151,7 +160,12 @@ class ServiceStack:
             time.sleep(1)
 
     def stop(self, grace: float = 30) -> None:
-        """Stop every component (SIGTERM to its process group, SIGKILL after `grace`), then the storage."""
+        """Stop every component (SIGTERM to its process group, SIGKILL after `grace`), then the storage.
+
+        Training processes run in sessions of their own (the local runner's), so besides the
+        components' groups every process that carries this deployment's mark
+        (`SAT_SERVICE_HOME`) in its environment is stopped too: none is left behind.
+        """
         self._stopping = True
         for proc in self.processes.values():
             _signal_group(proc, signal.SIGTERM)
@@ -163,8 +177,10 @@ class ServiceStack:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait(timeout=10)
             _signal_group(proc, signal.SIGKILL)  # whatever a component left in its group (task processes)
+        procs.terminate(processes_of(self.home), grace=10)
         if self.storage is not None:
             self.storage.stop()
+            self.storage = None
         (self.home / PID_FILE).unlink(missing_ok=True)
 
     def run(self) -> int:
@@ -176,7 +192,7 @@ class ServiceStack:
         signal.signal(signal.SIGTERM, ask_stop)
         try:
             self.start()
-            self.log(f"[sat] SAT is up: {self.url}  (log in as {service_secrets.ADMIN_USER}; the password is in "
+            self.log(f"[sat] SAT is up ({self.first_answer_s:.0f} s): {self.url}  (log in as {service_secrets.ADMIN_USER}; the password is in "
                      f"{self.home / service_secrets.SECRETS_FILE}, key admin_password, readable by you only)")
             self.log("[sat] Ctrl-C or `make down` stops it")
             self.wait()
@@ -188,6 +204,15 @@ class ServiceStack:
             self.log("[sat] stopping ...")
             self.stop()
             self.log("[sat] stopped")
+
+
+def processes_of(home: Path) -> list[int]:
+    """Pids of the processes this deployment started (they carry `SAT_SERVICE_HOME=<home>`), but this one.
+
+    A dedicated variable, not `AIRFLOW_HOME`: `make down` itself, or a person's shell, may
+    carry the same `AIRFLOW_HOME` and must not be stopped.
+    """
+    return procs.marked(SERVICE_MARK_ENV, str(home))
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
