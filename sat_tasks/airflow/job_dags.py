@@ -14,6 +14,7 @@ class JobDagSet:
 
     dags: dict = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    jobs: dict = field(default_factory=dict)  # dag_id -> the validated TrainingJob
 
 
 def load_job_dags(jobs_dir: str | Path, fileloc: str | None = None, *, build: bool = True) -> JobDagSet:
@@ -34,6 +35,7 @@ def load_job_dags(jobs_dir: str | Path, fileloc: str | None = None, *, build: bo
             result.errors[str(path)] = f"{path}: name: job name {job.name!r} is already used by {seen[dag_id]}"
             continue
         seen[dag_id] = str(path)
+        result.jobs[dag_id] = job
         if not build:
             continue
         from sat_tasks.airflow.dag_factory import build_job_dag

@@ -317,6 +317,17 @@ def _run_parallel(plan, fn, report: TransferReport, *, workers: int, log: Log, v
             raise
 
 
+def prefix_fingerprint(hook: S3Hook, uri: str) -> dict[str, Any]:
+    """A digest of what lies under `uri` (keys, sizes, ETags): it changes when an object is added, replaced or removed."""
+    bucket, prefix = split_s3_uri(uri)
+    digest = hashlib.sha256()
+    count = 0
+    for meta in sorted(hook.iter_file_metadata(prefix=prefix, bucket_name=bucket), key=lambda m: m["Key"]):
+        digest.update(f"{meta['Key']}\0{meta['Size']}\0{meta.get('ETag', '')}\n".encode())
+        count += 1
+    return {"digest": digest.hexdigest(), "objects": count}
+
+
 def write_json(hook: S3Hook, uri: str, payload: Any) -> None:
     """Write one JSON document to `uri`."""
     bucket, key = split_s3_uri(uri)
