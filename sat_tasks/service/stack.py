@@ -31,7 +31,7 @@ from sat_tasks.service import secrets as service_secrets
 
 PID_FILE = "sat-up.pid"
 SERVICE_MARK_ENV = "SAT_SERVICE_HOME"  # every process the deployment starts inherits it
-COMPONENTS = ("api-server", "scheduler", "dag-processor")
+COMPONENTS = ("api-server", "scheduler", "dag-processor")  # in start order
 
 
 class ServiceError(SatError):
@@ -118,18 +118,21 @@ class ServiceStack:
         self.log("[sat] migrating the metadata DB ...")
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for component in COMPONENTS:
-            command = [sys.executable, "-m", "airflow", component]
-            if component == "api-server":
-                command += ["--host", self.host, "--port", str(self.port)]
-            out = open(self.logs_dir / f"{component}.log", "ab")
-            self.processes[component] = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            out.close()
+        # The API server first: the scheduler's tasks report to its execution API from their
+        # first second, and a task that finds no API server fails after a few retries.
+        self._start_component("api-server", ["--host", self.host, "--port", str(self.port)], env)
         self.await_api(timeout)
+        for component in COMPONENTS[1:]:
+            self._start_component(component, [], env)
         self.first_answer_s = time.monotonic() - started
         (self.home / PID_FILE).write_text(str(os.getpid()))
         return self
+
+    def _start_component(self, component: str, args: list[str], env: dict[str, str]) -> None:
+        with open(self.logs_dir / f"{component}.log", "ab") as out:
+            self.processes[component] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", component, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
 
     def await_api(self, timeout: float) -> float:
         """Wait until the API server answers its health check; seconds it took."""
@@ -167,20 +170,28 @@ class ServiceStack:
         (`SAT_SERVICE_HOME`) in its environment is stopped too: none is left behind.
         """
         self._stopping = True
+        began = time.monotonic()
         for proc in self.processes.values():
             _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for proc in self.processes.values():
+        deadline = began + grace
+        for name, proc in self.processes.items():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.log(f"[sat] the {name} did not stop within {grace:.0f}s: killing it")
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait(timeout=10)
             _signal_group(proc, signal.SIGKILL)  # whatever a component left in its group (task processes)
-        procs.terminate(processes_of(self.home), grace=10)
+        left = processes_of(self.home)
+        if left:
+            self.log(f"[sat] stopping {len(left)} more processes of this deployment (tasks, training)")
+            procs.terminate(left, grace=10)
+        self.log(f"[sat] components stopped ({time.monotonic() - began:.0f} s)")
         if self.storage is not None:
+            began = time.monotonic()
             self.storage.stop()
             self.storage = None
+            self.log(f"[sat] Object Storage stopped, its objects kept ({time.monotonic() - began:.0f} s)")
         (self.home / PID_FILE).unlink(missing_ok=True)
 
     def run(self) -> int:
@@ -238,12 +249,24 @@ class _Client:
         self._client.upload_file(str(filename), bucket_name, key)
 
 
+def _is_sat_up(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return b"up" in argv and any(arg.endswith(b"sat") or b"sat_tasks" in arg for arg in argv)
+
+
 def stop_running(home: Path, timeout: float = 90) -> bool:
     """`sat down`: SIGTERM to the `sat up` of `home` and wait until it is gone; False when none runs."""
     pid_file = home / PID_FILE
     if not pid_file.exists():
         return False
     pid = int(pid_file.read_text().strip())
+    if not _is_sat_up(pid):  # the pid file outlived its `sat up` (a crash, a reboot): the pid may be another's
+        pid_file.unlink(missing_ok=True)
+        return False
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -251,9 +274,7 @@ def stop_running(home: Path, timeout: float = 90) -> bool:
         return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if procs.state_of(pid) is None:  # gone, or a zombie its parent has not reaped yet
             return True
         time.sleep(0.5)
     raise ServiceError(f"sat up (pid {pid}) did not stop within {timeout:.0f}s")

@@ -1,0 +1,68 @@
+"""What `sat down` and the stop act on: this deployment's `sat up` and processes, nothing else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sat_tasks.service.stack import PID_FILE, SERVICE_MARK_ENV, processes_of, stop_running
+
+
+def _sleeper(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, **env},
+                            start_new_session=True)
+
+
+def test_the_stop_finds_marked_processes_not_those_that_share_the_airflow_home(tmp_path):
+    home = tmp_path / "home"
+    marked = _sleeper({SERVICE_MARK_ENV: str(home), "AIRFLOW_HOME": str(home)})
+    bystander = _sleeper({"AIRFLOW_HOME": str(home)})  # `make down`, or a person's shell
+    other = _sleeper({SERVICE_MARK_ENV: str(tmp_path / "other-home")})
+    try:
+        deadline = time.monotonic() + 60
+        while marked.pid not in processes_of(home):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        found = processes_of(home)
+        assert bystander.pid not in found and other.pid not in found and os.getpid() not in found
+    finally:
+        for proc in (marked, bystander, other):
+            proc.kill()
+            proc.wait()
+    assert processes_of(home) == []  # killed and reaped
+
+
+def test_sat_down_ignores_a_stale_pid_file_whose_pid_is_another_process(tmp_path):
+    stranger = _sleeper({})
+    try:
+        (tmp_path / PID_FILE).write_text(str(stranger.pid))
+        assert stop_running(tmp_path) is False
+        assert stranger.poll() is None  # not signalled
+        assert not (tmp_path / PID_FILE).exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.mark.timeout(120)
+def test_sat_down_returns_once_sat_up_has_exited_even_before_it_is_reaped(tmp_path):
+    # A stand-in whose argv reads like `sat up`, stopping at SIGTERM; its parent (this test) reaps it late.
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(120)"
+    fake = subprocess.Popen([sys.executable, "-c", code, "sat", "up"])
+    try:
+        (tmp_path / PID_FILE).write_text(str(fake.pid))
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert stop_running(tmp_path, timeout=60) is True
+        assert time.monotonic() - started < 30  # a zombie counts as stopped
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_sat_down_without_sat_up_says_so(tmp_path):
+    assert stop_running(tmp_path) is False
