@@ -18,6 +18,7 @@ POOL = ["n0", "n1", "n2"]
 
 TRAINER = textwrap.dedent(
     """
+    # a fault (SIGSTOP, SIGKILL) between a truncate and a write would leave an empty file
     import json, os, sys, time
     out = os.path.join(os.environ["SAT_OUTPUT_DIR"], "concurrent_checkpoint")
     os.makedirs(out, exist_ok=True)
@@ -25,8 +26,9 @@ TRAINER = textwrap.dedent(
     open(os.path.join(out, "worker.pid"), "w").write(str(os.getpid()))
     for step in range(1, int(sys.argv[1]) + 1):
         time.sleep(0.02)
-        with open(os.path.join(out, "progress.json"), "w") as f:
+        with open(os.path.join(out, "progress.json.tmp"), "w") as f:  # atomic, as the engine writes it:
             json.dump({"step": step, "last_committed_step": step - step % 5}, f)
+        os.replace(os.path.join(out, "progress.json.tmp"), os.path.join(out, "progress.json"))
     print("done", flush=True)
     """
 )
