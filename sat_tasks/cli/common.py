@@ -20,6 +20,12 @@ def configure_airflow_env() -> None:
     os.environ.setdefault("AIRFLOW_HOME", str(PROJECT_ROOT / ".airflow"))
     os.environ.setdefault("AIRFLOW_CONFIG", str(PROJECT_ROOT / "airflow.cfg"))
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    if Path(os.environ["AIRFLOW_CONFIG"]).resolve() == (PROJECT_ROOT / "airflow.cfg").resolve():
+        # The project's DAGs, plugins and job specs are where the project is, wherever the
+        # Airflow home is (airflow.cfg derives them from AIRFLOW_HOME/..: right only for .airflow/).
+        os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags"))
+        os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(PROJECT_ROOT / "plugins"))
+        os.environ.setdefault("AIRFLOW__SAT__JOBS_DIR", str(PROJECT_ROOT / "include" / "jobs"))
     Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
 
 

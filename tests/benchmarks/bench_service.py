@@ -1,0 +1,195 @@
+"""Benchmark: the demo job under the running service (`make up`) against `dag.test()` (`make demo`), in one run.
+
+Run: .venv/bin/python tests/benchmarks/bench_service.py [--rounds 1]
+
+For each round, in this order:
+- service: a `ServiceStack` as `make up` starts it (free loopback ports, a temporary
+  Airflow home, its own work dir); `first answer` is the time from `start()` to the API's
+  first health answer. The demo job is triggered through the REST API with the official
+  client; `first step` is trigger -> the first `progress.json` with step >= 1 under the
+  work dir; `wall` is trigger -> the run's end_date;
+- dag.test: `sat run include/jobs/tiny-llama-demo.yaml -q` in a subprocess with its own
+  (pre-migrated) Airflow home and work dir; `first step` and `wall` count from the
+  moment it starts the DAG (its "seeded" line; before it only its S3 server starts).
+
+Where the time goes, for both: the union of the task instances' run intervals ("in
+tasks") and the rest of the wall ("between tasks": scheduling, task start-up), and the
+two `launch` tasks (the training itself). Ratios service / dag.test are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+DEMO = ROOT / "include" / "jobs" / "tiny-llama-demo.yaml"
+
+
+def first_step_watch(work: Path) -> tuple[threading.Event, dict]:
+    """A thread that notes (monotonic) when a progress.json under `work` first shows step >= 1."""
+    stop, seen = threading.Event(), {}
+
+    def look() -> None:
+        while not stop.is_set() and "at" not in seen:
+            for path in work.rglob("progress.json"):
+                try:
+                    if json.loads(path.read_text()).get("step", 0) >= 1:
+                        seen["at"] = time.monotonic()
+                        break
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.2)
+
+    threading.Thread(target=look, daemon=True).start()
+    return stop, seen
+
+
+def _parse(value) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def _utc(text: str) -> float:
+    """A timestamp as SQLite holds Airflow's (UTC, without an offset)."""
+    return _parse(text if "+" in text else text + "+00:00")
+
+
+def split_time(intervals: list[tuple[str, float, float]], wall: float) -> dict:
+    """Seconds in tasks (union of intervals), between tasks, and in the launch tasks."""
+    spans = sorted((s, e) for _, s, e in intervals)
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    launch = sum(e - s for task, s, e in intervals if task.endswith(".launch"))
+    return {"in_tasks": busy, "between_tasks": max(0.0, wall - busy), "launch": launch, "tasks": len(intervals)}
+
+
+def run_service() -> dict:
+    import airflow_client.client as af
+    import requests
+    from airflow_client.client.api.dag_run_api import DagRunApi
+    from airflow_client.client.api.task_instance_api import TaskInstanceApi
+
+    from sat_tasks.io.local_s3 import free_port
+    from sat_tasks.service.stack import ServiceStack
+
+    root = Path(tempfile.mkdtemp(prefix="sat-bench-service-"))
+    jobs = root / "jobs"
+    jobs.mkdir()
+    shutil.copy(DEMO, jobs)
+    stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
+                         storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work",
+                         log=lambda _line: None)
+    try:
+        stack.start()
+        password = json.loads((stack.home / "sat-secrets.json").read_text())["admin_password"]
+        token = requests.post(f"{stack.url}/auth/token", json={"username": "admin", "password": password},
+                              timeout=30).json()["access_token"]
+        with af.ApiClient(af.Configuration(host=stack.url, access_token=token)) as api:
+            runs = DagRunApi(api)
+            deadline = time.monotonic() + 300  # the DAG processor's first parse
+            while time.monotonic() < deadline:
+                try:
+                    runs.get_dag_runs("tiny-llama-demo", limit=1)
+                    break
+                except af.exceptions.NotFoundException:
+                    time.sleep(1)
+            stop, seen = first_step_watch(root / "work")
+            triggered_wall, triggered = time.time(), time.monotonic()
+            run = runs.trigger_dag_run("tiny-llama-demo", af.TriggerDAGRunPostBody(logical_date=None))
+            while run.state not in ("success", "failed"):
+                time.sleep(1)
+                run = runs.get_dag_run("tiny-llama-demo", run.dag_run_id)
+            stop.set()
+            wall = _parse(run.end_date) - triggered_wall
+            tis = TaskInstanceApi(api).get_task_instances("tiny-llama-demo", run.dag_run_id, limit=100).task_instances
+            intervals = [(t.task_id, _parse(t.start_date), _parse(t.end_date)) for t in tis
+                         if t.start_date and t.end_date]
+        return {"state": str(getattr(run.state, "value", run.state)), "first_answer": stack.first_answer_s,
+                "first_step": seen.get("at", float("nan")) - triggered, "wall": wall,
+                **split_time(intervals, wall)}
+    finally:
+        stack.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_dag_test() -> dict:
+    root = Path(tempfile.mkdtemp(prefix="sat-bench-dagtest-"))
+    env = {**os.environ, "AIRFLOW_HOME": str(root / "home"), "AIRFLOW_CONFIG": str(ROOT / "airflow.cfg"),
+           "AIRFLOW__SAT__WORK_DIR": str(root / "work"), "GX_ANALYTICS_ENABLED": "false"}
+    env.pop("AIRFLOW_CONN_SAT_OBJECT_STORAGE", None)
+    (root / "home").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (root / "home" / ".migrated").touch()
+    sat = str(Path(sys.executable).with_name("sat"))
+    try:
+        stop, seen = first_step_watch(root / "work")
+        proc = subprocess.Popen([sat, "run", str(DEMO), "-q"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        started = None
+        output = []
+        for line in proc.stdout:
+            output.append(line)
+            if started is None and "[sat] seeded" in line:
+                started = time.monotonic()
+        proc.wait()
+        ended = time.monotonic()
+        stop.set()
+        if started is None:
+            raise SystemExit("dag.test run did not start:\n" + "".join(output[-30:]))
+        wall = ended - started
+        with sqlite3.connect(root / "home" / "airflow.db") as db:
+            rows = db.execute("SELECT task_id, start_date, end_date FROM task_instance "
+                              "WHERE start_date IS NOT NULL AND end_date IS NOT NULL").fetchall()
+        intervals = [(task, _utc(start), _utc(end)) for task, start, end in rows]
+        state = "success" if proc.returncode == 0 else f"exit {proc.returncode}"
+        return {"state": state, "first_answer": float("nan"), "first_step": seen.get("at", float("nan")) - started,
+                "wall": wall, **split_time(intervals, wall)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    results: dict[str, list[dict]] = {"service": [], "dag.test": []}
+    for number in range(1, args.rounds + 1):
+        for name, fn in (("service", run_service), ("dag.test", run_dag_test)):
+            print(f"round {number}: {name} ...", flush=True)
+            results[name].append(fn())
+    keys = ("first_answer", "first_step", "wall", "in_tasks", "between_tasks", "launch")
+    print(f"{'':10} {'state':8} " + " ".join(f"{k:>14}" for k in keys))
+    for name, rows in results.items():
+        for row in rows:
+            print(f"{name:10} {row['state']:8} " + " ".join(f"{row[k]:14.1f}" for k in keys))
+    import statistics
+
+    svc = {k: statistics.median(r[k] for r in results["service"]) for k in keys[1:]}
+    ref = {k: statistics.median(r[k] for r in results["dag.test"]) for k in keys[1:]}
+    print("ratio service / dag.test (medians): " + ", ".join(f"{k} {svc[k] / ref[k]:.2f}x" for k in keys[1:] if ref[k]))
+
+
+if __name__ == "__main__":
+    main()
