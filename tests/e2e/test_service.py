@@ -1,0 +1,343 @@
+"""SAT as a service: the real components as `make up` starts them, driven through the REST API with the official client.
+
+One deployment for the module (free loopback ports, a temporary Airflow home): the
+API server, the scheduler, the DAG processor and the embedded Object Storage, with
+authentication on. Through `apache-airflow-client` it logs in, triggers the demo job and
+the generic `sat_training_job` DAG (a fast job whose image is on a real registry with a
+password kept as an Airflow connection), and waits; a cron-scheduled spec and an
+Asset-scheduled spec start on their own. Then it checks the status history, the
+attempts and the report, that the registry password shows up nowhere, and that `sat up`
+/ `sat down` restart the deployment with its secrets and its objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from sat_tasks.io.local_s3 import PersistentS3Server, free_port
+from sat_tasks.service.secrets import SECRETS_FILE
+from sat_tasks.service.stack import ServiceStack, processes_of
+from tests.support.paths import REPO
+
+BUCKET = "sat-demo"
+REGISTRY_PASSWORD = "s3cr3t-svc-REGISTRY-7c1f"  # noqa: S105 - the secret the test looks for everywhere
+WATCHED = f"s3://{BUCKET}/datasets/watched/"
+FAST_ENV = {"FAKE_STEPS": "20", "FAKE_SAVE_EVERY": "5", "FAKE_STEP_SECONDS": "0.05"}
+DEADLINE = 900  # seconds all the runs together may take on a busy 2-core machine
+pytestmark = pytest.mark.timeout(DEADLINE + 600)  # the deployment's start and stop come on top
+
+
+def _fast_spec(name: str, **fields) -> dict:
+    spec = {
+        "name": name, "learning_type": "on-demand", "framework": "pytorch", "job_failover": False,
+        "image": {"url": "registry.sat.local/sat/training:0.1.0"},
+        "storage": {"script_url": f"s3://{BUCKET}/scripts/fake_train.py"},
+        "data": {"source": f"s3://{BUCKET}/datasets/tiny-corpus/"},
+        "results": {"destination": f"s3://{BUCKET}/results/"},
+        "command": "python fake_train.py", "env": dict(FAST_ENV), "startup_timeout_seconds": 120,
+    }
+    spec.update(fields)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    from tests.support.registry_server import push_test_image, start_registry
+
+    server = start_registry(tmp_path_factory.mktemp("registry"), {"robot": REGISTRY_PASSWORD})
+    push_test_image(server, "sat/train", "1.0", "robot", REGISTRY_PASSWORD)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """The stack, started as `make up` starts it, on free loopback ports in a temporary home."""
+    root = tmp_path_factory.mktemp("service")
+    jobs = root / "jobs"
+    jobs.mkdir()
+    shutil.copy(REPO / "include" / "jobs" / "tiny-llama-demo.yaml", jobs)
+    (jobs / "svc-cron.yaml").write_text(yaml.safe_dump(_fast_spec("svc-cron", schedule="* * * * *")))
+    (jobs / "svc-asset.yaml").write_text(yaml.safe_dump(_fast_spec(
+        "svc-asset", schedule=f"asset:{WATCHED}", data={"source": WATCHED})))
+    stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
+                         storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work",
+                         extra_env={"AIRFLOW__SAT__DATA_WATCH_INTERVAL_SECONDS": "10",
+                                    "AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS": "20",
+                                    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+                                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10"},
+                         log=lambda _line: None)
+    stack.start()
+    client = stack.storage.client()
+    client.upload_file(str(REPO / "tests" / "e2e" / "scripts" / "fake_train.py"), BUCKET, "scripts/fake_train.py")
+    yield stack
+    stack.stop()
+
+
+def _password(stack: ServiceStack) -> str:
+    return json.loads((stack.home / SECRETS_FILE).read_text())["admin_password"]
+
+
+def _token(url: str, password: str) -> str:
+    response = requests.post(f"{url}/auth/token", json={"username": "admin", "password": password}, timeout=30)
+    response.raise_for_status()
+    return response.json()["access_token"]
+
+
+@pytest.fixture(scope="module")
+def api(deployment):
+    """The official client, logged in as the admin with the generated password."""
+    import airflow_client.client as airflow_client
+
+    config = airflow_client.Configuration(host=deployment.url, access_token=_token(deployment.url,
+                                                                                 _password(deployment)))
+    with airflow_client.ApiClient(config) as client:
+        yield client
+
+
+def _wait_for_run(api, dag_id: str, run_id: str | None = None, *, deadline: float):
+    """The run `run_id` (or the first run of `dag_id`) once it has finished; fails at `deadline` (monotonic).
+
+    Every run counts, not only the first successful one: a failed first run is a failure.
+    """
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    runs = DagRunApi(api)
+    while time.monotonic() < deadline:
+        if run_id is None:
+            found = runs.get_dag_runs(dag_id, limit=10, order_by=["id"]).dag_runs
+            run = next((r for r in found if r.state in ("success", "failed")), None)
+        else:
+            run = runs.get_dag_run(dag_id, run_id)
+        if run is not None and run.state in ("success", "failed"):
+            return run
+        time.sleep(3)
+    raise AssertionError(f"{dag_id} {run_id or '(any run)'}: not finished in time")
+
+
+def _wait_for_dags(api, dag_ids: list[str], *, deadline: float) -> None:
+    """Until the DAG processor's first pass has put every one of `dag_ids` in the DB."""
+    from airflow_client.client.api.dag_api import DAGApi
+
+    while True:
+        found = {dag.dag_id for dag in DAGApi(api).get_dags(limit=100).dags}
+        if set(dag_ids) <= found:
+            return
+        assert time.monotonic() < deadline, f"DAGs missing after the DAG processor's first pass: {set(dag_ids) - found}"
+        time.sleep(2)
+
+
+def _pause(api, dag_id: str) -> None:
+    """Pause a scheduled DAG once it has shown what it must (a cron every minute is load on 2 cores)."""
+    from airflow_client.client import DAGPatchBody
+    from airflow_client.client.api.dag_api import DAGApi
+
+    assert DAGApi(api).patch_dag(dag_id, DAGPatchBody(is_paused=True)).is_paused
+
+
+def _report(stack: ServiceStack, dag_id: str, run_id: str) -> dict:
+    from sat_tasks.config import safe_run_id
+
+    prefix = f"results/{dag_id}/{safe_run_id(run_id)}/"
+    body = stack.storage.client().get_object(Bucket=BUCKET, Key=prefix + "report.json")["Body"].read()
+    return json.loads(body)
+
+
+# ---- closed to strangers ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/api/v2/dags"), ("GET", "/api/v2/connections"), ("GET", "/api/v2/config"),
+    ("POST", "/api/v2/dags/tiny-llama-demo/dagRuns"), ("PATCH", "/api/v2/dags/tiny-llama-demo"),
+])
+def test_unauthenticated_calls_are_refused(deployment, method, path):
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        response = requests.request(method, deployment.url + path, json={}, headers=headers, timeout=30)
+        assert response.status_code in (401, 403), (method, path, response.status_code, response.text[:200])
+
+
+def test_a_wrong_password_gets_no_token(deployment):
+    response = requests.post(f"{deployment.url}/auth/token", json={"username": "admin", "password": "admin"},
+                             timeout=30)
+    assert response.status_code in (401, 403)
+
+
+def test_the_api_server_listens_on_loopback_only(deployment):
+    addresses = {a for a in subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+                 if ":" not in a and not a.startswith("127.")}
+    if not addresses:
+        pytest.skip("this host has no address besides loopback to try")
+    for address in addresses:
+        with socket.socket() as sock:
+            sock.settimeout(3)
+            assert sock.connect_ex((address, deployment.port)) != 0, address
+
+
+def test_the_shipped_config_never_switches_authentication_off():
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(REPO / "airflow.cfg")
+    assert parser.get("core", "simple_auth_manager_all_admins").strip().lower() == "false"
+    assert parser.get("api", "host") == "127.0.0.1"
+
+
+def test_secrets_are_generated_once_and_readable_by_the_owner_only(deployment):
+    for name in (SECRETS_FILE, "simple_auth_manager_passwords.json"):
+        assert (deployment.home / name).stat().st_mode & 0o777 == 0o600, name
+    log_text = "".join(p.read_text(errors="replace") for p in deployment.logs_dir.glob("*.log"))
+    assert _password(deployment) not in log_text
+
+
+# ---- jobs, triggered and scheduled ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(deployment, api, registry):
+    """Trigger the demo job and the generic DAG; let the cron and the Asset jobs start on their own."""
+    from airflow_client.client import ConnectionBody, TriggerDAGRunPostBody
+    from airflow_client.client.api.connection_api import ConnectionApi
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    from sat_tasks.airflow.params import params_from_spec
+    from sat_tasks.spec import parse_spec
+
+    ConnectionApi(api).post_connection(ConnectionBody(
+        connection_id="sat_registry_svc", conn_type="generic", host=registry.host, login="robot",
+        password=REGISTRY_PASSWORD, extra=json.dumps({"insecure": True})))
+    generic = parse_spec(_fast_spec("svc-generic", image={
+        "url": f"{registry.host}/sat/train:1.0", "registry_conn_id": "sat_registry_svc", "insecure": True}))
+    dag_runs = DagRunApi(api)
+    _wait_for_dags(api, ["tiny-llama-demo", "sat_training_job", "svc-cron", "svc-asset", "sat_data_changes"],
+                   deadline=time.monotonic() + 300)
+    triggered = time.monotonic()
+    demo = dag_runs.trigger_dag_run("tiny-llama-demo", TriggerDAGRunPostBody(logical_date=None))
+    form = dag_runs.trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(logical_date=None,
+                                                                             conf=params_from_spec(generic)))
+    deadline = triggered + DEADLINE
+    # The Asset job: new data lands under the watched prefix once the watcher has its baseline.
+    baseline = _wait_for_run(api, "sat_data_changes", deadline=deadline)
+    assert baseline.state == "success", baseline
+    storage = deployment.storage.client()
+    for part in sorted((REPO / "include" / "corpus").glob("*.txt")):
+        storage.upload_file(str(part), BUCKET, f"datasets/watched/{part.name}")
+    finished = {"cron": _wait_for_run(api, "svc-cron", deadline=deadline)}
+    _pause(api, "svc-cron")
+    finished["asset"] = _wait_for_run(api, "svc-asset", deadline=deadline)
+    _pause(api, "sat_data_changes")
+    finished["demo"] = _wait_for_run(api, "tiny-llama-demo", demo.dag_run_id, deadline=deadline)
+    finished["generic"] = _wait_for_run(api, "sat_training_job", form.dag_run_id, deadline=deadline)
+    finished["seconds"] = time.monotonic() - triggered
+    return finished
+
+
+def test_the_demo_job_fails_over_resumes_and_completes_under_the_scheduler(deployment, api, runs):
+    from airflow_client.client.api.task_instance_api import TaskInstanceApi
+
+    run = runs["demo"]
+    assert run.state == "success", run
+    report = _report(deployment, "tiny-llama-demo", run.dag_run_id)
+    assert [e["status"] for e in report["history"]] == [
+        "Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
+    first, second = report["attempts"]
+    assert (first["verdict"], second["verdict"]) == ("HARDWARE", "SUCCEEDED") and first["node"] != second["node"]
+    assert second["resumed_from"] == first["last_committed_step"] and report["global_step"] == 160
+    states = {t.task_id: t.state for t in TaskInstanceApi(api).get_task_instances(
+        "tiny-llama-demo", run.dag_run_id, limit=100).task_instances}
+    assert states["attempt_1.launch"] == "failed" and states["attempt_2.launch"] == "success"
+    assert states["finalize"] == "success" and states["cleanup_run"] == "success"
+    # The task log a person opens in the UI (served by the API server) holds the verdict and its evidence.
+    log = str(TaskInstanceApi(api).get_log("tiny-llama-demo", run.dag_run_id, "attempt_1.classify", 1,
+                                           full_content=True))
+    assert "HARDWARE" in log and "GPU has fallen off the bus" in log, log[-2000:]
+
+
+def test_the_generic_dag_runs_a_job_from_its_form(deployment, runs):
+    run = runs["generic"]
+    assert run.state == "success", run
+    report = _report(deployment, "svc-generic", run.dag_run_id)
+    assert report["status"] == "Completed" and report["global_step"] == 20
+
+
+def test_a_cron_scheduled_spec_runs_without_a_trigger(deployment, runs):
+    run = runs["cron"]
+    assert run.run_type == "scheduled" and run.state == "success", run
+    assert _report(deployment, "svc-cron", run.dag_run_id)["status"] == "Completed"
+
+
+def test_an_asset_scheduled_spec_runs_when_its_data_changes(deployment, runs):
+    run = runs["asset"]
+    assert run.run_type == "asset_triggered" and run.state == "success", run
+    assert _report(deployment, "svc-asset", run.dag_run_id)["status"] == "Completed"
+
+
+def test_the_registry_password_appears_nowhere(deployment, api, runs):
+    """Not in the run's conf, an XCom, a rendered field, a task log, an API response or the DB in clear."""
+    from airflow_client.client.api.connection_api import ConnectionApi
+    from airflow_client.client.api.task_instance_api import TaskInstanceApi
+    from airflow_client.client.api.x_com_api import XComApi
+
+    run = runs["generic"]
+    seen: list[str] = [json.dumps(run.to_dict(), default=str)]
+    connection = ConnectionApi(api).get_connection("sat_registry_svc")
+    seen.append(json.dumps(connection.to_dict(), default=str))
+    instances = TaskInstanceApi(api).get_task_instances("sat_training_job", run.dag_run_id, limit=100).task_instances
+    assert "check_image" in {t.task_id for t in instances}
+    for ti in instances:
+        seen.append(json.dumps(ti.to_dict(), default=str))  # rendered fields included
+        if ti.try_number:
+            seen.append(str(TaskInstanceApi(api).get_log("sat_training_job", run.dag_run_id, ti.task_id,
+                                                          ti.try_number, full_content=True)))
+    for entry in XComApi(api).get_xcom_entries("sat_training_job", run.dag_run_id, "~", limit=100).xcom_entries:
+        seen.append(json.dumps(entry.to_dict(), default=str))
+    seen += [p.read_text(errors="replace") for p in (deployment.home / "logs").rglob("*") if p.is_file()]
+    leaks = [text[max(0, text.find(REGISTRY_PASSWORD) - 80):][:200] for text in seen if REGISTRY_PASSWORD in text]
+    assert leaks == []
+    with sqlite3.connect(deployment.home / "airflow.db") as db:
+        stored, encrypted = db.execute("SELECT password, is_encrypted FROM connection WHERE conn_id = ?",
+                                       ("sat_registry_svc",)).fetchone()
+    assert encrypted and REGISTRY_PASSWORD not in stored  # Fernet-encrypted with the kept key
+
+
+# ---- restart: sat down, sat up -------------------------------------------------------------------------
+def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
+    """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""
+    password = _password(deployment)
+    result_key = next(iter(deployment.storage.client().list_objects_v2(
+        Bucket=BUCKET, Prefix="results/tiny-llama-demo/")["Contents"]))["Key"]
+    storage_dir = deployment.storage.state_dir
+    deployment.stop()  # the module's own stack: the CLI takes over the same home
+    storage_port = free_port()
+    env = {**os.environ, "AIRFLOW_HOME": str(deployment.home), "SAT_PORT": str(deployment.port),
+           "SAT_STORAGE_PORT": str(storage_port), "SAT_STORAGE_DIR": str(storage_dir)}
+    sat = str(Path(sys.executable).with_name("sat"))
+    up = subprocess.Popen([sat, "up"], env=env, stdout=open(tmp_path / "up.log", "w"), stderr=subprocess.STDOUT,
+                          start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "SAT is up" not in (tmp_path / "up.log").read_text():
+            assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(1)
+        assert json.loads((deployment.home / SECRETS_FILE).read_text())["admin_password"] == password
+        token = _token(deployment.url, password)
+        response = requests.get(f"{deployment.url}/api/v2/dags/tiny-llama-demo/dagRuns",
+                                headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert response.status_code == 200 and response.json()["total_entries"] >= 1
+        assert (storage_dir / BUCKET / result_key.replace("/", "%2F")).exists()
+        restarted = PersistentS3Server(port=storage_port, state_dir=storage_dir)  # a client of the new server
+        assert restarted.client().head_object(Bucket=BUCKET, Key=result_key)["ContentLength"] > 0
+    finally:
+        down = subprocess.run([sat, "down"], env=env, capture_output=True, text=True, timeout=180)
+    assert down.returncode == 0 and "stopped" in down.stdout, (down.stdout + down.stderr
+                                                               + (tmp_path / "up.log").read_text())
+    assert up.wait(timeout=60) == 0
+    assert processes_of(deployment.home) == []  # not a component, not a task, not a training process
+    assert not (deployment.home / "sat-up.pid").exists()
