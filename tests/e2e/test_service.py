@@ -307,6 +307,45 @@ def test_the_registry_password_appears_nowhere(deployment, api, runs):
     assert encrypted and REGISTRY_PASSWORD not in stored  # Fernet-encrypted with the kept key
 
 
+# ---- the Training Jobs API (plugins/sat_training_jobs.py) ---------------------------------------------
+@pytest.mark.parametrize("path", ["/sat/api/jobs", "/sat/api/jobs/tiny-llama-demo/runs/any"])
+def test_the_training_jobs_api_needs_a_login(deployment, path):
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        response = requests.get(deployment.url + path, headers=headers, timeout=30)
+        assert response.status_code in (401, 403), (path, response.status_code, response.text[:200])
+
+
+def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
+    headers = {"Authorization": f"Bearer {_token(deployment.url, _password(deployment))}"}
+    demo_run = runs["demo"].dag_run_id
+    response = requests.get(f"{deployment.url}/sat/api/jobs", headers=headers, timeout=60)
+    assert response.status_code == 200, response.text[:500]
+    rows = {(row["dag_id"], row["run_id"]): row for row in response.json()["jobs"]}
+    demo = rows[("tiny-llama-demo", demo_run)]
+    assert (demo["status"], demo["attempt"], demo["last_checkpoint_step"]) == ("Completed", 2, 160)
+    assert ("sat_training_job", runs["generic"].dag_run_id) in rows  # a job created from the form
+    assert rows[("svc-cron", runs["cron"].dag_run_id)]["schedule"] == "* * * * *"
+    started = [row["started"] for row in response.json()["jobs"]]
+    assert started == sorted(started, reverse=True)  # newest first
+    running = requests.get(f"{deployment.url}/sat/api/jobs", params={"status": "Running"}, headers=headers,
+                           timeout=60).json()["jobs"]
+    assert all(row["status"] == "Running" for row in running)
+
+    page = requests.get(f"{deployment.url}/sat/api/jobs/tiny-llama-demo/runs/{demo_run}", headers=headers,
+                        timeout=60)
+    assert page.status_code == 200, page.text[:500]
+    page = page.json()
+    assert [entry["status"] for entry in page["history"]][-1] == "Completed"
+    first, second = page["attempts"]
+    assert (first["verdict"], second["verdict"]) == ("HARDWARE", "SUCCEEDED")
+    assert any("Xid" in line for line in first["evidence"]) and second["resumed_from_step"] == first[
+        "last_committed_step"]
+    assert 160 in page["checkpoints"]["committed_steps"]
+    missing = requests.get(f"{deployment.url}/sat/api/jobs/tiny-llama-demo/runs/no-such-run", headers=headers,
+                           timeout=60)
+    assert missing.status_code == 404
+
+
 # ---- restart: sat down, sat up -------------------------------------------------------------------------
 def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""

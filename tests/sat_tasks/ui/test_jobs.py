@@ -1,0 +1,88 @@
+"""The Training Jobs view's rows and job pages, from what a run's tasks wrote (no DB, no bucket)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta, timezone
+
+from sat_tasks.airflow.params import params_from_spec
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.spec import parse_spec
+from sat_tasks.ui.jobs import RunRef, job_of, job_page, list_rows
+from tests.sat_tasks.spec.test_spec import BASE
+
+GENERIC = "sat_training_job"
+T0 = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+
+
+def _job(name: str, **fields):
+    spec = copy.deepcopy(BASE)
+    spec.update(name=name, **fields)
+    return parse_spec(spec)
+
+
+def _written(job, run_id: str) -> dict:
+    """What the demo's tasks write for a run with one hardware fault and a resume."""
+    layout = JobRun(job, run_id)
+    xid = "[21004.510907] NVRM: Xid (PCI:0000:3b:00): 79, pid=17112, name=python, GPU has fallen off the bus."
+    return {
+        layout.status_uri: [
+            {"status": "Pending", "at": "t0", "attempt": None},
+            {"status": "Running", "at": "t1", "attempt": 1},
+            {"status": "Pending - failoverinprogress", "at": "t2", "attempt": 1},
+            {"status": "Running", "at": "t3", "attempt": 2},
+        ],
+        layout.progress_uri: {"step": 120, "last_committed_step": 100, "committed_steps": [100, 80, 60],
+                              "last_mirrored_step": 100},
+        layout.attempt_uri(1): {"node": "node-0", "exit_code": -9, "progress": {"last_committed_step": 60}},
+        layout.verdict_uri(1): {"kind": "HARDWARE", "reason": "Xid 79", "evidence": [xid]},
+        layout.attempt_uri(2): {"node": "node-1", "exit_code": None,
+                                "progress": {"resumed_from_step": 60, "last_committed_step": 100}},
+    }
+
+
+def test_rows_in_the_services_words_newest_first_sat_dags_only():
+    demo, nightly = _job("demo-job"), _job("nightly-job", schedule="0 3 * * *")
+    jobs = {"demo-job": demo, "nightly-job": nightly}
+    store = _written(demo, "manual__1")
+    runs = [
+        RunRef("demo-job", "manual__1", "running", start_date=T0 + timedelta(minutes=5)),
+        RunRef("nightly-job", "scheduled__1", "queued", start_date=T0, next_run=T0 + timedelta(days=1)),
+        RunRef("someone_elses_dag", "manual__9", "success", start_date=T0 + timedelta(minutes=9)),
+    ]
+    rows = list_rows(runs, jobs, store.get, GENERIC)
+    assert [row["job"] for row in rows] == ["demo-job", "nightly-job"]  # not the DAG that is no Training Job
+    first = rows[0]
+    assert first["status"] == "Running" and first["attempt"] == 2 and first["last_checkpoint_step"] == 100
+    assert (first["learning_type"], first["framework"], first["nodes"]) == ("on-demand", "pytorch", 1)
+    assert first["tags"] == {"team": "ml"} and first["grid"] == "/dags/demo-job/runs/manual__1"
+    assert rows[1]["status"] == "Pending" and rows[1]["attempt"] is None  # nothing written yet
+    assert rows[1]["next_run"] == (T0 + timedelta(days=1)).isoformat()
+    assert [row["job"] for row in list_rows(runs, jobs, store.get, GENERIC, status="Pending")] == ["nightly-job"]
+
+
+def test_a_run_that_ended_before_writing_history_says_how_it_ended():
+    job = _job("early-end")
+    row = list_rows([RunRef("early-end", "r", "failed", start_date=T0, end_date=T0 + timedelta(seconds=42))],
+                    {"early-end": job}, {}.get, GENERIC)[0]
+    assert row["status"] == "Failed" and row["duration_s"] == 42.0
+
+
+def test_the_generic_dags_runs_are_read_from_their_form_conf():
+    job = _job("from-the-form")
+    ref = RunRef(GENERIC, "manual__2", "running", conf=params_from_spec(job))
+    assert job_of(ref, {}, GENERIC).name == "from-the-form"
+    broken = RunRef(GENERIC, "manual__3", "failed", conf={"name": "ab"})
+    assert job_of(broken, {}, GENERIC) is None
+
+
+def test_job_page_has_the_spec_history_attempts_with_evidence_and_checkpoints():
+    job = _job("demo-job")
+    store = _written(job, "manual__1")
+    page = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, store.get)
+    assert page["spec"]["name"] == "demo-job" and len(page["history"]) == 4
+    first, second = page["attempts"]
+    assert (first["node"], first["verdict"], first["exit_code"]) == ("node-0", "HARDWARE", -9)
+    assert "GPU has fallen off the bus" in first["evidence"][0]
+    assert second["resumed_from_step"] == 60 and second["verdict"] is None  # still running
+    assert page["checkpoints"] == {"committed_steps": [100, 80, 60], "last_mirrored_step": 100}
