@@ -29,10 +29,11 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 .venv: $(VENV)/.installed
 	@touch $@
 
-# Debian's registry server (and htpasswd) for the image-check tests against a real registry.
+# Debian's registry server (and htpasswd) for the image-check tests against a real registry,
+# and Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium: no browser download).
 system-deps:
-	@command -v docker-registry >/dev/null && command -v htpasswd >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry apache2-utils >/dev/null; }
+	@command -v docker-registry >/dev/null && command -v htpasswd >/dev/null && command -v chromium >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry apache2-utils chromium >/dev/null; }
 
 demo: .venv
 	$(VENV)/bin/sat demo

@@ -28,6 +28,7 @@ from sat_tasks.config import PROJECT_ROOT
 from sat_tasks.core import procs
 from sat_tasks.errors import SatError
 from sat_tasks.service import secrets as service_secrets
+from sat_tasks.service.sqlite import use_wal
 
 PID_FILE = "sat-up.pid"
 SERVICE_MARK_ENV = "SAT_SERVICE_HOME"  # every process the deployment starts inherits it
@@ -118,6 +119,7 @@ class ServiceStack:
         self.log("[sat] migrating the metadata DB ...")
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        use_wal(self.home / "airflow.db")
         # The API server first: the scheduler's tasks report to its execution API from their
         # first second, and a task that finds no API server fails after a few retries.
         self._start_component("api-server", ["--host", self.host, "--port", str(self.port)], env)

@@ -6,6 +6,8 @@ read access to a job's DAG, 403 on its page and no row in the list.
 
 - `GET /sat/api/jobs[?status=<status word>]`: the list, newest first.
 - `GET /sat/api/jobs/{dag_id}/runs/{run_id}`: the job page's data.
+- `GET /sat/jobs` and `GET /sat/jobs/{dag_id}/runs/{run_id}`: the same as HTML (the
+  "Training Jobs" entry of Airflow's menu opens the list).
 """
 
 from typing import Any
@@ -73,24 +75,25 @@ def create_app():
 
     from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 
-    app = FastAPI(title="SAT Training Jobs", description=__doc__)
+    from fastapi.responses import HTMLResponse
 
-    @app.get("/api/jobs", dependencies=[Depends(requires_access_dag("GET"))])
-    def list_jobs(user: GetUserDep, session: SessionDep,
-                  status: str | None = Query(None, description="a status word, e.g. Running or Completed")):
+    from sat_tasks.ui.pages import job_page_html, list_page
+
+    app = FastAPI(title="SAT Training Jobs", description=__doc__)
+    read_dags = [Depends(requires_access_dag("GET"))]
+
+    def rows(user, session, status: str | None) -> list[dict]:
         jobs = _jobs()
-        sat_dags = set(jobs) | {GENERIC_DAG_ID}
-        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET") & sat_dags
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET") & (set(jobs) | {GENERIC_DAG_ID})
         next_runs = dict(session.execute(
             select(DagModel.dag_id, DagModel.next_dagrun_create_after).where(DagModel.dag_id.in_(readable))).all())
         runs = session.scalars(select(DagRun).where(DagRun.dag_id.in_(readable))
                                .order_by(DagRun.id.desc()).limit(LIST_LIMIT)).all()
         refs = [_ref(run, next_runs.get(run.dag_id) if jobs.get(run.dag_id) and jobs[run.dag_id].schedule else None)
                 for run in runs]
-        return {"jobs": list_rows(refs, jobs, _reader(), GENERIC_DAG_ID, status=status)}
+        return list_rows(refs, jobs, _reader(), GENERIC_DAG_ID, status=status or None)
 
-    @app.get("/api/jobs/{dag_id}/runs/{run_id}", dependencies=[Depends(requires_access_dag("GET"))])
-    def job_detail(dag_id: str, run_id: str, session: SessionDep):
+    def page(dag_id: str, run_id: str, session) -> dict:
         run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
         if run is None:
             raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
@@ -99,5 +102,23 @@ def create_app():
         if job is None:
             raise HTTPException(404, f"{dag_id!r} is not a Training Job DAG, or its run {run_id!r} has no valid spec")
         return job_page(ref, job, _reader())
+
+    status_query = Query(None, description="a status word, e.g. Running or Completed")
+
+    @app.get("/api/jobs", dependencies=read_dags)
+    def list_jobs(user: GetUserDep, session: SessionDep, status: str | None = status_query):
+        return {"jobs": rows(user, session, status)}
+
+    @app.get("/api/jobs/{dag_id}/runs/{run_id}", dependencies=read_dags)
+    def job_detail(dag_id: str, run_id: str, session: SessionDep):
+        return page(dag_id, run_id, session)
+
+    @app.get("/jobs", dependencies=read_dags, response_class=HTMLResponse)
+    def jobs_view(user: GetUserDep, session: SessionDep, status: str | None = status_query):
+        return list_page(rows(user, session, status), status or None)
+
+    @app.get("/jobs/{dag_id}/runs/{run_id}", dependencies=read_dags, response_class=HTMLResponse)
+    def job_view(dag_id: str, run_id: str, session: SessionDep):
+        return job_page_html(page(dag_id, run_id, session))
 
     return app

@@ -86,3 +86,19 @@ def test_job_page_has_the_spec_history_attempts_with_evidence_and_checkpoints():
     assert "GPU has fallen off the bus" in first["evidence"][0]
     assert second["resumed_from_step"] == 60 and second["verdict"] is None  # still running
     assert page["checkpoints"] == {"committed_steps": [100, 80, 60], "last_mirrored_step": 100}
+
+
+def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
+    from sat_tasks.ui.pages import job_page_html, list_page
+
+    job = _job("demo-job", tags={"team": "<script>alert(1)</script>"})
+    store = _written(job, "manual__1")
+    ref = RunRef("demo-job", "manual__1", "running", start_date=T0)
+    html = list_page(list_rows([ref], {"demo-job": job}, store.get, GENERIC), status="Running")
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "href='jobs/demo-job/runs/manual__1'" in html and ">Running</span>" in html
+    assert "<option value='Running' selected>" in html
+    page = job_page_html(job_page(ref, job, store.get))
+    assert "GPU has fallen off the bus" in page and "HARDWARE" in page and "node-0" in page
+    assert "100, 80, 60" in page and "href='/dags/demo-job/runs/manual__1'" in page
+    assert "No Training Jobs yet." in list_page([])
