@@ -61,6 +61,7 @@ benchmarks: .venv
 	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/ckpt_io.py --dir build/bench-ckpt-io
 	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/ckpt_many_tensors.py --dir build/bench-ckpt-many-tensors
 	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/bench_goodput.py
+	PYTHONPATH=$(CURDIR) $(PY) tests/benchmarks/bench_service.py
 
 vendor: .venv
 	$(VENV)/bin/sat vendor build/checkpoint_vendor
