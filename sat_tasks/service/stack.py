@@ -1,4 +1,4 @@
-"""The service stack `make up` runs: Object Storage, the metadata DB, the API server, the scheduler, the DAG processor.
+"""The service stack `make up` runs: Object Storage, the metadata DB, the API server, the scheduler, the DAG processor, the triggerer.
 
 Call order: `ServiceStack(...)` -> `start()` (storage, `airflow db migrate`, the components,
 waits until the API answers) -> `wait()` (until a component dies or a stop is asked) ->
@@ -32,7 +32,10 @@ from sat_tasks.service.sqlite import use_wal
 
 PID_FILE = "sat-up.pid"
 SERVICE_MARK_ENV = "SAT_SERVICE_HOME"  # every process the deployment starts inherits it
-COMPONENTS = ("api-server", "scheduler", "dag-processor")  # in start order
+# In start order. SAT's sensors reschedule rather than defer, but without a triggerer the UI's
+# health panel shows it red on a person's first login, and deferrable operators of users' own
+# DAGs would wait forever: it runs too (mostly idle).
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 
 class ServiceError(SatError):

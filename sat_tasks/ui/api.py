@@ -6,13 +6,15 @@ read access to a job's DAG, 403 on its page and no row in the list.
 
 - `GET /sat/api/jobs[?status=<status word>]`: the list, newest first.
 - `GET /sat/api/jobs/{dag_id}/runs/{run_id}`: the job page's data.
+- `GET /sat/api/jobs/{dag_id}/runs/{run_id}/log`: the job log (all attempts), as a download;
+  404 until the run has uploaded it (at its end).
 - `GET /sat/jobs` and `GET /sat/jobs/{dag_id}/runs/{run_id}`: the same as HTML (the
   "Training Jobs" entry of Airflow's menu opens the list).
 """
 
 from typing import Any
 
-from sat_tasks.ui.jobs import RunRef, job_of, job_page, list_rows
+from sat_tasks.ui.jobs import RunRef, job_log_uri, job_of, job_page, list_rows
 
 LIST_LIMIT = 200
 
@@ -75,7 +77,7 @@ def create_app():
 
     from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 
-    from fastapi.responses import HTMLResponse
+    from fastapi.responses import HTMLResponse, PlainTextResponse
 
     from sat_tasks.ui.pages import job_page_html, list_page
 
@@ -93,7 +95,7 @@ def create_app():
                 for run in runs]
         return list_rows(refs, jobs, _reader(), GENERIC_DAG_ID, status=status or None)
 
-    def page(dag_id: str, run_id: str, session) -> dict:
+    def run_and_job(dag_id: str, run_id: str, session):
         run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
         if run is None:
             raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
@@ -101,6 +103,10 @@ def create_app():
         job = job_of(ref, _jobs(), GENERIC_DAG_ID)
         if job is None:
             raise HTTPException(404, f"{dag_id!r} is not a Training Job DAG, or its run {run_id!r} has no valid spec")
+        return ref, job
+
+    def page(dag_id: str, run_id: str, session) -> dict:
+        ref, job = run_and_job(dag_id, run_id, session)
         return job_page(ref, job, _reader())
 
     status_query = Query(None, description="a status word, e.g. Running or Completed")
@@ -112,6 +118,21 @@ def create_app():
     @app.get("/api/jobs/{dag_id}/runs/{run_id}", dependencies=read_dags)
     def job_detail(dag_id: str, run_id: str, session: SessionDep):
         return page(dag_id, run_id, session)
+
+    @app.get("/api/jobs/{dag_id}/runs/{run_id}/log", dependencies=read_dags, response_class=PlainTextResponse)
+    def job_log(dag_id: str, run_id: str, session: SessionDep):
+        from sat_tasks.config import sat_setting
+        from sat_tasks.io.object_storage import object_storage_hook
+        from sat_tasks.spec import split_s3_uri
+
+        ref, job = run_and_job(dag_id, run_id, session)
+        bucket, key = split_s3_uri(job_log_uri(job, ref.run_id))
+        hook = object_storage_hook(sat_setting("object_storage_conn_id"))
+        if not hook.check_for_key(key, bucket_name=bucket):
+            raise HTTPException(404, "the job log is uploaded when the run ends; until then, read the task logs")
+        filename = f"{job.name}-{ref.run_id}.log".replace(":", "_").replace("+", "_")
+        return PlainTextResponse(hook.read_key(key, bucket_name=bucket),
+                                 headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
     @app.get("/jobs", dependencies=read_dags, response_class=HTMLResponse)
     def jobs_view(user: GetUserDep, session: SessionDep, status: str | None = status_query):

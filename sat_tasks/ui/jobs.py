@@ -91,6 +91,11 @@ def list_rows(runs: list[RunRef], jobs: dict[str, TrainingJob], read_json: ReadJ
     return rows
 
 
+def job_log_uri(job: TrainingJob, run_id: str) -> str:
+    """Where the run's single job log (every attempt, with the "Starting dataset initialization" markers) lands."""
+    return JobRun(job, run_id).results_uri + "job.log"
+
+
 def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson) -> dict[str, Any]:
     """The job page of one run: its row, the spec, the status history, and every attempt with its verdict."""
     layout = JobRun(job, run.run_id)
@@ -108,6 +113,6 @@ def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson) -> dict[str, An
             "last_committed_step": progress.get("last_committed_step"),
         })
     progress = read_json(layout.progress_uri) or {}
-    return {**row, "spec": job.to_dict(), "history": read_json(layout.status_uri) or [], "attempts": attempts,
+    return {**row, "spec": job.to_dict(), "log": job_log_uri(job, run.run_id), "history": read_json(layout.status_uri) or [], "attempts": attempts,
             "checkpoints": {"committed_steps": progress.get("committed_steps", []),
                             "last_mirrored_step": progress.get("last_mirrored_step")}}

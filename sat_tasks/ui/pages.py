@@ -85,13 +85,15 @@ def job_page_html(page: dict[str, Any]) -> str:
         for a in page["attempts"])
     steps = ", ".join(str(s) for s in page["checkpoints"]["committed_steps"]) or "none yet"
     grid = f"/dags/{quote(page['dag_id'], safe='')}/runs/{quote(page['run_id'], safe='')}"
+    log_href = f"/sat/api/{job_href(page)}/log"
     return _page(page["job"], (
         f"<p><a href='../../../jobs'>Training Jobs</a></p><h1>{escape(page['job'])} {_status(page['status'])}</h1>"
         f"<p>run {escape(page['run_id'])} · {_cell(page['learning_type'])} · {_cell(page['framework'])} · "
         f"{page['nodes']} node(s) · attempt {_cell(page['attempt'])} · started {_cell(page['started'])} · "
         f"{_duration(page['duration_s'])}</p>"
         "<p class='tabs'><a href='#details'>Details</a><a href='#attempts'>Attempts</a>"
-        f"<a href='#checkpoints'>Checkpoints</a><a href='{escape(grid)}' target='_top'>Airflow grid and task logs</a></p>"
+        f"<a href='#checkpoints'>Checkpoints</a><a href='#logs'>Logs</a>"
+        f"<a href='{escape(grid)}' target='_top'>Airflow grid and task logs</a></p>"
         "<section id='details'><h2>Details</h2><h3>Status history</h3><table><thead><tr><th>At</th><th>Status</th>"
         f"<th>Attempt</th><th>Reason</th></tr></thead><tbody>{history}</tbody></table>"
         f"<h3>Spec</h3><pre>{escape(json.dumps(page['spec'], indent=2))}</pre></section>"
@@ -100,4 +102,7 @@ def job_page_html(page: dict[str, Any]) -> str:
         f"<tbody>{attempts}</tbody></table></section>"
         f"<section id='checkpoints'><h2>Checkpoints</h2><p>committed steps: {escape(steps)}; last mirrored to "
         f"Object Storage: {_cell(page['checkpoints']['last_mirrored_step'])}</p>"
-        f"<p>results: <code>{escape(page['results'])}</code></p></section>"))
+        f"<p>results: <code>{escape(page['results'])}</code></p></section>"
+        "<section id='logs'><h2>Logs</h2><p>One log for the whole job, every attempt in turn, each starting with "
+        f"\"Starting dataset initialization\": <a href='{escape(log_href)}'>download job.log</a> (uploaded when the "
+        f"run ends; <code>{escape(page['log'])}</code>). While it runs, the task logs in Airflow's grid.</p></section>"))

@@ -327,7 +327,8 @@ def test_the_registry_password_appears_nowhere(deployment, api, runs):
 
 
 # ---- the Training Jobs API (plugins/sat_training_jobs.py) ---------------------------------------------
-@pytest.mark.parametrize("path", ["/sat/api/jobs", "/sat/api/jobs/tiny-llama-demo/runs/any"])
+@pytest.mark.parametrize("path", ["/sat/api/jobs", "/sat/api/jobs/tiny-llama-demo/runs/any",
+                                  "/sat/api/jobs/tiny-llama-demo/runs/any/log", "/sat/jobs"])
 def test_the_training_jobs_api_needs_a_login(deployment, path):
     for headers in ({}, {"Authorization": "Bearer not-a-token"}):
         response = requests.get(deployment.url + path, headers=headers, timeout=30)
@@ -372,6 +373,14 @@ def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
     assert view.status_code == 200 and "HARDWARE" in view.text and "Xid" in view.text
     assert requests.get(f"{deployment.url}/sat/jobs", timeout=60).status_code in (401, 403)
 
+    # The Logs tab: the single job log across attempts, as a download.
+    log_url = f"{deployment.url}/sat/api/jobs/tiny-llama-demo/runs/{demo_run}/log"
+    assert f"/sat/api/jobs/tiny-llama-demo/runs/" in view.text and "download job.log" in view.text
+    log = requests.get(log_url, headers=headers, timeout=60)
+    assert log.status_code == 200 and "attachment" in log.headers["content-disposition"]
+    assert log.text.count("Starting dataset initialization") == 2  # one per attempt
+    assert requests.get(log_url, timeout=60).status_code in (401, 403)
+
 
 # ---- in a browser: Debian's chromium driven by Playwright (no browser download) -----------------------
 CHROMIUM = "/usr/bin/chromium"
@@ -399,6 +408,9 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(lambda url: "/auth/login" not in url)
     page.get_by_text("Training J").first.wait_for()  # the UI has rendered its navigation, our entry in it
+    health = requests.get(f"{deployment.url}/api/v2/monitor/health", timeout=30).json()  # the panel's source
+    assert {name: health[name]["status"] for name in ("metadatabase", "scheduler", "triggerer", "dag_processor")} \
+        == dict.fromkeys(("metadatabase", "scheduler", "triggerer", "dag_processor"), "healthy"), health
     page.screenshot(path=str(SCREENSHOTS / "01-airflow-home.png"))
 
     page.goto(f"{deployment.url}/sat/jobs")  # what the "Training Jobs" menu entry shows

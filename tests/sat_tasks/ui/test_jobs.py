@@ -101,4 +101,5 @@ def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
     page = job_page_html(job_page(ref, job, store.get))
     assert "GPU has fallen off the bus" in page and "HARDWARE" in page and "node-0" in page
     assert "100, 80, 60" in page and "href='/dags/demo-job/runs/manual__1'" in page
+    assert "href='/sat/api/jobs/demo-job/runs/manual__1/log'" in page and "download job.log" in page
     assert "No Training Jobs yet." in list_page([])
