@@ -78,7 +78,7 @@ def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime
 
 def list_rows(runs: list[RunRef], jobs: dict[str, TrainingJob], read_json: ReadJson, generic_dag_id: str, *,
               status: str | None = None) -> list[dict[str, Any]]:
-    """Rows for `runs` (newest start first), those of SAT DAGs only, filtered by status word when given."""
+    """Rows for `runs` (queued ones first, then newest start first), SAT DAGs only, filtered by status word."""
     rows = []
     for run in runs:
         job = job_of(run, jobs, generic_dag_id)
@@ -87,7 +87,8 @@ def list_rows(runs: list[RunRef], jobs: dict[str, TrainingJob], read_json: ReadJ
         row = job_row(run, job, read_json)
         if status is None or row["status"] == status:
             rows.append(row)
-    rows.sort(key=lambda row: row["started"] or "", reverse=True)
+    # Newest first: runs not started yet (queued) on top, then by start, latest first.
+    rows.sort(key=lambda row: (row["started"] is None, row["started"] or ""), reverse=True)
     return rows
 
 

@@ -346,7 +346,8 @@ def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
     assert ("sat_training_job", runs["generic"].dag_run_id) in rows  # a job created from the form
     assert rows[("svc-cron", runs["cron"].dag_run_id)]["schedule"] == "* * * * *"
     started = [row["started"] for row in response.json()["jobs"]]
-    assert started == sorted(started, reverse=True)  # newest first
+    queued = started.count(None)  # not started yet: the newest of all, on top
+    assert started[:queued] == [None] * queued and started[queued:] == sorted(started[queued:], reverse=True)
     running = requests.get(f"{deployment.url}/sat/api/jobs", params={"status": "Running"}, headers=headers,
                            timeout=60).json()["jobs"]
     assert all(row["status"] == "Running" for row in running)

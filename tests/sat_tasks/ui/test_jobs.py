@@ -52,6 +52,8 @@ def test_rows_in_the_services_words_newest_first_sat_dags_only():
     ]
     rows = list_rows(runs, jobs, store.get, GENERIC)
     assert [row["job"] for row in rows] == ["demo-job", "nightly-job"]  # not the DAG that is no Training Job
+    queued = RunRef("nightly-job", "scheduled__2", "queued")  # not started: the newest of all
+    assert [r["run_id"] for r in list_rows([*runs, queued], jobs, store.get, GENERIC)][0] == "scheduled__2"
     first = rows[0]
     assert first["status"] == "Running" and first["attempt"] == 2 and first["last_checkpoint_step"] == 100
     assert (first["learning_type"], first["framework"], first["nodes"]) == ("on-demand", "pytorch", 1)
