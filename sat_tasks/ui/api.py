@@ -26,11 +26,17 @@ def _jobs() -> dict:
     return load_job_dags(sat_setting("jobs_dir"), build=False).jobs
 
 
-def _reader():
+def _hook():
     from sat_tasks.config import sat_setting
-    from sat_tasks.io.object_storage import object_storage_hook, read_json
+    from sat_tasks.io.object_storage import object_storage_hook
 
-    hook = object_storage_hook(sat_setting("object_storage_conn_id"))
+    return object_storage_hook(sat_setting("object_storage_conn_id"))
+
+
+def _reader():
+    from sat_tasks.io.object_storage import read_json
+
+    hook = _hook()
 
     def read(uri: str) -> Any:
         try:
@@ -121,13 +127,11 @@ def create_app():
 
     @app.get("/api/jobs/{dag_id}/runs/{run_id}/log", dependencies=read_dags, response_class=PlainTextResponse)
     def job_log(dag_id: str, run_id: str, session: SessionDep):
-        from sat_tasks.config import sat_setting
-        from sat_tasks.io.object_storage import object_storage_hook
         from sat_tasks.spec import split_s3_uri
 
         ref, job = run_and_job(dag_id, run_id, session)
         bucket, key = split_s3_uri(job_log_uri(job, ref.run_id))
-        hook = object_storage_hook(sat_setting("object_storage_conn_id"))
+        hook = _hook()
         if not hook.check_for_key(key, bucket_name=bucket):
             raise HTTPException(404, "the job log is uploaded when the run ends; until then, read the task logs")
         filename = f"{job.name}-{ref.run_id}.log".replace(":", "_").replace("+", "_")

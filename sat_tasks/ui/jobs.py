@@ -10,6 +10,7 @@ module needs neither a DB nor a bucket to be tested.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -99,6 +100,7 @@ def job_log_uri(job: TrainingJob, run_id: str) -> str:
 
 def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson) -> dict[str, Any]:
     """The job page of one run: its row, the spec, the status history, and every attempt with its verdict."""
+    read_json = functools.lru_cache(maxsize=None)(read_json)  # the row and the page read status and progress once
     layout = JobRun(job, run.run_id)
     row = job_row(run, job, read_json)
     attempts = []

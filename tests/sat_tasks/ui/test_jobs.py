@@ -105,3 +105,16 @@ def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
     assert "100, 80, 60" in page and "href='/dags/demo-job/runs/manual__1'" in page
     assert "href='/sat/api/jobs/demo-job/runs/manual__1/log'" in page and "download job.log" in page
     assert "No Training Jobs yet." in list_page([])
+
+
+def test_job_page_reads_each_file_once():
+    job = _job("demo-job")
+    store = _written(job, "manual__1")
+    reads: list[str] = []
+
+    def read(uri):
+        reads.append(uri)
+        return store.get(uri)
+
+    job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, read)
+    assert len(reads) == len(set(reads))
