@@ -28,6 +28,10 @@ SAT_DEFAULTS = {
     "kubernetes_conn_id": "kubernetes_default",
     "jobs_dir": str(PROJECT_ROOT / "include" / "jobs"),
     "final_checkpoint_grace_seconds": "60",
+    # Node labels or taints (`key=value` or `key`, comma-separated) that mark an on-premise
+    # pool as Spot/preemptible capacity; the classifier reads a lost node there as a
+    # preemption (ADR 0004). GKE, EKS, Karpenter and AKS labels are known without it.
+    "spot_node_labels": "",
 }
 
 _file_cache: dict[tuple[str, float], dict[str, str]] = {}

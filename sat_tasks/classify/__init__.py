@@ -11,6 +11,7 @@ from sat_tasks.classify.loaders import (
     UnreadableInput,
     job_and_attempt_of_pod,
     load_record,
+    load_record_with_notes,
     record_from_pod,
 )
 from sat_tasks.classify.multirank import combine_rank_records
@@ -24,5 +25,6 @@ from sat_tasks.core.contracts import Verdict, VerdictKind
 
 __all__ = [
     "APPLICATION_XIDS", "HARDWARE_XIDS", "NOT_A_NODE_FAULT_XIDS", "PEER_STOP_REASON", "UnreadableInput", "Verdict",
-    "VerdictKind", "classify", "combine_rank_records", "job_and_attempt_of_pod", "load_record", "record_from_pod",
+    "VerdictKind", "classify", "combine_rank_records", "job_and_attempt_of_pod", "load_record",
+    "load_record_with_notes", "record_from_pod",
 ]

@@ -29,8 +29,11 @@ import signal as signal_module
 
 from sat_tasks.classify.evidence import (
     Finding,
+    as_dict,
+    as_dicts,
     describe_state,
     exit_signal,
+    find_spot_capacity,
     find_torchrun_signal,
     gather,
     signal_name,
@@ -55,11 +58,11 @@ def _verdict(kind: VerdictKind, findings: list[Finding], limit: int = 8) -> Verd
 
 
 def _exit_line(record: AttemptRecord) -> str:
-    for status in record.container_states:
+    for status in as_dicts(record.container_states):
         if status.get("init"):
             continue
         for key in ("state", "lastState"):
-            terminated = (status.get(key) or {}).get("terminated")
+            terminated = as_dict(as_dict(status.get(key)).get("terminated"))
             if terminated and terminated.get("exitCode") == record.exit_code:
                 return describe_state(status.get("name", "?"), "terminated", terminated)
     text = f"exit code {record.exit_code}"
@@ -83,13 +86,25 @@ def classify(record: AttemptRecord) -> Verdict:
 
 def _weigh(record: AttemptRecord) -> Verdict:
     """The verdict from the record's evidence, by the precedence of the module doc."""
-    findings = gather(record)
+    found = gather(record)
+    findings = [f for f in found if not f.ambiguous]
+    ambiguous = [f for f in found if f.ambiguous]
     by_kind = {kind: [f for f in findings if f.kind is kind] for kind in VerdictKind}
     clean_exit = record.exit_code == 0 and not record.signal
 
     if by_kind[VerdictKind.PREEMPTED]:
         return _verdict(VerdictKind.PREEMPTED, by_kind[VerdictKind.PREEMPTED])
+    spot = find_spot_capacity(record)
     hardware = [f for f in by_kind[HW] if f.beats_success or not clean_exit]
+    if spot:
+        reclaimed = _reclaimed_spot_node(spot, hardware)
+        if reclaimed is not None:
+            return reclaimed
+    if hardware and all(f.peer_symptom for f in hardware) and by_kind[INT]:
+        # A rank's own error outranks its peers' timeouts and remote errors that followed it.
+        own = _verdict(INT, by_kind[INT] + hardware)
+        return own.model_copy(update={"reason": f"{own.reason} (the NCCL timeouts/remote errors of the other "
+                                                "ranks followed it)"})
     if hardware:
         # Strongest first: device-level evidence before network noise and snapshots.
         hardware.sort(key=lambda f: not f.beats_success)
@@ -103,7 +118,32 @@ def _weigh(record: AttemptRecord) -> Verdict:
         if record.exit_code is not None and _exit_line(record) not in verdict.evidence:
             verdict = verdict.model_copy(update={"evidence": [*verdict.evidence, _exit_line(record)]})
         return verdict
+    if ambiguous:
+        verdict = _verdict(ambiguous[0].kind, [f for f in ambiguous if f.kind is ambiguous[0].kind])
+        return verdict.model_copy(update={"evidence": [*verdict.evidence, _exit_line(record)][:8]})
+    if spot and _lost_without_status(record):
+        return Verdict.of(VerdictKind.PREEMPTED, [_exit_line(record), spot],
+                          f"the node was Spot/preemptible capacity ({spot}) and the attempt was killed from "
+                          "outside with no other evidence: a reclaim (ADR 0004)")
     return _classify_by_exit_status(record)
+
+
+def _reclaimed_spot_node(spot: str, hardware: list[Finding]) -> Verdict | None:
+    """On Spot capacity a lost node is a reclaim, unless a device on it failed first."""
+    lost = [f for f in hardware if f.node_loss]
+    device = [f for f in hardware if f.beats_success and not f.node_loss]
+    if not lost or device:
+        return None
+    evidence = [spot] + [f.evidence for f in lost] + [f.evidence for f in hardware if not f.node_loss]
+    return Verdict.of(VerdictKind.PREEMPTED, evidence[:8],
+                      f"the node was Spot/preemptible capacity ({spot}) and went away: {lost[0].reason} "
+                      "(a reclaim, not a hardware fault)")
+
+
+def _lost_without_status(record: AttemptRecord) -> bool:
+    """Killed by SIGKILL/SIGTERM/SIGHUP from outside, or no exit status at all."""
+    number = exit_signal(record) or find_torchrun_signal(list(record.log_tail))[0]
+    return record.exit_code is None or number in EXTERNAL_KILL_SIGNALS
 
 
 def _classify_by_exit_status(record: AttemptRecord) -> Verdict:

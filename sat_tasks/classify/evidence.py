@@ -10,14 +10,17 @@ import re
 import signal as signal_module
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sat_tasks.classify.rules import (
+    AMBIGUOUS_RULES,
+    AMBIGUOUS_XIDS,
     APPLICATION_XIDS,
     EXCEPTION_LINE,
     HARDWARE_TERMINATION_REASONS,
     HARDWARE_XIDS,
+    HEADERLESS_EXCEPTION,
     HW,
     IMAGE_EVENT_MESSAGE,
     IMAGE_WAITING_REASONS,
@@ -25,13 +28,18 @@ from sat_tasks.classify.rules import (
     INTERNAL_TERMINATION_REASONS,
     INTERNAL_WAITING_REASONS,
     ISO_STAMP,
-    LINE_PREFIX,
+    LINE_PREFIXES,
     LIVENESS_PROBE,
     NCCL_FRAME,
     NCCL_SYSTEM_ERROR,
     NODE_DOWN_TAINTS,
     NODE_LOG_SLACK_AFTER,
     NODE_LOG_SLACK_BEFORE,
+    NODE_LOW_ON_RESOURCE,
+    NVIDIA_RUNTIME,
+    OWN_LIMIT_EVICTION,
+    PEER_EXCEPTION_MESSAGE,
+    PEER_EXCEPTIONS,
     PREEMPTED_TERMINATION_REASONS,
     PREEMPTING_DISRUPTIONS,
     PRESSURE_CONDITIONS,
@@ -39,6 +47,7 @@ from sat_tasks.classify.rules import (
     SHM_ERROR,
     SHUTDOWN_MESSAGE,
     SOCKET_ERROR,
+    SPOT_CAPACITY_LABELS,
     SPOT_TAINT,
     SPOT_WORDS,
     STARTUP_PROBE,
@@ -49,6 +58,7 @@ from sat_tasks.classify.rules import (
     XID_LINE,
     XID_RECOVERY_ACTION,
 )
+from sat_tasks.config import sat_setting
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import VerdictKind
 
@@ -59,17 +69,76 @@ class Finding:
 
     `beats_success` is False for evidence that must not turn a clean exit 0 into a
     failure: NCCL/gloo teardown noise and node-condition snapshots taken afterwards.
+    `node_loss`: the node (not a device on it) went away or failed the pod; on Spot capacity
+    that is a preemption. `peer_symptom`: what a rank logs when another rank failed.
+    `ambiguous`: weighed only when nothing decisive is left (its reason says why it chose).
     """
 
     kind: VerdictKind
     evidence: str
     reason: str
     beats_success: bool = True
+    node_loss: bool = False
+    peer_symptom: bool = False
+    ambiguous: bool = False
 
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` if it is a mapping, else an empty one (malformed input is less evidence, not an error)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_dicts(value: Any) -> list[dict[str, Any]]:
+    """The mappings in `value` (a list), skipping anything else."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def strip(line: str) -> str:
-    return LINE_PREFIX.sub("", line, count=1).rstrip()
+    """The line without the prefixes launchers and log shippers add (`rules.LINE_PREFIXES`)."""
+    text = line
+    for _ in range(8):
+        before = text
+        for prefix in LINE_PREFIXES:
+            text = prefix.sub("", text, count=1)
+        if text == before:
+            break
+    return text.rstrip()
+
+
+def spot_capacity_labels() -> dict[str, str | None]:
+    """Known Spot labels plus `[sat] spot_node_labels` (`key=value` or `key`, comma-separated)."""
+    labels = dict(SPOT_CAPACITY_LABELS)
+    try:
+        configured = sat_setting("spot_node_labels", "")
+    except (KeyError, OSError, ValueError):
+        configured = ""
+    for item in configured.split(","):
+        key, _, value = item.strip().partition("=")
+        if key.strip():
+            labels[key.strip()] = value.strip() or None
+    return labels
+
+
+def is_spot_label(key: str, value: Any, labels: dict[str, str | None] | None = None) -> bool:
+    wanted = (labels if labels is not None else spot_capacity_labels()).get(key, "\0")
+    if wanted == "\0":
+        return False
+    return wanted is None or str(value).lower() == wanted.lower()
+
+
+def find_spot_capacity(record: AttemptRecord) -> str | None:
+    """How the record shows that its node was Spot/preemptible capacity, or None.
+
+    Node taints with a Spot key, and the Spot labels of the node or the pod's node selector,
+    which `loaders.record_from_pod` carries as `node_taints` entries with a `source`.
+    """
+    labels = spot_capacity_labels()
+    for taint in as_dicts(record.node_taints):
+        key = str(taint.get("key") or "")
+        if is_spot_label(key, taint.get("value") or "", labels):
+            source = taint.get("source") or "node taint"
+            return f"{source} {key}={taint.get('value') or ''}"
+    return None
 
 
 def signal_name(number: int) -> str:
@@ -108,7 +177,7 @@ def _line_time(line: str) -> datetime | None:
 def _aware(moment: datetime | None) -> datetime | None:
     if moment is None or moment.tzinfo is not None:
         return moment
-    return moment.replace(tzinfo=timezone.utc)
+    return moment.replace(tzinfo=UTC)
 
 
 def _node_log_in_window(record: AttemptRecord) -> list[str]:
@@ -156,7 +225,7 @@ def _describe_condition(prefix: str, condition: dict[str, Any]) -> str:
 
 
 def _describe_event(event: dict[str, Any]) -> str:
-    involved = event.get("involvedObject") or event.get("regarding") or {}
+    involved = as_dict(event.get("involvedObject") or event.get("regarding"))
     about = f"{involved.get('kind')}/{involved.get('name')} " if involved.get("kind") else ""
     message = event.get("message") or event.get("note") or ""
     return f"event {about}{event.get('type') or 'Normal'} {event.get('reason')}: {str(message).strip()}"
@@ -197,6 +266,10 @@ def find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[Find
             yield Finding(HW, describe(line), f"Xid {xid}{on}: {HARDWARE_XIDS[xid]}")
         elif xid in APPLICATION_XIDS:
             yield Finding(INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}")
+        elif xid in AMBIGUOUS_XIDS:
+            yield Finding(HW, describe(line), f"ambiguous: Xid {xid}{on}: {AMBIGUOUS_XIDS[xid]}. Chose HARDWARE: "
+                          "a wrong failover costs at most three retries from the last checkpoint (ADR 0004)",
+                          ambiguous=True)
         elif xid == XID_RECOVERY_ACTION and _recovery_action_needed(line):
             yield Finding(HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot")
         # 63/92/94 and unknown Xids are not evidence of a node fault on their own.
@@ -206,8 +279,14 @@ def find_text(lines: Iterable[str], describe=lambda line: line) -> Iterator[Find
     for line in lines:
         for rule in TEXT_RULES:
             if rule.pattern.search(line):
-                yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success)
+                yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success,
+                              peer_symptom=rule.peer_symptom)
                 break
+        else:
+            for rule in AMBIGUOUS_RULES:
+                if rule.pattern.search(line):
+                    yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success, ambiguous=True)
+                    break
 
 
 def _find_nccl_system_errors(lines: list[str]) -> Iterator[Finding]:
@@ -219,7 +298,8 @@ def _find_nccl_system_errors(lines: list[str]) -> Iterator[Finding]:
     shm = [line for line in lines if SHM_ERROR.search(line)]
     if sockets:
         for line in (system[0], sockets[0]):
-            yield Finding(HW, line, "NCCL system error on a socket (network)", beats_success=False)
+            yield Finding(HW, line, "NCCL system error on a socket (network)", beats_success=False,
+                          peer_symptom=True)
     elif shm:
         for line in (system[0], shm[0]):
             yield Finding(INT, line, "NCCL could not set up shared memory (/dev/shm too small)")
@@ -235,49 +315,83 @@ def _find_nccl_segfault(record: AttemptRecord, lines: list[str]) -> Iterator[Fin
             yield Finding(HW, line, "segmentation fault inside NCCL (network transport)")
 
 
+def _is_symptom(text: str) -> bool:
+    """An exception line that names a peer's, the network's or the node's failure, not the script's."""
+    return bool(PEER_EXCEPTION_MESSAGE.search(text)) or any(
+        rule.kind is not INT and rule.pattern.search(text) for rule in (*TEXT_RULES, *AMBIGUOUS_RULES))
+
+
+def _exception_name(text: str) -> str | None:
+    match = HEADERLESS_EXCEPTION.match(text) or EXCEPTION_LINE.match(text)
+    return match.group(1) if match else None
+
+
 def _last_exception(lines: list[str]) -> str | None:
-    """The verbatim line naming the last exception of the last Python traceback."""
-    found, in_traceback = None, False
+    """The verbatim line naming the script's last exception.
+
+    The last exception line of the last Python traceback, else (an excerpt, assertion-only
+    output, a Ray task error) the last line that looks like one. Lines are read behind the
+    prefixes launchers add (`strip`). torchrun's wrappers, torch.distributed's peer errors
+    and exceptions about the collective or the connection are not the script's own.
+    """
+    in_traceback, from_traceback, headerless = False, None, None
     for line in lines:
         text = strip(line)
         if text.startswith("Traceback (most recent call last):"):
             in_traceback = True
             continue
-        if not in_traceback or not text or text[0].isspace():
+        if not text or text[0].isspace():
             continue
-        in_traceback = False
-        match = EXCEPTION_LINE.match(text)
-        if match and match.group(1).rsplit(".", 1)[-1] in WRAPPER_EXCEPTIONS:
+        name = _exception_name(text)
+        is_headerless = bool(HEADERLESS_EXCEPTION.match(text))
+        if not in_traceback and not is_headerless:
             continue
-        found = line
-    return found
+        was_in_traceback, in_traceback = in_traceback, False
+        if name is None:
+            continue
+        short = name.rsplit(".", 1)[-1]
+        if short in WRAPPER_EXCEPTIONS or short in PEER_EXCEPTIONS or _is_symptom(text):
+            continue
+        if was_in_traceback:
+            from_traceback = line
+        else:
+            headerless = line
+    return from_traceback or headerless
 
 
 def _find_traceback(lines: list[str]) -> Iterator[Finding]:
     line = _last_exception(lines)
     if line is not None:
-        name = (EXCEPTION_LINE.match(strip(line)) or [None, "an exception"])[1]
+        name = _exception_name(strip(line)) or "an exception"
         yield Finding(INT, line, f"the training script raised {name}")
 
 
+def _runtime_or(kind: VerdictKind, state: dict[str, Any], why: str) -> tuple[VerdictKind, str]:
+    """A container that could not start because the NVIDIA runtime failed is the node's fault."""
+    if NVIDIA_RUNTIME.search(str(state.get("message") or "")):
+        return HW, "the NVIDIA container runtime failed on the node, so the container could not start"
+    return kind, why
+
+
 def _find_container_states(record: AttemptRecord) -> Iterator[Finding]:
-    for status in record.container_states:
+    for status in as_dicts(record.container_states):
         name = status.get("name", "?")
         for key in ("state", "lastState"):
-            state = status.get(key) or {}
-            waiting, terminated = state.get("waiting"), state.get("terminated")
+            state = as_dict(status.get(key))
+            waiting, terminated = as_dict(state.get("waiting")), as_dict(state.get("terminated"))
             if waiting and key == "state":
                 reason = waiting.get("reason")
                 if reason in IMAGE_WAITING_REASONS:
                     yield Finding(VerdictKind.IMAGE_PULL, describe_state(name, "waiting", waiting),
                                    f"the image could not be pulled ({reason})")
                 elif reason in INTERNAL_WAITING_REASONS:
-                    yield Finding(INT, describe_state(name, "waiting", waiting),
-                                   f"the container could not be created ({reason})")
+                    kind, why = _runtime_or(INT, waiting, f"the container could not be created ({reason})")
+                    yield Finding(kind, describe_state(name, "waiting", waiting), why)
             if terminated and terminated.get("reason") in INTERNAL_TERMINATION_REASONS:
                 reason = terminated["reason"]
                 why = "out of memory (OOMKilled)" if reason == "OOMKilled" else f"the container failed ({reason})"
-                yield Finding(INT, describe_state(name, "terminated", terminated), why)
+                kind, why = _runtime_or(INT, terminated, why)
+                yield Finding(kind, describe_state(name, "terminated", terminated), why)
 
 
 def _find_termination(record: AttemptRecord) -> Iterator[Finding]:
@@ -285,65 +399,78 @@ def _find_termination(record: AttemptRecord) -> Iterator[Finding]:
     if not reason:
         return
     seen = {
-        ((status.get(key) or {}).get("terminated") or {}).get("reason")
-        for status in record.container_states for key in ("state", "lastState")
+        as_dict(as_dict(status.get(key)).get("terminated")).get("reason")
+        for status in as_dicts(record.container_states) for key in ("state", "lastState")
     }
     message = (record.termination_message or "").strip()
     line = f"termination reason {reason}" + (f": {message}" if message else "")
     if reason in PREEMPTED_TERMINATION_REASONS:
         if reason in {"Preempted", "Preempting", "NodeShutdown"} or SHUTDOWN_MESSAGE.search(message):
             yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node shut down ({reason})")
+        else:
+            yield Finding(HW, line, f"the node terminated the pod ({reason})", node_loss=True)
+    elif reason == "Evicted" and OWN_LIMIT_EVICTION.search(message):
+        yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)")
     elif reason in HARDWARE_TERMINATION_REASONS or reason.startswith("OutOf"):
         if SPOT_WORDS.search(message):
             yield Finding(VerdictKind.PREEMPTED, line, f"the node was reclaimed ({reason})")
+        elif reason == "Evicted" and NODE_LOW_ON_RESOURCE.search(message):
+            yield Finding(HW, line, "the node ran short of a resource and evicted the pod (node pressure)")
         else:
-            yield Finding(HW, line, f"the node failed the pod ({reason})")
+            yield Finding(HW, line, f"the node failed the pod ({reason})",
+                          node_loss=reason in {"NodeLost", "NodeAffinity", "Evicted"})
     elif reason in INTERNAL_TERMINATION_REASONS and reason not in seen:
         why = "out of memory (OOMKilled)" if reason == "OOMKilled" else f"the container failed ({reason})"
-        yield Finding(INT, line, why)
+        kind, why = _runtime_or(INT, {"message": message}, why)
+        yield Finding(kind, line, why)
 
 
 def _find_pod_conditions(record: AttemptRecord) -> Iterator[Finding]:
     """DisruptionTarget=True: preemption and node shutdown → PREEMPTED; the rest → HARDWARE."""
-    for condition in record.pod_conditions:
+    for condition in as_dicts(record.pod_conditions):
         if condition.get("type") != "DisruptionTarget" or str(condition.get("status")) != "True":
             continue
-        reason, message = condition.get("reason") or "", condition.get("message") or ""
+        reason, message = str(condition.get("reason") or ""), str(condition.get("message") or "")
         line = _describe_condition("pod", condition)
         if reason in PREEMPTING_DISRUPTIONS or SPOT_WORDS.search(message):
             yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted ({reason or 'DisruptionTarget'})")
         elif reason == "TerminationByKubelet" and SHUTDOWN_MESSAGE.search(message):
             yield Finding(VerdictKind.PREEMPTED, line, "the node shut down (graceful node shutdown)")
+        elif reason == "TerminationByKubelet" and OWN_LIMIT_EVICTION.search(message):
+            yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)")
         elif reason == "TerminationByKubelet":
             yield Finding(HW, line, "the kubelet evicted the pod (node pressure)")
         else:
-            yield Finding(HW, line, f"the node disrupted the pod ({reason or 'DisruptionTarget'})")
+            yield Finding(HW, line, f"the node disrupted the pod ({reason or 'DisruptionTarget'})", node_loss=True)
 
 
 def _find_node(record: AttemptRecord) -> Iterator[Finding]:
     """Node conditions and taints are snapshots taken after the attempt: they cannot beat exit 0."""
-    for condition in record.node_conditions:
+    labels = spot_capacity_labels()
+    for condition in as_dicts(record.node_conditions):
         kind, status = condition.get("type"), str(condition.get("status"))
         line = _describe_condition("node", condition)
         text = f"{condition.get('reason') or ''} {condition.get('message') or ''}"
         if kind == "Ready" and status in {"False", "Unknown"}:
-            yield Finding(HW, line, "the node is NotReady", beats_success=False)
+            yield Finding(HW, line, "the node is NotReady", beats_success=False, node_loss=True)
         elif kind not in PRESSURE_CONDITIONS and kind != "Ready" and status == "True":
             if SPOT_WORDS.search(text):
                 yield Finding(VerdictKind.PREEMPTED, line, f"the node is being reclaimed ({kind})")
             else:
                 yield Finding(HW, line, f"the node reports a problem ({kind})", beats_success=False)
-    for taint in record.node_taints:
-        key = taint.get("key") or ""
+    for taint in as_dicts(record.node_taints):
+        key = str(taint.get("key") or "")
+        if taint.get("source") or is_spot_label(key, taint.get("value") or "", labels):
+            continue  # capacity markers: see find_spot_capacity
         line = f"node taint {key}={taint.get('value') or ''}:{taint.get('effect') or ''}"
         if SPOT_TAINT.search(key):
             yield Finding(VerdictKind.PREEMPTED, line, "the node is being reclaimed (Spot interruption)")
         elif key in NODE_DOWN_TAINTS:
-            yield Finding(HW, line, "the node is unreachable or not ready", beats_success=False)
+            yield Finding(HW, line, "the node is unreachable or not ready", beats_success=False, node_loss=True)
 
 
 def _find_events(record: AttemptRecord) -> Iterator[Finding]:
-    for event in record.events:
+    for event in as_dicts(record.events):
         reason = str(event.get("reason") or "")
         message = str(event.get("message") or event.get("note") or "")
         line = _describe_event(event)
@@ -352,10 +479,12 @@ def _find_events(record: AttemptRecord) -> Iterator[Finding]:
             yield Finding(VerdictKind.IMAGE_PULL, line, "the image could not be pulled")
         elif reason in {"Preempted", "Preempting", "NodeShutdown", "Shutdown"} or SPOT_WORDS.search(reason):
             yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node reclaimed ({reason})")
+        elif reason in {"Evicted", "Evicting"} and OWN_LIMIT_EVICTION.search(message):
+            yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)")
         elif reason in {"Evicted", "Evicting"}:
             yield Finding(HW, line, "the kubelet evicted the pod (node pressure)")
         elif reason in {"NodeNotReady", "TaintManagerEviction", "Rebooted", "NodeLost"}:
-            yield Finding(HW, line, f"the node failed ({reason})", beats_success=False)
+            yield Finding(HW, line, f"the node failed ({reason})", beats_success=False, node_loss=True)
         elif STARTUP_PROBE.search(message):
             yield Finding(INT, line, STARTUP_REASON)
         elif LIVENESS_PROBE.search(message):

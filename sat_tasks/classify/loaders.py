@@ -10,9 +10,17 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from sat_tasks.classify.evidence import (
+    as_dict,
+    as_dicts,
+    is_spot_label,
+    spot_capacity_labels,
+)
 from sat_tasks.core.attempt import (
     LOG_TAIL_LINES,
     MAIN_CONTAINER_NAME,
@@ -22,22 +30,75 @@ from sat_tasks.core.attempt import (
 from sat_tasks.errors import SatError
 
 _ATTEMPT_IN_TASK_ID = re.compile(r"attempt_(\d+)")
+#: A log file is read from its end: at most this many bytes (a record keeps a tail anyway).
+LOG_READ_BYTES = 8 * 1024 * 1024
+#: Longer lines are cut (a binary log can hold megabytes without a newline).
+MAX_LINE_CHARS = 4096
 
 
 def _as_lines(text: list[str] | str | None, keep: int) -> list[str]:
     if text is None:
         return []
-    lines = text.splitlines() if isinstance(text, str) else [str(line).rstrip("\n") for line in text]
-    return lines[-keep:]
+    if isinstance(text, str):
+        lines = text.splitlines()
+    elif isinstance(text, list):
+        lines = [str(line).rstrip("\n") for line in text if line is not None]
+    else:
+        lines = str(text).splitlines()
+    return [line.replace("\x00", "")[:MAX_LINE_CHARS] for line in lines[-keep:]]
+
+
+def _int_or_none(value: Any, what: str, notes: list[str] | None) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        if notes is not None:
+            notes.append(f"{what} {str(value)[:40]!r} is not a number: ignored")
+        return None
+
+
+def _text_or_none(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _capacity_markers(pod: dict[str, Any], node: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Spot/preemptible labels of the node and of the pod's node selector, as taint-like entries.
+
+    The record has no field for labels; these entries (with a `source`) go into `node_taints`,
+    where `evidence.find_spot_capacity` reads them and the taint rules skip them.
+    """
+    labels = spot_capacity_labels()
+    markers: list[dict[str, Any]] = []
+    node_labels = as_dict(as_dict(node.get("metadata")).get("labels"))
+    selector = as_dict(as_dict(pod.get("spec")).get("nodeSelector"))
+    for source, items in (("node label", node_labels), ("pod nodeSelector", selector)):
+        for key, value in items.items():
+            if is_spot_label(str(key), value, labels):
+                markers.append({"key": str(key), "value": str(value), "effect": "", "source": source})
+    affinity = as_dict(as_dict(as_dict(pod.get("spec")).get("affinity")).get("nodeAffinity"))
+    required = as_dict(affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    for term in as_dicts(required.get("nodeSelectorTerms")):
+        for expression in as_dicts(term.get("matchExpressions")):
+            values = expression.get("values") if isinstance(expression.get("values"), list) else []
+            key = str(expression.get("key") or "")
+            if expression.get("operator") == "In" and len(values) == 1 and is_spot_label(key, values[0], labels):
+                markers.append({"key": key, "value": str(values[0]), "effect": "", "source": "pod node affinity"})
+    return markers
 
 
 def _main_container_status(pod: dict[str, Any], container: str | None) -> dict[str, Any] | None:
     """The status entry of the training container: named, `base`, or the first spec'd one."""
-    statuses = pod.get("status", {}).get("containerStatuses") or []
-    by_name = {status.get("name"): status for status in statuses}
+    statuses = as_dicts(as_dict(pod.get("status")).get("containerStatuses"))
+    by_name = {status.get("name"): status for status in statuses if isinstance(status.get("name"), str)}
     wanted = [container] if container else []
     wanted.append(MAIN_CONTAINER_NAME)
-    wanted += [c.get("name") for c in pod.get("spec", {}).get("containers") or []]
+    wanted += [c.get("name") for c in as_dicts(as_dict(pod.get("spec")).get("containers"))]
     for name in wanted:
         if name in by_name:
             return by_name[name]
@@ -48,13 +109,15 @@ def _terminated(status: dict[str, Any] | None) -> dict[str, Any] | None:
     """The current terminated state, else the last one (a restarted container)."""
     if not status:
         return None
-    return (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated")
+    return (as_dict(as_dict(status.get("state")).get("terminated"))
+            or as_dict(as_dict(status.get("lastState")).get("terminated")) or None)
 
 
 def _labels_job_and_attempt(pod: dict[str, Any]) -> tuple[str | None, int | None]:
-    labels = pod.get("metadata", {}).get("labels") or {}
+    labels = as_dict(as_dict(pod.get("metadata")).get("labels"))
     job = labels.get("sat.ai/job") or labels.get("sat/job") or labels.get("dag_id")
-    match = _ATTEMPT_IN_TASK_ID.search(labels.get("task_id", ""))
+    job = job if isinstance(job, str) and job else None
+    match = _ATTEMPT_IN_TASK_ID.search(str(labels.get("task_id") or ""))
     return job, int(match.group(1)) if match else None
 
 
@@ -69,6 +132,7 @@ def record_from_pod(
     node: dict[str, Any] | None = None,
     progress: dict[str, Any] | None = None,
     container: str | None = None,
+    notes: list[str] | None = None,
 ) -> AttemptRecord:
     """Build an `AttemptRecord` from a pod as `kubectl get pod NAME -o json` prints it.
 
@@ -81,68 +145,120 @@ def record_from_pod(
         node: the Node object (`kubectl get node NAME -o json`) for conditions/taints.
         progress: the engine's progress.json, when the launcher read it.
         container: the training container's name (default: `base`, else the first).
+        notes: where to say what could not be read (malformed fields are skipped, never fatal).
     """
-    status = pod.get("status") or {}
-    spec = pod.get("spec") or {}
+    pod, node = as_dict(pod), as_dict(node)
+    status = as_dict(pod.get("status"))
+    spec = as_dict(pod.get("spec"))
     main = _main_container_status(pod, container)
     terminated = _terminated(main)
-    running = ((main or {}).get("state") or {}).get("running")
+    running = as_dict(as_dict((main or {}).get("state")).get("running"))
+    if notes is not None and not as_dicts(status.get("containerStatuses")):
+        notes.append("the pod has no container statuses: no exit code or container state")
 
     # Pod-level reasons (Evicted, Terminated, NodeLost, UnexpectedAdmissionError, ...)
     # say more than the container's "Error"; the container states stay in the record.
-    reason = status.get("reason") or (terminated or {}).get("reason")
-    message = status.get("message") or (terminated or {}).get("message")
+    terminated = terminated or {}
+    reason = _text_or_none(status.get("reason") or terminated.get("reason"))
+    message = _text_or_none(status.get("message") or terminated.get("message"))
 
     container_states = [
-        {**entry, "init": True} for entry in status.get("initContainerStatuses") or []
-    ] + list(status.get("containerStatuses") or [])
+        {**entry, "init": True} for entry in as_dicts(status.get("initContainerStatuses"))
+    ] + as_dicts(status.get("containerStatuses"))
 
     image = (main or {}).get("image")
     if image is None:
-        specs = spec.get("containers") or []
+        specs = as_dicts(spec.get("containers"))
         image = next((c.get("image") for c in specs if c.get("name") == (main or {}).get("name")), None)
         if image is None and specs:
             image = specs[0].get("image")
 
-    node_status = (node or {}).get("status") or {}
+    node_status = as_dict(node.get("status"))
+    event_items = as_dicts(events) if isinstance(events, list) else []
+    if notes is not None and isinstance(events, list) and len(event_items) < len(events):
+        notes.append(f"{len(events) - len(event_items)} event(s) are not objects: skipped")
     return AttemptRecord(
         job=job,
         attempt=attempt,
         backend="kubernetes",
-        node=spec.get("nodeName") or (node or {}).get("metadata", {}).get("name"),
-        exit_code=(terminated or {}).get("exitCode"),
-        signal=(terminated or {}).get("signal"),
+        node=_text_or_none(spec.get("nodeName") or as_dict(node.get("metadata")).get("name")),
+        exit_code=_int_or_none(terminated.get("exitCode"), "exitCode", notes),
+        signal=_int_or_none(terminated.get("signal"), "signal", notes),
         termination_reason=reason,
         termination_message=message,
         container_states=container_states,
-        pod_conditions=list(status.get("conditions") or []),
-        events=list(events or []),
-        node_conditions=list(node_status.get("conditions") or []),
-        node_taints=list(((node or {}).get("spec") or {}).get("taints") or []),
+        pod_conditions=as_dicts(status.get("conditions")),
+        events=event_items,
+        node_conditions=as_dicts(node_status.get("conditions")),
+        node_taints=as_dicts(as_dict(node.get("spec")).get("taints")) + _capacity_markers(pod, node),
         log_tail=_as_lines(log, LOG_TAIL_LINES),
         node_log=_as_lines(node_log, NODE_LOG_LINES),
-        started_at=(terminated or {}).get("startedAt") or (running or {}).get("startedAt"),
-        finished_at=(terminated or {}).get("finishedAt"),
-        progress=progress,
-        image=image,
+        started_at=_moment(terminated.get("startedAt") or running.get("startedAt"), "startedAt", notes),
+        finished_at=_moment(terminated.get("finishedAt"), "finishedAt", notes),
+        progress=progress if isinstance(progress, dict) else None,
+        image=_text_or_none(image),
     )
+
+
+def _moment(value: Any, what: str, notes: list[str] | None) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        if notes is not None:
+            notes.append(f"{what} {str(value)[:40]!r} is not a time: ignored")
+        return None
 
 
 def job_and_attempt_of_pod(pod: dict[str, Any]) -> tuple[str, int]:
     """Best guess of (job, attempt) from pod labels (`dag_id`, `task_id` attempt_N), else name/1."""
     job, attempt = _labels_job_and_attempt(pod)
-    return job or pod.get("metadata", {}).get("name") or "unknown", attempt or 1
+    name = as_dict(pod.get("metadata")).get("name")
+    return job or (name if isinstance(name, str) and name else "unknown"), attempt or 1
 
 
 class UnreadableInput(SatError):
     """The file given to `sat classify` is not an attempt record or a pod; the message says what it is instead."""
 
 
-def _read_text(path: str) -> str:
+def _decode(data: bytes) -> str:
+    """Text from bytes in whatever encoding they came: UTF-16/32 by BOM, else UTF-8 with replacements."""
+    for bom, codec in ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+                       (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"), (b"\xef\xbb\xbf", "utf-8-sig")):
+        if data.startswith(bom):
+            return data.decode(codec, errors="replace")
+    return data.decode("utf-8", errors="replace")
+
+
+def _read_bytes(path: str, limit: int | None) -> tuple[bytes, int]:
+    """The file's bytes (its last `limit` bytes when given) and its size."""
+    if path == "-":
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        return (data[-limit:] if limit else data), len(data)
+    with open(path, "rb") as handle:
+        size = handle.seek(0, 2)
+        start = max(0, size - limit) if limit else 0
+        handle.seek(start)
+        return handle.read(), size
+
+
+def _read_text(path: str, *, limit: int | None = None, notes: list[str] | None = None) -> str:
     try:
-        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8", errors="replace")
+        data, size = _read_bytes(path, limit)
     except OSError as error:
         raise UnreadableInput(f"cannot read {path}: {error.strerror or error}") from error
+    text = _decode(data)
+    if notes is not None:
+        if limit and size > limit:
+            notes.append(f"{path} is {size // (1024 * 1024)} MiB: read only its last {limit // (1024 * 1024)} MiB")
+        if "\ufffd" in text:
+            notes.append(f"{path} is not valid UTF-8 (binary or another encoding): unreadable bytes replaced")
+        if "\x00" in text:
+            notes.append(f"{path} holds NUL bytes (binary): removed")
+    return text.replace("\x00", "")
 
 
 def _read_json(path: str) -> Any:
@@ -152,6 +268,15 @@ def _read_json(path: str) -> Any:
         raise UnreadableInput(f"{path} is not JSON: {error.msg} at line {error.lineno}") from error
 
 
+def _read_side_json(path: str, what: str, notes: list[str]) -> Any:
+    """A side file (events, node): unreadable ones are noted and skipped, not fatal."""
+    try:
+        return _read_json(path)
+    except UnreadableInput as error:
+        notes.append(f"{what} not read: {error}")
+        return None
+
+
 def _is_pod(data: dict[str, Any]) -> bool:
     return data.get("kind") == "Pod" or ("apiVersion" in data and "status" in data and "spec" in data)
 
@@ -159,34 +284,70 @@ def _is_pod(data: dict[str, Any]) -> bool:
 def load_record(path: str, *, log: str | None = None, node_log: str | None = None,
                 events: str | None = None, node: str | None = None) -> AttemptRecord:
     """Read an attempt record or a raw pod JSON (plus optional side files) from disk."""
+    return load_record_with_notes(path, log=log, node_log=node_log, events=events, node=node)[0]
+
+
+def load_record_with_notes(path: str, *, log: str | None = None, node_log: str | None = None,
+                           events: str | None = None, node: str | None = None) -> tuple[AttemptRecord, list[str]]:
+    """`load_record`, and what could not be read: malformed parts are skipped and named, never fatal.
+
+    Raises `UnreadableInput` only when the main file is not JSON, not an object, or neither
+    a pod nor (after dropping its malformed fields) an attempt record.
+    """
+    notes: list[str] = []
     data = _read_json(path)
     if not isinstance(data, dict):
         raise UnreadableInput(f"{path} holds a JSON {type(data).__name__}, not an attempt record or a pod")
-    log_text = _read_text(log) if log else None
-    node_log_text = _read_text(node_log) if node_log else None
+    log_text = _read_text(log, limit=LOG_READ_BYTES, notes=notes) if log else None
+    node_log_text = _read_text(node_log, limit=LOG_READ_BYTES, notes=notes) if node_log else None
     event_items = None
     if events:
-        raw = _read_json(events)
+        raw = _read_side_json(events, "events", notes)
         event_items = raw.get("items", []) if isinstance(raw, dict) else raw
-    node_object = _read_json(node) if node else None
+        if event_items is not None and not isinstance(event_items, list):
+            notes.append("events: not a list of events: skipped")
+            event_items = None
+    node_object = _read_side_json(node, "node", notes) if node else None
+    if node_object is not None and not isinstance(node_object, dict):
+        notes.append("node: not a Node object: skipped")
+        node_object = None
     if _is_pod(data):
         job, attempt = job_and_attempt_of_pod(data)
-        return record_from_pod(data, job=job, attempt=attempt, log=log_text, node_log=node_log_text,
-                               events=event_items, node=node_object)
-    try:
-        record = AttemptRecord.model_validate(data)
-    except ValueError as error:
-        first = str(error).splitlines()
-        detail = " ".join(first[1:3]).strip() if len(first) > 1 else str(error)
-        raise UnreadableInput(f"{path} is neither a pod nor a valid attempt record: {detail}") from error
+        record = record_from_pod(data, job=job, attempt=attempt, log=log_text, node_log=node_log_text,
+                                 events=event_items, node=node_object, notes=notes)
+        return record, notes
+    record = _validate_record(path, data, notes)
     updates: dict[str, Any] = {}
     if log_text is not None:
-        updates["log_tail"] = log_text.splitlines()
+        updates["log_tail"] = _as_lines(log_text, LOG_TAIL_LINES)
     if node_log_text is not None:
-        updates["node_log"] = node_log_text.splitlines()
+        updates["node_log"] = _as_lines(node_log_text, NODE_LOG_LINES)
     if event_items is not None:
-        updates["events"] = event_items
+        updates["events"] = as_dicts(event_items)
     if node_object is not None:
-        updates["node_conditions"] = node_object.get("status", {}).get("conditions", [])
-        updates["node_taints"] = node_object.get("spec", {}).get("taints", [])
-    return record.model_copy(update=updates) if updates else record
+        updates["node_conditions"] = as_dicts(as_dict(node_object.get("status")).get("conditions"))
+        updates["node_taints"] = as_dicts(as_dict(node_object.get("spec")).get("taints")) + \
+            _capacity_markers({}, node_object)
+    return (record.model_copy(update=updates) if updates else record), notes
+
+
+_REQUIRED_RECORD_FIELDS = ("job", "attempt", "backend")
+
+
+def _validate_record(path: str, data: dict[str, Any], notes: list[str]) -> AttemptRecord:
+    """An AttemptRecord from `data`; malformed optional fields are dropped (and noted) and it is tried again."""
+    data = dict(data)
+    for _ in range(len(data) + 1):
+        try:
+            return AttemptRecord.model_validate(data)
+        except ValidationError as error:
+            bad = {str(e["loc"][0]) for e in error.errors() if e.get("loc")}
+            droppable = bad & set(data) - set(_REQUIRED_RECORD_FIELDS)
+            if not droppable:
+                first = str(error).splitlines()
+                detail = " ".join(first[1:3]).strip() if len(first) > 1 else str(error)
+                raise UnreadableInput(f"{path} is neither a pod nor a valid attempt record: {detail}") from error
+            for field in sorted(droppable):
+                notes.append(f"record field {field!r} is malformed: ignored")
+                data.pop(field)
+    raise UnreadableInput(f"{path} is neither a pod nor a valid attempt record")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from sat_tasks.classify.classifier import classify
 from sat_tasks.classify.rules import PEER_STOP_REASON

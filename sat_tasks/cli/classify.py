@@ -26,15 +26,23 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_classify_cli(args: argparse.Namespace) -> int:
-    """Run `sat classify`; 0 when classified, 2 when the input cannot be read."""
-    from sat_tasks.classify import UnreadableInput, classify, load_record
+    """Run `sat classify`; 0 when classified, 2 when the input cannot be read at all.
+
+    Malformed parts (null fields, missing container statuses, binary or huge logs, other
+    encodings, unreadable side files) are named on stderr, one line each, and the verdict
+    is drawn from the rest.
+    """
+    from sat_tasks.classify import UnreadableInput, classify, load_record_with_notes
 
     try:
-        record = load_record(args.file, log=getattr(args, "log", None), node_log=getattr(args, "node_log", None),
-                             events=getattr(args, "events", None), node=getattr(args, "node", None))
+        record, notes = load_record_with_notes(
+            args.file, log=getattr(args, "log", None), node_log=getattr(args, "node_log", None),
+            events=getattr(args, "events", None), node=getattr(args, "node", None))
     except UnreadableInput as error:
         print(f"sat classify: error: {error}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"sat classify: could not read everything: {note}", file=sys.stderr)
     verdict = classify(record)
     if getattr(args, "json", False):
         print(json.dumps(verdict.model_dump(mode="json", include={"kind", "evidence", "reason"}), indent=2))
