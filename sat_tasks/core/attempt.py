@@ -52,6 +52,8 @@ class AttemptRecord(BaseModel):
         startup_timeout: the attempt never reached its first training step within the
             job's start-up deadline (`startup_timeout_seconds`).
         image: the training image reference.
+        stopped_by: who asked the service to stop the job while this attempt ran (the
+            launcher passed the request on as SIGTERM; the engine's final checkpoint follows).
     """
 
     job: str
@@ -76,6 +78,7 @@ class AttemptRecord(BaseModel):
     heartbeat_timeout: bool = False
     startup_timeout: bool = False
     image: str | None = None
+    stopped_by: str | None = None
 
     @field_validator("log_tail", "node_log", mode="before")
     @classmethod

@@ -29,8 +29,19 @@ def plan_attempt(job: TrainingJob, attempt: int, previous: Decision | None) -> P
                 failovers=previous.failovers, resumes=previous.resumes)
 
 
-def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float) -> Decision:
-    """Turn a verdict into the next action and the job status it implies (`now`: epoch seconds)."""
+def stop_reason(request: dict) -> str:
+    """The status reason of a person's stop: who, when and from where."""
+    return (f"stopped by {request.get('by') or 'unknown'} at {request.get('at') or '?'}"
+            f" ({request.get('via') or 'the Training Jobs view'})")
+
+
+def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
+                stop_request: dict | None = None) -> Decision:
+    """Turn a verdict into the next action and the job status it implies (`now`: epoch seconds).
+
+    A person's stop request (`stop_request`) ends the job as Stopped whatever the verdict,
+    unless training finished anyway (then its results are uploaded as usual).
+    """
     attempt, node = plan.attempt, verdict.node
     exclude = list(plan.exclude_nodes)
     evidence = "; ".join(verdict.evidence[:EVIDENCE_IN_STATUS]) or verdict.reason
@@ -46,6 +57,10 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float) -
     kind = verdict.kind
     if kind is VerdictKind.SUCCEEDED:
         return Decision(**base, action=Action.UPLOAD, why="training completed")
+    if stop_request is not None:
+        step = verdict.last_committed_step
+        return stop(JobStatus.STOPPED, stop_reason(stop_request) + "; last committed checkpoint: "
+                    + ("none" if step is None else f"step {step}"))
     if kind is VerdictKind.IMAGE_PULL:
         return stop(JobStatus.IMAGE_PULL_BACKOFF, f"image could not be pulled: {evidence}")
     if kind is VerdictKind.INTERNAL:

@@ -21,6 +21,7 @@ class JobStatus(str, Enum):
     PREEMPTED = "Pending - preempted"
     FAILED = "Failed"
     COMPLETED = "Completed"
+    STOPPED = "Stopped"  # a person stopped it (the reason names who)
 
 
 TERMINAL = {
@@ -29,6 +30,7 @@ TERMINAL = {
     JobStatus.INTERNAL_ERROR,
     JobStatus.FAILED,
     JobStatus.COMPLETED,
+    JobStatus.STOPPED,
 }
 
 

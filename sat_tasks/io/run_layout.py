@@ -12,6 +12,8 @@ checkpoints, the outputs, the job log and the report:
         checkpoints/                     the engine's mirror (checkpoint-<step>/, progress.json)
         output/                          the training outputs (upload_results)
         task-failures/<task>.json        why a task failed (an error outside SAT's own stops)
+        stop.json                        a person's stop request (who, when), from the Training Jobs view
+        tags.json                        the run's tags as edited in the Training Jobs view
         job.log, report.json
 """
 
@@ -111,6 +113,21 @@ class JobRun:
     @property
     def report_uri(self) -> str:
         return f"{self.results_uri}report.json"
+
+    @property
+    def stop_uri(self) -> str:
+        """A person's request to stop the run: `{"by": user, "at": iso time, "via": ...}`."""
+        return f"{self.results_uri}stop.json"
+
+    @property
+    def tags_uri(self) -> str:
+        """The run's tags as edited after it started (the spec's tags until then)."""
+        return f"{self.results_uri}tags.json"
+
+    def stop_request(self) -> dict[str, Any] | None:
+        """The stop request of this run, or None (nobody asked)."""
+        request = storage.read_json(self.hook(), self.stop_uri)
+        return request if isinstance(request, dict) else None
 
     def hook(self):
         """The S3Hook of SAT's Object Storage connection (`[sat] object_storage_conn_id`)."""

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from sat_tasks.backends import backend_for
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
-from sat_tasks.core.policy import decide_next
+from sat_tasks.core.policy import decide_next, stop_reason
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io.run_layout import JobRun
@@ -121,9 +121,10 @@ def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = pri
 
 def decide(job: TrainingJob, run_id: str, plan: Plan, verdict: Verdict, log: Log = print) -> dict:
     """Turn a verdict into the next action (`core.policy.decide_next`) and record the status it implies."""
-    decision = decide_next(job, plan, verdict, now=time.time())
+    run = JobRun(job, run_id)
+    decision = decide_next(job, plan, verdict, now=time.time(), stop_request=run.stop_request())
     if decision.status is not None:
-        JobRun(job, run_id).history(log).record(decision.status, decision.why, attempt=plan.attempt, task="decide")
+        run.history(log).record(decision.status, decision.why, attempt=plan.attempt, task="decide")
     log(f"attempt {plan.attempt}: {verdict.kind.value} -> {decision.action.value} ({decision.why})")
     return decision.to_xcom()
 
@@ -144,6 +145,11 @@ def capacity_available(job: TrainingJob, run_id: str, previous: Decision, log: L
     """
     run = JobRun(job, run_id)
     history = run.history(log)
+    request = run.stop_request()
+    if request is not None:
+        why = stop_reason(request) + " while waiting for Spot capacity"
+        history.record(JobStatus.STOPPED, why, attempt=previous.attempt, task="wait_for_capacity")
+        raise JobStopped(why)
     starts = [e["at"] for e in history.entries() if e["status"] == JobStatus.RUNNING.value]
     first = datetime.fromisoformat(starts[0]).timestamp() if starts else (previous.preempted_at or time.time())
     elapsed = time.time() - first

@@ -53,6 +53,7 @@ def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
         startup_timeout=job.startup_timeout_seconds,
         # SIGKILL only after the engine's own grace period (CKPT_GRACE_SECONDS) has run out
         grace_seconds=float(env["CKPT_GRACE_SECONDS"]) + LAUNCHER_GRACE_MARGIN_S,
+        stop_requested=run.stop_request,
     )
     record = runner.run(log)
     run.store_record(record)

@@ -91,6 +91,10 @@ class LocalAttempt:
     startup_timeout: float = 1800.0
     grace_seconds: float = 30.0
     poll_seconds: float = 0.2
+    # A person's stop request (`JobRun.stop_request`), read every `stop_poll_seconds`: on one,
+    # SIGTERM as on a Spot notice, so the engine takes its final checkpoint within the grace period.
+    stop_requested: Callable[[], dict[str, Any] | None] | None = field(default=None, repr=False)
+    stop_poll_seconds: float = 2.0
 
     def run(self, log: Log = print) -> AttemptRecord:
         """Start the command, stream its output, inject faults, watch for hangs; return the record."""
@@ -167,8 +171,12 @@ class LocalAttempt:
         progress_path = self.output_dir / PROGRESS_RELATIVE
         last_mtime = None
         state.training_started = not self.startup_timeout  # no start-up deadline: the heartbeat runs from now
+        next_stop_check = started
         while proc.poll() is None:
             time.sleep(self.poll_seconds)
+            if self.stop_requested is not None and state.kill_at is None and time.monotonic() >= next_stop_check:
+                next_stop_check = time.monotonic() + self.stop_poll_seconds
+                self._check_stop(procs, state, log)
             if state.kill_at is not None and time.monotonic() >= state.kill_at:
                 procs.signal_all(signal.SIGKILL)  # the grace period after SIGTERM is over
             progress = _read_json(progress_path)
@@ -209,6 +217,21 @@ class LocalAttempt:
                 procs.signal_all(signal.SIGKILL)
         if state.hung and not state.heartbeat_timeout:
             state.heartbeat_timeout = True
+
+    def _check_stop(self, procs: AttemptProcesses, state: _WatchState, log: Log) -> None:
+        """Pass a person's stop request on to the training as SIGTERM (final checkpoint, then exit)."""
+        try:
+            request = self.stop_requested()
+        except Exception as exc:  # noqa: BLE001 - Object Storage unreachable for a moment: look again later
+            log(f"[sat] could not read the stop request ({type(exc).__name__}); training goes on")
+            return
+        if not request:
+            return
+        state.stopped_by = str(request.get("by") or "unknown")
+        state.kill_at = time.monotonic() + self.grace_seconds
+        log(f"[sat] stop requested by {state.stopped_by} at {request.get('at')}: SIGTERM to the training on "
+            f"{self.node}; its final checkpoint has {self.grace_seconds:.0f}s")
+        procs.signal_group(signal.SIGTERM)
 
     def _inject(self, fault: Fault, procs: AttemptProcesses, state: _WatchState, kern_log: Path, step: int,
                 log: Log) -> None:
@@ -295,6 +318,7 @@ class LocalAttempt:
             heartbeat_timeout=state.heartbeat_timeout,
             startup_timeout=state.startup_timeout,
             image=self.image,
+            stopped_by=state.stopped_by,
         )
 
 
@@ -307,7 +331,8 @@ class _WatchState:
     training_started: bool = False
     node_lost: bool = False
     hung: bool = False
-    kill_at: float | None = None  # monotonic time of the SIGKILL after a Spot notice
+    kill_at: float | None = None  # monotonic time of the SIGKILL after a Spot notice or a stop request
+    stopped_by: str | None = None
 
 
 class AttemptProcesses:

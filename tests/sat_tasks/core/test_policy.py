@@ -51,6 +51,20 @@ def test_decide_next(spec, plan, kind, action, status):
     assert decision.why  # every decision says why, in the words the status history shows
 
 
+@pytest.mark.parametrize("kind", [VerdictKind.HARDWARE, VerdictKind.PREEMPTED, VerdictKind.INTERNAL])
+def test_a_stop_request_ends_the_job_as_stopped_whatever_the_verdict(kind):
+    request = {"by": "alice", "at": "2026-12-01T10:00:00+00:00", "via": "the Training Jobs view"}
+    decision = decide_next(job(), Plan(attempt=1), verdict(kind, step=40), now=NOW, stop_request=request)
+    assert decision.action is Action.STOP and decision.status is JobStatus.STOPPED
+    assert "stopped by alice at 2026-12-01T10:00:00+00:00" in decision.why and "step 40" in decision.why
+
+
+def test_a_job_that_finished_before_its_stop_took_effect_still_uploads():
+    decision = decide_next(job(), Plan(attempt=1), verdict(VerdictKind.SUCCEEDED), now=NOW,
+                           stop_request={"by": "alice"})
+    assert decision.action is Action.UPLOAD
+
+
 def test_a_failover_excludes_the_failed_node_and_resumes_from_the_last_commit():
     decision = decide_next(job(), Plan(attempt=2, exclude_nodes=["gpu-0"], failovers=1),
                            verdict(VerdictKind.HARDWARE, node="gpu-1", step=120, attempt=2), now=NOW)

@@ -96,6 +96,37 @@ def test_preemption_sends_sigterm_then_notes_it(tmp_path):
     assert classify(record).kind.value == "PREEMPTED"
 
 
+def test_a_stop_request_reaches_the_training_as_sigterm_and_names_who_asked(tmp_path):
+    """Stop from the Training Jobs view: SIGTERM (the engine's final checkpoint), then the record says who."""
+    asked: list[float] = []
+    progress = tmp_path / "out" / "concurrent_checkpoint" / "progress.json"
+
+    def stop_requested():
+        asked.append(1)
+        return {"by": "alice", "at": "2026-12-01T10:00:00+00:00"} if progress.exists() else None
+
+    runner = attempt(tmp_path, command="python t.py 5000")
+    runner.stop_requested, runner.stop_poll_seconds = stop_requested, 0.1
+    lines: list[str] = []
+    record = runner.run(lines.append)
+    assert record.signal == 15 and record.stopped_by == "alice"
+    assert 1 <= record.progress["step"] < 5000  # it was training, and it did not run to the end
+    assert any("stop requested by alice" in line and "SIGTERM" in line for line in lines)
+    assert len(asked) >= 1
+
+
+def test_an_unreadable_stop_request_does_not_stop_training(tmp_path):
+    def broken():
+        raise ConnectionError("object storage down")
+
+    runner = attempt(tmp_path, command="python t.py 20")
+    runner.stop_requested, runner.stop_poll_seconds = broken, 0.05
+    lines: list[str] = []
+    record = runner.run(lines.append)
+    assert record.exit_code == 0 and record.stopped_by is None
+    assert any("could not read the stop request (ConnectionError)" in line for line in lines)
+
+
 def test_hang_is_caught_by_the_heartbeat(tmp_path):
     fault = Fault(kind="hang", at_step=5)
     record = attempt(tmp_path, command="python t.py 2000", faults=[fault], heartbeat=1.0).run(lambda _: None)
