@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
-import io
 import json
 import logging
 import os
@@ -58,6 +57,7 @@ from ckpt_engine.manifest import (
     verify_checkpoint,
 )
 from ckpt_engine.pool import DEFAULT_SLAB_BYTES, SEGMENT_ALIGNMENT, HostBufferPool, Slab
+from ckpt_engine.sniff import load_torch_file
 from ckpt_engine.storage.base import Storage, StorageWriter, open_storage
 
 if TYPE_CHECKING:
@@ -724,7 +724,7 @@ def decode_file(name: str, buffer: np.ndarray, *, map_location: Any = "cpu", wei
             tensors = {k: v.to(map_location) for k, v in tensors.items()}
         return tensors
     if name.endswith((".pt", ".pth", ".bin")):
-        return torch.load(io.BytesIO(buffer.data), map_location=map_location, weights_only=weights_only)
+        return load_torch_file(buffer.data, name=name, map_location=map_location, weights_only=weights_only)
     if name.endswith(".json"):
         return json.loads(buffer.tobytes())
     return buffer.tobytes()

@@ -29,3 +29,11 @@ class CorruptCheckpointError(CheckpointError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No complete, verified checkpoint matches the request."""
+
+
+class UnreadableCheckpointError(CorruptCheckpointError):
+    """A checkpoint file is not in a format this engine reads (another engine's, truncated, or from a newer SAT)."""
+
+
+class NotCommittedError(CheckpointError, FileNotFoundError):
+    """A checkpoint is still being written (or its save failed): it has no manifest yet."""

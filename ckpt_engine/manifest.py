@@ -22,6 +22,7 @@ from ckpt_engine.layout import (
     MANIFEST_NAME,
     parse_step,
 )
+from ckpt_engine.sniff import check_manifest_format
 from ckpt_engine.storage.base import Storage
 
 FORMAT = "ckpt_engine/1"
@@ -179,8 +180,7 @@ class Manifest:
         """Parse a manifest; raises CorruptCheckpointError on bad content."""
         try:
             data = json.loads(raw)
-            if data.get("format") != FORMAT:
-                raise ValueError(f"unknown format {data.get('format')!r}")
+            check_manifest_format(MANIFEST_NAME, data.get("format"), FORMAT)
             files = {name: FileEntry(**entry) for name, entry in data["files"].items()}
             return cls(step=int(data["step"]), files=files, layout=data.get("layout", "state"),
                        created_at=data.get("created_at", ""), metadata=data.get("metadata", {}))

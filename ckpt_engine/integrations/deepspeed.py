@@ -6,9 +6,13 @@ Two entry points:
   collecting checkpoint engine, so ZeRO files become part of one concurrent checkpoint
   (used by DecoratedCheckpointing under the HF Trainer).
 * :class:`DataStatesEngine` is what DeepSpeed's ``datastates_ckpt`` config loads as
-  ``datastates.CheckpointEngine(deepspeed_config, rank)``: ``save(state_dict, path)``
-  stages and returns, files are written in the background (temp name, fsync, rename),
-  ``wait(persist=True)`` blocks until they are durable.
+  ``datastates.CheckpointEngine(runtime_config, rank)``: ``save(state_dict, path)``
+  stages and returns True, files are written in the background (temp name, fsync,
+  rename), and each DeepSpeed tag (``<save_dir>/<tag>/``) is committed as one checkpoint:
+  every rank announces its durable files (a marker under ``<tag>/.ranks/``), rank 0
+  writes ``<tag>/manifest.json`` and then ``<save_dir>/latest`` (both atomically), so
+  ``load_checkpoint(save_dir)`` without a tag resumes from the newest committed one.
+  DeepSpeed 0.19.8's decoupled path never commits (nor writes ``latest``) by itself.
 """
 
 from __future__ import annotations
@@ -16,19 +20,30 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
-import queue
+import re
 import shutil
 import threading
+import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ckpt_engine.engine import CheckpointEngine
-from ckpt_engine.errors import PersistError
+from ckpt_engine.errors import CorruptCheckpointError, NotCommittedError, PersistError
 from ckpt_engine.formats import BytesFile, FilePlan, plan_torch_file
-from ckpt_engine.layout import TMP_PREFIX
-from ckpt_engine.storage.file import FileStorage
+from ckpt_engine.integrations.state_files import BaseCheckpointEngine
+from ckpt_engine.layout import MANIFEST_NAME, TMP_PREFIX
+from ckpt_engine.manifest import FileEntry, Manifest
+from ckpt_engine.multirank import (
+    DEFAULT_POLL_S,
+    DEFAULT_TIMEOUT_S,
+    MARKER_DIR,
+    RankMarker,
+)
+from ckpt_engine.sniff import load_torch_file
+from ckpt_engine.storage.file import FileStorage, fsync_dir
 
 log = logging.getLogger("ckpt_engine")
 
@@ -102,86 +117,194 @@ def plan_deepspeed_files(ds_engine: Any, step: int, root: str, *, write_latest: 
     return files
 
 
-class DataStatesEngine:
-    """``datastates.CheckpointEngine(deepspeed_config, rank)``: save / load / wait for DeepSpeed.
+_TAG_STEP = re.compile(r"(\d+)$")
+DATASTATES_TOKEN = "da7a57a7"  # the marker's run token: one DeepSpeed tag directory is one save
 
-    ``save`` returns once the state is staged in host buffers (DeepSpeed may then step
-    the optimizer); each file is written to a temporary name, fsynced and renamed, so a
-    crash never leaves a torn file under the final name.
+
+@dataclass
+class _TagSave:
+    """This rank's part of one DeepSpeed tag directory: its files, then its commit."""
+
+    files: dict[str, cf.Future[FileEntry]] = field(default_factory=dict)
+    committed: cf.Future[None] | None = None
+
+
+class DataStatesEngine(BaseCheckpointEngine):
+    """``datastates.CheckpointEngine(runtime_config={}, rank=0)``: DeepSpeed's ``datastates_ckpt`` engine.
+
+    DeepSpeed calls ``save(state_dict, <save_dir>/<tag>/<file>)`` for this rank's files of a
+    tag, ``load(path)`` for each file it resumes from and ``wait(persist=True)`` when it
+    commits or is destroyed. This rank's part of a tag is *sealed* by its ZeRO optimizer
+    file (the last one DeepSpeed saves per rank), by a save into another tag, or by
+    ``wait``/``commit``/``load``/``shutdown``; sealing writes its marker, and rank 0, once
+    every writing rank's marker is in, writes ``manifest.json`` and then ``latest``. A
+    ``load`` of a tag this process is still saving waits for its commit; a tag another
+    process is writing (``.ranks/`` present, no manifest) raises NotCommittedError.
     """
 
-    def __init__(self, deepspeed_config: Any = None, rank: int = 0) -> None:
-        settings = _datastates_settings(deepspeed_config)
-        self.rank = rank
-        self._engine = CheckpointEngine(FileStorage("/"), host_cache_size=settings.get("host_cache_size", 16),
-                                        parser_threads=int(settings.get("parser_threads", 1)),
-                                        pin_host_cache=bool(settings.get("pin_host_cache", True)),
-                                        clean_stale=False)
-        self._pending: dict[str, cf.Future[Any]] = {}
-        self._lock = threading.Lock()
-        self._errors: list[BaseException] = []
+    def __init__(self, runtime_config: Any = None, rank: int = 0) -> None:
+        super().__init__(runtime_config, rank)
+        import torch.distributed as dist
 
-    def save(self, state_dict: Any, path: str) -> None:
-        """Stage ``state_dict`` now and persist it to ``path`` in the background."""
+        distributed = dist.is_available() and dist.is_initialized()
+        self.global_rank = dist.get_rank() if distributed else self.rank
+        self.world_size = dist.get_world_size() if distributed else 1
+        # ZeRO-0 (no ZeRO): only rank 0 writes files (the model states); ZeRO 1-3: every rank
+        self.writing_ranks = [0] if self.config.zero_stage == 0 else list(range(self.world_size))
+        self.timeout_s, self.poll_s = DEFAULT_TIMEOUT_S, DEFAULT_POLL_S
+        self._tags: dict[str, _TagSave] = {}
+        self._open_tag: str | None = None
+        self._tag_lock = threading.Lock()
+
+    # ---- save / seal --------------------------------------------------------------------------
+
+    def save(self, state_dict: Mapping[str, Any], path: str) -> bool:
+        """Stage ``state_dict`` for ``<save_dir>/<tag>/<file>``; True (as upstream)."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict given to checkpoint must be a dict, got {type(state_dict).__name__} "
+                            f"for {path}")
         path = os.path.abspath(path)
-        self._wait_path(path)
-        directory, name = os.path.split(path)
-        temp_name = f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-        plan = plan_torch_file(temp_name, state_dict)
-        segments: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        key = directory.lstrip("/")
-        written = self._engine._writers.submit(self._engine._write_file, key, plan, segments)
-        self._engine._stage([plan], [segments])
-        future = self._engine._committer.submit(self._finish, written, os.path.join(directory, temp_name), path)
-        with self._lock:
-            self._pending[path] = future
-
-    def _finish(self, written: cf.Future[Any], temp_path: str, path: str) -> None:
-        try:
-            written.result()
-            os.replace(temp_path, path)
-            fd = os.open(os.path.dirname(path), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except BaseException as exc:
-            if os.path.exists(temp_path):
-                os.remove(temp_path)
-            log.error("[Concurrent Checkpoint] writing %s failed: %r", path, exc)
-            with self._lock:
-                self._errors.append(exc)
-            raise
-
-    def _wait_path(self, path: str) -> None:
-        with self._lock:
-            future = self._pending.pop(path, None)
-        if future is not None:
-            future.exception()
-
-    def load(self, path: str, map_location: Any = None) -> Any:
-        """``torch.load`` of ``path`` once any pending write of it is durable."""
-        self._wait_path(os.path.abspath(path))
-        return torch.load(path, map_location=map_location, weights_only=False)
-
-    def wait(self, persist: bool = True) -> bool:
-        """Block until staged (always, on return of save) and, with ``persist``, until durable."""
-        if persist:
-            with self._lock:
-                pending, self._pending = list(self._pending.values()), {}
-            cf.wait(pending)
-            with self._lock:
-                errors, self._errors = self._errors, []
-            if errors:
-                raise PersistError(f"{len(errors)} checkpoint file(s) failed: {errors[0]!r}") from errors[0]
+        tag_dir = os.path.dirname(path)
+        with self._tag_lock:
+            if self._open_tag is not None and self._open_tag != tag_dir:
+                self._seal(self._open_tag)
+            if tag_dir not in self._tags or self._tags[tag_dir].committed is not None:
+                self._start_tag(tag_dir)
+            self._open_tag = tag_dir
+            self._tags[tag_dir].files[os.path.basename(path)] = self._save_file(state_dict, path)
+            if path.endswith("optim_states.pt"):
+                self._seal(tag_dir)
         return True
 
+    def _start_tag(self, tag_dir: str) -> None:
+        """A new save of ``tag_dir``: mark it in flight (``.ranks/``); a re-save drops its old manifest."""
+        os.makedirs(os.path.join(tag_dir, MARKER_DIR), exist_ok=True)
+        if self.global_rank == 0:
+            manifest = os.path.join(tag_dir, MANIFEST_NAME)
+            if os.path.exists(manifest):
+                os.remove(manifest)
+        self._tags[tag_dir] = _TagSave()
 
-def _datastates_settings(deepspeed_config: Any) -> dict[str, Any]:
-    if deepspeed_config is None:
-        return {}
-    config = getattr(deepspeed_config, "datastates_config", None)
-    raw = getattr(config, "config", None) if config is not None else None
-    if raw is None and isinstance(deepspeed_config, dict):
-        raw = deepspeed_config.get("datastates_ckpt", {})
-    return dict(raw) if isinstance(raw, dict) else {}
+    def _seal(self, tag_dir: str) -> None:
+        """This rank's files of ``tag_dir`` are all saved: commit them on the commit thread (caller holds the lock)."""
+        tag = self._tags[tag_dir]
+        if tag.committed is None:
+            tag.committed = self._engine._committer.submit(self._commit_tag, tag_dir, dict(tag.files))
+        if self._open_tag == tag_dir:
+            self._open_tag = None
+
+    def _seal_open(self) -> None:
+        with self._tag_lock:
+            if self._open_tag is not None:
+                self._seal(self._open_tag)
+
+    def _commit_tag(self, tag_dir: str, files: dict[str, cf.Future[FileEntry]]) -> None:
+        """Marker for this rank's part; on rank 0 wait for every writing rank, then manifest, then ``latest``."""
+        tag = os.path.basename(tag_dir)
+        match = _TAG_STEP.search(tag)
+        step = int(match.group(1)) if match else -1
+        storage = FileStorage(tag_dir)
+        try:
+            entries = {name: future.result() for name, future in files.items()}
+            marker = RankMarker(self.global_rank, self.world_size, step, DATASTATES_TOKEN, True, entries)
+        except BaseException as exc:
+            marker = RankMarker(self.global_rank, self.world_size, step, DATASTATES_TOKEN, False, error=repr(exc))
+            storage.write_atomic(f"{MARKER_DIR}/rank-{self.global_rank}.json", marker.to_json())
+            raise
+        storage.write_atomic(f"{MARKER_DIR}/rank-{self.global_rank}.json", marker.to_json())
+        if self.global_rank != 0:
+            return
+        merged: dict[str, FileEntry] = {}
+        owners: dict[str, list[str]] = {}
+        for rank, other in sorted(self._wait_for_markers(storage, tag).items()):
+            for name, entry in other.files.items():
+                if not storage.exists(name) or storage.size(name) != entry.size:
+                    raise PersistError(f"{tag_dir}: rank {rank}'s {name} is missing or not {entry.size} bytes")
+                merged[name] = entry
+            owners[str(rank)] = sorted(other.files)
+        manifest = Manifest(step=step, files=merged, layout="deepspeed",
+                            metadata={"tag": tag, "world_size": self.world_size, "ranks": owners})
+        storage.write_atomic(MANIFEST_NAME, manifest.to_json())
+        storage.delete_tree(MARKER_DIR)
+        fsync_dir(tag_dir)
+        FileStorage(os.path.dirname(tag_dir)).write_atomic("latest", tag.encode())
+        log.info("[Concurrent Checkpoint] committed DeepSpeed checkpoint %s (%d files); latest -> %s", tag_dir,
+                 len(merged), tag)
+
+    def _wait_for_markers(self, storage: FileStorage, tag: str) -> dict[int, RankMarker]:
+        deadline = time.monotonic() + self.timeout_s
+        found: dict[int, RankMarker] = {}
+        while True:
+            for rank in self.writing_ranks:
+                if rank in found:
+                    continue
+                try:
+                    marker = RankMarker.from_json(storage.read_bytes(f"{MARKER_DIR}/rank-{rank}.json"))
+                except FileNotFoundError:
+                    continue
+                except CorruptCheckpointError as exc:
+                    raise PersistError(f"{tag}: rank {rank}'s marker is corrupt: {exc}") from exc
+                if not marker.ok:
+                    raise PersistError(f"{tag}: rank {rank} failed to write its part: {marker.error}")
+                found[rank] = marker
+            if len(found) == len(self.writing_ranks):
+                return found
+            if time.monotonic() >= deadline:
+                missing = sorted(set(self.writing_ranks) - set(found))
+                raise PersistError(f"{tag}: no marker from rank(s) {missing} within {self.timeout_s:g}s")
+            time.sleep(self.poll_s)
+
+    # ---- load / wait --------------------------------------------------------------------------
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        """``torch.load`` of a committed file; waits for a save of its tag in this process first."""
+        path = os.path.abspath(path)
+        tag_dir = os.path.dirname(path)
+        with self._tag_lock:
+            tag = self._tags.get(tag_dir)
+            if tag is not None:
+                self._seal(tag_dir)
+        if tag is not None and tag.committed is not None:
+            tag.committed.result()  # this rank's part (rank 0: the whole commit) or its error
+            self._wait_for_manifest(tag_dir)
+        self._check_committed(path)
+        return load_torch_file(path, map_location=map_location)
+
+    def _wait_for_manifest(self, tag_dir: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not os.path.exists(os.path.join(tag_dir, MANIFEST_NAME)):
+            if time.monotonic() >= deadline:
+                raise NotCommittedError(f"{tag_dir}: rank 0 did not commit it within {self.timeout_s:g}s")
+            time.sleep(self.poll_s)
+
+    @staticmethod
+    def _check_committed(path: str) -> None:
+        """A file of a tag being written elsewhere is refused; a committed one must have its manifest size."""
+        tag_dir, name = os.path.split(path)
+        manifest_path = os.path.join(tag_dir, MANIFEST_NAME)
+        if not os.path.exists(manifest_path):
+            if os.path.isdir(os.path.join(tag_dir, MARKER_DIR)):
+                raise NotCommittedError(
+                    f"{path}: checkpoint {os.path.basename(tag_dir)} is not committed yet (no {MANIFEST_NAME}; "
+                    f"its save is still in flight in another process, or failed). Load the tag named in "
+                    f"{os.path.join(os.path.dirname(tag_dir), 'latest')}, or wait for the save to finish.")
+            return  # a tag written without this engine (DeepSpeed's default engine): load it as it is
+        with open(manifest_path, "rb") as handle:
+            manifest = Manifest.from_json(handle.read())
+        entry = manifest.files.get(name)
+        if entry is not None and os.path.exists(path) and os.path.getsize(path) != entry.size:
+            raise CorruptCheckpointError(f"{path}: {os.path.getsize(path)} bytes, the manifest says {entry.size} "
+                                         "(truncated or replaced); resume from another tag")
+
+    def _wait_durable(self) -> None:
+        """Every file durable and every tag committed (rank 0: manifest and ``latest``; others: their marker)."""
+        self._seal_open()
+        with self._tag_lock:
+            commits = [tag.committed for tag in self._tags.values() if tag.committed is not None]
+        super()._wait_durable()
+        errors = [future.exception() for future in commits]
+        with self._tag_lock:
+            self._tags = {k: v for k, v in self._tags.items() if v.committed is None or not v.committed.done()}
+        failed = [error for error in errors if error is not None]
+        if failed:
+            raise PersistError(f"{len(failed)} DeepSpeed checkpoint commit(s) failed: {failed[0]!r}") from failed[0]
