@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,6 +94,19 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         if self.owner.stop_requested():
             control.should_save = True
             control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """Stamp the Trainer's newest log entry with the wall time and SAT's attempt number.
+
+        ``log_history`` travels inside every checkpoint's ``trainer_state.json`` (and so
+        survives failover); the stamps let the Training Jobs page plot loss and steps/s over
+        time, with each attempt marked. Names carry a ``sat_`` prefix; nothing else changes.
+        """
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].setdefault("sat_time", round(time.time(), 3))
+            attempt = os.environ.get("SAT_ATTEMPT", "")
+            if attempt.isdigit():
+                state.log_history[-1].setdefault("sat_attempt", int(attempt))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Every in-flight checkpoint is committed (and mirrored, bounded) before train() returns."""

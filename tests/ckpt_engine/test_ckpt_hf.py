@@ -50,10 +50,18 @@ def test_seed_script_run_kill_resume(tmp_path: Path, run_seed) -> None:  # type:
         assert all(entry["size"] > 0 and entry["checksum"].startswith(CHECKSUM_PREFIX)
                    for entry in manifest["files"].values())
 
-    resumed = run_seed(out, "--max_steps", "20", "--save_steps", "5", env={"CKPT_LAST_STEP": str(last)})
+    resumed = run_seed(out, "--max_steps", "20", "--save_steps", "5",
+                       env={"CKPT_LAST_STEP": str(last), "SAT_ATTEMPT": "2"})
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"Resuming from checkpoint-{last}" in resumed.stdout
     assert read_progress(root)["last_committed_step"] == 20
+    # The Trainer's log entries carry the wall time and the attempt (the Training Jobs page's Monitoring tab).
+    history = json.loads((root / "checkpoint-20" / "trainer_state.json").read_text())["log_history"]
+    logged = [entry for entry in history if "loss" in entry]
+    assert logged and all("sat_time" in entry for entry in logged)
+    assert {entry.get("sat_attempt") for entry in logged if entry["step"] > last} == {2}
+    times = [entry["sat_time"] for entry in logged]
+    assert times == sorted(times)
 
     newest = run_seed(out, "--max_steps", "25", "--save_steps", "5", env={"CKPT_LAST_STEP": "-1"})
     assert newest.returncode == 0, newest.stdout[-3000:]
