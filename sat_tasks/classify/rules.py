@@ -139,7 +139,7 @@ TEXT_RULES: tuple[TextRule, ...] = (
     rule(r"\bncclInvalidUsage\b|\bncclInvalidArgument\b", INT, "invalid use of NCCL"),
     # The GPU is on the node and given to the pod, but cannot be used: the node's fault.
     rule(NVIDIA_RUNTIME_PATTERN, HW, "the NVIDIA container runtime failed on the node"),
-    rule(r"CUDA-capable devices? (?:\(s\) )?(?:is/)?(?:are|is) busy or unavailable|cudaErrorDevicesUnavailable", HW,
+    rule(r"CUDA-capable devices?(?:\(s\))? (?:is/)?(?:are|is) busy or unavailable|cudaErrorDevicesUnavailable", HW,
           "the pod's GPU is busy or unavailable (held by another process or in a bad state)"),
     rule(r"Failed to initialize NVML|NVML_ERROR_(?:DRIVER_NOT_LOADED|LIB_RM_VERSION_MISMATCH|UNKNOWN)"
           r"|nvmlInit\w* failed", HW, "NVML cannot be initialized (the node's GPU driver)"),
