@@ -5,8 +5,10 @@ Call order: build an `AttemptRecord` (local backend, or `record_from_pod`), then
 docs/adr/0004-failure-classification.md; in short:
 
 1. PREEMPTED  — a Spot notice, scheduler preemption, graceful node shutdown, or a
-   Spot interruption taint/event. Outranks everything (a preempted peer makes the
-   other ranks log network errors).
+   Spot interruption taint/event; or, on Spot/preemptible capacity (node labels,
+   taints, the pod's node selector, `[sat] spot_node_labels`), a node that went away
+   with no device fault. Outranks everything (a preempted peer makes the other ranks
+   log network errors).
 2. HARDWARE   — hardware Xids, "fallen off the bus", uncorrectable ECC, machine
    checks, NCCL/gloo network errors, a hang (heartbeat timeout, collective
    timeout), node NotReady / problem conditions, evictions and other pod
@@ -15,6 +17,10 @@ docs/adr/0004-failure-classification.md; in short:
 4. SUCCEEDED  — exit code 0 and no evidence of kinds 1-2 that can outrank a clean
    exit (network noise at shutdown and node snapshots cannot).
 5. INTERNAL   — OOM, tracebacks, bad arguments, application Xids, exit codes 1-127.
+   Peer symptoms (NCCL watchdog timeouts, remote errors) yield to any INTERNAL
+   evidence: a rank's own exception outranks its peers' timeouts.
+   Ambiguous evidence (NCCL "unhandled cuda error", Xid 68) counts only when nothing
+   decisive is left; its reason starts with "ambiguous:" and says why it chose.
 6. By exit status alone: killed by SIGKILL/SIGTERM/SIGHUP from outside with no other
    evidence → HARDWARE; crash signals (SIGSEGV, SIGBUS, SIGABRT, ...) → INTERNAL;
    no exit status at all → HARDWARE (the attempt was lost).
