@@ -142,6 +142,8 @@ class DataStatesEngine(BaseCheckpointEngine):
     process is writing (``.ranks/`` present, no manifest) raises NotCommittedError.
     """
 
+    write_in_place = True
+
     def __init__(self, runtime_config: Any = None, rank: int = 0) -> None:
         super().__init__(runtime_config, rank)
         import torch.distributed as dist

@@ -41,6 +41,11 @@ class BaseCheckpointEngine:
     ``runtime_config`` in any shape :class:`~ckpt_engine.config.DataStatesConfig` accepts.
     """
 
+    # False: each file is written to a temporary name and renamed when durable. The DeepSpeed
+    # engine writes in place (DeepSpeed globs for its files before loading them); its manifest
+    # and ``.ranks/`` tell a committed tag from one in flight.
+    write_in_place = False
+
     def __init__(self, runtime_config: Any = None, rank: int = 0) -> None:
         self.config = DataStatesConfig.from_any(runtime_config)
         self.rank = int(rank)
@@ -70,7 +75,9 @@ class BaseCheckpointEngine:
         self._wait_path(path)
         directory, name = os.path.split(path)
         os.makedirs(directory, exist_ok=True)
-        temp_name = f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        temp_name = name if self.write_in_place else f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        if self.write_in_place:
+            open(path, "wb").close()  # the name exists when save() returns, as with torch.save
         started = time.perf_counter()
         plan = plan_torch_file(temp_name, state_dict)
         segments: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -85,10 +92,11 @@ class BaseCheckpointEngine:
     def _finish(self, written: cf.Future[FileEntry], temp_path: str, path: str, started: float) -> FileEntry:
         try:
             entry = written.result()
-            os.replace(temp_path, path)
+            if temp_path != path:
+                os.replace(temp_path, path)
             fsync_dir(os.path.dirname(path))
         except BaseException as exc:
-            if os.path.exists(temp_path):
+            if temp_path != path and os.path.exists(temp_path):
                 os.remove(temp_path)
             log.error("[Concurrent Checkpoint] writing %s failed: %r", path, exc)
             with self._lock:

@@ -234,3 +234,20 @@ def test_vendored_alias_has_every_upstream_module(vendor_dir: Path, tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", script], check=False, env=env, cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_another_process_sees_a_committed_tag_or_a_clear_not_committed_error(tmp_path: Path) -> None:
+    from ckpt_engine.errors import NotCommittedError
+
+    writer = DataStatesEngine({"host_cache_size": 0.01}, rank=0)
+    path = tmp_path / "global_step3" / "mp_rank_00_model_states.pt"
+    writer.save({"module": {"w": torch.ones(8)}}, str(path))  # not sealed: no optimizer file, no wait yet
+    reader = DataStatesEngine({"host_cache_size": 0.01}, rank=0)  # stands for another process
+    with pytest.raises(NotCommittedError, match="global_step3 is not committed yet"):
+        reader.load(str(path))
+    assert not (tmp_path / "latest").exists()
+    writer.wait(persist=True)  # commits: manifest, then latest
+    assert (tmp_path / "latest").read_text() == "global_step3"
+    assert torch.equal(reader.load(str(path))["module"]["w"], torch.ones(8))
+    writer.shutdown()
+    reader.shutdown()
