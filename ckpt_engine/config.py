@@ -20,7 +20,9 @@ class RuntimeConfig:
 
     ``host_cache_size`` GB of host staging memory (allocated as needed up to it),
     ``parser_threads`` writer threads, ``pin_host_cache`` (pinned when CUDA is present),
-    ``trainer`` the HF Trainer to hook, ``keep_last`` committed checkpoints kept (0 = all),
+    ``trainer`` the HF Trainer to hook, ``keep_last`` committed checkpoints kept (0 = all; it
+    applies only when the Trainer's ``save_total_limit`` is None; unset and no limit: all are
+    kept, as the Trainer keeps them),
     ``on_error`` ``"continue"`` (log a failed checkpoint, train on) or ``"raise"`` (stop
     training with PersistError), ``keep_trainer_saves`` also run the Trainer's own
     periodic saves, ``checkpoint_dir`` (default ``<output_dir>/concurrent_checkpoint``),
@@ -36,7 +38,7 @@ class RuntimeConfig:
     parser_threads: int = 1
     pin_host_cache: bool = True
     trainer: Any = None
-    keep_last: int = 3
+    keep_last: int | None = None
     on_error: str = "continue"
     keep_trainer_saves: bool = False
     checkpoint_dir: str | None = None
@@ -68,6 +70,8 @@ class RuntimeConfig:
             raise bad("host_cache_size", "must be a positive number of GB")
         for key, low in (("parser_threads", 1), ("keep_last", 0), ("max_in_flight", 1)):
             value = getattr(self, key)
+            if key == "keep_last" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise bad(key, f"must be an integer >= {low}")
         for key in ("pin_host_cache", "keep_trainer_saves", "handle_sigterm"):

@@ -253,6 +253,7 @@ class CheckpointEngine:
         self.on_commit: list[Callable[[CommitRecord], None]] = []
         self.mirror: CheckpointMirror | None = None
         self.coordinator: RankCoordinator | None = None  # set when several ranks write each checkpoint
+        self.protected_steps: set[int] = set()  # never deleted by retention (the Trainer's best checkpoint)
         if mirror_url is not None and rank <= 0:
             from ckpt_engine.mirror import CheckpointMirror
 
@@ -535,11 +536,11 @@ class CheckpointEngine:
         return [s for s in list_checkpoint_steps(self.storage) if self.storage.exists(f"{checkpoint_dir(s)}/{MANIFEST_NAME}")]
 
     def _apply_retention(self, newest: int) -> list[int]:
-        """Keep the ``keep_last`` highest steps plus the one just committed; delete the rest."""
+        """Keep the ``keep_last`` highest steps, the one just committed and ``protected_steps``; delete the rest."""
         committed = self._committed_steps()
         if not self.keep_last:
             return committed
-        kept = set(committed[: self.keep_last]) | {newest}
+        kept = set(committed[: self.keep_last]) | {newest} | (self.protected_steps & set(committed))
         for step in committed:
             if step not in kept:
                 self._discard(self._move_to_trash(checkpoint_dir(step)))

@@ -142,7 +142,7 @@ class DecoratedCheckpointing:
         self.is_writer = trainer.args.process_index == 0
         self.engine = CheckpointEngine(
             self.root, host_cache_size=self.config.host_cache_size, parser_threads=self.config.parser_threads,
-            pin_host_cache=self.config.pin_host_cache, keep_last=self.config.keep_last,
+            pin_host_cache=self.config.pin_host_cache, keep_last=self.retention(),
             max_in_flight=self.config.max_in_flight, on_error=self.config.on_error,
             rank=max(rank, 0) if trainer.args.process_index == 0 else 1, mirror_url=self.config.effective_mirror_url())
         self.termination = GracefulTermination(self.config.effective_grace_seconds(), on_timeout=self._grace_expired)
@@ -154,6 +154,9 @@ class DecoratedCheckpointing:
         self._trainer_train = trainer.train
         trainer._save_checkpoint = self._save_checkpoint
         trainer.train = self.train
+        if hasattr(trainer, "_load_best_model"):  # load_best_model_at_end: the best checkpoint may be in flight
+            self._trainer_load_best_model = trainer._load_best_model
+            trainer._load_best_model = self._load_best_model
         self.last_handle: SaveHandle | None = None
         self._warned_multirank = False
         self._warned_zero3_weights = False
@@ -161,6 +164,40 @@ class DecoratedCheckpointing:
         self.stop_vote: StopVote | None = None  # several ranks: they agree on when to stop for SIGTERM
         if trainer.args.world_size > 1:
             self._setup_multirank()
+
+    def retention(self) -> int:
+        """Committed checkpoints kept (0 = all): the Trainer's ``save_total_limit`` when set, else ``keep_last``.
+
+        ``save_total_limit=None`` with no ``keep_last`` keeps every checkpoint, as the Trainer
+        does. The best checkpoint of ``load_best_model_at_end`` is always kept on top.
+        """
+        limit = self.trainer.args.save_total_limit
+        if limit is not None:
+            if self.config.keep_last is not None and self.config.keep_last != limit:
+                log.warning("[Concurrent Checkpoint] save_total_limit=%d decides retention; runtime_config "
+                            "keep_last=%d is ignored", limit, self.config.keep_last)
+            return max(int(limit), 0)
+        return self.config.keep_last if self.config.keep_last is not None else 0
+
+    def _load_best_model(self, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's ``_load_best_model`` once every checkpoint in flight is committed."""
+        self.wait()
+        return self._trainer_load_best_model(*args, **kwargs)
+
+    def _track_best_checkpoint(self, step: int) -> None:
+        """Point ``best_model_checkpoint`` at the concurrent checkpoint of the best step, and keep it.
+
+        The Trainer's own ``_save_checkpoint`` does this for its directories; the best step may
+        be the one being saved now (committed later: ``_load_best_model`` waits for it).
+        """
+        state = self.trainer.state
+        best = getattr(state, "best_global_step", None)
+        if not best:
+            return
+        path = os.path.join(self.root, checkpoint_dir(best))
+        if best == step or os.path.isdir(path):
+            state.best_model_checkpoint = path
+            self.engine.protected_steps = {best}
 
     def _setup_multirank(self) -> None:
         """Several ranks: every rank writes its part of each checkpoint, rank 0 commits.
@@ -309,6 +346,7 @@ class DecoratedCheckpointing:
                         "ranks' RNG states (rng_state_<rank>.pth) are not saved (no multi-rank commit: %s)",
                         trainer.args.world_size, self._multirank_off)
             self._warned_multirank = True
+        self._track_best_checkpoint(step)
         files = self.plan_checkpoint(step, deepspeed=deepspeed)
         lazy = not deepspeed  # DeepSpeed steps its optimizer inside backward(): stage before returning
         self.last_handle = self.engine.save_files(step, files, layout="hf", lazy=lazy,
