@@ -1,4 +1,4 @@
-"""Airflow plugin: the Training Jobs API under /sat in Airflow's API server (its logic lives in sat_tasks.ui)."""
+"""Airflow plugin: the Training Jobs view and API under /sat in Airflow's API server (its logic lives in sat_tasks.ui)."""
 
 from airflow.plugins_manager import AirflowPlugin
 
@@ -8,6 +8,10 @@ from sat_tasks.ui.api import LazyApp, create_app
 class SatTrainingJobsPlugin(AirflowPlugin):
     name = "sat_training_jobs"
     fastapi_apps = [{"app": LazyApp(create_app), "url_prefix": "/sat", "name": "SAT Training Jobs"}]
-    # "Training Jobs" in Airflow's navigation: the list, shown inside the UI.
-    external_views = [{"name": "Training Jobs", "href": "/sat/jobs", "destination": "nav",
-                       "url_route": "training-jobs", "nav_top_level": True}]
+    # In Airflow's navigation, shown inside the UI: the list (with its Create button), and the Create form.
+    external_views = [
+        {"name": "Training Jobs", "href": "/sat/jobs", "destination": "nav", "url_route": "training-jobs",
+         "nav_top_level": True},
+        {"name": "Create Training Job", "href": "/sat/jobs/new", "destination": "nav",
+         "url_route": "create-training-job", "nav_top_level": True},
+    ]

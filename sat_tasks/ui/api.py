@@ -1,15 +1,27 @@
-"""The Training Jobs API, mounted in Airflow's API server by `plugins/sat_training_jobs.py` under `/sat`.
+"""The Training Jobs API and pages, mounted in Airflow's API server by `plugins/sat_training_jobs.py` under `/sat`.
 
-Every endpoint sits behind Airflow's own authentication and DAG permissions (the same
+Every endpoint sits behind Airflow's own authentication and permissions (the same
 dependencies the core REST API uses): no token or session cookie, 401; a person without
-read access to a job's DAG, 403 on its page and no row in the list.
+the permission on a job's DAG, 403 on its page and actions, and no row in the list.
+Reading needs GET on the DAG; Create needs POST on the generic DAG's runs (and on
+connections, when it stores a registry login); Stop and Tags need PUT, Delete DELETE on
+the DAG's runs. Forms post to the same origin: a post from another site is refused.
 
-- `GET /sat/api/jobs[?status=<status word>]`: the list, newest first.
-- `GET /sat/api/jobs/{dag_id}/runs/{run_id}`: the job page's data.
-- `GET /sat/api/jobs/{dag_id}/runs/{run_id}/log`: the job log (all attempts), as a download;
+JSON (`/sat/api/...`):
+- `GET  /api/jobs[?status=<status word>]`: the list, newest first.
+- `POST /api/jobs`: create a job from `{"form": {<field>: <value>, ...}}` (the Create
+  form's fields): 201 with the run, or 422 with every problem as `{"field", "rule"}`.
+- `GET  /api/jobs/{dag_id}/runs/{run_id}`: the job page's data.
+- `GET  /api/jobs/{dag_id}/runs/{run_id}/log`: the job log (all attempts), a download;
   404 until the run has uploaded it (at its end).
-- `GET /sat/jobs` and `GET /sat/jobs/{dag_id}/runs/{run_id}`: the same as HTML (the
-  "Training Jobs" entry of Airflow's menu opens the list).
+- `POST /api/jobs/{dag_id}/runs/{run_id}/stop`: stop the job (202), naming who asked.
+- `PUT  /api/jobs/{dag_id}/runs/{run_id}/tags`: replace the run's tags (`{"tags": {...}}`).
+- `DELETE /api/jobs/{dag_id}/runs/{run_id}[?delete_results=true]`: delete the run; its
+  results stay in Object Storage unless asked; 409 while it runs.
+
+HTML: `GET /jobs` (the "Training Jobs" menu entry), `GET|POST /jobs/new` (Create Training
+Job), `GET /jobs/{dag_id}/runs/{run_id}` (the job page), and the forms `POST .../stop`,
+`POST .../tags`, `GET|POST .../delete`.
 """
 
 from typing import Any
@@ -33,15 +45,13 @@ def _hook():
     return object_storage_hook(sat_setting("object_storage_conn_id"))
 
 
-def _reader():
+def _reader(hook):
     from sat_tasks.io.object_storage import read_json
-
-    hook = _hook()
 
     def read(uri: str) -> Any:
         try:
             return read_json(hook, uri)
-        except Exception:  # noqa: BLE001 - a missing or unreadable file shows as "not written yet"
+        except Exception:
             return None
 
     return read
@@ -74,21 +84,59 @@ class LazyApp:
 def create_app():
     """The FastAPI app the plugin mounts (imports the API server's modules: call it only there)."""
     from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        ConnectionDetails,
+        DagAccessEntity,
+    )
+    from airflow.api_fastapi.common.dagbag import (
+        DagBagDep,
+        get_dag_for_run,
+        get_latest_version_of_dag,
+    )
     from airflow.api_fastapi.common.db.common import SessionDep
     from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
     from airflow.models.dag import DagModel
+    from airflow.models.dagbag import DBDagBag
     from airflow.models.dagrun import DagRun
-    from fastapi import Depends, FastAPI, HTTPException, Query
+    from airflow.models.taskinstance import TaskInstance
+    from fastapi import Depends, FastAPI, HTTPException, Query, Request
+    from fastapi.responses import (
+        HTMLResponse,
+        JSONResponse,
+        PlainTextResponse,
+        RedirectResponse,
+    )
     from sqlalchemy import select
 
     from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
-
-    from fastapi.responses import HTMLResponse, PlainTextResponse
-
-    from sat_tasks.ui.pages import job_page_html, list_page
+    from sat_tasks.io.run_layout import JobRun
+    from sat_tasks.spec import split_s3_uri
+    from sat_tasks.ui import actions
+    from sat_tasks.ui.create import validate_form
+    from sat_tasks.ui.pages import (
+        create_page,
+        delete_page,
+        deleted_page,
+        job_href,
+        job_page_html,
+        list_page,
+    )
 
     app = FastAPI(title="SAT Training Jobs", description=__doc__)
+    app.state.dag_bag = DBDagBag()  # what DagBagDep reads: the serialized DAGs, from the metadata DB
     read_dags = [Depends(requires_access_dag("GET"))]
+    create_runs = [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=GENERIC_DAG_ID))]
+    change_runs = [Depends(requires_access_dag("PUT", DagAccessEntity.RUN))]
+    delete_runs = [Depends(requires_access_dag("DELETE", DagAccessEntity.RUN))]
+
+    def refuse_other_sites(request: Request) -> None:
+        """Refuse a form post that another site's page sent (the session cookie would come with it)."""
+        own = f"{request.url.scheme}://{request.url.netloc}"
+        origin, referer = request.headers.get("origin"), request.headers.get("referer")
+        if (origin and origin != own) or (not origin and referer and not referer.startswith(own + "/")):
+            raise HTTPException(403, "a form of another site cannot act on Training Jobs")
+
+    same_origin = [Depends(refuse_other_sites)]
 
     def rows(user, session, status: str | None) -> list[dict]:
         jobs = _jobs()
@@ -99,22 +147,79 @@ def create_app():
                                .order_by(DagRun.id.desc()).limit(LIST_LIMIT)).all()
         refs = [_ref(run, next_runs.get(run.dag_id) if jobs.get(run.dag_id) and jobs[run.dag_id].schedule else None)
                 for run in runs]
-        return list_rows(refs, jobs, _reader(), GENERIC_DAG_ID, status=status or None)
+        return list_rows(refs, jobs, _reader(_hook()), GENERIC_DAG_ID, status=status or None)
 
     def run_and_job(dag_id: str, run_id: str, session):
         run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
         if run is None:
             raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
-        ref = _ref(run)
-        job = job_of(ref, _jobs(), GENERIC_DAG_ID)
+        job = job_of(_ref(run), _jobs(), GENERIC_DAG_ID)
         if job is None:
             raise HTTPException(404, f"{dag_id!r} is not a Training Job DAG, or its run {run_id!r} has no valid spec")
-        return ref, job
+        return run, job
 
     def page(dag_id: str, run_id: str, session) -> dict:
-        ref, job = run_and_job(dag_id, run_id, session)
-        return job_page(ref, job, _reader())
+        run, job = run_and_job(dag_id, run_id, session)
+        hook = _hook()
+        return job_page(_ref(run), job, _reader(hook), lambda prefix: actions.object_sizes(hook, prefix))
 
+    # ---- create ----------------------------------------------------------------------------------
+    def create(values: dict[str, str], user, session, dag_bag):
+        """Validate the form; store the registry login as a connection; start the generic DAG's run."""
+        from airflow.api_fastapi.core_api.datamodels.dag_run import (
+            TriggerDAGRunPostBody,
+        )
+        from airflow.utils.state import DagRunState
+        from airflow.utils.types import DagRunTriggeredByType, DagRunType
+
+        from sat_tasks.airflow.params import params_from_spec
+
+        hook = _hook()
+        result = validate_form(values, exists=lambda uri: actions.uri_exists(hook, uri))
+        if result.job is None:
+            return result, None
+        if result.registry is not None:
+            if not get_auth_manager().is_authorized_connection(
+                    method="POST", details=ConnectionDetails(conn_id=result.registry.conn_id), user=user):
+                raise HTTPException(403, "storing a registry login needs the permission to create connections")
+            _store_registry_login(session, result.registry)
+        dag = get_latest_version_of_dag(dag_bag, GENERIC_DAG_ID, session)
+        body = TriggerDAGRunPostBody(logical_date=None, conf=params_from_spec(result.job),
+                                     note=f"created by {user.get_name()} in the Training Jobs view")
+        params = body.validate_context(dag)
+        run = dag.create_dagrun(
+            run_id=params["run_id"], logical_date=params["logical_date"], data_interval=params["data_interval"],
+            run_after=params["run_after"], conf=params["conf"], run_type=DagRunType.MANUAL,
+            triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user.get_name(), state=DagRunState.QUEUED,
+            partition_key=params.get("partition_key"), partition_date=params.get("partition_date"), session=session)
+        session.flush()
+        return result, run
+
+    @app.get("/jobs/new", dependencies=create_runs, response_class=HTMLResponse)
+    def create_form():
+        return create_page()
+
+    @app.post("/jobs/new", dependencies=create_runs + same_origin, response_class=HTMLResponse)
+    async def create_from_form(request: Request, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+        values = {key: str(value) for key, value in (await request.form()).items()}
+        result, run = create(values, user, session, dag_bag)
+        if run is None:
+            return HTMLResponse(create_page(result.values, result.errors), status_code=422)
+        session.commit()
+        return RedirectResponse(f"/sat/{job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}", status_code=303)
+
+    @app.post("/api/jobs", dependencies=create_runs, status_code=201)
+    def create_job(body: dict[str, Any], user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+        form = body.get("form")
+        if not isinstance(form, dict):
+            raise HTTPException(422, "the body must be {\"form\": {<field>: <value>, ...}} (the Create form's fields)")
+        result, run = create({k: "" if v is None else str(v) for k, v in form.items()}, user, session, dag_bag)
+        if run is None:
+            return JSONResponse({"detail": "the job was not started", "errors": result.problems}, status_code=422)
+        return {"dag_id": run.dag_id, "run_id": run.run_id, "job": result.job.name,
+                "page": f"/sat/{job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}"}
+
+    # ---- read ------------------------------------------------------------------------------------
     status_query = Query(None, description="a status word, e.g. Running or Completed")
 
     @app.get("/api/jobs", dependencies=read_dags)
@@ -127,14 +232,12 @@ def create_app():
 
     @app.get("/api/jobs/{dag_id}/runs/{run_id}/log", dependencies=read_dags, response_class=PlainTextResponse)
     def job_log(dag_id: str, run_id: str, session: SessionDep):
-        from sat_tasks.spec import split_s3_uri
-
-        ref, job = run_and_job(dag_id, run_id, session)
-        bucket, key = split_s3_uri(job_log_uri(job, ref.run_id))
+        run, job = run_and_job(dag_id, run_id, session)
+        bucket, key = split_s3_uri(job_log_uri(job, run.run_id))
         hook = _hook()
         if not hook.check_for_key(key, bucket_name=bucket):
             raise HTTPException(404, "the job log is uploaded when the run ends; until then, read the task logs")
-        filename = f"{job.name}-{ref.run_id}.log".replace(":", "_").replace("+", "_")
+        filename = f"{job.name}-{run.run_id}.log".replace(":", "_").replace("+", "_")
         return PlainTextResponse(hook.read_key(key, bucket_name=bucket),
                                  headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
@@ -146,4 +249,126 @@ def create_app():
     def job_view(dag_id: str, run_id: str, session: SessionDep):
         return job_page_html(page(dag_id, run_id, session))
 
+    # ---- stop ------------------------------------------------------------------------------------
+    def stop(dag_id: str, run_id: str, user, session, dag_bag) -> dict:
+        from airflow.api_fastapi.core_api.datamodels.dag_run import DagRunMutableStates
+        from airflow.api_fastapi.core_api.services.public.dag_run import (
+            patch_dag_run_state,
+        )
+
+        from sat_tasks.core.policy import stop_reason
+        from sat_tasks.core.status import JobStatus
+        from sat_tasks.spec import BackendKind
+
+        run, job = run_and_job(dag_id, run_id, session)
+        state = str(getattr(run.state, "value", run.state))
+        if state not in ("queued", "running"):
+            raise HTTPException(409, f"the run has already ended ({state}): there is nothing to stop")
+        from sat_tasks.config import sat_setting
+
+        job = job.with_backend(sat_setting("backend"))
+        layout = JobRun(job, run_id)
+        hook = _hook()
+        request = actions.request_stop(hook, layout, user.get_name())
+        launching = session.scalars(select(TaskInstance.task_id).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.state == "running",
+            TaskInstance.task_id.like("attempt_%.launch"))).all()
+        if launching and job.backend is BackendKind.LOCAL:
+            how = ("the training gets SIGTERM within seconds and writes a final checkpoint; the status turns "
+                   "Stopped when it has")
+        else:
+            layout.history(log=lambda _line: None).record(
+                JobStatus.STOPPED, stop_reason(request) + ("" if launching else " before training ran"),
+                task="stop")
+            patch_dag_run_state(dag=get_dag_for_run(dag_bag, run, session=session), dag_run=run,
+                                state=DagRunMutableStates.FAILED, session=session)
+            how = ("the run was ended; its training pods get their grace period for a final checkpoint"
+                   if launching else "the run was ended before its training started")
+        return {"stop_requested": request, "how": how}
+
+    @app.post("/api/jobs/{dag_id}/runs/{run_id}/stop", dependencies=change_runs, status_code=202)
+    def stop_job(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+        return stop(dag_id, run_id, user, session, dag_bag)
+
+    @app.post("/jobs/{dag_id}/runs/{run_id}/stop", dependencies=change_runs + same_origin,
+              response_class=HTMLResponse)
+    def stop_from_page(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+        stop(dag_id, run_id, user, session, dag_bag)
+        session.commit()
+        return RedirectResponse(f"/sat/{job_href({'dag_id': dag_id, 'run_id': run_id})}", status_code=303)
+
+    # ---- tags ------------------------------------------------------------------------------------
+    def set_tags(dag_id: str, run_id: str, text: str, session) -> tuple[dict | None, list[str]]:
+        run, job = run_and_job(dag_id, run_id, session)
+        tags, problems = actions.parse_tags(job, text)
+        if tags is not None:
+            actions.save_tags(_hook(), JobRun(job, run_id), tags)
+        return tags, problems
+
+    @app.put("/api/jobs/{dag_id}/runs/{run_id}/tags", dependencies=change_runs)
+    def put_tags(dag_id: str, run_id: str, body: dict[str, Any], session: SessionDep):
+        given = body.get("tags")
+        if not isinstance(given, dict):
+            raise HTTPException(422, "the body must be {\"tags\": {<key>: <value>, ...}}")
+        tags, problems = set_tags(dag_id, run_id, "\n".join(f"{k}={v}" for k, v in given.items()), session)
+        if tags is None:
+            return JSONResponse({"detail": "tags not saved", "errors": problems}, status_code=422)
+        return {"tags": tags}
+
+    @app.post("/jobs/{dag_id}/runs/{run_id}/tags", dependencies=change_runs + same_origin,
+              response_class=HTMLResponse)
+    async def tags_from_page(dag_id: str, run_id: str, request: Request, session: SessionDep):
+        text = str((await request.form()).get("tags") or "")
+        tags, problems = set_tags(dag_id, run_id, text, session)
+        if tags is None:
+            return HTMLResponse(job_page_html(page(dag_id, run_id, session), tag_errors=problems), status_code=422)
+        return RedirectResponse(f"/sat/{job_href({'dag_id': dag_id, 'run_id': run_id})}#tags", status_code=303)
+
+    # ---- delete ----------------------------------------------------------------------------------
+    def delete(dag_id: str, run_id: str, delete_results: bool, session) -> dict:
+        run, job = run_and_job(dag_id, run_id, session)
+        state = str(getattr(run.state, "value", run.state))
+        if state == "running":
+            raise HTTPException(409, "the job is running: stop it first")
+        removed = actions.delete_results(_hook(), JobRun(job, run_id)) if delete_results else None
+        session.delete(run)
+        session.flush()
+        return {"deleted": {"dag_id": dag_id, "run_id": run_id, "job": job.name},
+                "results": "kept" if removed is None else f"{removed} object(s) deleted",
+                "results_uri": JobRun(job, run_id).results_uri}
+
+    @app.delete("/api/jobs/{dag_id}/runs/{run_id}", dependencies=delete_runs)
+    def delete_job(dag_id: str, run_id: str, session: SessionDep, delete_results: bool = False):
+        return delete(dag_id, run_id, delete_results, session)
+
+    @app.get("/jobs/{dag_id}/runs/{run_id}/delete", dependencies=delete_runs, response_class=HTMLResponse)
+    def delete_confirmation(dag_id: str, run_id: str, session: SessionDep):
+        return delete_page(page(dag_id, run_id, session))
+
+    @app.post("/jobs/{dag_id}/runs/{run_id}/delete", dependencies=delete_runs + same_origin,
+              response_class=HTMLResponse)
+    async def delete_from_page(dag_id: str, run_id: str, request: Request, session: SessionDep):
+        wanted = (await request.form()).get("delete_results") not in (None, "", "off")
+        done = delete(dag_id, run_id, wanted, session)
+        removed = None if done["results"] == "kept" else int(done["results"].split()[0])
+        return deleted_page(done["deleted"]["job"], run_id, removed)
+
     return app
+
+
+def _store_registry_login(session, login) -> None:
+    """Create or update the Airflow connection that holds a created job's registry login (Fernet-encrypted)."""
+    import json
+
+    from airflow.models.connection import Connection
+    from sqlalchemy import select
+
+    extra = json.dumps({"insecure": True}) if login.insecure else None
+    conn = session.scalar(select(Connection).where(Connection.conn_id == login.conn_id))
+    if conn is None:
+        session.add(Connection(conn_id=login.conn_id, conn_type="generic", host=login.host, login=login.login,
+                               password=login.password, extra=extra,
+                               description="registry login of a Training Job, from the Create Training Job form"))
+        return
+    conn.host, conn.login, conn.password = login.host, login.login, login.password
+    conn.set_extra(extra)

@@ -87,7 +87,65 @@ def test_job_page_has_the_spec_history_attempts_with_evidence_and_checkpoints():
     assert (first["node"], first["verdict"], first["exit_code"]) == ("node-0", "HARDWARE", -9)
     assert "GPU has fallen off the bus" in first["evidence"][0]
     assert second["resumed_from_step"] == 60 and second["verdict"] is None  # still running
-    assert page["checkpoints"] == {"committed_steps": [100, 80, 60], "last_mirrored_step": 100}
+    checkpoints = page["checkpoints"]
+    assert (checkpoints["committed_steps"], checkpoints["last_mirrored_step"]) == ([100, 80, 60], 100)
+    assert [c["step"] for c in checkpoints["steps"]] == [100, 80, 60]  # newest first
+    assert not any(c["mirrored"] for c in checkpoints["steps"])  # no manifest in Object Storage in this store
+
+
+def _mirrored(job, run_id: str, store: dict, step: int, log_history: list[dict]) -> dict:
+    """A mirrored checkpoint: its manifest and trainer_state.json, and the objects' sizes."""
+    prefix = f"{JobRun(job, run_id).mirror_uri}checkpoint-{step}/"
+    files = {"model.safetensors": {"size": 2000, "checksum": "xxh3_64/16MiB:1"},
+             "trainer_state.json": {"size": 300, "checksum": "xxh3_64/16MiB:2"}}
+    store[prefix + "manifest.json"] = {"step": step, "files": files}
+    store[prefix + "trainer_state.json"] = {"global_step": step, "log_history": log_history}
+    return {prefix: {name: entry["size"] for name, entry in files.items()}}
+
+
+def test_checkpoints_say_size_mirrored_and_verified():
+    job = _job("demo-job")
+    store = _written(job, "manual__1")
+    sizes = _mirrored(job, "manual__1", store, 100, [])
+    sizes.update(_mirrored(job, "manual__1", store, 80, []))
+    torn = next(prefix for prefix in sizes if prefix.endswith("checkpoint-80/"))
+    sizes[torn] = {"model.safetensors": 1999}  # a short copy, and trainer_state.json missing
+    page = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, store.get,
+                    lambda prefix: sizes.get(prefix, {}))
+    newest, torn_row, unmirrored = page["checkpoints"]["steps"]
+    assert (newest["size_bytes"], newest["files"], newest["mirrored"], newest["verified"]) == (2300, 2, True, True)
+    assert torn_row["mirrored"] and torn_row["verified"] is False
+    assert "model.safetensors" in torn_row["note"] and "trainer_state.json" in torn_row["note"]
+    assert (unmirrored["mirrored"], unmirrored["verified"]) == (False, None)
+
+
+def test_monitoring_has_loss_steps_per_second_and_a_failover_marker():
+    job = _job("demo-job")
+    store = _written(job, "manual__1")
+    store[JobRun(job, "manual__1").attempt_uri(2)]["started_at"] = "2026-12-01T10:00:30+00:00"
+    t0 = T0.timestamp()
+    history = [{"step": 10, "loss": 5.0, "sat_time": t0 + 10, "sat_attempt": 1},
+               {"step": 20, "loss": 3.0, "sat_time": t0 + 15, "sat_attempt": 1},
+               {"step": 70, "loss": 1.0, "sat_time": t0 + 40, "sat_attempt": 2},
+               {"step": 80, "loss": 0.9, "sat_time": t0 + 44, "sat_attempt": 2},
+               {"step": 80, "eval_loss": 1.2}, {"train_runtime": 30.0, "step": 80}]
+    _mirrored(job, "manual__1", store, 100, history)
+    monitoring = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, store.get)["monitoring"]
+    assert [(p["step"], p["loss"]) for p in monitoring["loss"]] == [(10, 5.0), (20, 3.0), (70, 1.0), (80, 0.9)]
+    # 10 steps in 5 s (attempt 1), 10 steps in 4 s (attempt 2); never across the failover
+    assert [(r["step"], r["steps_per_second"]) for r in monitoring["steps_per_second"]] == [(20, 2.0), (80, 2.5)]
+    (marker,) = monitoring["markers"]
+    assert marker["attempt"] == 2 and marker["step"] == 60 and marker["at"] == t0 + 30
+    assert marker["label"] == "attempt 2 after HARDWARE, resumed from step 60"
+
+
+def test_edited_tags_replace_the_specs_in_the_row():
+    job = _job("demo-job")
+    store = _written(job, "manual__1")
+    store[JobRun(job, "manual__1").tags_uri] = {"team": "vision", "cost-center": "42"}
+    row = list_rows([RunRef("demo-job", "manual__1", "running", start_date=T0)], {"demo-job": job}, store.get,
+                    GENERIC)[0]
+    assert row["tags"] == {"team": "vision", "cost-center": "42"}
 
 
 def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
@@ -98,11 +156,16 @@ def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
     ref = RunRef("demo-job", "manual__1", "running", start_date=T0)
     html = list_page(list_rows([ref], {"demo-job": job}, store.get, GENERIC), status="Running")
     assert "<script>" not in html and "&lt;script&gt;" in html
-    assert "href='jobs/demo-job/runs/manual__1'" in html and ">Running</span>" in html
+    assert "href='/sat/jobs/demo-job/runs/manual__1'" in html and ">Running</span>" in html
     assert "<option value='Running' selected>" in html
     page = job_page_html(job_page(ref, job, store.get))
     assert "GPU has fallen off the bus" in page and "HARDWARE" in page and "node-0" in page
-    assert "100, 80, 60" in page and "href='/dags/demo-job/runs/manual__1'" in page
+    assert all(f"<tr><td>{step}</td>" in page for step in (100, 80, 60))  # the Checkpoints tab's rows
+    assert "href='/dags/demo-job/runs/manual__1'" in page
+    for tab in ("Details", "Attempts", "Checkpoints", "Logs", "Monitoring", "Tags"):
+        assert f"data-tab='{tab.lower()}'>{tab}</a>" in page and f"<section class='tab' id='{tab.lower()}'>" in page
+    assert "id='stop'" in page and "id='delete'" in page  # a running job can be stopped
+    assert "data-api='/sat/api/jobs/demo-job/runs/manual__1'" in page  # the live status reads the page's API
     assert "href='/sat/api/jobs/demo-job/runs/manual__1/log'" in page and "download job.log" in page
     assert "No Training Jobs yet." in list_page([])
 
@@ -118,3 +181,24 @@ def test_job_page_reads_each_file_once():
 
     job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, read)
     assert len(reads) == len(set(reads))
+
+
+def test_the_monitoring_tab_draws_loss_and_rate_with_the_failover_marker():
+    from sat_tasks.ui.pages import job_page_html
+
+    job = _job("demo-job")
+    store = _written(job, "manual__1")
+    store[JobRun(job, "manual__1").attempt_uri(2)]["started_at"] = "2026-12-01T10:00:30+00:00"
+    t0 = T0.timestamp()
+    _mirrored(job, "manual__1", store, 100, [
+        {"step": 10, "loss": 5.0, "sat_time": t0 + 10, "sat_attempt": 1},
+        {"step": 20, "loss": 3.0, "sat_time": t0 + 15, "sat_attempt": 1},
+        {"step": 70, "loss": 1.0, "sat_time": t0 + 40, "sat_attempt": 2},
+        {"step": 80, "loss": 0.9, "sat_time": t0 + 44, "sat_attempt": 2}])
+    html = job_page_html(job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, store.get))
+    assert "<figure class='chart' id='loss-chart'>" in html and "<figure class='chart' id='rate-chart'>" in html
+    assert html.count("attempt 2 after HARDWARE, resumed from step 60") == 2  # a marker on each chart
+    stopped = job_page(RunRef("demo-job", "manual__1", "success", start_date=T0), job, store.get)
+    assert "id='stop'" not in job_page_html(stopped)  # an ended run has nothing to stop
+    empty = job_page_html(job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, {}.get))
+    assert "no checkpoint mirrored yet" in empty and "Loss by step: no data yet." in empty

@@ -1,0 +1,255 @@
+"""The "Create Training Job" form: its fields in the service's words and sections, and its validation.
+
+The form is the spec model's, seen through a person's eyes: each field fills one spec
+path (`resources.server_type`) and takes its help text from the model's JSON Schema, so
+the form never states a rule the model does not check. `validate_form` turns the posted
+values into a `TrainingJob` with the spec model (`parse_spec`, cross-field rules
+included) and, for every problem, an error `<field>: <rule>` on the form field it belongs
+to; nothing starts until there is none. Object Storage checks that the model cannot do
+(does the data prefix hold anything, does the script exist) are injected (`exists`).
+
+The registry user and password never enter the spec or the run: they become an Airflow
+connection (`registry_conn_id`), and the spec names only its id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sat_tasks.spec import (
+    SERVER_TYPES,
+    Framework,
+    LearningType,
+    SpecError,
+    TrainingJob,
+    parse_spec,
+)
+
+REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, ADVANCED = (
+    "Required information", "Service information", "Image", "Command and volume", "Tags", "Advanced")
+SECTIONS = (REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, ADVANCED)
+REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD = "registry_user", "registry_password", "tags", "advanced"
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One input of the form: its name (the spec path it fills, or a form-only name), label and kind."""
+
+    name: str
+    label: str
+    section: str
+    kind: str = "text"  # text, number, select, checkbox, password, textarea
+    default: Any = None
+    options: tuple[str, ...] = ()
+    help: str = ""
+
+    @property
+    def spec_path(self) -> str | None:
+        return None if self.name in (REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD) else self.name
+
+
+FIELDS: tuple[FormField, ...] = (
+    FormField("name", "Training Job name", REQUIRED),
+    FormField("learning_type", "Learning type", REQUIRED, "select", LearningType.ON_DEMAND.value,
+              tuple(t.value for t in LearningType)),
+    FormField("framework", "Framework", REQUIRED, "select", Framework.PYTORCH.value, tuple(f.value for f in Framework)),
+    FormField("nodes", "Nodes", REQUIRED, "number", 1),
+    FormField("resources.server_type", "Server type", REQUIRED, "select", "cpu", tuple(SERVER_TYPES)),
+    FormField("resources.gpus_per_node", "GPUs per node", REQUIRED, "number", 0),
+    FormField("data.source", "Training data (Object Storage)", REQUIRED, default="s3://sat-demo/datasets/tiny-corpus/"),
+    FormField("results.destination", "Results (Object Storage)", REQUIRED, default="s3://sat-demo/results/"),
+    FormField("job_failover", "Job failover", SERVICE, "checkbox", True),
+    FormField("max_failovers", "Failovers at most", SERVICE, "number", 3),
+    FormField("resources.cpu", "CPU per node", SERVICE, default="2"),
+    FormField("resources.memory", "Memory per node", SERVICE, default="8Gi"),
+    FormField("resources.shared_memory", "Shared memory (/dev/shm)", SERVICE, default="1Gi"),
+    FormField("heartbeat_timeout_seconds", "Heartbeat timeout (seconds)", SERVICE, "number", 300),
+    FormField("image.url", "Image", IMAGE, default="registry.sat.local/sat/training:0.1.0"),
+    FormField(REGISTRY_USER, "Registry user", IMAGE,
+              help="with the password, kept as an Airflow connection; the job names only the connection"),
+    FormField(REGISTRY_PASSWORD, "Registry password", IMAGE, "password",
+              help="never stored in the job or its run; shown to nobody"),
+    FormField("image.insecure", "Registry speaks plain HTTP (test registries only)", IMAGE, "checkbox", False),
+    FormField("command", "Command", COMMAND, default="python train.py"),
+    FormField("storage.script_url", "Training script (Object Storage)", COMMAND),
+    FormField("storage.file_storage_mount", "File Storage volume mount path", COMMAND),
+    FormField(TAGS_FIELD, "Tags", TAGS, "textarea",
+              help="key=value, one per line (at most 50; keys of letters, digits or _.:/=+@-)"),
+    FormField(ADVANCED_FIELD, "More spec fields (JSON)", ADVANCED, "textarea",
+              help="a JSON object merged into the spec: env, faults (local backend), spot, backend, "
+                   "startup_timeout_seconds, ..."),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+
+Exists = Callable[[str], bool]  # does this s3:// URI (an object, or a prefix ending in /) hold anything?
+
+
+@dataclass(frozen=True)
+class RegistryLogin:
+    """The registry user and password of a created job (to store as an Airflow connection; never logged)."""
+
+    conn_id: str
+    host: str
+    login: str
+    password: str = field(repr=False)
+    insecure: bool = False
+
+
+@dataclass
+class FormResult:
+    """What `validate_form` found: the job (None while there are errors) and the errors per form field."""
+
+    values: dict[str, str]
+    job: TrainingJob | None = None
+    errors: dict[str, list[str]] = field(default_factory=dict)
+    registry: RegistryLogin | None = None
+
+    def add(self, form_field: str, spec_field: str, rule: str) -> None:
+        self.errors.setdefault(form_field, []).append(f"{spec_field}: {rule}")
+
+    @property
+    def problems(self) -> list[dict[str, str]]:
+        """Every error as `{"field", "rule"}` (the REST API's 422 body)."""
+        return [{"field": line.split(": ", 1)[0], "rule": line.split(": ", 1)[1], "input": name}
+                for name, lines in self.errors.items() for line in lines]
+
+
+def help_text(form: FormField) -> str:
+    """The field's help: its own, else the spec model's description of the path it fills."""
+    if form.help or form.spec_path is None:
+        return form.help
+    from sat_tasks.airflow.params import field_schema
+
+    try:
+        return field_schema(form.spec_path).get("description", "")
+    except KeyError:
+        return ""
+
+
+def registry_conn_id(job_name: str) -> str:
+    """The Airflow connection that holds a created job's registry login."""
+    return f"sat_registry_{job_name}"
+
+
+def _set(spec: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        spec = spec.setdefault(part, {})
+    spec[leaf] = value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def parse_tag_lines(text: str, result: FormResult) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            result.add(TAGS_FIELD, "tags", f"line {number} ({line.strip()[:40]!r}) must be key=value")
+            continue
+        tags[key.strip()] = value.strip()
+    return tags
+
+
+def spec_from_form(values: dict[str, str], result: FormResult) -> dict[str, Any]:
+    """The spec mapping the posted values describe; form-level problems (numbers, tags, JSON) go to `result`."""
+    spec: dict[str, Any] = {}
+    for form in FIELDS:
+        if form.spec_path is None:
+            continue
+        raw = values.get(form.name)
+        if form.kind == "checkbox":
+            _set(spec, form.spec_path, raw not in (None, "", "off", "false"))
+            continue
+        raw = (raw or "").strip()
+        if not raw:
+            continue  # the model's default, or its "required field is missing"
+        if form.kind == "number":
+            try:
+                _set(spec, form.spec_path, int(raw))
+            except ValueError:
+                result.add(form.name, form.spec_path, f"must be a whole number, not {raw[:20]!r}")
+            continue
+        _set(spec, form.spec_path, raw)
+    spec["tags"] = parse_tag_lines(values.get(TAGS_FIELD) or "", result)
+    if spec.get("learning_type") == LearningType.SPOT.value:
+        spec["job_failover"] = False  # Spot jobs resume instead (the model refuses both)
+    advanced = (values.get(ADVANCED_FIELD) or "").strip()
+    if advanced:
+        try:
+            extra = json.loads(advanced)
+        except ValueError as exc:
+            extra = None
+            result.add(ADVANCED_FIELD, "advanced", f"must be a JSON object ({exc.msg} at line {exc.lineno})")
+        if extra is not None and not isinstance(extra, dict):
+            result.add(ADVANCED_FIELD, "advanced", "must be a JSON object ({...}), not a " + type(extra).__name__)
+        elif extra:
+            _merge(spec, extra)
+    return spec
+
+
+def _form_field_of(spec_field: str) -> str:
+    """The form field a spec problem belongs to: its own input, the nearest enclosing one, else Advanced."""
+    path = spec_field
+    while path:
+        if path in BY_NAME:
+            return path
+        child = next((name for name in BY_NAME if name.startswith(path + ".")), None)
+        if child is not None:  # a whole section missing ("image"): its first input
+            return child
+        path = path.rpartition(".")[0]
+    return TAGS_FIELD if spec_field.startswith("tags") else ADVANCED_FIELD
+
+
+def validate_form(values: dict[str, str], exists: Exists | None = None) -> FormResult:
+    """Validate the posted form with the spec model; the job when there is no problem, else every problem."""
+    result = FormResult(values={k: v for k, v in values.items() if k != REGISTRY_PASSWORD})
+    spec = spec_from_form(values, result)
+    user, password = (values.get(REGISTRY_USER) or "").strip(), values.get(REGISTRY_PASSWORD) or ""
+    if bool(user) != bool(password):
+        missing = REGISTRY_PASSWORD if user else REGISTRY_USER
+        result.add(missing, missing, "required with the registry " + ("user" if user else "password"))
+    if user and password and spec.get("name"):
+        spec.setdefault("image", {})["registry_conn_id"] = registry_conn_id(str(spec["name"]))
+    try:
+        job = parse_spec(spec, source="Create Training Job")
+    except SpecError as exc:
+        for problem in exc.problems:
+            result.add(_form_field_of(problem.field), problem.field, problem.rule)
+        return result
+    if exists is not None:
+        _check_object_storage(job, exists, result)
+    if result.errors:
+        return result
+    result.job = job
+    if user and password:
+        host = job.image.url.split("/")[0]
+        result.registry = RegistryLogin(job.image.registry_conn_id or registry_conn_id(job.name), host, user,
+                                        password, job.image.insecure)
+    return result
+
+
+def _check_object_storage(job: TrainingJob, exists: Exists, result: FormResult) -> None:
+    """What only Object Storage can tell: the data prefix holds objects, the script is there."""
+    checks = [("data.source", job.data.source, "holds no objects in Object Storage: upload the data first")]
+    if job.storage.script_url:
+        checks.append(("storage.script_url", job.storage.script_url, "is not in Object Storage"))
+    for path, uri, rule in checks:
+        try:
+            found = exists(uri)
+        except Exception as exc:
+            result.add(path, path, f"could not be checked: Object Storage answered {type(exc).__name__}")
+            continue
+        if not found:
+            result.add(path, path, f"{uri} {rule}")

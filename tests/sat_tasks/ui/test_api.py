@@ -1,0 +1,281 @@
+"""The Training Jobs API in Airflow's own API server app (in process), with Airflow's auth: every endpoint.
+
+The app is `airflow.api_fastapi.app.create_app()` with the project's plugins, on the test
+session's migrated metadata DB, the project's DAGs serialized into it, and the embedded
+S3 server. People: `admin`; `viewer` (Airflow's read-only role); `outsider`, an admin
+whom the auth manager denies the DAG `tiny-llama-demo` (tests/support/dag_scoped_auth.py:
+the simple auth manager's roles are global, so per-DAG answers come from a subclass, as
+FAB's or Keycloak's would). Tokens come from the auth manager itself.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from tests.conftest import ROOT
+
+DEMO = "tiny-llama-demo"
+GENERIC = "sat_training_job"
+SECRET = "hunter2-REGISTRY-9d1e"
+OTHER_SITE = {"Origin": "https://evil.example"}
+
+
+@pytest.fixture(scope="module")
+def app(airflow_db, demo_bucket):
+    from airflow.configuration import conf
+    from airflow.models.crypto import get_fernet
+    from cryptography.fernet import Fernet
+
+    keys = (("core", "auth_manager"), ("api_auth", "jwt_secret"), ("core", "fernet_key"))
+    saved = {key: conf.get(*key, fallback=None) for key in keys}
+    conf.set("core", "auth_manager", "tests.support.dag_scoped_auth.DagScopedAuthManager")
+    conf.set("api_auth", "jwt_secret", "t" * 64)
+    conf.set("core", "fernet_key", Fernet.generate_key().decode())  # as `make up` sets one: passwords encrypted
+    get_fernet.cache_clear()
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
+    assert {DEMO, GENERIC} <= set(bag.dags), bag.import_errors
+    sync_bag_to_db(bag, "dags-folder", None)
+    from airflow.api_fastapi.app import create_app, purge_cached_app
+
+    purge_cached_app()
+    yield create_app()
+    purge_cached_app()
+    get_fernet.cache_clear()
+    for (section, key), value in saved.items():
+        if value is None:
+            conf.remove_option(section, key)
+        else:
+            conf.set(section, key, value)
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from fastapi.testclient import TestClient
+
+    with TestClient(app, base_url="http://sat.test") as test_client:
+        yield test_client
+
+
+def _headers(name: str, role: str = "admin") -> dict[str, str]:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=name, role=role))
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def admin(client):
+    return _headers("admin")
+
+
+def _trigger(client, admin, dag_id: str, conf: dict | None = None) -> str:
+    response = client.post(f"/api/v2/dags/{dag_id}/dagRuns", headers=admin,
+                           json={"logical_date": None, **({"conf": conf} if conf else {})})
+    assert response.status_code == 200, response.text
+    return response.json()["dag_run_id"]
+
+
+def _set_state(dag_id: str, run_id: str, state: str) -> None:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        run = session.query(DagRun).filter_by(dag_id=dag_id, run_id=run_id).one()
+        run.state = state
+
+
+def _good_form(name: str, **changes: str) -> dict[str, str]:
+    form = {"name": name, "learning_type": "on-demand", "framework": "pytorch", "nodes": "1",
+            "resources.server_type": "cpu", "resources.gpus_per_node": "0",
+            "data.source": "s3://sat-demo/datasets/tiny-corpus/", "results.destination": "s3://sat-demo/results/",
+            "job_failover": "on", "image.url": "registry.sat.local/sat/training:0.1.0",
+            "command": "python fake_train.py", "storage.script_url": "s3://sat-demo/scripts/seed_train.py",
+            "tags": "team=ml\nproject=tiny"}
+    form.update(changes)
+    return form
+
+
+ENDPOINTS = [
+    ("GET", "/sat/api/jobs"), ("POST", "/sat/api/jobs"), ("GET", f"/sat/api/jobs/{DEMO}/runs/r"),
+    ("GET", f"/sat/api/jobs/{DEMO}/runs/r/log"), ("POST", f"/sat/api/jobs/{DEMO}/runs/r/stop"),
+    ("PUT", f"/sat/api/jobs/{DEMO}/runs/r/tags"), ("DELETE", f"/sat/api/jobs/{DEMO}/runs/r"),
+    ("GET", "/sat/jobs"), ("GET", "/sat/jobs/new"), ("POST", "/sat/jobs/new"), ("GET", f"/sat/jobs/{DEMO}/runs/r"),
+    ("POST", f"/sat/jobs/{DEMO}/runs/r/stop"), ("POST", f"/sat/jobs/{DEMO}/runs/r/tags"),
+    ("GET", f"/sat/jobs/{DEMO}/runs/r/delete"), ("POST", f"/sat/jobs/{DEMO}/runs/r/delete"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS)
+def test_every_endpoint_needs_a_login(client, method, path):
+    response = client.request(method, path, json={})
+    assert response.status_code == 401, (method, path, response.status_code, response.text[:200])
+    forged = client.request(method, path, headers={"Authorization": "Bearer not-a-token"}, json={})
+    assert forged.status_code in (401, 403), (method, path, forged.status_code)  # Airflow answers 403 here
+
+
+@pytest.mark.parametrize(("method", "path"), [e for e in ENDPOINTS if f"/{DEMO}/" in e[1]])
+def test_a_person_without_permission_on_the_dag_gets_403(client, method, path):
+    response = client.request(method, path, headers=_headers("outsider"), json={})
+    assert response.status_code == 403, (method, path, response.status_code, response.text[:200])
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/sat/api/jobs"), ("GET", "/sat/jobs/new"),
+                                              ("POST", f"/sat/api/jobs/{DEMO}/runs/r/stop"),
+                                              ("PUT", f"/sat/api/jobs/{DEMO}/runs/r/tags"),
+                                              ("DELETE", f"/sat/api/jobs/{DEMO}/runs/r")])
+def test_a_viewer_may_read_but_not_act(client, method, path):
+    viewer = _headers("vera", role="viewer")
+    assert client.get("/sat/api/jobs", headers=viewer).status_code == 200
+    response = client.request(method, path, headers=viewer, json={})
+    assert response.status_code == 403, (method, path, response.status_code, response.text[:200])
+
+
+def test_the_list_hides_the_runs_of_dags_a_person_may_not_read(client, admin):
+    demo_run = _trigger(client, admin, DEMO)
+    admin_rows = {(r["dag_id"], r["run_id"]) for r in client.get("/sat/api/jobs", headers=admin).json()["jobs"]}
+    assert (DEMO, demo_run) in admin_rows
+    rows = client.get("/sat/api/jobs", headers=_headers("outsider")).json()["jobs"]
+    assert rows == [] or all(row["dag_id"] != DEMO for row in rows)
+    assert client.get(f"/sat/api/jobs/{DEMO}/runs/{demo_run}", headers=_headers("outsider")).status_code == 403
+    assert client.get(f"/sat/api/jobs/{DEMO}/runs/{demo_run}", headers=admin).status_code == 200
+
+
+def _runs_of(client, admin, dag_id: str) -> set[str]:
+    response = client.get(f"/api/v2/dags/{dag_id}/dagRuns", headers=admin)
+    return {run["dag_run_id"] for run in response.json()["dag_runs"]}
+
+
+def test_create_with_a_bad_form_names_each_field_and_starts_nothing(client, admin):
+    before = _runs_of(client, admin, GENERIC)
+    bad = _good_form("ab", **{"resources.gpus_per_node": "4", "data.source": "s3://sat-demo/no-such-prefix/",
+                              "nodes": "two", "registry_user": "robot", "tags": "no-equals-sign"})
+    response = client.post("/sat/api/jobs", headers=admin, json={"form": bad})
+    assert response.status_code == 422, response.text
+    errors = {(e["field"], e["rule"]) for e in response.json()["errors"]}
+    assert ("name", "must be 3-63 chars of lowercase letters, digits, '-' or '.', starting and ending with a "
+                    "letter or digit") in errors
+    assert ("nodes", "must be a whole number, not 'two'") in errors
+    assert ("registry_password", "required with the registry user") in errors
+    assert ("tags", "line 1 ('no-equals-sign') must be key=value") in errors
+    # Rules only the model (cross-field) or Object Storage can check come before anything runs too.
+    gpus = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form(
+        "gpu-job", **{"resources.gpus_per_node": "4", "data.source": "s3://sat-demo/no-such-prefix/"})}).json()
+    assert {(e["field"], e["rule"]) for e in gpus["errors"]} == {
+        ("resources.gpus_per_node", "server type cpu has 0 GPUs per node")}
+    data = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form(
+        "data-job", **{"data.source": "s3://sat-demo/no-such-prefix/"})}).json()
+    assert [(e["field"], e["rule"]) for e in data["errors"]] == [
+        ("data.source", "s3://sat-demo/no-such-prefix/ holds no objects in Object Storage: upload the data first")]
+    assert _runs_of(client, admin, GENERIC) == before  # nothing started
+
+    html = client.post("/sat/jobs/new", headers=admin, data=bad)
+    assert html.status_code == 422 and "nothing was started" in html.text
+    assert "<div class='error' id='error-name'>name: must be 3-63 chars" in html.text
+    assert "value='ab'" in html.text  # what the person typed stays
+    assert _runs_of(client, admin, GENERIC) == before
+
+
+def test_create_starts_the_run_and_keeps_the_registry_password_in_a_connection_only(client, admin, airflow_db):
+    form = _good_form("created-job", registry_user="robot", registry_password=SECRET)
+    response = client.post("/sat/api/jobs", headers=admin, json={"form": form})
+    assert response.status_code == 201, response.text
+    created = response.json()
+    assert created["dag_id"] == GENERIC and created["job"] == "created-job"
+    assert created["page"] == f"/sat/jobs/{GENERIC}/runs/{created['run_id']}".replace(":", "%3A").replace(
+        "+", "%2B")
+    run = client.get(f"/api/v2/dags/{GENERIC}/dagRuns/{created['run_id']}", headers=admin).json()
+    assert run["conf"]["name"] == "created-job" and run["conf"]["registry_conn_id"] == "sat_registry_created-job"
+    assert run["triggering_user_name"] == "admin"
+    page = client.get(f"/sat/api/jobs/{GENERIC}/runs/{created['run_id']}", headers=admin)
+    assert page.status_code == 200 and page.json()["tags"] == {"team": "ml", "project": "tiny"}
+    connection = client.get("/api/v2/connections/sat_registry_created-job", headers=admin).json()
+    assert connection["login"] == "robot" and connection["host"] == "registry.sat.local"
+    for text in (response.text, json.dumps(run), page.text, json.dumps(connection)):
+        assert SECRET not in text
+    with sqlite3.connect(airflow_db) as db:
+        stored, encrypted = db.execute("SELECT password, is_encrypted FROM connection WHERE conn_id = ?",
+                                       ("sat_registry_created-job",)).fetchone()
+    assert encrypted and SECRET not in stored
+
+    # The HTML form: the same, then the browser goes to the job page.
+    html = client.post("/sat/jobs/new", headers=admin, data=_good_form("created-from-html"), follow_redirects=False)
+    assert html.status_code == 303 and html.headers["location"].startswith(f"/sat/jobs/{GENERIC}/runs/manual__")
+
+
+def test_a_form_post_from_another_site_is_refused(client, admin):
+    before = _runs_of(client, admin, GENERIC)
+    response = client.post("/sat/jobs/new", headers={**admin, **OTHER_SITE}, data=_good_form("cross-site-job"))
+    assert response.status_code == 403 and _runs_of(client, admin, GENERIC) == before
+    assert client.post("/sat/jobs/new", headers={**admin, "Referer": "https://evil.example/x"},
+                       data=_good_form("cross-site-job")).status_code == 403
+
+
+def test_stop_a_job_before_training_ends_the_run_and_says_who(client, admin, s3_hook):
+    from sat_tasks.io.object_storage import read_json
+
+    run_id = _trigger(client, admin, DEMO)
+    response = client.post(f"/sat/api/jobs/{DEMO}/runs/{run_id}/stop", headers=admin)
+    assert response.status_code == 202, response.text
+    assert response.json()["stop_requested"]["by"] == "admin"
+    assert client.get(f"/api/v2/dags/{DEMO}/dagRuns/{run_id}", headers=admin).json()["state"] == "failed"
+    page = client.get(f"/sat/api/jobs/{DEMO}/runs/{run_id}", headers=admin).json()
+    assert page["status"] == "Stopped" and page["stop_requested"]["by"] == "admin"
+    assert page["history"][-1]["reason"].startswith("stopped by admin at ")
+    assert read_json(s3_hook, page["results"] + "stop.json")["by"] == "admin"
+    again = client.post(f"/sat/api/jobs/{DEMO}/runs/{run_id}/stop", headers=admin)
+    assert again.status_code == 409 and "already ended" in again.json()["detail"]
+    html = client.post(f"/sat/jobs/{DEMO}/runs/{run_id}/stop", headers=admin, follow_redirects=False)
+    assert html.status_code == 409
+
+
+def test_tags_are_checked_saved_and_shown(client, admin):
+    run_id = _trigger(client, admin, DEMO)
+    base = f"/sat/api/jobs/{DEMO}/runs/{run_id}"
+    bad = client.put(base + "/tags", headers=admin, json={"tags": {"bad key!": "x"}})
+    assert bad.status_code == 422 and bad.json()["errors"] == [
+        "tags: key 'bad key!' must be 1-128 chars of letters, digits or _.:/=+@-"]
+    good = client.put(base + "/tags", headers=admin, json={"tags": {"team": "vision", "cost-center": "42"}})
+    assert good.status_code == 200 and good.json()["tags"] == {"team": "vision", "cost-center": "42"}
+    assert client.get(base, headers=admin).json()["tags"] == {"team": "vision", "cost-center": "42"}
+    form = client.post(f"/sat/jobs/{DEMO}/runs/{run_id}/tags", headers=admin, data={"tags": "team=nlp"},
+                       follow_redirects=False)
+    assert form.status_code == 303 and client.get(base, headers=admin).json()["tags"] == {"team": "nlp"}
+
+
+def test_delete_refuses_a_running_job_and_keeps_results_unless_asked(client, admin, s3_hook):
+    from sat_tasks.io.object_storage import write_json
+
+    kept, gone = _trigger(client, admin, DEMO), _trigger(client, admin, DEMO)
+    uris = {}
+    for run_id in (kept, gone):
+        uris[run_id] = client.get(f"/sat/api/jobs/{DEMO}/runs/{run_id}", headers=admin).json()["results"]
+        write_json(s3_hook, uris[run_id] + "status.json", [{"status": "Completed", "at": "t", "reason": "done"}])
+        write_json(s3_hook, uris[run_id] + "output/metrics.json", {"loss": 0.5})
+    _set_state(DEMO, kept, "running")
+    refused = client.delete(f"/sat/api/jobs/{DEMO}/runs/{kept}", headers=admin)
+    assert refused.status_code == 409 and "stop it first" in refused.json()["detail"]
+    confirm = client.get(f"/sat/jobs/{DEMO}/runs/{kept}/delete", headers=admin)
+    assert "stop it first" in confirm.text and "confirm-delete" not in confirm.text
+    _set_state(DEMO, kept, "success")
+    confirm = client.get(f"/sat/jobs/{DEMO}/runs/{kept}/delete", headers=admin)
+    assert confirm.status_code == 200 and "Also delete the results" in confirm.text and "confirm-delete" in confirm.text
+    deleted = client.delete(f"/sat/api/jobs/{DEMO}/runs/{kept}", headers=admin)
+    assert deleted.status_code == 200 and deleted.json()["results"] == "kept"
+    assert kept not in _runs_of(client, admin, DEMO)
+    bucket, prefix = uris[kept][len("s3://"):].split("/", 1)
+    assert len(s3_hook.list_keys(bucket_name=bucket, prefix=prefix)) == 2  # the results are still there
+
+    _set_state(DEMO, gone, "failed")
+    html = client.post(f"/sat/jobs/{DEMO}/runs/{gone}/delete", headers=admin, data={"delete_results": "on"})
+    assert html.status_code == 200 and "2 object(s) of its results were deleted" in html.text
+    bucket, prefix = uris[gone][len("s3://"):].split("/", 1)
+    assert s3_hook.list_keys(bucket_name=bucket, prefix=prefix) == []
+    assert client.delete(f"/sat/api/jobs/{DEMO}/runs/{gone}", headers=admin).status_code == 404

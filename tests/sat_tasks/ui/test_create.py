@@ -1,0 +1,100 @@
+"""The "Create Training Job" form: the spec model's rules, each problem on its field, the registry login kept apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from sat_tasks.ui.create import FIELDS, SECTIONS, validate_form
+
+GOOD = {"name": "my-job", "learning_type": "on-demand", "framework": "pytorch", "nodes": "1",
+        "resources.server_type": "cpu", "resources.gpus_per_node": "0",
+        "data.source": "s3://sat-demo/datasets/tiny-corpus/", "results.destination": "s3://sat-demo/results/",
+        "job_failover": "on", "image.url": "registry.example.com/team/train:1.0", "command": "python train.py"}
+
+
+def test_every_section_of_the_service_has_fields_and_every_field_a_known_section():
+    assert SECTIONS[:5] == ("Required information", "Service information", "Image", "Command and volume", "Tags")
+    assert {f.section for f in FIELDS} == set(SECTIONS)
+    assert {"registry_user", "registry_password", "storage.file_storage_mount", "tags"} <= {f.name for f in FIELDS}
+
+
+def test_a_good_form_becomes_a_job_with_its_tags_and_without_a_registry_login():
+    result = validate_form({**GOOD, "tags": "team=ml\n\nproject = tiny "})
+    assert result.errors == {} and result.job is not None and result.registry is None
+    assert result.job.tags == {"team": "ml", "project": "tiny"} and result.job.job_failover is True
+    assert result.job.image.registry_conn_id is None
+    unchecked = validate_form({k: v for k, v in GOOD.items() if k != "job_failover"})
+    assert unchecked.job.job_failover is False  # an unticked box is False, not the default
+
+
+@pytest.mark.parametrize(("changes", "field", "line"), [
+    ({"name": "ab"}, "name", "name: must be 3-63 chars"),
+    ({"name": "Bad_Name"}, "name", "name: must be 3-63 chars"),
+    ({"nodes": "0"}, "nodes", "nodes: must be between 1 and 64"),
+    ({"nodes": "two"}, "nodes", "nodes: must be a whole number, not 'two'"),
+    ({"resources.gpus_per_node": "2"}, "resources.gpus_per_node",
+     "resources.gpus_per_node: server type cpu has 0 GPUs per node"),
+    ({"data.source": "http://x/y"}, "data.source", "data.source: must be an Object Storage URI"),
+    ({"image.url": ""}, "image.url", "image.url: required field is missing"),
+    ({"image.url": "user:pw@registry.example.com/x:1"}, "image.url", "image.url: must not carry credentials"),
+    ({"command": "ls"}, "command", "command: must be 3-1024 chars"),
+    ({"tags": "a b=c"}, "tags", "tags: key 'a b' must be 1-128 chars"),
+    ({"tags": "nothing"}, "tags", "tags: line 1 ('nothing') must be key=value"),
+    ({"advanced": "{not json"}, "advanced", "advanced: must be a JSON object"),
+    ({"advanced": "[1]"}, "advanced", "advanced: must be a JSON object ({...}), not a list"),
+    ({"advanced": '{"faults": [{"kind": "hardware"}]}'}, "advanced", "faults.0: set exactly one of at_step"),
+    ({"registry_password": "pw"}, "registry_user", "registry_user: required with the registry password"),
+])
+def test_each_problem_is_shown_on_its_field_as_field_rule(changes, field, line):
+    result = validate_form({**GOOD, **changes})
+    assert result.job is None
+    assert any(error.startswith(line) for error in result.errors.get(field, [])), result.errors
+
+
+def test_the_registry_login_becomes_a_connection_id_and_never_a_value_of_the_form():
+    result = validate_form({**GOOD, "registry_user": "robot", "registry_password": "s3cr3t", "image.insecure": "on"})
+    assert result.job.image.registry_conn_id == "sat_registry_my-job" and result.job.image.insecure
+    login = result.registry
+    assert (login.conn_id, login.host, login.login, login.password) == (
+        "sat_registry_my-job", "registry.example.com", "robot", "s3cr3t")
+    assert "s3cr3t" not in repr(login) and "registry_password" not in result.values
+    assert "s3cr3t" not in str(result.job.to_dict())
+    failed = validate_form({**GOOD, "name": "ab", "registry_user": "robot", "registry_password": "s3cr3t"})
+    assert "registry_password" not in failed.values  # the page never fills the password back in
+
+
+def test_object_storage_is_asked_only_once_the_model_is_satisfied():
+    asked: list[str] = []
+
+    def exists(uri: str) -> bool:
+        asked.append(uri)
+        return uri.endswith("tiny-corpus/")
+
+    result = validate_form({**GOOD, "storage.script_url": "s3://sat-demo/scripts/missing.py"}, exists=exists)
+    assert result.job is None and result.errors == {
+        "storage.script_url": ["storage.script_url: s3://sat-demo/scripts/missing.py is not in Object Storage"]}
+    assert validate_form({**GOOD, "name": "ab"}, exists=exists).errors.keys() == {"name"}
+    assert len(asked) == 2  # not for the form the model refused
+
+    def unreachable(uri: str) -> bool:
+        raise ConnectionError("down")
+
+    down = validate_form(GOOD, exists=unreachable)
+    assert down.errors == {"data.source": ["data.source: could not be checked: Object Storage answered "
+                                           "ConnectionError"]}
+
+
+def test_the_create_page_shows_sections_values_and_errors_next_to_their_fields():
+    from sat_tasks.ui.pages import create_page
+
+    fresh = create_page()
+    for section in SECTIONS:
+        assert f"<legend>{section}</legend>" in fresh
+    assert "type='password'" in fresh and "3-63 chars" in fresh  # help text from the model's schema
+    result = validate_form({**GOOD, "name": "ab", "registry_user": "robot", "registry_password": "s3cr3t"})
+    page = create_page(result.values, result.errors)
+    assert "1 problem(s): nothing was started" in page
+    name_input = page.index("id='name'")
+    error = page.index("<div class='error' id='error-name'>name: must be 3-63 chars")
+    assert 0 < error - name_input < 400  # right under its input
+    assert "s3cr3t" not in page and "value='ab'" in page and "value='robot'" in page
