@@ -129,10 +129,15 @@ def is_spot_label(key: str, value: Any, labels: dict[str, str | None] | None = N
 def find_spot_capacity(record: AttemptRecord) -> str | None:
     """How the record shows that its node was Spot/preemptible capacity, or None.
 
-    Node taints with a Spot key, and the Spot labels of the node or the pod's node selector,
-    which `loaders.record_from_pod` carries as `node_taints` entries with a `source`.
+    The node's labels (`node_labels`), then node taints with a Spot key (AKS taints its Spot
+    pools too), then the Spot labels the pod's nodeSelector/affinity asked for, which
+    `loaders.record_from_pod` keeps as `node_taints` entries with a `source` (the record has
+    no field for the pod's scheduling constraints; they matter when the node object is gone).
     """
     labels = spot_capacity_labels()
+    for key, value in as_dict(record.node_labels).items():
+        if is_spot_label(str(key), value, labels):
+            return f"node label {key}={value}"
     for taint in as_dicts(record.node_taints):
         key = str(taint.get("key") or "")
         if is_spot_label(key, taint.get("value") or "", labels):
@@ -461,7 +466,7 @@ def _find_node(record: AttemptRecord) -> Iterator[Finding]:
     for taint in as_dicts(record.node_taints):
         key = str(taint.get("key") or "")
         if taint.get("source") or is_spot_label(key, taint.get("value") or "", labels):
-            continue  # capacity markers: see find_spot_capacity
+            continue  # capacity, not an interruption: see find_spot_capacity
         line = f"node taint {key}={taint.get('value') or ''}:{taint.get('effect') or ''}"
         if SPOT_TAINT.search(key):
             yield Finding(VerdictKind.PREEMPTED, line, "the node is being reclaimed (Spot interruption)")

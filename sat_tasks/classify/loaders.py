@@ -67,21 +67,50 @@ def _text_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else str(value)
 
 
-def _capacity_markers(pod: dict[str, Any], node: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Spot/preemptible labels of the node and of the pod's node selector, as taint-like entries.
+def _text_labels(value: Any, what: str, notes: list[str] | None) -> dict[str, str]:
+    """Labels as `AttemptRecord.node_labels` holds them: text values (JSON true/false and numbers
+    as text); values that are not scalars are skipped and named in `notes`."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        if notes is not None:
+            notes.append(f"{what} is a {type(value).__name__}, not a mapping of labels: ignored")
+        return {}
+    labels: dict[str, str] = {}
+    skipped: list[str] = []
+    for key, item in value.items():
+        if isinstance(item, bool):
+            labels[str(key)] = "true" if item else "false"
+        elif isinstance(item, (str, int, float)):
+            labels[str(key)] = str(item)
+        else:
+            skipped.append(str(key)[:40])
+    if skipped and notes is not None:
+        named = ", ".join(map(repr, skipped[:3])) + (", ..." if len(skipped) > 3 else "")
+        notes.append(f"{what}: {len(skipped)} label(s) without a text value ignored ({named})")
+    return labels
 
-    The record has no field for labels; these entries (with a `source`) go into `node_taints`,
-    where `evidence.find_spot_capacity` reads them and the taint rules skip them.
+
+def _node_labels(node: dict[str, Any], notes: list[str] | None) -> dict[str, str]:
+    """The Node object's `metadata.labels` (empty when the node is gone)."""
+    return _text_labels(as_dict(node.get("metadata")).get("labels"), "node metadata.labels", notes)
+
+
+def _pod_capacity_markers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Spot/preemptible labels the pod's nodeSelector or required node affinity asks for.
+
+    The fallback for a node object that is gone: the record has no field for the pod's
+    scheduling constraints, so these go into `node_taints` as entries with a `source`, where
+    `evidence.find_spot_capacity` reads them and the taint rules skip them. The node's own
+    labels are `AttemptRecord.node_labels`.
     """
     labels = spot_capacity_labels()
+    spec = as_dict(pod.get("spec"))
     markers: list[dict[str, Any]] = []
-    node_labels = as_dict(as_dict(node.get("metadata")).get("labels"))
-    selector = as_dict(as_dict(pod.get("spec")).get("nodeSelector"))
-    for source, items in (("node label", node_labels), ("pod nodeSelector", selector)):
-        for key, value in items.items():
-            if is_spot_label(str(key), value, labels):
-                markers.append({"key": str(key), "value": str(value), "effect": "", "source": source})
-    affinity = as_dict(as_dict(as_dict(pod.get("spec")).get("affinity")).get("nodeAffinity"))
+    for key, value in as_dict(spec.get("nodeSelector")).items():
+        if is_spot_label(str(key), value, labels):
+            markers.append({"key": str(key), "value": str(value), "effect": "", "source": "pod nodeSelector"})
+    affinity = as_dict(as_dict(spec.get("affinity")).get("nodeAffinity"))
     required = as_dict(affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     for term in as_dicts(required.get("nodeSelectorTerms")):
         for expression in as_dicts(term.get("matchExpressions")):
@@ -142,7 +171,9 @@ def record_from_pod(
         log: the container log (text or lines); the last `LOG_TAIL_LINES` are kept.
         node_log: kernel-log lines of the node.
         events: Event objects (or `EventList.items`) of the pod and its node.
-        node: the Node object (`kubectl get node NAME -o json`) for conditions/taints.
+        node: the Node object (`kubectl get node NAME -o json`) for conditions, taints and
+            labels; None when it is gone (`node_labels` stays empty, the pod's nodeSelector/affinity
+            on Spot labels still marks the capacity).
         progress: the engine's progress.json, when the launcher read it.
         container: the training container's name (default: `base`, else the first).
         notes: where to say what could not be read (malformed fields are skipped, never fatal).
@@ -190,7 +221,8 @@ def record_from_pod(
         pod_conditions=as_dicts(status.get("conditions")),
         events=event_items,
         node_conditions=as_dicts(node_status.get("conditions")),
-        node_taints=as_dicts(as_dict(node.get("spec")).get("taints")) + _capacity_markers(pod, node),
+        node_taints=as_dicts(as_dict(node.get("spec")).get("taints")) + _pod_capacity_markers(pod),
+        node_labels=_node_labels(node, notes),
         log_tail=_as_lines(log, LOG_TAIL_LINES),
         node_log=_as_lines(node_log, NODE_LOG_LINES),
         started_at=_moment(terminated.get("startedAt") or running.get("startedAt"), "startedAt", notes),
@@ -326,8 +358,8 @@ def load_record_with_notes(path: str, *, log: str | None = None, node_log: str |
         updates["events"] = as_dicts(event_items)
     if node_object is not None:
         updates["node_conditions"] = as_dicts(as_dict(node_object.get("status")).get("conditions"))
-        updates["node_taints"] = as_dicts(as_dict(node_object.get("spec")).get("taints")) + \
-            _capacity_markers({}, node_object)
+        updates["node_taints"] = as_dicts(as_dict(node_object.get("spec")).get("taints"))
+        updates["node_labels"] = _node_labels(node_object, notes)
     return (record.model_copy(update=updates) if updates else record), notes
 
 
@@ -337,6 +369,8 @@ _REQUIRED_RECORD_FIELDS = ("job", "attempt", "backend")
 def _validate_record(path: str, data: dict[str, Any], notes: list[str]) -> AttemptRecord:
     """An AttemptRecord from `data`; malformed optional fields are dropped (and noted) and it is tried again."""
     data = dict(data)
+    if isinstance(data.get("node_labels"), dict):
+        data["node_labels"] = _text_labels(data["node_labels"], "record field 'node_labels'", notes)
     for _ in range(len(data) + 1):
         try:
             return AttemptRecord.model_validate(data)

@@ -41,6 +41,8 @@ class AttemptRecord(BaseModel):
         events: k8s events of the pod and node (each at least reason/message/type).
         node_conditions: k8s node `status.conditions`.
         node_taints: k8s node `spec.taints` (Spot interruption taints live here).
+        node_labels: k8s node `metadata.labels` (Spot/preemptible capacity is read from
+            them); empty when the node object is gone or unreadable, and on the local backend.
         log_tail: the last lines of the container log.
         node_log: kernel-log lines of the node (e.g. NVRM Xid lines).
         started_at / finished_at: when the main process started and ended.
@@ -69,6 +71,7 @@ class AttemptRecord(BaseModel):
     events: list[dict[str, Any]] = Field(default_factory=list)
     node_conditions: list[dict[str, Any]] = Field(default_factory=list)
     node_taints: list[dict[str, Any]] = Field(default_factory=list)
+    node_labels: dict[str, str] = Field(default_factory=dict)
     log_tail: list[str] = Field(default_factory=list)
     node_log: list[str] = Field(default_factory=list)
     started_at: datetime | None = None

@@ -78,7 +78,7 @@ def _read_node(client: Any, name: str, log: Log) -> dict[str, Any] | None:
         return _as_dict(client.read_node(name))
     except ApiException as exc:
         log(f"node {name}: not readable ({exc.status} {exc.reason}); "
-            + ("it no longer exists" if exc.status == 404 else "no node conditions in the record"))
+            + ("it no longer exists" if exc.status == 404 else "no node conditions, taints or labels in the record"))
         return None
 
 
@@ -159,8 +159,9 @@ def _rank_of(pod: dict[str, Any]) -> int:
 
 def _read_rank(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int, namespace: str,
                progress: dict[str, Any] | None, log: Log) -> tuple[AttemptRecord, PodLog]:
-    """The record of one pod (one node rank): pod, its events, its node and node events, log tail;
-    and the container log it read (for the run's job.log)."""
+    """The record of one pod (one node rank): pod, its events, its node (conditions, taints and
+    labels; none when the node is gone) and node events, log tail; and the container log it read
+    (for the run's job.log)."""
     name = pod["metadata"]["name"]
     events = _read_events(client, namespace, f"involvedObject.name={name}", log)
     node_name = (pod.get("spec") or {}).get("nodeName")

@@ -340,9 +340,40 @@ def test_record_from_pod_reads_states_conditions_and_node():
     assert built.image.startswith("registry.example.com/ml/llama-train")
     assert built.log_tail == ["one", "two"]
     assert any(c["type"] == "Ready" and c["status"] == "Unknown" for c in built.node_conditions)
-    assert built.node_taints[0]["key"] == "node.kubernetes.io/unreachable"
+    assert built.node_taints == node["spec"]["taints"]  # the node's own taints, nothing added
+    assert built.node_labels == node["metadata"]["labels"]
     assert built.container_states[0]["name"] == "base"
     assert AttemptRecord.model_validate(built.model_dump(mode="json")) == built
+
+
+def test_spot_capacity_is_read_from_node_labels_and_real_taints():
+    lost = {"termination_reason": "NodeLost", "backend": "kubernetes"}
+    spot = record(**lost, node_labels={"karpenter.sh/capacity-type": "spot", "kubernetes.io/os": "linux"})
+    verdict = classify(spot)
+    assert verdict.kind is VerdictKind.PREEMPTED and "node label karpenter.sh/capacity-type=spot" in verdict.evidence
+    on_demand = record(**lost, node_labels={"karpenter.sh/capacity-type": "on-demand"})
+    assert classify(on_demand).kind is VerdictKind.HARDWARE
+    # A real Spot taint (AKS taints its Spot pools) marks the capacity, not an interruption.
+    aks = {"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"}
+    assert classify(record(**lost, node_taints=[aks])).kind is VerdictKind.PREEMPTED
+    assert classify(record(exit_code=1, node_taints=[aks])).kind is VerdictKind.INTERNAL
+
+
+def test_record_from_pod_keeps_the_pods_spot_selector_when_the_node_is_gone():
+    pod = {"spec": {"nodeName": "n", "nodeSelector": {"cloud.google.com/gke-spot": "true"}},
+           "status": {"reason": "NodeLost", "message": "node n which was running pod train-0 is unresponsive"}}
+    built = record_from_pod(pod, job="j", attempt=1)
+    assert built.node_labels == {}
+    assert built.node_taints == [{"key": "cloud.google.com/gke-spot", "value": "true", "effect": "",
+                                  "source": "pod nodeSelector"}]
+    verdict = classify(built)
+    assert verdict.kind is VerdictKind.PREEMPTED
+    assert "pod nodeSelector cloud.google.com/gke-spot=true" in verdict.evidence
+    # With the node object there, its labels are read and reported first.
+    node = {"metadata": {"name": "n", "labels": {"cloud.google.com/gke-spot": "true"}}}
+    with_node = record_from_pod(pod, job="j", attempt=1, node=node)
+    assert with_node.node_labels == {"cloud.google.com/gke-spot": "true"}
+    assert classify(with_node).evidence[0] == "node label cloud.google.com/gke-spot=true"
 
 
 def test_record_from_pod_prefers_pod_reason_and_uses_last_state():

@@ -42,8 +42,8 @@ RECORD = st.fixed_dictionaries({"job": st.text(min_size=1, max_size=8), "attempt
                                 "backend": st.sampled_from(["local", "kubernetes"])},
                                optional={key: JSON_ANY for key in (
                                    "exit_code", "signal", "node", "termination_reason", "container_states",
-                                   "pod_conditions", "events", "node_conditions", "node_taints", "log_tail",
-                                   "progress", "started_at", "preemption_notice")})
+                                   "pod_conditions", "events", "node_conditions", "node_taints", "node_labels",
+                                   "log_tail", "progress", "started_at", "preemption_notice")})
 LOG_BYTES = st.one_of(
     st.binary(max_size=2000),
     st.text(max_size=500).map(lambda text: text.encode("utf-16")),
@@ -116,3 +116,39 @@ def test_a_record_with_malformed_optional_fields_keeps_the_rest(tmp_path: Path, 
     captured = capsys.readouterr()
     assert json.loads(captured.out)["kind"] == "INTERNAL"
     assert "'exit_code' is malformed" in captured.err and "'signal' is malformed" in captured.err
+
+
+@pytest.mark.parametrize("labels, said", [
+    pytest.param(None, "'node_labels' is malformed", id="null"),
+    pytest.param(["karpenter.sh/capacity-type=spot"], "'node_labels' is malformed", id="a-list"),
+    pytest.param("spot", "'node_labels' is malformed", id="a-string"),
+])
+def test_a_record_with_unreadable_node_labels_is_classified_without_them(tmp_path: Path, capsys, labels, said):
+    record = {"job": "j", "attempt": 1, "backend": "kubernetes", "termination_reason": "NodeLost",
+              "node_labels": labels}
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    assert run_classify_cli(parse(["classify", str(tmp_path / "record.json"), "--json"])) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["kind"] == "HARDWARE"  # no Spot capacity known: a lost node
+    assert said in captured.err
+
+
+def test_node_labels_keep_their_text_values_and_name_the_rest(tmp_path: Path, capsys):
+    record = {"job": "j", "attempt": 1, "backend": "kubernetes", "termination_reason": "NodeLost",
+              "node_labels": {"karpenter.sh/capacity-type": "spot", "zone": None, "gpus": 8, "odd": {"x": 1}}}
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    assert run_classify_cli(parse(["classify", str(tmp_path / "record.json"), "--json"])) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["kind"] == "PREEMPTED"
+    assert "record field 'node_labels': 2 label(s) without a text value ignored ('zone', 'odd')" in captured.err
+
+    pod = {"kind": "Pod", "spec": {"nodeName": "n"}, "status": {"reason": "NodeLost"}}
+    for labels, kind, said in (
+        ({"cloud.google.com/gke-spot": True, "bad": [1]}, "PREEMPTED", "node metadata.labels: 1 label(s)"),
+        (["cloud.google.com/gke-spot"], "HARDWARE", "node metadata.labels is a list, not a mapping"),
+    ):
+        code, out = run(tmp_path, pod, b"", [], {"kind": "Node", "metadata": {"name": "n", "labels": labels}}, capsys)
+        assert code == 0 and json.loads(out)["kind"] == kind
+        (tmp_path / "main.json").write_text(json.dumps(pod))
+        run_classify_cli(parse(["classify", str(tmp_path / "main.json"), "--node", str(tmp_path / "node.json")]))
+        assert said in capsys.readouterr().err

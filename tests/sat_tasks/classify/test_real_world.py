@@ -72,6 +72,23 @@ def test_real_world_cases_cover_every_kind_of_evidence_and_the_xid_table():
         assert header[2].startswith("# Pod fields filled"), path.name
 
 
+@pytest.mark.parametrize("path", [pytest.param(path, id=path.stem) for path in CASES
+                                  if load_case(path)["kind_of_evidence"] == "spot"])
+def test_spot_cases_carry_node_labels_and_only_real_taints(path: Path):
+    """The node's labels are `node_labels`; `node_taints` holds the node's taints, plus (with a
+    `source`) only the Spot labels the pod's own nodeSelector/affinity asked for."""
+    case = load_case(path)
+    node = case.get("node") or {}
+    record = record_of(case)
+    assert record.node_labels == (node.get("metadata") or {}).get("labels", {})
+    real = [taint for taint in record.node_taints if "source" not in taint]
+    assert real == (node.get("spec") or {}).get("taints", [])
+    spec = case["pod"].get("spec") or {}
+    assert {t["source"] for t in record.node_taints if "source" in t} <= (
+        {"pod nodeSelector"} if spec.get("nodeSelector") else set()) | (
+        {"pod node affinity"} if spec.get("affinity") else set())
+
+
 def test_spot_capacity_alone_is_not_a_preemption_but_a_lost_spot_node_is():
     node = {"metadata": {"name": "n", "labels": {"karpenter.sh/capacity-type": "spot"}}}
     lost = {"status": {"reason": "NodeLost", "message": "node n which was running pod train-0 is unresponsive"}}

@@ -379,6 +379,10 @@ def test_record_reads_pod_events_node_and_log_through_the_api(bucket):
     assert [e["reason"] for e in record.events].count("XidError") == 1
     assert record.node_conditions and record.log_tail[-1].startswith("RuntimeError: CUDA error")
     assert record.exit_code == 1 and record.image == "registry.example.com/ml/llama-train:1.4.2"
+    # The Node object's labels (Spot capacity is read from them), and only its own taints.
+    node = next(n for n in cluster.nodes if n["metadata"]["name"] == "gpu-node-03")
+    assert record.node_labels == node["metadata"]["labels"]
+    assert record.node_taints == (node.get("spec") or {}).get("taints", [])
     # The progress is the engine's own (its mirrored progress.json), never read from the log text.
     assert record.progress == json.loads((FIXTURES / "xid79-node-event" / "progress.json").read_text())
     assert record.last_committed_step == 700
@@ -392,9 +396,25 @@ def test_record_without_permission_for_node_events_or_a_node(bucket):
     cluster.nodes.clear()
     said = []
     record = _read_record(job, data["run_id"], 2, client=cluster.client(), log=said.append)
-    assert record.node == "gpu-node-12" and record.node_conditions == []
+    assert record.node == "gpu-node-12" and record.node_conditions == [] and record.node_labels == {}
     assert any("403" in line for line in said) and any("no longer exists" in line for line in said)
     assert classify(record).kind is VerdictKind.HARDWARE  # the pod's NodeNotReady event and no exit status
+
+
+def test_a_lost_node_with_spot_labels_is_a_preemption(bucket):
+    data = _case("node-notready")
+    job = TrainingJob.model_validate(data["spec"])
+    cluster = RecordedCluster.from_case(FIXTURES / "node-notready")
+    node = next(n for n in cluster.nodes if n["metadata"]["name"] == "gpu-node-12")
+    node["metadata"]["labels"]["karpenter.sh/capacity-type"] = "spot"
+    record = _read_record(job, data["run_id"], 2, client=cluster.client(), case="node-notready")
+    assert record.node_labels["karpenter.sh/capacity-type"] == "spot"
+    assert not any("source" in taint for taint in record.node_taints)
+    verdict = classify(record)
+    assert verdict.kind is VerdictKind.PREEMPTED, verdict
+    assert verdict.evidence[0] == "node label karpenter.sh/capacity-type=spot"
+    # Stored and read back for the classify task with the labels.
+    assert JobRun(job, data["run_id"]).load_record(2).node_labels == record.node_labels
 
 
 def test_no_pod_means_the_attempt_never_launched(bucket):
