@@ -253,9 +253,9 @@ def _tags(page: dict[str, Any], tag_errors: list[str] | None) -> str:
     errors = "".join(f"<div class='error'>{escape(line)}</div>" for line in tag_errors or [])
     return (f"<table><thead><tr><th>Key</th><th>Value</th></tr></thead><tbody>{rows}</tbody></table>"
             + ("" if rows else "<p>No tags.</p>")
-            + f"<form method='post' action='/sat/{escape(job_href(page))}/tags'><label for='tags'>Edit tags "
+            + f"<form method='post' action='/sat/{escape(job_href(page))}/tags'><label for='tags-text'>Edit tags "
               "(key=value, one per line)</label>"
-              f"<textarea id='tags' name='tags' rows='5'>{escape(text)}</textarea>{errors}"
+              f"<textarea id='tags-text' name='tags' rows='5'>{escape(text)}</textarea>{errors}"
               "<p><button type='submit'>Save tags</button></p></form>")
 
 
@@ -264,7 +264,10 @@ def _actions(page: dict[str, Any]) -> str:
     stop = page.get("stop_requested")
     running = page["run_state"] in ("queued", "running")
     parts = []
-    if stop:
+    if stop and page["status"] == JobStatus.STOPPED.value:
+        parts.append(f"<p class='notice' id='stop-notice'>Stopped by {_cell(stop.get('by'))} (asked at "
+                     f"{_cell(stop.get('at'))}).</p>")
+    elif stop:
         parts.append(f"<p class='notice' id='stop-notice'>Stop requested by {_cell(stop.get('by'))} at "
                      f"{_cell(stop.get('at'))}: the training gets SIGTERM and writes a final checkpoint; the "
                      "status changes to Stopped when it has.</p>")

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from playwright.sync_api import expect
 
 from sat_tasks.io.local_s3 import PersistentS3Server, free_port
 from sat_tasks.service.secrets import SECRETS_FILE
@@ -35,6 +36,9 @@ BUCKET = "sat-demo"
 REGISTRY_PASSWORD = "s3cr3t-svc-REGISTRY-7c1f"  # noqa: S105 - the secret the test looks for everywhere
 WATCHED = f"s3://{BUCKET}/datasets/watched/"
 FAST_ENV = {"FAKE_STEPS": "20", "FAKE_SAVE_EVERY": "5", "FAKE_STEP_SECONDS": "0.05"}
+DEMO_NAME = "tiny-llama-ui"  # the demo job, created in the browser's Create Training Job form
+DEMO_COMMAND = ('python train_tiny_llama.py --data_dir "$SAT_DATA_DIR" --output_dir "$SAT_OUTPUT_DIR" '
+                "--max_steps 160 --save_steps 20")
 DEADLINE = 900  # seconds all the runs together may take on a busy 2-core machine
 pytestmark = pytest.mark.timeout(DEADLINE + 600)  # the deployment's start and stop come on top
 
@@ -218,10 +222,28 @@ def test_secrets_are_generated_once_and_readable_by_the_owner_only(deployment):
     assert _password(deployment) not in log_text
 
 
+# ---- in a browser: Debian's chromium driven by Playwright (no browser download) -----------------------
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = REPO / "build" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: `make system-deps` installs Debian's chromium"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
 # ---- jobs, triggered and scheduled ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def runs(deployment, api, registry):
-    """Trigger the demo job and the generic DAG; let the cron and the Asset jobs start on their own."""
+def runs(deployment, api, registry, browser):
+    """The demo job and a job to stop, created in the browser; the generic DAG triggered through the REST API;
+    the cron and the Asset jobs start on their own. Stop and Delete happen while the others run."""
     from airflow_client.client import ConnectionBody, TriggerDAGRunPostBody
     from airflow_client.client.api.connection_api import ConnectionApi
     from airflow_client.client.api.dag_run_api import DagRunApi
@@ -238,10 +260,13 @@ def runs(deployment, api, registry):
     _wait_for_dags(api, ["tiny-llama-demo", "sat_training_job", "svc-cron", "svc-asset", "sat_data_changes"],
                    deadline=time.monotonic() + 300)
     triggered = time.monotonic()
-    demo = _retrying(lambda: dag_runs.trigger_dag_run("tiny-llama-demo", TriggerDAGRunPostBody(logical_date=None)))
+    deadline = triggered + DEADLINE
+    page = _logged_in_page(deployment, browser)
+    created = {"demo": _create_demo_in_the_browser(page, api, deployment)}
     form = _retrying(lambda: dag_runs.trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(
         logical_date=None, conf=params_from_spec(generic))))
-    deadline = triggered + DEADLINE
+    created["stopped"] = _create_stop_and_delete_in_the_browser(page, api, deployment, registry, deadline)
+    page.close()
     # The Asset job: new data lands under the watched prefix once the watcher has its baseline.
     baseline = _wait_for_run(api, "sat_data_changes", deadline=deadline)
     assert baseline.state == "success", baseline
@@ -252,10 +277,102 @@ def runs(deployment, api, registry):
     _pause(api, "svc-cron")
     finished["asset"] = _wait_for_run(api, "svc-asset", deadline=deadline)
     _pause(api, "sat_data_changes")
-    finished["demo"] = _wait_for_run(api, "tiny-llama-demo", demo.dag_run_id, deadline=deadline)
+    finished["demo"] = _wait_for_run(api, "sat_training_job", created["demo"]["run_id"], deadline=deadline)
     finished["generic"] = _wait_for_run(api, "sat_training_job", form.dag_run_id, deadline=deadline)
     finished["seconds"] = time.monotonic() - triggered
+    finished["browser"] = created
     return finished
+
+
+def _logged_in_page(deployment, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(60_000)
+    page.goto(f"{deployment.url}/auth/login")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", _password(deployment))
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/login" not in url)
+    return page
+
+
+def _fill(page, values: dict[str, str], checks: dict[str, bool]) -> None:
+    for name, value in values.items():
+        page.fill(f"[name='{name}']", value)
+    for name, on in checks.items():
+        page.set_checked(f"[name='{name}']", on)
+
+
+def _generic_runs(api) -> set[str]:
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    return {r.dag_run_id for r in DagRunApi(api).get_dag_runs("sat_training_job", limit=100).dag_runs}
+
+
+def _status_word(page) -> str:
+    return page.inner_text("#status").strip()
+
+
+def _create_demo_in_the_browser(page, api, deployment) -> dict:
+    """Create Training Job: a bad name first (the rule next to the field, nothing starts), then the demo job."""
+    page.goto(f"{deployment.url}/sat/jobs")
+    page.get_by_role("link", name="Create Training Job").click()
+    page.wait_for_url("**/sat/jobs/new")
+    page.screenshot(path=str(SCREENSHOTS / "05-create-form.png"), full_page=True)
+    demo = {"name": "ab", "command": DEMO_COMMAND, "storage.script_url": f"s3://{BUCKET}/scripts/train_tiny_llama.py",
+            "heartbeat_timeout_seconds": "120", "tags": "team=platform\npurpose=demo",
+            "advanced": json.dumps({"faults": [{"kind": "hardware", "attempt": 1, "at_step": 70, "xid": 79}]})}
+    before = _generic_runs(api)
+    _fill(page, demo, {"job_failover": True})
+    page.get_by_role("button", name="Create Training Job").click()
+    error = page.locator("#error-name")
+    error.wait_for()
+    bad_name = {"error": error.inner_text(), "url": page.url, "runs_after": _generic_runs(api) - before}
+    page.screenshot(path=str(SCREENSHOTS / "06-create-bad-name.png"), full_page=True)
+    page.fill("[name='name']", DEMO_NAME)  # everything else the person typed is still there
+    page.get_by_role("button", name="Create Training Job").click()
+    page.wait_for_url("**/sat/jobs/sat_training_job/runs/**")
+    run_id = next(iter(_generic_runs(api) - before))
+    first = _status_word(page)
+    # The page follows the run: no reload by the person (expect() retries across the page's own reloads).
+    expect(page.locator("#status")).not_to_have_text(first, timeout=300_000)
+    return {"run_id": run_id, "bad_name": bad_name, "status_words": [first, _status_word(page)],
+            "page_url": page.url}
+
+
+def _create_stop_and_delete_in_the_browser(page, api, deployment, registry, deadline: float) -> dict:
+    """A long job whose image is on the password-protected registry (login typed in the form): stop it, delete it."""
+    page.goto(f"{deployment.url}/sat/jobs/new")
+    before = _generic_runs(api)
+    _fill(page, {"name": "svc-stop", "image.url": f"{registry.host}/sat/train:1.0", "registry_user": "robot",
+                 "registry_password": REGISTRY_PASSWORD, "command": "python fake_train.py",
+                 "storage.script_url": f"s3://{BUCKET}/scripts/fake_train.py",
+                 "advanced": json.dumps({"env": {**FAST_ENV, "FAKE_STEPS": "100000"}, "startup_timeout_seconds": 120})},
+          {"job_failover": False, "image.insecure": True})
+    page.get_by_role("button", name="Create Training Job").click()
+    page.wait_for_url("**/sat/jobs/sat_training_job/runs/**")
+    run_id = next(iter(_generic_runs(api) - before))
+    expect(page.locator("#status")).to_have_text("Running", timeout=max(1, deadline - time.monotonic()) * 1000)
+    time.sleep(3)  # a few checkpoints (every 5 steps of 0.05 s)
+    page.locator("#stop").click()
+    page.locator("#stop-notice").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "08-stop-requested.png"), full_page=True)
+    expect(page.locator("#status")).to_have_text("Stopped", timeout=max(1, deadline - time.monotonic()) * 1000)
+    ended = _wait_for_run(api, "sat_training_job", run_id, deadline=deadline)
+    # The page reloads itself when the run's state changes: wait for that, rather than race it with a reload.
+    expect(page.locator("#status")).to_have_attribute("data-run-state", "failed", timeout=60_000)
+    history = page.text_content("#details")  # text_content: the tabs hide all but one section
+    attempts = page.text_content("#attempts")
+    page.goto(page.url.split("#")[0] + "#details")
+    page.screenshot(path=str(SCREENSHOTS / "09-stopped.png"), full_page=True)
+    page.locator("#delete").click()
+    page.locator("#confirm-delete").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "10-delete-confirm.png"))
+    page.locator("#confirm-delete").click()
+    deleted = page.locator("#deleted").inner_text()
+    page.goto(f"{deployment.url}/sat/jobs")
+    listed = page.inner_text("table")
+    return {"run_id": run_id, "state": ended.state, "history": history, "attempts": attempts, "deleted": deleted,
+            "listed": listed, "in_airflow": run_id in _generic_runs(api)}
 
 
 def test_the_demo_job_fails_over_resumes_and_completes_under_the_scheduler(deployment, api, runs):
@@ -263,18 +380,18 @@ def test_the_demo_job_fails_over_resumes_and_completes_under_the_scheduler(deplo
 
     run = runs["demo"]
     assert run.state == "success", run
-    report = _report(deployment, "tiny-llama-demo", run.dag_run_id)
+    report = _report(deployment, DEMO_NAME, run.dag_run_id)
     assert [e["status"] for e in report["history"]] == [
         "Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
     first, second = report["attempts"]
     assert (first["verdict"], second["verdict"]) == ("HARDWARE", "SUCCEEDED") and first["node"] != second["node"]
     assert second["resumed_from"] == first["last_committed_step"] and report["global_step"] == 160
     states = {t.task_id: t.state for t in TaskInstanceApi(api).get_task_instances(
-        "tiny-llama-demo", run.dag_run_id, limit=100).task_instances}
+        "sat_training_job", run.dag_run_id, limit=100).task_instances}
     assert states["attempt_1.launch"] == "failed" and states["attempt_2.launch"] == "success"
     assert states["finalize"] == "success" and states["cleanup_run"] == "success"
     # The task log a person opens in the UI (served by the API server) holds the verdict and its evidence.
-    log = str(TaskInstanceApi(api).get_log("tiny-llama-demo", run.dag_run_id, "attempt_1.classify", 1,
+    log = str(TaskInstanceApi(api).get_log("sat_training_job", run.dag_run_id, "attempt_1.classify", 1,
                                            full_content=True))
     assert "HARDWARE" in log and "GPU has fallen off the bus" in log, log[-2000:]
 
@@ -341,7 +458,7 @@ def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
     response = requests.get(f"{deployment.url}/sat/api/jobs", headers=headers, timeout=60)
     assert response.status_code == 200, response.text[:500]
     rows = {(row["dag_id"], row["run_id"]): row for row in response.json()["jobs"]}
-    demo = rows[("tiny-llama-demo", demo_run)]
+    demo = rows[("sat_training_job", demo_run)]
     assert (demo["status"], demo["attempt"], demo["last_checkpoint_step"]) == ("Completed", 2, 160)
     assert ("sat_training_job", runs["generic"].dag_run_id) in rows  # a job created from the form
     assert rows[("svc-cron", runs["cron"].dag_run_id)]["schedule"] == "* * * * *"
@@ -352,7 +469,7 @@ def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
                            timeout=60).json()["jobs"]
     assert all(row["status"] == "Running" for row in running)
 
-    page = requests.get(f"{deployment.url}/sat/api/jobs/tiny-llama-demo/runs/{demo_run}", headers=headers,
+    page = requests.get(f"{deployment.url}/sat/api/jobs/sat_training_job/runs/{demo_run}", headers=headers,
                         timeout=60)
     assert page.status_code == 200, page.text[:500]
     page = page.json()
@@ -369,45 +486,22 @@ def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
     # The same as the HTML view behind the menu entry "Training Jobs".
     html = requests.get(f"{deployment.url}/sat/jobs", headers=headers, timeout=60)
     assert html.status_code == 200 and "text/html" in html.headers["content-type"]
-    assert "tiny-llama-demo" in html.text and "Completed" in html.text
-    view = requests.get(f"{deployment.url}/sat/jobs/tiny-llama-demo/runs/{demo_run}", headers=headers, timeout=60)
+    assert DEMO_NAME in html.text and "Completed" in html.text
+    view = requests.get(f"{deployment.url}/sat/jobs/sat_training_job/runs/{demo_run}", headers=headers, timeout=60)
     assert view.status_code == 200 and "HARDWARE" in view.text and "Xid" in view.text
     assert requests.get(f"{deployment.url}/sat/jobs", timeout=60).status_code in (401, 403)
 
     # The Logs tab: the single job log across attempts, as a download.
-    log_url = f"{deployment.url}/sat/api/jobs/tiny-llama-demo/runs/{demo_run}/log"
-    assert f"/sat/api/jobs/tiny-llama-demo/runs/" in view.text and "download job.log" in view.text
+    log_url = f"{deployment.url}/sat/api/jobs/sat_training_job/runs/{demo_run}/log"
+    assert "/sat/api/jobs/sat_training_job/runs/" in view.text and "download job.log" in view.text
     log = requests.get(log_url, headers=headers, timeout=60)
     assert log.status_code == 200 and "attachment" in log.headers["content-disposition"]
     assert log.text.count("Starting dataset initialization") == 2  # one per attempt
     assert requests.get(log_url, timeout=60).status_code in (401, 403)
 
 
-# ---- in a browser: Debian's chromium driven by Playwright (no browser download) -----------------------
-CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = REPO / "build" / "screenshots"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: `make system-deps` installs Debian's chromium"
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
 def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.set_default_timeout(60_000)
-    page.goto(f"{deployment.url}/auth/login")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", _password(deployment))
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(lambda url: "/auth/login" not in url)
+    page = _logged_in_page(deployment, browser)
     page.get_by_text("Training J").first.wait_for()  # the UI has rendered its navigation, our entry in it
     health = requests.get(f"{deployment.url}/api/v2/monitor/health", timeout=30).json()  # the panel's source
     assert {name: health[name]["status"] for name in ("metadatabase", "scheduler", "triggerer", "dag_processor")} \
@@ -415,15 +509,39 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     page.screenshot(path=str(SCREENSHOTS / "01-airflow-home.png"))
 
     page.goto(f"{deployment.url}/sat/jobs")  # what the "Training Jobs" menu entry shows
-    page.get_by_role("link", name="tiny-llama-demo").first.wait_for()
-    assert "Completed" in page.inner_text("table")
+    page.get_by_role("link", name=DEMO_NAME).first.wait_for()
+    assert "Completed" in page.inner_text("table") and "team=platform, purpose=demo" in page.inner_text("table")
     page.screenshot(path=str(SCREENSHOTS / "02-training-jobs.png"), full_page=True)
 
-    page.get_by_role("link", name="tiny-llama-demo").first.click()
-    page.get_by_text("HARDWARE").first.wait_for()
-    text = page.inner_text("body")
-    assert "GPU has fallen off the bus" in text and "SUCCEEDED" in text and "Pending - failoverinprogress" in text
+    page.get_by_role("link", name=DEMO_NAME).first.click()
+    details = page.inner_text("#details")
+    assert "Pending - failoverinprogress" in details and "Completed" in details
     page.screenshot(path=str(SCREENSHOTS / "03-job-page.png"), full_page=True)
+    page.get_by_role("link", name="Attempts", exact=True).click()
+    attempts = page.inner_text("#attempts")
+    assert "HARDWARE" in attempts and "GPU has fallen off the bus" in attempts and "SUCCEEDED" in attempts
+    assert "Xid" in attempts
+    page.screenshot(path=str(SCREENSHOTS / "03b-attempts.png"), full_page=True)
+    page.get_by_role("link", name="Checkpoints", exact=True).click()
+    checkpoints = page.inner_text("#checkpoints")
+    assert "160" in checkpoints and "MiB" in checkpoints and "checksums checked on the copy" in checkpoints
+    rows = page.locator("#checkpoints tbody tr")
+    assert rows.count() >= 1 and "yes\tyes" in rows.first.inner_text()  # mirrored, verified
+    page.screenshot(path=str(SCREENSHOTS / "03c-checkpoints.png"), full_page=True)
+    page.get_by_role("link", name="Monitoring", exact=True).click()
+    page.locator("#loss-chart svg").wait_for()
+    assert page.locator("#loss-chart .marker").first.text_content().startswith("attempt 2 after HARDWARE")
+    assert page.locator("#rate-chart svg").count() == 1
+    page.screenshot(path=str(SCREENSHOTS / "03d-monitoring.png"), full_page=True)
+    page.get_by_role("link", name="Logs", exact=True).click()
+    log = page.request.get(deployment.url + page.get_by_role("link", name="download job.log").get_attribute("href"))
+    assert log.ok and log.text().count("Starting dataset initialization") == 2  # one per attempt
+    page.get_by_role("link", name="Tags", exact=True).click()
+    page.fill("#tags-text", "team=platform\npurpose=demo\nreviewed=yes")
+    page.get_by_role("button", name="Save tags").click()
+    page.wait_for_url("**#tags")
+    assert "reviewed" in page.inner_text("#tags table")
+    page.screenshot(path=str(SCREENSHOTS / "03e-tags.png"), full_page=True)
 
     page.goto(f"{deployment.url}/plugin/training-jobs")  # the view inside Airflow's UI, from its navigation
     page.frame_locator("iframe").get_by_text("Training Jobs").first.wait_for()
@@ -431,12 +549,40 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     page.close()
 
 
+def test_create_with_a_bad_name_shows_the_rule_next_to_the_field_and_starts_nothing(runs):
+    bad = runs["browser"]["demo"]["bad_name"]
+    assert bad["error"].startswith("name: must be 3-63 chars of lowercase letters"), bad
+    assert bad["url"].endswith("/sat/jobs/new") and bad["runs_after"] == set()
+
+
+def test_a_created_job_opens_its_page_which_follows_the_status(runs):
+    created = runs["browser"]["demo"]
+    assert "/sat/jobs/sat_training_job/runs/" in created["page_url"]
+    before, after = created["status_words"]
+    assert before != after and after in ("Running", "Pending - failoverinprogress", "Completed"), created
+
+
+def test_a_person_stops_a_job_then_deletes_it_keeping_its_results(deployment, runs):
+    stopped = runs["browser"]["stopped"]
+    assert stopped["state"] == "failed"  # the run ended
+    assert "Running" in stopped["history"]  # the image check passed with the login typed in the form
+    assert "Stopped" in stopped["history"] and "stopped by admin at " in stopped["history"]
+    assert "stopped by admin" in stopped["attempts"]  # the attempt's training got the SIGTERM
+    assert "results were kept" in stopped["deleted"]
+    assert "svc-stop" not in stopped["listed"] and not stopped["in_airflow"]
+    from sat_tasks.config import safe_run_id
+
+    kept = deployment.storage.client().list_objects_v2(
+        Bucket=BUCKET, Prefix=f"results/svc-stop/{safe_run_id(stopped['run_id'])}/")
+    assert kept.get("KeyCount", 0) > 0
+
+
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------
 def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""
     password = _password(deployment)
     result_key = next(iter(deployment.storage.client().list_objects_v2(
-        Bucket=BUCKET, Prefix="results/tiny-llama-demo/")["Contents"]))["Key"]
+        Bucket=BUCKET, Prefix=f"results/{DEMO_NAME}/")["Contents"]))["Key"]
     storage_dir = deployment.storage.state_dir
     deployment.stop()  # the module's own stack: the CLI takes over the same home
     storage_port = free_port()
@@ -452,7 +598,7 @@ def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deploymen
             time.sleep(1)
         assert json.loads((deployment.home / SECRETS_FILE).read_text())["admin_password"] == password
         token = _token(deployment.url, password)
-        response = requests.get(f"{deployment.url}/api/v2/dags/tiny-llama-demo/dagRuns",
+        response = requests.get(f"{deployment.url}/api/v2/dags/sat_training_job/dagRuns",
                                 headers={"Authorization": f"Bearer {token}"}, timeout=30)
         assert response.status_code == 200 and response.json()["total_entries"] >= 1
         assert (storage_dir / BUCKET / result_key.replace("/", "%2F")).exists()
