@@ -56,6 +56,7 @@ from ckpt_engine.manifest import (
     utc_now,
     verify_checkpoint,
 )
+from ckpt_engine.metrics import recorder as metrics_recorder
 from ckpt_engine.pool import DEFAULT_SLAB_BYTES, SEGMENT_ALIGNMENT, HostBufferPool, Slab
 from ckpt_engine.sniff import load_torch_file
 from ckpt_engine.storage.base import Storage, StorageWriter, open_storage
@@ -261,6 +262,10 @@ class CheckpointEngine:
                                       on_mirrored=lambda step: self._write_progress(last_mirrored_step=step))
             self.on_commit.append(lambda record: mirror.submit(record.step))
             self.mirror = mirror
+        self.metrics = metrics_recorder() if rank <= 0 else None  # SAT's per-job series (ckpt_engine.metrics)
+        if self.metrics is not None:
+            recorder = self.metrics
+            self.on_commit.append(lambda record: recorder.note_save(record.step, self.progress.timings))
         if clean_stale and rank <= 0:
             for name in self.storage.list_dir(""):
                 if name.startswith((TMP_PREFIX, TRASH_PREFIX, f"{PROGRESS_NAME}.tmp-")):
@@ -560,6 +565,9 @@ class CheckpointEngine:
                 raw = json.dumps(asdict(self.progress), indent=1).encode()
             if self.rank > 0:  # progress.json is rank 0's
                 return
+            if self.metrics is not None and set(changes) & {"last_committed_step", "last_mirrored_step"}:
+                self.metrics.note_checkpoint_state(last_committed_step=self.progress.last_committed_step,
+                                                   last_mirrored_step=self.progress.last_mirrored_step)
             try:
                 self.storage.write_atomic(PROGRESS_NAME, raw, durable=False)  # advisory: atomic, no fsync
             except OSError as exc:

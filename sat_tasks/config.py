@@ -32,6 +32,10 @@ SAT_DEFAULTS = {
     # pool as Spot/preemptible capacity; the classifier reads a lost node there as a
     # preemption (ADR 0004). GKE, EKS, Karpenter and AKS labels are known without it.
     "spot_node_labels": "",
+    # Per-job metrics (ckpt_engine.metrics): seconds between samples (300, as the managed
+    # service), and an OTLP/HTTP endpoint to export them to ("": OTEL_EXPORTER_OTLP_ENDPOINT, if set).
+    "metrics_interval_seconds": "300",
+    "otlp_endpoint": "",
 }
 
 _file_cache: dict[tuple[str, float], dict[str, str]] = {}

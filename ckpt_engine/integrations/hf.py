@@ -42,6 +42,7 @@ from ckpt_engine.formats import (
 )
 from ckpt_engine.layout import CONCURRENT_DIR, checkpoint_dir, parse_step
 from ckpt_engine.manifest import list_checkpoint_steps, verify_checkpoint
+from ckpt_engine.metrics import recorder as metrics_recorder
 from ckpt_engine.signals import GracefulTermination, StopVote
 
 log = logging.getLogger("ckpt_engine")
@@ -90,6 +91,9 @@ class ConcurrentCheckpointCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Record progress, surface a failed checkpoint (``on_error='raise'``), react to SIGTERM."""
         self.owner.engine.record_step(state.global_step)
+        if self.owner.engine.metrics is not None:  # an append; the sampler thread does the rest
+            self.owner.engine.metrics.note_step(state.global_step, _samples_per_step(args),
+                                                getattr(state, "num_input_tokens_seen", None))
         self.owner.engine.raise_if_failed()
         if self.owner.stop_requested():
             control.should_save = True
@@ -107,6 +111,9 @@ class ConcurrentCheckpointCallback(TrainerCallback):
             attempt = os.environ.get("SAT_ATTEMPT", "")
             if attempt.isdigit():
                 state.log_history[-1].setdefault("sat_attempt", int(attempt))
+        if logs and self.owner.engine.metrics is not None:
+            self.owner.engine.metrics.note_log(logs, state.global_step, _samples_per_step(args),
+                                               getattr(state, "num_input_tokens_seen", None))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Every in-flight checkpoint is committed (and mirrored, bounded) before train() returns."""
@@ -114,6 +121,16 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         if vote is not None and vote.drain():  # a SIGTERM during the last step, seen by another rank
             self.owner.termination.request("another rank received SIGTERM")
         self.owner.wait()
+        if self.owner.engine.metrics is not None and not self.owner.termination.requested:
+            self.owner.engine.metrics.sample()  # the end of training is in the series, not an interval later
+
+
+def _samples_per_step(args: Any) -> float | None:
+    """Samples per optimizer step across all ranks (None when the Trainer's arguments do not say)."""
+    try:
+        return float(args.per_device_train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1))
+    except (AttributeError, TypeError):
+        return None
 
 
 class DecoratedCheckpointing:
@@ -148,6 +165,7 @@ class DecoratedCheckpointing:
         self.termination = GracefulTermination(self.config.effective_grace_seconds(), on_timeout=self._grace_expired)
         if self.config.handle_sigterm:
             self.termination.install()
+        metrics_recorder()  # every node's local rank 0 samples its node (ckpt_engine.metrics), rank 0 the rest
         self.callback = ConcurrentCheckpointCallback(self)
         trainer.add_callback(self.callback)
         self._trainer_save_checkpoint = trainer._save_checkpoint

@@ -14,6 +14,8 @@ IMAGE_VENDOR_DIR = "/opt/sat/checkpoint_vendor"
 POD_DATA_DIR = "/opt/sat/data"
 POD_OUTPUT_DIR = "/opt/sat/output"
 POD_CODE_DIR = "/opt/sat/code"
+# The container's own disk: the metrics recorder copies its files to Object Storage every interval.
+POD_METRICS_DIR = "/tmp/sat-metrics"
 # After SIGTERM a launcher (torchrun, the local runner) waits this much longer than the
 # engine's final-checkpoint grace period before it SIGKILLs: the engine exits first.
 LAUNCHER_GRACE_MARGIN_S = 15
@@ -55,6 +57,9 @@ def training_environment(
     resume_step: int | None,
     mirror_url: str | None = None,
     s3_endpoint_url: str | None = None,
+    metrics_dir: str | None = None,
+    metrics_url: str | None = None,
+    failovers: int | None = None,
 ) -> dict[str, str]:
     """Environment variables for one attempt of `job`.
 
@@ -62,7 +67,10 @@ def training_environment(
     (`-1` means "the newest complete checkpoint"). `mirror_url` (the run's
     `<results prefix>checkpoints/`) becomes `CKPT_MIRROR_URL`: the engine copies each
     checkpoint there and restores from it on a fresh node; `s3_endpoint_url` becomes
-    `CKPT_S3_ENDPOINT_URL`. Credentials are not part of this contract: the launcher adds
+    `CKPT_S3_ENDPOINT_URL`. With `metrics_dir` the engine's recorder (`ckpt_engine.metrics`)
+    writes the job's series there every `SAT_METRICS_INTERVAL_SECONDS` (`[sat]
+    metrics_interval_seconds` unless the job's env sets it) and copies them to `metrics_url`
+    (`<results prefix>metrics/`); `[sat] otlp_endpoint` becomes `SAT_OTLP_ENDPOINT`. Credentials are not part of this contract: the launcher adds
     `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` to the process environment only.
 
     After SIGTERM the engine has `[sat] final_checkpoint_grace_seconds` for its final
@@ -101,4 +109,14 @@ def training_environment(
         env["CKPT_MIRROR_URL"] = mirror_url
     if s3_endpoint_url:
         env["CKPT_S3_ENDPOINT_URL"] = s3_endpoint_url
+    if metrics_dir:
+        env["SAT_METRICS_DIR"] = metrics_dir
+        env.setdefault("SAT_METRICS_INTERVAL_SECONDS", sat_setting("metrics_interval_seconds"))
+        if failovers is not None:
+            env["SAT_FAILOVERS_USED"] = str(failovers)
+        if metrics_url:
+            env["SAT_METRICS_URL"] = metrics_url
+        otlp = sat_setting("otlp_endpoint")
+        if otlp:
+            env.setdefault("SAT_OTLP_ENDPOINT", otlp)
     return env

@@ -10,11 +10,12 @@ checkpoints, the outputs, the job log and the report:
         attempts/attempt-<k>.verdict.json
         attempts/attempt-<k>.log         Kubernetes: the attempt's section of job.log
         checkpoints/                     the engine's mirror (checkpoint-<step>/, progress.json)
+        metrics/attempt-<k>/<node>/<series>.jsonl   per-job metrics (ckpt_engine.metrics; io.metrics reads them)
         output/                          the training outputs (upload_results)
         task-failures/<task>.json        why a task failed (an error outside SAT's own stops)
         stop.json                        a person's stop request (who, when), from the Training Jobs view
         tags.json                        the run's tags as edited in the Training Jobs view
-        job.log, report.json
+        job.log, report.json, report.html
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ class JobRun:
     def vendor_dir(self) -> Path:
         return self.run_dir / "checkpoint_vendor"
 
+    @property
+    def metrics_dir(self) -> Path:
+        """Where the local backend's training processes write their metrics (copied to `metrics_uri`)."""
+        return self.run_dir / "metrics"
+
     def node_dir(self, node: str) -> Path:
         return self.run_dir / "nodes" / node
 
@@ -87,6 +93,15 @@ class JobRun:
     def progress_uri(self) -> str:
         """The engine's progress.json as its mirror keeps it (read by the Kubernetes backend)."""
         return self.mirror_uri + PROGRESS_NAME
+
+    @property
+    def metrics_uri(self) -> str:
+        """The job's metrics series (`SAT_METRICS_URL`): `attempt-<k>/<node>/<series>.jsonl`."""
+        return self.results_uri + "metrics/"
+
+    @property
+    def report_html_uri(self) -> str:
+        return self.results_uri + "report.html"
 
     @property
     def output_uri(self) -> str:

@@ -28,6 +28,7 @@ from sat_tasks.core.runtime_env import (
     IMAGE_VENDOR_DIR,
     POD_CODE_DIR,
     POD_DATA_DIR,
+    POD_METRICS_DIR,
     POD_OUTPUT_DIR,
     TrainingPaths,
     pod_grace_seconds,
@@ -71,6 +72,8 @@ def _env(
         job, paths, attempt=attempt, node="", resume_step=resume_step,
         mirror_url=JobRun(job, run_id).mirror_uri,
         s3_endpoint_url=settings.object_storage_endpoint or None,
+        # the recorder in the training process writes here and copies to Object Storage every interval
+        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri,
     )
     field_refs = {"SAT_NODE": "spec.nodeName", "SAT_POD_NAME": "metadata.name"}
     env = [{"name": k, "value": v} for k, v in contract.items() if k not in field_refs]

@@ -35,7 +35,11 @@ def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
         resume_step=plan.resume_step,
         mirror_url=run.mirror_uri,
         s3_endpoint_url=object_storage.get_service_endpoint_url("s3"),
+        metrics_dir=str(run.metrics_dir),
+        metrics_url=run.metrics_uri,
+        failovers=plan.failovers,
     )
+    env["SAT_RUN_ID"] = run.run_id
     env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded
     runner = LocalAttempt(
         job=job.name,
