@@ -19,6 +19,7 @@ COMMAND_GROUPS = (
     ("sat_tasks.cli.run", "register"),
     ("sat_tasks.cli.classify", "register"),
     ("sat_tasks.cli.render", "register"),
+    ("sat_tasks.cli.report", "register"),
     ("sat_tasks.cli.up", "register"),
     ("ckpt_engine.cli", "register_cli"),
     ("ckpt_engine.cli", "register_vendor_cli"),

@@ -20,7 +20,7 @@ from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.pipeline.report import build_report, format_report
-from sat_tasks.spec import TrainingJob, load_spec, parse_spec
+from sat_tasks.spec import TrainingJob, load_spec, parse_spec, split_s3_uri
 
 Log = Callable[[str], None]
 
@@ -178,6 +178,24 @@ def upload_results(job: TrainingJob, run_id: str, decisions: list[dict | None], 
     return {"results": run.results_uri, **report}
 
 
+def write_report_html(run: JobRun, log: Log = print) -> None:
+    """Render `report.html` (plots of the run's metrics) next to `report.json`; a failure is logged, not raised."""
+    from sat_tasks.io.metrics import read_object_storage
+    from sat_tasks.pipeline.report_html import render_report_html
+
+    try:
+        metrics = read_object_storage(run.results_uri, run.hook())
+        page = render_report_html(metrics, title=f"SAT job report: {run.job.name} / {run.run_id}")
+        bucket, key = split_s3_uri(run.report_html_uri)
+        run.hook().load_string(page, key=key, bucket_name=bucket, replace=True)
+    except Exception as error:  # noqa: BLE001 - the report page must not fail the job's final task
+        log(f"could not render report.html: {type(error).__name__}: {error}")
+        return
+    for problem in metrics.problems:
+        log(f"report.html: metrics line not read: {problem}")
+    log(f"report.html: {run.report_html_uri} ({len(metrics.files)} series file(s))")
+
+
 def upload_job_log(run: JobRun, log: Log = print) -> None:
     """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one."""
     path = backend_for(run.job).job_log(run, log)
@@ -239,6 +257,7 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
 
     report = build_report(run, entries)
     storage.write_json(run.hook(), run.report_uri, report)
+    write_report_html(run, log)
     upload_job_log(run, log)
     for line in format_report(report):
         log(line)

@@ -1,0 +1,44 @@
+"""`sat report RUN`: the job report page (`report.html`) with plots of a run's metrics."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `sat report RUN [-o FILE]`."""
+    parser = subparsers.add_parser(
+        "report",
+        help="render report.html with plots of a run's metrics",
+        description="Render a job run's report page (loss across attempts with failover and resume markers, "
+                    "throughput, checkpoint stalls, CPU/GPU, goodput and recovery per fault). RUN is a local "
+                    "run directory (holding metrics/) or an s3:// results URI (<results>/<job>/<run_id>/).",
+    )
+    parser.add_argument("run", metavar="RUN", help="local run directory or s3:// results URI")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="where to write the page (default: RUN/report.html, or ./report.html for s3://)")
+    parser.set_defaults(func=run_report_cli)
+    return parser
+
+
+def run_report_cli(args: argparse.Namespace) -> int:
+    """Write the page; 0 when every metrics line was read, 1 when some were not (named on stderr), 2 no RUN."""
+    from sat_tasks.io.metrics import read_metrics
+    from sat_tasks.pipeline.report_html import render_report_html
+
+    source = args.run
+    remote = source.startswith("s3://")
+    if not remote and not Path(source).is_dir():
+        print(f"sat report: error: {source}: no such directory", file=sys.stderr)
+        return 2
+    metrics = read_metrics(source)
+    output = Path(args.output) if args.output else (Path("report.html") if remote else Path(source) / "report.html")
+    title = "SAT job report: " + source.rstrip("/").split("/")[-2] + " / " + source.rstrip("/").split("/")[-1] \
+        if source.count("/") >= 2 else "SAT job report"
+    output.write_text(render_report_html(metrics, title=title), encoding="utf-8")
+    for problem in metrics.problems:
+        print(f"sat report: error: {problem}", file=sys.stderr)
+    print(f"wrote {output} ({len(metrics.files)} series file(s), {len(metrics.problems)} problem(s))")
+    return 1 if metrics.problems else 0

@@ -1,0 +1,177 @@
+"""The job report as a page (`report.html`): plots of the run's metrics series, drawn with matplotlib.
+
+Loss across attempts with each failover and resume marked, throughput, checkpoint stalls
+and persist time, CPU and memory, GPU utilization and memory per device, goodput and the
+recovery time of each fault. The plots are PNGs inside the page, so it is one file that
+opens anywhere. Lines of the series that cannot be read are listed at the top by file and
+line; the rest still renders.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from datetime import UTC, datetime
+from typing import Any
+
+from sat_tasks.io.metrics import RunMetrics, job_summary, monitoring_series
+
+STYLE = ("<style>body{font-family:sans-serif;margin:24px;max-width:1150px}table{border-collapse:collapse}"
+         "td{padding:3px 10px;border-bottom:1px solid #ddd;vertical-align:top}"
+         ".problems{background:#fde8e8;border:1px solid #d62728;padding:8px 14px}img{max-width:100%}</style>")
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+
+
+def _png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _by_attempt(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    grouped: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault(row.get("attempt") or 0, []).append(row)
+    return dict(sorted(grouped.items()))
+
+
+def _mark_faults(axis: Any, series: dict[str, Any], t0: float) -> None:
+    for fault in series["faults"]:
+        axis.axvline(fault["ended_at"] - t0, color="#d62728", linestyle="--", linewidth=1)
+        axis.axvline(fault["resumed_at"] - t0, color="#2ca02c", linestyle=":", linewidth=1)
+        axis.annotate(f"attempt {fault['attempt']} ends ({fault['status'] or 'fault'})",
+                      (fault["ended_at"] - t0, 1), xycoords=("data", "axes fraction"), rotation=90,
+                      fontsize=7, va="top", ha="right", color="#d62728")
+        axis.annotate(f"resumed at step {fault['resumed_at_step']}", (fault["resumed_at"] - t0, 1),
+                      xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="top", ha="left",
+                      color="#2ca02c")
+
+
+def _plots(series: dict[str, Any], t0: float) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots: list[tuple[str, str]] = []
+    if series["loss"]:
+        figure, (by_time, by_step) = plt.subplots(1, 2, figsize=(12, 3.6))
+        for i, (attempt, rows) in enumerate(_by_attempt(series["loss"]).items()):
+            color = COLORS[i % len(COLORS)]
+            label = f"attempt {attempt} ({rows[0].get('node')})"
+            by_time.plot([r["time"] - t0 for r in rows], [r["loss"] for r in rows], ".-", color=color, label=label)
+            by_step.plot([r["global_step"] for r in rows], [r["loss"] for r in rows], ".-", color=color, label=label)
+        _mark_faults(by_time, series, t0)
+        for fault in series["faults"]:
+            if fault["resumed_at_step"] is not None:
+                by_step.axvline(fault["resumed_at_step"], color="#2ca02c", linestyle=":", linewidth=1)
+        by_time.set(xlabel="seconds since the job started", ylabel="loss", title="Loss across attempts")
+        by_step.set(xlabel="global step", ylabel="loss", title="Loss by step (resume marked)")
+        by_time.legend(fontsize=8)
+        plots.append(("Loss", _png(figure)))
+    if series["throughput"]:
+        figure, axis = plt.subplots(figsize=(12, 3.2))
+        rows = series["throughput"]
+        for key, label in (("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"),
+                           ("steps_per_second", "steps/s")):
+            points = [(r["time"] - t0, r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                axis.plot(*zip(*points), ".-", label=label)
+        _mark_faults(axis, series, t0)
+        axis.set(xlabel="seconds since the job started", ylabel="per second", title="Throughput")
+        axis.legend(fontsize=8)
+        plots.append(("Throughput", _png(figure)))
+    if series["checkpoints"]:
+        figure, axis = plt.subplots(figsize=(12, 3.2))
+        saves = series["checkpoints"]
+        labels = [f"{s['step']}\n(a{s.get('attempt')})" for s in saves]
+        positions = range(len(saves))
+        axis.bar([p - 0.2 for p in positions], [s.get("blocking_s") or 0 for s in saves], 0.4,
+                 label="training stalled (blocking s)")
+        axis.bar([p + 0.2 for p in positions], [s.get("persist_s") or 0 for s in saves], 0.4,
+                 label="persist s (in the background)")
+        axis.set_xticks(list(positions), labels, fontsize=7)
+        axis.set(xlabel="checkpoint step (attempt)", ylabel="seconds", title="Checkpoint stalls and persist time")
+        axis.legend(fontsize=8)
+        plots.append(("Checkpoints", _png(figure)))
+    if series["system"]:
+        figure, cpu = plt.subplots(figsize=(12, 3.2))
+        for i, (attempt, rows) in enumerate(_by_attempt(series["system"]).items()):
+            color = COLORS[i % len(COLORS)]
+            cpu.plot([r["time"] - t0 for r in rows], [r.get("cpu_percent") for r in rows], ".-", color=color,
+                     label=f"CPU % attempt {attempt} ({rows[0].get('node')})")
+        memory = cpu.twinx()
+        rows = series["system"]
+        memory.plot([r["time"] - t0 for r in rows], [(r.get("memory_used_bytes") or 0) / 2**30 for r in rows],
+                    color="grey", linewidth=1, label="memory used GiB")
+        memory.set_ylabel("GiB")
+        _mark_faults(cpu, series, t0)
+        cpu.set(xlabel="seconds since the job started", ylabel="CPU %", title="Node CPU and memory")
+        cpu.legend(fontsize=8, loc="lower left")
+        plots.append(("System", _png(figure)))
+    if series["gpus"]:
+        figure, (util, mem) = plt.subplots(1, 2, figsize=(12, 3.4))
+        for i, (device, rows) in enumerate(sorted(series["gpus"].items())):
+            color = COLORS[i % len(COLORS)]
+            util.plot([r["time"] - t0 for r in rows], [r.get("gpu_utilization_percent") for r in rows], ".-",
+                      color=color, label=device)
+            mem.plot([r["time"] - t0 for r in rows], [(r.get("memory_used_bytes") or 0) / 2**30 for r in rows],
+                     ".-", color=color, label=device)
+        util.set(xlabel="seconds", ylabel="%", title="GPU utilization per device")
+        mem.set(xlabel="seconds", ylabel="GiB", title="GPU memory used per device")
+        util.legend(fontsize=8)
+        plots.append(("GPUs", _png(figure)))
+    if series["faults"] or series["goodput"] is not None:
+        figure, (good, recovery) = plt.subplots(1, 2, figsize=(12, 3))
+        goodput = series["goodput"] or 0.0
+        good.barh(["goodput"], [goodput], color="#2ca02c")
+        good.barh(["goodput"], [1 - goodput], left=[goodput], color="#dddddd")
+        good.set(xlim=(0, 1), title=f"Goodput {goodput:.1%} (training time / wall time)")
+        names = [f"attempt {f['attempt']} on {f['node']}" for f in series["faults"]]
+        recovery.bar(names or ["no fault"], [f["recovery_s"] for f in series["faults"]] or [0], color="#d62728")
+        recovery.set(ylabel="seconds", title="Recovery time per fault (last step to training again)")
+        plots.append(("Goodput and recovery", _png(figure)))
+    return plots
+
+
+def render_report_html(metrics: RunMetrics, *, title: str = "") -> str:
+    """The whole page for one run: a summary table, the problems (if any) and the plots."""
+    series = monitoring_series(metrics)
+    summary = job_summary(metrics)
+    times = [r["time"] for records in metrics.records.values() for r in records]
+    t0 = min(times) if times else 0.0
+    status = metrics.history[-1]["status"] if metrics.history else (metrics.report or {}).get("status")
+    esc = html.escape
+    rows = [("status", status or "unknown"), ("source", metrics.source),
+            ("attempts", ", ".join(f"{a['attempt']} on {a['node']} (steps {a['first_step']}-{a['last_step']})"
+                                   for a in series["attempts"]) or "no training samples"),
+            ("goodput", f"{summary['goodput']:.1%}" if summary["goodput"] is not None else "n/a"),
+            ("faults", "; ".join(f"attempt {f['attempt']} on {f['node']}: {f['status'] or 'ended'} at step "
+                                 f"{f['last_step']}, resumed at step {f['resumed_at_step']} on {f['next_node']} "
+                                 f"after {f['recovery_s']:.1f}s" for f in summary["faults"]) or "none"),
+            ("GPU series", f"{len(series['gpus'])} device(s)" if series["gpus"] else
+             "none: no GPU was readable through NVML on the job's nodes")]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{esc(title or 'SAT job report')}</title>",
+        STYLE,
+        "</head><body>",
+        f"<h1>{esc(title or 'SAT job report')}</h1>",
+        "<table>" + "".join(f"<tr><td><b>{esc(k)}</b></td><td>{esc(str(v))}</td></tr>" for k, v in rows) + "</table>",
+    ]
+    if metrics.problems:
+        parts.append("<div class='problems'><b>Some metrics could not be read (the rest is shown):</b><ul>"
+                     + "".join(f"<li><code>{esc(p)}</code></li>" for p in metrics.problems) + "</ul></div>")
+    plots = _plots(series, t0)
+    if not plots:
+        parts.append("<p>No metrics series were found for this run.</p>")
+    for name, png in plots:
+        parts.append(f"<h2>{esc(name)}</h2><img alt='{esc(name)}' src='data:image/png;base64,{png}'>")
+    generated = datetime.now(UTC).isoformat(timespec="seconds")
+    parts.append(f"<p style='color:#777'>Generated {generated} from {len(metrics.files)} series file(s).</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

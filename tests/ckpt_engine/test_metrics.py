@@ -1,0 +1,155 @@
+"""ckpt_engine.metrics: the series as JSON lines, a GPU reader that cannot read NVML, OTLP/HTTP to a real receiver."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from ckpt_engine.metrics import GpuReader, MetricsRecorder
+
+
+class BrokenNvml:
+    """NVML as a machine without the driver answers it."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit(self):
+        raise self.NVMLError("NVML Shared Library Not Found")
+
+
+class OneGpuWithoutEcc:
+    """One device whose ECC counters are not supported (as on many consumer boards)."""
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return f"handle-{index}"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("U", (), {"gpu": 87})()
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("M", (), {"used": 3 * 2**30, "total": 80 * 2**30})()
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 61
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 312_500  # milliwatts
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, kind, counter):
+        raise RuntimeError("Not Supported")
+
+
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sampler_without_nvml_says_why_once_and_goes_on(tmp_path):
+    said = []
+    recorder = MetricsRecorder(tmp_path, interval_s=0.05, job="j", run="r", attempt=2, node="n0",
+                               gpu_reader=GpuReader(said.append, nvml=BrokenNvml()), say=said.append).start()
+    recorder.note_log({"loss": 2.0, "learning_rate": 1e-4, "epoch": 0.5}, step=10, samples_per_step=8)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(lines(tmp_path / "attempt-2/n0/system.jsonl")
+                                               if (tmp_path / "attempt-2/n0/system.jsonl").exists() else []) < 3:
+        time.sleep(0.05)
+    recorder.note_step(20)
+    recorder.close()
+    nvml_lines = [m for m in said if "NVML" in m]
+    assert len(nvml_lines) == 1 and "NVML Shared Library Not Found" in nvml_lines[0]
+    system = lines(tmp_path / "attempt-2/n0/system.jsonl")
+    assert len(system) >= 3 and {r["device"] for r in system} == {"host"}  # absent, not zeros
+    assert all(0 <= r["cpu_percent"] <= 100 and r["memory_used_bytes"] > 0 for r in system)
+    training = lines(tmp_path / "attempt-2/n0/training.jsonl")
+    assert training[0]["loss"] == 2.0 and training[0]["global_step"] == 10
+    assert training[-1]["global_step"] == 20 and training[-1]["attempt"] == 2 and training[-1]["node"] == "n0"
+    assert {r["job"] for r in training} == {"j"} and {r["run"] for r in training} == {"r"}
+
+
+def test_gpu_fields_nvml_cannot_read_are_left_out_and_said_once(tmp_path):
+    said = []
+    reader = GpuReader(said.append, nvml=OneGpuWithoutEcc())
+    first, second = reader.read(), reader.read()
+    device, values = first[0]
+    assert device == "gpu0" and second == first
+    assert values == {"gpu_utilization_percent": 87.0, "memory_used_bytes": 3.0 * 2**30,
+                      "memory_total_bytes": 80.0 * 2**30, "temperature_c": 61.0, "power_w": 312.5}
+    assert len(said) == 1 and "gpu0: ecc not readable" in said[0]
+
+
+@pytest.fixture
+def otlp_receiver():
+    """A real OTLP/HTTP receiver on loopback: keeps each decoded ExportMetricsServiceRequest."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+        ExportMetricsServiceResponse,
+    )
+
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = ExportMetricsServiceRequest()
+            request.ParseFromString(body)
+            received.append((self.path, self.headers["Content-Type"], request))
+            payload = ExportMetricsServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", received
+    server.shutdown()
+
+
+def test_series_are_exported_as_otlp_with_names_units_and_attributes(tmp_path, otlp_receiver):
+    endpoint, received = otlp_receiver
+    recorder = MetricsRecorder(tmp_path, interval_s=60, job="tiny", run="manual__1", attempt=3, node="node-7",
+                               otlp_endpoint=endpoint, gpu_reader=GpuReader(lambda m: None, nvml=OneGpuWithoutEcc()),
+                               failovers_used=1, say=lambda m: None)
+    recorder.note_log({"loss": 1.25, "learning_rate": 0.0005, "epoch": 1.0}, step=42, samples_per_step=16)
+    recorder.note_save(40, {"blocking_s": 0.004, "persist_s": 0.75, "bytes": 1234.0})
+    recorder.close()  # the last sample, then the SDK's final export
+    assert received, "nothing reached the receiver"
+    path, content_type, _ = received[-1]
+    assert path == "/v1/metrics" and content_type == "application/x-protobuf"
+    points = {}
+    for _, _, request in received:
+        for resource_metrics in request.resource_metrics:
+            resource = {a.key: a.value.string_value for a in resource_metrics.resource.attributes}
+            assert {k: resource[k] for k in ("job", "run", "attempt", "node")} == {
+                "job": "tiny", "run": "manual__1", "attempt": "3", "node": "node-7"}
+            for scope in resource_metrics.scope_metrics:
+                for metric in scope.metrics:
+                    for point in metric.gauge.data_points:
+                        attributes = {a.key: a.value.string_value for a in point.attributes}
+                        value = point.as_double if point.HasField("as_double") else point.as_int
+                        points[(metric.name, attributes["device"])] = (metric.unit, value)
+    assert points[("sat.training.loss", "host")] == ("1", 1.25)
+    assert points[("sat.training.global_step", "host")] == ("{step}", 42)
+    assert points[("sat.training.learning_rate", "host")] == ("1", 0.0005)
+    assert points[("sat.checkpoint.persist_s", "host")] == ("s", 0.75)
+    assert points[("sat.checkpoint.bytes", "host")] == ("By", 1234.0)
+    assert points[("sat.system.gpu_utilization_percent", "gpu0")] == ("%", 87.0)
+    assert points[("sat.system.power_w", "gpu0")] == ("W", 312.5)
+    assert points[("sat.system.temperature_c", "gpu0")] == ("Cel", 61.0)
+    assert points[("sat.job.failovers_used", "host")] == ("{failover}", 1)
+    assert ("sat.system.ecc_corrected", "gpu0") not in points  # not readable: not exported as 0

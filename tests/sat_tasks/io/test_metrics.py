@@ -1,0 +1,75 @@
+"""Reading a run's metrics and `sat report`: a malformed line is named by file and line, the rest still renders."""
+
+from __future__ import annotations
+
+import json
+
+from sat_tasks.cli import main
+from sat_tasks.io.metrics import job_summary, monitoring_series, read_local
+
+
+def write_series(root, attempt, node, series, records):
+    path = root / "metrics" / f"attempt-{attempt}" / node / f"{series}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def record(t, attempt, node, series="training", **values):
+    return {"time": t, "series": series, "job": "j", "run": "r", "attempt": attempt, "node": node,
+            "device": "host", **values}
+
+
+def a_run_with_a_failover(root):
+    write_series(root, 1, "n0", "training", [record(100 + 2 * i, 1, "n0", global_step=10 * i, loss=5 - i,
+                                                     steps_per_second=5.0, samples_per_second=40.0)
+                                              for i in range(1, 5)])
+    write_series(root, 2, "n1", "training", [record(130 + 2 * i, 2, "n1", global_step=30 + 10 * i, loss=2 - 0.1 * i,
+                                                     steps_per_second=5.0, samples_per_second=40.0)
+                                              for i in range(1, 4)])
+    write_series(root, 2, "n1", "checkpoint", [record(140, 2, "n1", "checkpoint", event="save", step=60,
+                                                       blocking_s=0.01, persist_s=0.4, bytes=1e6)])
+    write_series(root, 1, "n0", "system", [record(100 + i, 1, "n0", "system", cpu_percent=50.0,
+                                                   memory_used_bytes=2e9) for i in range(5)])
+    (root / "status.json").write_text(json.dumps([
+        {"status": "Running", "at": "1970-01-01T00:01:39+00:00", "attempt": 1},
+        {"status": "Pending - failoverinprogress", "at": "1970-01-01T00:01:50+00:00", "attempt": 1},
+        {"status": "Running", "at": "1970-01-01T00:02:00+00:00", "attempt": 2},
+        {"status": "Completed", "at": "1970-01-01T00:02:20+00:00", "attempt": 2}]))
+
+
+def test_failover_goodput_and_recovery_from_the_series(tmp_path):
+    a_run_with_a_failover(tmp_path)
+    metrics = read_local(tmp_path)
+    assert not metrics.problems
+    summary = job_summary(metrics)
+    (fault,) = summary["faults"]
+    assert fault == {"attempt": 1, "node": "n0", "next_node": "n1", "status": "Pending - failoverinprogress",
+                     "last_step": 40, "resumed_at_step": 40, "ended_at": 108, "resumed_at": 132, "recovery_s": 24}
+    assert summary["training_s"] == 6 + 4 and summary["wall_s"] == 140 - 99
+    series = monitoring_series(metrics)
+    assert [r["attempt"] for r in series["loss"]] == [1] * 4 + [2] * 3 and series["gpus"] == {}
+    assert series["checkpoints"][0]["persist_s"] == 0.4 and series["goodput"] == round(10 / 41, 4)
+
+
+def test_malformed_metrics_file_is_named_with_its_line_and_the_rest_renders(tmp_path, capsys):
+    a_run_with_a_failover(tmp_path)
+    bad = write_series(tmp_path, 3, "n2", "training", [record(150, 3, "n2", global_step=70, loss=1.0)])
+    with open(bad, "a") as handle:
+        handle.write('{"time": 151, "series": "training", "loss": \n')  # cut off mid-record
+        handle.write('[1, 2]\n')
+    assert main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "metrics/attempt-3/n2/training.jsonl:2: not JSON" in err
+    assert "metrics/attempt-3/n2/training.jsonl:3: not a metrics record" in err
+    page = (tmp_path / "report.html").read_text()
+    assert "training.jsonl:2: not JSON" in page
+    for plot in ("Loss", "Throughput", "Checkpoints", "System", "Goodput and recovery"):
+        assert f"alt='{plot}'" in page, plot
+    assert "alt='GPUs'" not in page and "no GPU was readable" in page
+    assert "resumed at step 40 on n1 after 24.0s" in page
+
+
+def test_report_of_a_directory_that_is_not_there(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
