@@ -76,11 +76,12 @@ def _plots(series: dict[str, Any], t0: float) -> list[tuple[str, str]]:
     if series["throughput"]:
         figure, axis = plt.subplots(figsize=(12, 3.2))
         rows = series["throughput"]
-        for key, label in (("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"),
-                           ("steps_per_second", "steps/s")):
-            points = [(r["time"] - t0, r[key]) for r in rows if r.get(key) is not None]
-            if points:
-                axis.plot(*zip(*points), ".-", label=label)
+        for color, (key, label) in zip(COLORS, (("samples_per_second", "samples/s"),
+                                                ("tokens_per_second", "tokens/s"), ("steps_per_second", "steps/s"))):
+            for n, part in enumerate(_by_attempt(rows).values()):  # no line across the gap between attempts
+                points = [(r["time"] - t0, r[key]) for r in part if r.get(key) is not None]
+                if points:
+                    axis.plot(*zip(*points), ".-", color=color, label=label if n == 0 else None)
         _mark_faults(axis, series, t0)
         axis.set(xlabel="seconds since the job started", ylabel="per second", title="Throughput")
         axis.legend(fontsize=8)

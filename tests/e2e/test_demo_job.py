@@ -48,3 +48,40 @@ def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, ai
     assert log.count("Starting dataset initialization") == 2
     assert f"Resuming from checkpoint-{committed}" in log
     assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
+    assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix)
+
+
+def assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix):
+    """The per-job metrics (every 2 s in this spec) in Object Storage: loss across both attempts, the failover between."""
+    from ckpt_engine.metrics import GpuReader
+    from sat_tasks.io.metrics import job_summary, read_object_storage
+
+    metrics = read_object_storage(report["results"], s3_hook)
+    assert not metrics.problems, metrics.problems
+    training = metrics.records["training"]
+    by_attempt = {n: [r for r in training if r["attempt"] == n and "loss" in r] for n in (1, 2)}
+    assert by_attempt[1] and by_attempt[2], {n: len(v) for n, v in by_attempt.items()}
+    first, second = report["attempts"]
+    assert {r["node"] for r in by_attempt[1]} == {first["node"]} and {r["node"] for r in by_attempt[2]} == {second["node"]}
+    assert max(r["time"] for r in by_attempt[1]) < min(r["time"] for r in by_attempt[2])  # attempt 1 ends, then 2
+    assert max(r["global_step"] for r in by_attempt[1]) <= first["step_at_end"]
+    assert min(r["global_step"] for r in by_attempt[2]) > committed  # resumed, not restarted
+    assert max(r["global_step"] for r in by_attempt[2]) == 160
+    assert all(r["samples_per_second"] > 0 for r in training if "samples_per_second" in r)
+    assert all(0 < r["learning_rate"] < 1 for r in training if "learning_rate" in r)
+    (fault,) = job_summary(metrics)["faults"]
+    assert fault["status"] == "Pending - failoverinprogress" and fault["recovery_s"] > 0
+    saves = [r for r in metrics.records["checkpoint"] if r.get("event") == "save"]
+    assert {r["step"] for r in saves} >= {committed, 160}
+    assert all(r["bytes"] > 0 and r["persist_s"] > 0 and r["blocking_s"] >= 0 for r in saves)
+    host = [r for r in metrics.records["system"] if r["device"] == "host"]
+    assert {r["attempt"] for r in host} == {1, 2} and all(r["memory_used_bytes"] > 0 for r in host)
+    gpus = [r for r in metrics.records["system"] if r["device"] != "host"]
+    if GpuReader(say=lambda message: None).devices() == 0:
+        assert not gpus  # no GPU readable here: the GPU series are absent, not zeros
+    else:
+        assert all("gpu_utilization_percent" in r for r in gpus)
+    assert {r["attempt"] for r in metrics.records["job"]} == {1, 2}
+    assert prefix + "report.html" in keys
+    page = s3_hook.read_key(prefix + "report.html", bucket_name=report["results"].split("/")[2])
+    assert "alt='Loss'" in page and "alt='Checkpoints'" in page and "resumed at step" in page

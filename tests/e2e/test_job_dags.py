@@ -106,7 +106,9 @@ def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):
         {"kind": "preemption", "attempt": 2, "at_step": 26},
     ]
     job = make_job("e2e-spot", learning_type="spot", job_failover=False, faults=faults,
-                   spot={"max_resumes": 3, "max_wait_seconds": 120, "poll_seconds": 1})
+                   spot={"max_resumes": 3, "max_wait_seconds": 120, "poll_seconds": 1},
+                   env={"FAKE_STEPS": "40", "FAKE_SAVE_EVERY": "5", "FAKE_STEP_SECONDS": "0.05",
+                        "SAT_METRICS_INTERVAL_SECONDS": "0.3"})
     report, attempts = run(job)
     assert report["status"] == "Completed"
     assert [a["verdict"] for a in attempts] == ["PREEMPTED", "PREEMPTED", "SUCCEEDED"]
@@ -127,6 +129,21 @@ def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):
         step = attempt["last_committed_step"]
         assert f"SIGTERM: final checkpoint at step {step}" in log
         assert f"Resuming from checkpoint-{step}" in log
+    # The metrics in Object Storage show the pause: each attempt's training series ends at the
+    # pre-emption, the next starts after the wait for capacity (>= 3 s for the first) at the resumed step.
+    from sat_tasks.io.metrics import job_summary, read_object_storage
+
+    metrics = read_object_storage(report["results"], s3_hook)
+    assert not metrics.problems, metrics.problems
+    assert sorted({r["attempt"] for r in metrics.records["training"]}) == [1, 2, 3]
+    faults = job_summary(metrics)["faults"]
+    assert [f["status"] for f in faults] == ["Pending - preempted", "Pending - preempted"]
+    assert faults[0]["recovery_s"] >= 3, faults
+    for fault, attempt in zip(faults, attempts[:2]):
+        assert fault["resumed_at_step"] > attempt["last_committed_step"] - 1
+        assert fault["last_step"] <= attempt["step_at_end"]
+    job_series = metrics.records["job"]
+    assert {r["attempt"] for r in job_series} == {1, 2, 3} and {r["status"] for r in job_series} == {"Running"}
 
 
 def test_spot_max_wait_ends_the_job(scripts_in_bucket):

@@ -23,6 +23,12 @@ if resume is not None:
     wanted = int(resume)
     start = (committed[-1] if committed else 0) if wanted == -1 else wanted
     print(f"[Concurrent Checkpoint] Resuming from checkpoint-{start} (CKPT_LAST_STEP={resume})", flush=True)
+try:  # SAT's per-job metrics, as the engine's Trainer callback feeds them (none without SAT_METRICS_DIR)
+    from ckpt_engine.metrics import recorder
+
+    metrics = recorder()
+except ImportError:
+    metrics = None
 attempt = os.environ.get("SAT_ATTEMPT", "")
 state = {"step": None, "last_committed_step": committed[-1] if committed else None, "committed_steps": committed,
          "resumed_from_step": start if resume is not None else None,
@@ -40,12 +46,16 @@ def commit(step):
     os.makedirs(os.path.join(out, f"checkpoint-{step}"), exist_ok=True)
     state["last_committed_step"] = step
     state["committed_steps"].append(step)
+    if metrics is not None:
+        metrics.note_save(step, {"blocking_s": 0.001, "persist_s": 0.01, "bytes": 1000.0})
 
 
 def on_sigterm(signum, frame):
     commit(state["step"])
     write_progress()
     print(f"SIGTERM: final checkpoint at step {state['step']}", flush=True)
+    if metrics is not None:
+        metrics.close()
     sys.exit(128 + signum)
 
 
@@ -56,6 +66,10 @@ for step in range(start + 1, max_steps + 1):
     if step % interval == 0:
         commit(step)
     write_progress()
+    if metrics is not None:
+        metrics.note_log({"loss": 5.0 * 0.97 ** step, "learning_rate": 1e-3, "epoch": step / max_steps}, step, 8)
+if metrics is not None:
+    metrics.close()
 print(f"finished at step {max_steps}", flush=True)
 with open(os.path.join(os.environ["SAT_OUTPUT_DIR"], "trainer_state.json"), "w") as handle:
     json.dump({"global_step": max_steps, "log_history": [{"step": 1, "loss": 5.0}, {"step": max_steps, "loss": 1.0}]}, handle)
