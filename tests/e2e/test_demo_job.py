@@ -67,7 +67,8 @@ def assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix):
     assert max(r["global_step"] for r in by_attempt[1]) <= first["step_at_end"]
     assert min(r["global_step"] for r in by_attempt[2]) > committed  # resumed, not restarted
     assert max(r["global_step"] for r in by_attempt[2]) == 160
-    assert all(r["samples_per_second"] > 0 for r in training if "samples_per_second" in r)
+    throughput = [r["samples_per_second"] for r in training if "samples_per_second" in r]
+    assert throughput and min(throughput) >= 0 and max(throughput) > 0  # an interval without a step is 0
     assert all(0 < r["learning_rate"] < 1 for r in training if "learning_rate" in r)
     (fault,) = job_summary(metrics)["faults"]
     assert fault["status"] == "Pending - failoverinprogress" and fault["recovery_s"] > 0
