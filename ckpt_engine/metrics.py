@@ -311,6 +311,10 @@ class MetricsRecorder:
         return self
 
     def _run(self) -> None:
+        try:  # Linux: a thread is a task with its own nice value; the sampler yields to training on a busy CPU
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):  # pragma: no cover - not Linux, or not allowed
+            pass
         while not self._stop.wait(self.interval_s):
             try:
                 self.sample()
