@@ -227,7 +227,9 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
 
     launch_ops = backend_for(job).launch_operators(attempt=k, previous_decide_task_id=previous_decide, job=job)
 
-    @task(task_id="classify", trigger_rule=TriggerRule.ALL_DONE)
+    # NONE_SKIPPED: classify runs when the launch succeeded or failed, and is skipped by the scheduler
+    # (no task process) when the launch was skipped because the attempt is not needed.
+    @task(task_id="classify", trigger_rule=TriggerRule.NONE_SKIPPED)
     def classify(spec: dict | None) -> dict:
         job_ = _job(spec)
         plan(job_)

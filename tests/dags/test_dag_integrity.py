@@ -58,7 +58,7 @@ def test_job_dag_shape(bag):
     assert "attempt_5.launch" not in ids  # 1 attempt + at most 3 failovers
     assert dag.get_task("check_image").downstream_task_ids == {"stage_data"}
     assert dag.get_task("stage_data").downstream_task_ids == {"validate_data"}
-    assert dag.get_task("attempt_1.classify").trigger_rule == "all_done"
+    assert dag.get_task("attempt_1.classify").trigger_rule == "none_skipped"  # runs after a failed launch
     assert dag.get_task("finalize").trigger_rule == "all_done"
     # The next attempt waits for the whole previous group (its decision and its cleanup).
     assert dag.get_task("attempt_2.launch").upstream_task_ids == {"attempt_1.decide", "attempt_1.cleanup"}
