@@ -20,8 +20,9 @@ JSON (`/sat/api/...`):
   results stay in Object Storage unless asked; 409 while it runs.
 
 HTML: `GET /jobs` (the "Training Jobs" menu entry), `GET|POST /jobs/new` (Create Training
-Job), `GET /jobs/{dag_id}/runs/{run_id}` (the job page), and the forms `POST .../stop`,
-`POST .../tags`, `GET|POST .../delete`.
+Job), `GET /jobs/{dag_id}/runs/{run_id}` (the job page), `GET .../report` (the job report's
+plots from the metrics series so far; the Monitoring tab embeds it), and the forms
+`POST .../stop`, `POST .../tags`, `GET|POST .../delete`.
 """
 
 from typing import Any
@@ -248,6 +249,16 @@ def create_app():
     @app.get("/jobs/{dag_id}/runs/{run_id}", dependencies=read_dags, response_class=HTMLResponse)
     def job_view(dag_id: str, run_id: str, session: SessionDep):
         return job_page_html(page(dag_id, run_id, session))
+
+    @app.get("/jobs/{dag_id}/runs/{run_id}/report", dependencies=read_dags, response_class=HTMLResponse)
+    def job_report(dag_id: str, run_id: str, session: SessionDep):
+        """The job report's plots from the run's metrics series as they are now (the Monitoring tab shows it)."""
+        from sat_tasks.io.metrics import read_object_storage
+        from sat_tasks.pipeline.report_html import render_report_html
+
+        run, job = run_and_job(dag_id, run_id, session)
+        metrics = read_object_storage(JobRun(job, run_id).results_uri, _hook())
+        return render_report_html(metrics, title=f"{job.name} {run_id}")
 
     # ---- stop ------------------------------------------------------------------------------------
     def stop(dag_id: str, run_id: str, user, session, dag_bag) -> dict:

@@ -241,10 +241,17 @@ def _monitoring(page: dict[str, Any]) -> str:
     time_marks = [(round(m["at"] - start, 1), m["label"]) for m in data["markers"] if m["at"] and stamped]
     note = f"<p>{escape(data['note'])}</p>" if data["note"] else ""
     source = f"<p class='help'>from <code>{escape(data['source'])}</code></p>" if data["source"] else ""
+    report = f"/sat/{job_href(page)}/report"
     return (note + _chart(loss, step_marks, title="Loss by step", x_label="step", y_label="loss",
                           chart_id="loss-chart")
             + _chart(rate, time_marks, title="Steps per second over time", x_label="seconds since the first log",
-                     y_label="steps/s", chart_id="rate-chart") + source)
+                     y_label="steps/s", chart_id="rate-chart") + source
+            + "<h3>Metrics series</h3><p>Throughput, checkpoint stalls and persist time, CPU, memory and GPU per "
+              "device, goodput and recovery per fault, from the series the job records every "
+              f"<code>[sat] metrics_interval_seconds</code> (<a href='{escape(report)}' target='_blank'>open the "
+              "job report</a>):</p>"
+              f"<iframe id='report-frame' src='{escape(report)}' loading='lazy' title='job report' "
+              "style='width:100%;height:1600px;border:1px solid #d0d7de'></iframe>")
 
 
 def _tags(page: dict[str, Any], tag_errors: list[str] | None) -> str:

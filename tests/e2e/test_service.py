@@ -265,14 +265,14 @@ def runs(deployment, api, registry, browser):
     created = {"demo": _create_demo_in_the_browser(page, api, deployment)}
     form = _retrying(lambda: dag_runs.trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(
         logical_date=None, conf=params_from_spec(generic))))
-    created["stopped"] = _create_stop_and_delete_in_the_browser(page, api, deployment, registry, deadline)
-    page.close()
     # The Asset job: new data lands under the watched prefix once the watcher has its baseline.
     baseline = _wait_for_run(api, "sat_data_changes", deadline=deadline)
     assert baseline.state == "success", baseline
     storage = deployment.storage.client()
     for part in sorted((REPO / "include" / "corpus").glob("*.txt")):
         storage.upload_file(str(part), BUCKET, f"datasets/watched/{part.name}")
+    created["stopped"] = _create_stop_and_delete_in_the_browser(page, api, deployment, registry, deadline)
+    page.close()
     finished = {"cron": _wait_for_run(api, "svc-cron", deadline=deadline)}
     _pause(api, "svc-cron")
     finished["asset"] = _wait_for_run(api, "svc-asset", deadline=deadline)
@@ -532,6 +532,9 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     page.locator("#loss-chart svg").wait_for()
     assert page.locator("#loss-chart .marker").first.text_content().startswith("attempt 2 after HARDWARE")
     assert page.locator("#rate-chart svg").count() == 1
+    report = page.frame_locator("#report-frame")  # the job report's plots from the run's metrics series
+    report.locator("img").first.wait_for()
+    assert report.locator("img").count() >= 3 and "local-node-1" in report.locator("table").inner_text()
     page.screenshot(path=str(SCREENSHOTS / "03d-monitoring.png"), full_page=True)
     page.get_by_role("link", name="Logs", exact=True).click()
     log = page.request.get(deployment.url + page.get_by_role("link", name="download job.log").get_attribute("href"))

@@ -110,6 +110,7 @@ ENDPOINTS = [
     ("GET", "/sat/jobs"), ("GET", "/sat/jobs/new"), ("POST", "/sat/jobs/new"), ("GET", f"/sat/jobs/{DEMO}/runs/r"),
     ("POST", f"/sat/jobs/{DEMO}/runs/r/stop"), ("POST", f"/sat/jobs/{DEMO}/runs/r/tags"),
     ("GET", f"/sat/jobs/{DEMO}/runs/r/delete"), ("POST", f"/sat/jobs/{DEMO}/runs/r/delete"),
+    ("GET", f"/sat/jobs/{DEMO}/runs/r/report"),
 ]
 
 
@@ -279,3 +280,21 @@ def test_delete_refuses_a_running_job_and_keeps_results_unless_asked(client, adm
     bucket, prefix = uris[gone][len("s3://"):].split("/", 1)
     assert s3_hook.list_keys(bucket_name=bucket, prefix=prefix) == []
     assert client.delete(f"/sat/api/jobs/{DEMO}/runs/{gone}", headers=admin).status_code == 404
+
+
+def test_the_monitoring_tabs_report_renders_the_runs_metrics_series(client, admin, s3_hook):
+    run_id = _trigger(client, admin, DEMO)
+    page = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}", headers=admin).text
+    assert f"<iframe id='report-frame' src='/sat/jobs/{DEMO}/runs/" in page
+    empty = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}/report", headers=admin)
+    assert empty.status_code == 200 and "No metrics series were found for this run." in empty.text
+    results = client.get(f"/sat/api/jobs/{DEMO}/runs/{run_id}", headers=admin).json()["results"]
+    bucket, prefix = results[len("s3://"):].split("/", 1)
+    lines = [{"time": 1000.0 + i, "series": "training", "job": DEMO, "run": run_id, "attempt": 1, "node": "n0",
+              "device": "host", "global_step": 10 * i, "loss": 5.0 / (i + 1), "steps_per_second": 2.0}
+             for i in range(5)]
+    s3_hook.load_string("\n".join(json.dumps(line) for line in lines) + "\n",
+                        key=prefix + "metrics/attempt-1/n0/training.jsonl", bucket_name=bucket, replace=True)
+    report = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}/report", headers=admin)
+    assert report.status_code == 200 and "data:image/png;base64," in report.text
+    assert "No metrics series were found" not in report.text
