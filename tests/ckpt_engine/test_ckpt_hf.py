@@ -162,7 +162,8 @@ def test_sigterm_to_the_deepspeed_launchers_group_commits_a_final_checkpoint(
     assert any(name.startswith(f"global_step{final}/") for name in manifest["files"])
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+# ZeRO-1 at one rank runs with `make test-slow`; test_ckpt_deepspeed_datastates.py covers ZeRO 1/2/3 at one rank.
+@pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.slow), 3])
 def test_deepspeed_one_rank_save_and_resume(tmp_path: Path, run_seed, stage: int) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("deepspeed")
     out = tmp_path / "ds"

@@ -73,7 +73,9 @@ def assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix):
     (fault,) = job_summary(metrics)["faults"]
     assert fault["status"] == "Pending - failoverinprogress" and fault["recovery_s"] > 0
     saves = [r for r in metrics.records["checkpoint"] if r.get("event") == "save"]
-    assert {r["step"] for r in saves} >= {committed, 160}
+    # The interval an attempt is killed in is lost with it (the recorder flushes every interval).
+    assert 160 in {r["step"] for r in saves if r["attempt"] == 2}
+    assert any(r["step"] <= committed for r in saves if r["attempt"] == 1)
     assert all(r["bytes"] > 0 and r["persist_s"] > 0 and r["blocking_s"] >= 0 for r in saves)
     host = [r for r in metrics.records["system"] if r["device"] == "host"]
     assert {r["attempt"] for r in host} == {1, 2} and all(r["memory_used_bytes"] > 0 for r in host)
