@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # `make test-slow`: it rehearses the device call; make test stays under its 20 minutes
 def test_gpu_check_script_dry_run_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = subprocess.run(["bash", str(ROOT / "tests" / "benchmarks" / "gpu_check.sh"), "--cpu"],
