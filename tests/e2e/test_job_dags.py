@@ -73,10 +73,12 @@ def test_hardware_fault_fails_over_and_resumes_from_last_commit(scripts_in_bucke
     log = job_log(s3_hook, job, report)
     assert log.count("Starting dataset initialization") == 2
     committed_at_fault = attempts[0]["last_committed_step"]
-    assert committed_at_fault == 15
+    # The fault strikes when the launcher's poll sees step >= 17; on a loaded machine that poll can come a
+    # few steps late, so the last commit is 15 or a later multiple of 5, never an earlier one.
+    assert committed_at_fault >= 15 and committed_at_fault % 5 == 0
     assert f"Resuming from checkpoint-{committed_at_fault} (CKPT_LAST_STEP={committed_at_fault})" in log
     assert attempts[1]["resumed_from"] == committed_at_fault
-    assert 17 - committed_at_fault <= 5  # lost work at most one checkpoint interval
+    assert attempts[0]["step_at_end"] - committed_at_fault < 5  # lost work at most one checkpoint interval
     # Results and history are in the bucket under <results>/<job>/<run_id>/.
     assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
     assert s3_hook.check_for_key(report["results"][len("s3://sat-demo/"):] + "output/trainer_state.json",
