@@ -336,21 +336,23 @@ def create_app():
         return RedirectResponse(f"/sat/{job_href({'dag_id': dag_id, 'run_id': run_id})}#tags", status_code=303)
 
     # ---- delete ----------------------------------------------------------------------------------
-    def delete(dag_id: str, run_id: str, delete_results: bool, session) -> dict:
+    def delete(dag_id: str, run_id: str, delete_results: bool, session) -> tuple[str, str, int | None]:
+        """Delete the run (409 while it runs); its results too when asked: (job name, results URI, objects removed)."""
         run, job = run_and_job(dag_id, run_id, session)
         state = str(getattr(run.state, "value", run.state))
         if state == "running":
             raise HTTPException(409, "the job is running: stop it first")
-        removed = actions.delete_results(_hook(), JobRun(job, run_id)) if delete_results else None
+        layout = JobRun(job, run_id)
+        removed = actions.delete_results(_hook(), layout) if delete_results else None
         session.delete(run)
         session.flush()
-        return {"deleted": {"dag_id": dag_id, "run_id": run_id, "job": job.name},
-                "results": "kept" if removed is None else f"{removed} object(s) deleted",
-                "results_uri": JobRun(job, run_id).results_uri}
+        return job.name, layout.results_uri, removed
 
     @app.delete("/api/jobs/{dag_id}/runs/{run_id}", dependencies=delete_runs)
     def delete_job(dag_id: str, run_id: str, session: SessionDep, delete_results: bool = False):
-        return delete(dag_id, run_id, delete_results, session)
+        name, results_uri, removed = delete(dag_id, run_id, delete_results, session)
+        return {"deleted": {"dag_id": dag_id, "run_id": run_id, "job": name},
+                "results": "kept" if removed is None else f"{removed} object(s) deleted", "results_uri": results_uri}
 
     @app.get("/jobs/{dag_id}/runs/{run_id}/delete", dependencies=delete_runs, response_class=HTMLResponse)
     def delete_confirmation(dag_id: str, run_id: str, session: SessionDep):
@@ -360,9 +362,8 @@ def create_app():
               response_class=HTMLResponse)
     async def delete_from_page(dag_id: str, run_id: str, request: Request, session: SessionDep):
         wanted = (await request.form()).get("delete_results") not in (None, "", "off")
-        done = delete(dag_id, run_id, wanted, session)
-        removed = None if done["results"] == "kept" else int(done["results"].split()[0])
-        return deleted_page(done["deleted"]["job"], run_id, removed)
+        name, _results_uri, removed = delete(dag_id, run_id, wanted, session)
+        return deleted_page(name, run_id, removed)
 
     return app
 
