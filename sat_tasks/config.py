@@ -27,6 +27,10 @@ SAT_DEFAULTS = {
     "kubernetes_namespace": "sat-jobs",
     "kubernetes_conn_id": "kubernetes_default",
     "jobs_dir": str(PROJECT_ROOT / "include" / "jobs"),
+    # Training Workspaces (ADR 0015): their YAML definitions (the `sat workspace` command and the
+    # Workspaces page write here), and how long a job waits for its workspace's nodes before it fails.
+    "workspaces_dir": str(PROJECT_ROOT / "include" / "workspaces"),
+    "workspace_wait_seconds": "3600",
     "final_checkpoint_grace_seconds": "60",
     # Node labels or taints (`key=value` or `key`, comma-separated) that mark an on-premise
     # pool as Spot/preemptible capacity; the classifier reads a lost node there as a

@@ -257,6 +257,11 @@ class TrainingJob(_Model):
     )
     max_failovers: int = ruled(3, rule="must be between 0 and 3", ge=0, le=3,
                                description="hardware failovers at most (0-3)")
+    workspace: str | None = ruled(
+        None, rule="must be a workspace name: 1-63 chars of lowercase letters, digits, '-' or '.'",
+        max_length=63, pattern=r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$",
+        description="the Training Workspace (include/workspaces/<name>.yaml) whose reserved nodes the job runs on",
+    )
 
     @field_validator("tags")
     @classmethod
