@@ -44,9 +44,26 @@ def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: st
     job = resolve_job(spec, spec_path)
     run = JobRun(job, run_id)
     log(f"job {job.name}: {job.learning_type.value} {job.framework.value}, {job.nodes} node(s), "
-        f"backend {job.backend.value}")
+        f"backend {job.backend.value}" + (f", workspace {job.workspace}" if job.workspace else ""))
+    check_workspace(job, run, log)
     run.history(log).record(JobStatus.PENDING, "spec validated", task="validate_spec")
     return job.to_dict()
+
+
+def check_workspace(job: TrainingJob, run: JobRun, log: Log = print) -> None:
+    """Refuse a job its workspace cannot take (nodes, server type, contract dates): status Failed, with the numbers."""
+    if job.workspace is None:
+        return
+    from sat_tasks.core.clock import now_utc
+    from sat_tasks.core.workspaces import job_problems
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    store = WorkspaceStore()
+    problems = job_problems(job, store.find(job.workspace), now_utc().date(), [w.name for w in store.list()])
+    if problems:
+        reason = "refused by its workspace: " + "; ".join(str(p) for p in problems)
+        run.history(log).record(JobStatus.FAILED, reason, task="validate_spec")
+        raise JobStopped(f"{job.name}: {reason}")
 
 
 # ---- check_image ------------------------------------------------------------------------------

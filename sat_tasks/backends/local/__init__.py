@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from sat_tasks import config
 from sat_tasks.backends.base import Capacity, DataCheck
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Action, Decision
@@ -61,8 +60,10 @@ class LocalBackend:
         return []  # the runner ends every process of an attempt before `launch` returns
 
     def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
-        """The pool's nodes not excluded; none until `capacity_at` (the demo's simulated Spot market)."""
-        free = [n for n in config.local_node_pool() if n not in decision.exclude_nodes]
+        """The pool's (or the job's workspace's) nodes not excluded; none until `capacity_at` (the demo's Spot market)."""
+        from sat_tasks.backends.local.workspace import node_pool
+
+        free = [n for n in node_pool(run.job.workspace) if n not in decision.exclude_nodes]
         if decision.action is Action.RESUME and time.time() < (decision.capacity_at or 0):
             free = []
         return Capacity(bool(free), f"{len(free)} node(s) available in the local pool")

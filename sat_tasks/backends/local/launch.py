@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ckpt_engine.vendor import write_vendor_dir
-from sat_tasks import config
-from sat_tasks.backends.local.runner import LocalAttempt, pick_node
+from sat_tasks.backends.local.runner import LocalAttempt
+from sat_tasks.backends.local.workspace import attempt_nodes
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Plan
 from sat_tasks.core.runtime_env import (
@@ -20,10 +21,15 @@ Log = Callable[[str], None]
 
 
 def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
-    """Run one attempt on the first healthy node of the pool and store its record."""
+    """Run one attempt on the first healthy node of the pool (or of its workspace, when free) and store its record."""
+    with attempt_nodes(run, plan, log) as nodes:
+        return _run_on(run, plan, nodes, log)
+
+
+def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecord:
     job = run.job
-    node = pick_node(config.local_node_pool(), plan.exclude_nodes)
-    run.record_attempt_start(plan, log, where=node)
+    node = nodes[0]
+    run.record_attempt_start(plan, log, where=", ".join(nodes))
     write_vendor_dir(run.vendor_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
     object_storage = run.hook().conn_config

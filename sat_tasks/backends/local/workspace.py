@@ -1,0 +1,65 @@
+"""Where an attempt runs on the local backend: the shared node pool, or its workspace's own nodes through the slot board.
+
+A job without a workspace takes the first healthy node of `[sat] local_nodes`. A job of a
+workspace queues on the workspace's slot board (`sat_tasks.io.workspaces.SlotBoard`) for
+`job.nodes` of its nodes (`<workspace>-node-<i>`, as many as the workspace has now), holds
+them while the attempt runs and gives them back when it ends. While it waits its status
+says why: `Pending` in the queue, `Pending - failoverinprogress` for a failover attempt
+(its excluded nodes count against the workspace), until `[sat] workspace_wait_seconds`.
+The attempt runs on the first node it holds (the local backend runs every rank of a
+multi-node job on one host; the others are held so no other job gets them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from sat_tasks import config
+from sat_tasks.backends.local.runner import pick_node
+from sat_tasks.core.contracts import Plan
+from sat_tasks.core.status import JobStatus
+from sat_tasks.core.workspaces import Admission, workspace_nodes
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.workspaces import SlotBoard, WorkspaceStore, WorkspaceWaitTimeout
+
+Log = Callable[[str], None]
+
+
+def node_pool(workspace_name: str | None) -> list[str]:
+    """The nodes a job may run on: its workspace's (as many as it has now), else `[sat] local_nodes`."""
+    if workspace_name is None:
+        return config.local_node_pool()
+    return workspace_nodes(WorkspaceStore().get(workspace_name))
+
+
+@contextlib.contextmanager
+def attempt_nodes(run: JobRun, plan: Plan, log: Log, *, poll_seconds: float = 1.0) -> Iterator[list[str]]:
+    """The nodes attempt `plan.attempt` runs on (first = where its processes run), held until the block ends."""
+    job = run.job
+    if job.workspace is None:
+        yield [pick_node(config.local_node_pool(), plan.exclude_nodes)]
+        return
+    store, board = WorkspaceStore(), SlotBoard(job.workspace)
+    failover = plan.attempt > 1 and plan.failovers > 0
+
+    def on_wait(answer: Admission) -> None:
+        log(f"[sat] waiting for workspace nodes: {answer.reason}")
+        status = JobStatus.FAILOVER_IN_PROGRESS if failover or answer.lacks_healthy_nodes else JobStatus.PENDING
+        run.history(log).record(status, answer.reason, attempt=plan.attempt, task="launch")
+
+    deadline = float(config.sat_setting("workspace_wait_seconds"))
+    try:
+        ticket, nodes = board.acquire(lambda: store.get(job.workspace), job=job.name, run_id=run.run_id,
+                                      attempt=plan.attempt, slots=job.nodes, exclude=plan.exclude_nodes,
+                                      failover=failover, deadline_seconds=deadline, on_wait=on_wait,
+                                      poll_seconds=poll_seconds)
+    except WorkspaceWaitTimeout as exc:
+        run.history(log).record(JobStatus.FAILED, str(exc), attempt=plan.attempt, task="launch")
+        raise
+    log(f"[sat] workspace {job.workspace}: attempt {plan.attempt} holds {', '.join(nodes)}")
+    try:
+        yield list(nodes)
+    finally:
+        board.release(ticket)
+        log(f"[sat] workspace {job.workspace}: released {', '.join(nodes)}")
