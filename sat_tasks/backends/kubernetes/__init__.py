@@ -72,8 +72,15 @@ class KubernetesBackend:
     def launch_operators(self, *, attempt: int, previous_decide_task_id: str | None,
                          job: TrainingJob | None) -> list:
         from sat_tasks.backends.kubernetes.operator import make_launch_operators
+        from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+        from sat_tasks.backends.kubernetes.workspace import launch_pool
 
-        return make_launch_operators(attempt=attempt, previous_decide_task_id=previous_decide_task_id, job=job)
+        operators = make_launch_operators(attempt=attempt, previous_decide_task_id=previous_decide_task_id, job=job)
+        # A workspace job without Kueue queues in its workspace's Airflow pool: rank 0 takes a slot per node.
+        pool = launch_pool(job, KubernetesSettings.from_sat_config())
+        if pool:
+            operators[0].pool, operators[0].pool_slots = pool["pool"], pool["pool_slots"]
+        return operators
 
     def read_attempt_record(self, run: JobRun, attempt: int, log: Log) -> AttemptRecord | None:
         from sat_tasks.backends.kubernetes.records import read_attempt_record

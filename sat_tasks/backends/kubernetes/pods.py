@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
 from sat_tasks.backends.kubernetes.supervisor import launch_command, nproc_per_node, supervisor_script, training_probes
+from sat_tasks.backends.kubernetes.workspace import (
+    workspace_pod_metadata,
+    workspace_scheduling,
+)
 from sat_tasks.core.attempt import MAIN_CONTAINER_NAME
 from sat_tasks.core.runtime_env import (
     IMAGE_VENDOR_DIR,
@@ -135,6 +139,9 @@ def _scheduling(
         # On-demand: anything but Spot, so unlabelled on-demand nodes qualify too.
         expressions.append({"key": settings.capacity_label, "operator": "NotIn",
                             "values": [settings.spot_label_value]})
+    workspace_selector, workspace_tolerations = workspace_scheduling(job, settings)  # its reserved nodes only
+    selector.update(workspace_selector)
+    tolerations += workspace_tolerations
     excluded = sorted(set(exclude_nodes))
     if excluded:
         expressions.append({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": excluded})
@@ -202,6 +209,7 @@ def attempt_pod_manifests(
     if job.image.registry_conn_id:
         pull_secrets = [{"name": names.pull_secret_name(job.image.registry_conn_id)}]
 
+    queue_labels, queue_annotations = workspace_pod_metadata(job, run_id, attempt, settings)
     pods = []
     for rank in range(job.nodes):
         name = names.pod_name(job, run_id, attempt, rank)
@@ -223,8 +231,8 @@ def attempt_pod_manifests(
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "annotations": names.annotations(job, run_id),
-                "labels": {**names.labels(job, run_id, attempt), names.LABEL_NODE_RANK: str(rank)},
+                "annotations": {**names.annotations(job, run_id), **queue_annotations},
+                "labels": {**names.labels(job, run_id, attempt), names.LABEL_NODE_RANK: str(rank), **queue_labels},
                 "name": name,
                 "namespace": namespace,
             },

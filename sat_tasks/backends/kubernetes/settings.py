@@ -40,6 +40,10 @@ class KubernetesSettings:
             (`access_key_id`, `secret_access_key`); pods read them through `secretKeyRef`,
             so no key is ever part of a rendered manifest. The cluster's operator creates it
             (from the same credentials as the `sat_object_storage` connection).
+        workspace_label: the node label and NoSchedule taint key of a Training Workspace's
+            nodes (value: the workspace's name); its jobs' pods select and tolerate it (ADR 0015).
+        kueue: whether Kueue queues workspace jobs (`true`: pods name the workspace's
+            LocalQueue; `false`: an Airflow pool per workspace does).
         staging_image: the image of the run's helper pods (staging, upload:
             `sat_tasks.backends.kubernetes.staging`): SAT's Airflow image, which has
             `sat_tasks` and the Amazon provider.
@@ -61,6 +65,8 @@ class KubernetesSettings:
     object_storage_endpoint: str = ""
     object_storage_secret: str = "sat-object-storage"
     staging_image: str = "registry.example.com/sat/airflow:0.1.0"
+    workspace_label: str = "sat.ai/workspace"
+    kueue: bool = False
 
     @classmethod
     def from_sat_config(cls) -> KubernetesSettings:
@@ -84,6 +90,10 @@ class KubernetesSettings:
 
 def _typed(name: str, annotation: Any, raw: str) -> Any:
     """A setting's text as its field's type (`int` fields must be whole numbers)."""
+    if annotation in ("bool", bool):
+        if raw.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise SettingError(f"[sat] k8s_{name} = {raw!r}: must be true or false")
+        return raw.strip().lower() in ("true", "1", "yes")
     if annotation in ("int", int):
         try:
             return int(raw)
