@@ -15,6 +15,8 @@ which backend they are on. Call order for one run:
     upload_outputs(run)             -> the training outputs into <results>/output/
     job_log(run)                    -> the run's job log as a local file, for upload
     cleanup_run(run)                -> what was deleted (the run's volume, ...)
+    warm pool (ADR 0015): stage(run, reuse=claim) reuses a warm run's staged data where it can;
+    keep_warm(run, state) holds what the run leaves warm, release_warm(state) lets it go
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision
 from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.warm_pool import Claim, WarmState
 from sat_tasks.spec import BackendKind, TrainingJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,8 +68,12 @@ class Backend(Protocol):
     kind: BackendKind
     pulls_images: bool
 
-    def stage(self, run: JobRun, log: Log) -> dict[str, Any]:
-        """Copy the script and data from Object Storage to where the attempts read them."""
+    def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
+        """Copy the script and data from Object Storage to where the attempts read them.
+
+        `reuse`: what the job's warm state hands this run; objects whose ETag did not change
+        are not downloaded again where the backend can reach the warm run's files.
+        """
 
     def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
         """Run (or read the result of) the job's expectation suite on the staged data."""
@@ -98,3 +105,9 @@ class Backend(Protocol):
 
     def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
         """Delete what the run kept between attempts (volume, staging pods); `kind/name` of each."""
+
+    def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
+        """Hold what the finished run leaves warm (staged directory, placeholder pods); the completed state."""
+
+    def release_warm(self, state: WarmState, log: Log) -> list[str]:
+        """Let a warm state go: delete its staged directory or placeholder pods; `kind/name` of each."""

@@ -40,11 +40,16 @@ def stage_job_files(
     code_dest: str | Path,
     script_url: str | None = None,
     log: Log = print,
+    reuse_dir: str | Path | None = None,
+    reuse_objects: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Stage the script (one object, or every object under a prefix ending in `/`) and the data.
 
     Without a script URL the code directory is only created (the image carries the code).
-    Returns `{"code": ..., "data": TransferReport dict}`.
+    With `reuse_dir` (a warm run's staged data) and `reuse_objects` (its `{key: ETag}`), the
+    objects whose ETag did not change are linked from there and only verified, not
+    downloaded (`data.reused`, `data.redownloaded`). Returns `{"code": ..., "data":
+    TransferReport dict}`.
     """
     report: dict[str, Any] = {}
     code_dest = Path(code_dest)
@@ -58,7 +63,19 @@ def stage_job_files(
             report["code"] = {"files": 1, "destination": str(code_dest)}
     else:
         code_dest.mkdir(parents=True, exist_ok=True)
-    report["data"] = storage.stage_prefix(hook, data_source, data_dest, log=log).to_dict()
+    linked: list[str] = []
+    if reuse_dir is not None:
+        from sat_tasks.io.warm_pool import link_unchanged, list_objects
+
+        _, prefix = split_s3_uri(data_source)
+        current = list_objects(hook, data_source)
+        linked = link_unchanged(reuse_dir, data_dest, reuse_objects or {}, current, prefix)
+        log(f"warm pool: {len(linked)} of {len(current)} objects unchanged since the warm run: linked from {reuse_dir}")
+    transfer = storage.stage_prefix(hook, data_source, data_dest, log=log)
+    report["data"] = transfer.to_dict()
+    if reuse_dir is not None:
+        # the destination was empty but for the linked files: skipped = linked and verified
+        report["data"].update(reused=transfer.skipped, redownloaded=transfer.transferred)
     return report
 
 

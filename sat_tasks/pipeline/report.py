@@ -77,7 +77,19 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
         "last_loss": losses[-1] if losses else None,
         "checkpoints": [f"checkpoint-{step}" for step in (uploaded or mirrored)],
         "results": run.results_uri,
+        **_warm_section(run, hook),
     }
+
+
+def _warm_section(run: JobRun, hook: Any) -> dict[str, Any]:
+    """`warm`: what the run reused from the job's warm pool and the lines that say so (ADR 0015)."""
+    if run.job.warm_pool is None:
+        return {}
+    from sat_tasks.io.warm_pool import read_run_record
+
+    record = read_run_record(hook, run.results_uri)
+    return {"warm": {"from_run": record.get("from_run"), "reused": record.get("reused") or {},
+                     "lines": record.get("lines") or []}}
 
 
 def format_report(report: dict) -> list[str]:
@@ -97,5 +109,7 @@ def format_report(report: dict) -> list[str]:
                      f"{report['last_loss'][1]:.4f} (step {report['last_loss'][0]})")
     if report.get("checkpoints"):
         lines.append(f"  checkpoints: {', '.join(report['checkpoints'])}")
+    for line in (report.get("warm") or {}).get("lines", []):
+        lines.append(f"  {line}")
     lines.append(f"  results: {report['results']}")
     return lines

@@ -85,6 +85,10 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
                 registry.ImageCheckOutcome.MALFORMED, job.image.url, f"malformed: {exc}"), log)
         log(f"image {ref}: reference is well-formed; the {job.backend.value} backend runs the command on this "
             "host, so no pull happens (set image.registry_conn_id to check the registry anyway)")
+        if job.warm_pool is not None:
+            from sat_tasks.pipeline.warm_pool import note_image
+
+            note_image(run, {"reference": str(ref), "digest": None})
         return {"outcome": "skipped-local", "reference": str(ref), "pulls_fail": False}
     result = registry.check_image(
         job.image.url, username=access.username, password=access.password, insecure=access.insecure
@@ -94,6 +98,10 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
     if not result.ok:
         raise registry.ImageCheckInconclusive(f"image check inconclusive: {result.message}")  # retried by Airflow
     log(f"image ok: {result.reference} {result.digest} ({result.media_type})")
+    if job.warm_pool is not None:
+        from sat_tasks.pipeline.warm_pool import note_image
+
+        note_image(run, {"reference": job.image.url, "digest": result.digest})
     return result.to_dict()
 
 
@@ -104,14 +112,30 @@ def _image_failed(run: JobRun, result, log: Log) -> dict:
 
 # ---- stage_data / validate_data ----------------------------------------------------------------
 def stage_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
-    """Copy the training script and the data from Object Storage to where the attempts read them."""
+    """Copy the training script and the data from Object Storage to where the attempts read them.
+
+    With `warm_pool`, what the job's previous run kept warm is reused where nothing changed
+    (`pipeline.warm_pool.stage`).
+    """
+    if job.warm_pool is not None:
+        from sat_tasks.pipeline.warm_pool import stage
+
+        return stage(JobRun(job, run_id), backend_for(job), log)
     return backend_for(job).stage(JobRun(job, run_id), log)
 
 
 def validate_data(job: TrainingJob, run_id: str, staged: dict | None = None, log: Log = print) -> dict:
     """Run the Great Expectations suite on the staged data; a failure stops the job before training."""
     run = JobRun(job, run_id)
+    reused = ((staged or {}).get("warm") or {}).get("validation")
+    if reused is not None:  # the warm run's data passed this suite, and neither changed
+        log("warm pool: data validation reused (data and suite unchanged since the warm run)")
+        return reused
     check = backend_for(job).check_staged_data(run, staged, log)
+    if check.success and job.warm_pool is not None:
+        from sat_tasks.pipeline.warm_pool import note_validation
+
+        note_validation(run, check.result)
     if not check.success:
         run.history(log).record(JobStatus.INTERNAL_ERROR, "data validation failed: " + "; ".join(check.summary_lines),
                                 task="validate_data")
@@ -289,3 +313,7 @@ def cleanup_run(job: TrainingJob, run_id: str, log: Log = print) -> list[str]:
     for name in deleted:
         log(f"deleted {name}")
     return deleted
+    if job.warm_pool is not None:  # keep the Completed run warm for the next one (or nothing)
+        from sat_tasks.pipeline.warm_pool import keep_or_release
+
+        deleted += keep_or_release(JobRun(job, run_id), log)

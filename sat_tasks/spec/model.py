@@ -31,6 +31,7 @@ QUANTITY_RULE = "must be a Kubernetes quantity such as 512Mi, 8Gi, 500m or 2"
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 MAX_TAGS = 50
 # The engine's final-checkpoint grace period after SIGTERM; a job's env may set it
+MAX_KEEP_ALIVE_SECONDS = 3600  # the warm pool's keep-alive at most (SageMaker's limit too)
 # (the default is `[sat] final_checkpoint_grace_seconds`).
 GRACE_ENV = "CKPT_GRACE_SECONDS"
 MAX_GRACE_SECONDS = 3600
@@ -192,6 +193,16 @@ class SpotPolicy(_Model):
 
 
 class Fault(_Model):
+class WarmPool(_Model):
+    """Keep a run warm for the job's next run: staged data, image check, node (issue 19; ADR 0015)."""
+
+    keep_alive_seconds: int = ruled(
+        rule=f"must be between 1 and {MAX_KEEP_ALIVE_SECONDS}", ge=1, le=MAX_KEEP_ALIVE_SECONDS,
+        description="seconds after a run ends during which the job's next run reuses its staged data, "
+                    f"image check and node (1-{MAX_KEEP_ALIVE_SECONDS}, as SageMaker's KeepAlivePeriodInSeconds)",
+    )
+
+
     """A fault the local backend injects into one attempt."""
 
     kind: FaultKind
@@ -258,6 +269,11 @@ class TrainingJob(_Model):
     max_failovers: int = ruled(3, rule="must be between 0 and 3", ge=0, le=3,
                                description="hardware failovers at most (0-3)")
     workspace: str | None = ruled(
+    test: JobTest | None = Field(
+        None, description="how `sat test` and SAT's pytest plugin run this job short and which failures they "
+                          "rehearse (ignored in production; ADR 0016)")
+    warm_pool: WarmPool | None = Field(
+        None, description="keep the run warm for the job's next run (not with learning_type spot)")
         None, rule="must be a workspace name: 1-63 chars of lowercase letters, digits, '-' or '.'",
         max_length=63, pattern=r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$",
         description="the Training Workspace (include/workspaces/<name>.yaml) whose reserved nodes the job runs on",
@@ -349,5 +365,7 @@ def cross_field_problems(data: dict[str, Any]) -> list[str]:
     if data.get("job_failover") is True and data.get("learning_type") == LearningType.SPOT.value:
         problems.append("job_failover: not allowed with learning_type spot (Spot jobs resume instead)")
     if data.get("faults") and data.get("backend") == BackendKind.KUBERNETES.value:
+    if data.get("warm_pool") and data.get("learning_type") == LearningType.SPOT.value:
+        problems.append("warm_pool: not allowed with learning_type spot (Spot capacity cannot be held between runs)")
         problems.append("faults: fault injection is only allowed on the local backend")
     return problems

@@ -31,11 +31,13 @@ class LocalBackend:
     pulls_images = False  # the command runs on this host, not in the image
 
     # ---- before training -----------------------------------------------------------------------
-    def stage(self, run: JobRun, log: Log) -> dict[str, Any]:
+    def stage(self, run: JobRun, log: Log, reuse: Any = None) -> dict[str, Any]:
         from sat_tasks.io.staging import stage_job_files
 
         return stage_job_files(run.hook(), data_source=run.job.data.source, data_dest=run.data_dir,
-                               code_dest=run.code_dir, script_url=run.job.storage.script_url, log=log)
+        reuse_dir = reuse.data_dir if reuse is not None and reuse.data_dir and Path(reuse.data_dir).is_dir() else None
+                               code_dest=run.code_dir, script_url=run.job.storage.script_url, log=log,
+                               reuse_dir=reuse_dir, reuse_objects=reuse.objects if reuse_dir else None)
 
     def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
         from sat_tasks.io.validation import DataValidationError, validate_dataset
@@ -78,6 +80,17 @@ class LocalBackend:
     def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
         return []  # the work directory is this host's disk: kept, like a node's local disk
 
+
+    # ---- warm pool (ADR 0015) ------------------------------------------------------------------
+    def keep_warm(self, run: JobRun, state: Any, log: Log) -> Any:
+        from sat_tasks.backends.local.warm import keep_warm
+
+        return keep_warm(run, state, log)
+
+    def release_warm(self, state: Any, log: Log) -> list[str]:
+        from sat_tasks.backends.local.warm import release_warm
+
+        return release_warm(state, log)
 
 BACKEND = LocalBackend()
 __all__ = ["BACKEND", "LocalBackend"]

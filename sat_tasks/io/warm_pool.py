@@ -1,0 +1,333 @@
+"""The warm pool: what a finished run keeps warm for its job's next run, and the rules for reusing it (ADR 0015).
+
+A job with `warm_pool.keep_alive_seconds` leaves, when a run Completed, one `WarmState`
+in Object Storage (`<root>/<workspace or ->/<job>.json`; root: `[sat] warm_pool_uri`,
+else `<results destination>/_warm-pool/`, a name no job can take). Its keys say what each
+part depends on:
+
+    staged data   (object key, ETag) of every staged object, and the directory holding them
+    validation    the suite file's hash + the data's keys and ETags -> the result it had
+    image         the reference and the digest the registry check saw
+    node          the spec hash (everything but tags, schedule, warm_pool) -> the node(s)
+
+Call order for one run: `check_image` notes the digest (`note_run`), `stage_data` takes
+the job's state (`claim`: expired -> released, a changed spec -> no node, else the whole
+state is this run's), stages only the objects whose ETag changed, `validate_data` reuses
+the result when neither the data nor the suite changed, and `cleanup_run` keeps the run
+warm (`keep`) or lets it go. A claimed, expired or stopped state is released through the
+backend (`release` callback): its staged directory deleted, its placeholder pods deleted.
+What the run reused is `<results>/<job>/<run_id>/warm.json`, quoted by the job log and
+`report.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sat_tasks.config import sat_setting
+from sat_tasks.io import object_storage as storage
+from sat_tasks.spec import TrainingJob, split_s3_uri
+
+Log = Callable[[str], None]
+Release = Callable[["WarmState", Log], list[str]]
+WARM_PREFIX = "_warm-pool/"  # '_' cannot start a job name: no job's results collide with it
+NO_WORKSPACE = "-"
+# Spec fields that change neither the node a run needs nor what runs on it.
+_SPEC_HASH_IGNORES = ("tags", "schedule", "warm_pool")
+
+
+class WarmState(BaseModel):
+    """What one finished run keeps warm for the next run of its job (see the module doc)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job: str
+    workspace: str | None = None
+    backend: str
+    run_id: str
+    kept_at: float
+    expires_at: float
+    spec_hash: str
+    data_source: str
+    data_dir: str = ""  # the local backend's staged directory; "" where it is not kept
+    objects: dict[str, str] = Field(default_factory=dict)  # object key -> ETag
+    suite_hash: str | None = None
+    validation: dict[str, Any] | None = None  # the result the data passed (success only)
+    image: dict[str, Any] = Field(default_factory=dict)  # {"reference", "digest"}
+    nodes: list[str] = Field(default_factory=list)
+    placeholders: list[str] = Field(default_factory=list)  # Kubernetes: placeholder pods holding the nodes
+    namespace: str | None = None
+    resources: dict[str, Any] = Field(default_factory=dict)  # what a placeholder asks for (for release logs)
+
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.expires_at
+
+
+# ---- keys ------------------------------------------------------------------------------------
+def spec_hash(job: TrainingJob) -> str:
+    """A digest of everything in the spec the node and the training process depend on."""
+    data = {k: v for k, v in job.to_dict().items() if k not in _SPEC_HASH_IGNORES}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def suite_hash(job: TrainingJob) -> str | None:
+    """A digest of the expectation suite file the data is validated with (None: no such file)."""
+    from sat_tasks.io.validation import DataValidationError, resolve_suite_path
+
+    try:
+        path = resolve_suite_path(job.data.expectation_suite)
+    except DataValidationError:
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def list_objects(hook: Any, source_uri: str) -> dict[str, str]:
+    """`{key: ETag}` of every object under `source_uri` (one listing; what staging would copy)."""
+    bucket, prefix = split_s3_uri(source_uri)
+    return {m["Key"]: str(m.get("ETag", "")).strip('"')
+            for m in hook.iter_file_metadata(prefix=prefix, bucket_name=bucket) if not m["Key"].endswith("/")}
+
+
+def warm_root(job: TrainingJob) -> str:
+    """Where the warm states live: `[sat] warm_pool_uri`, else `<results destination>/_warm-pool/`."""
+    root = sat_setting("warm_pool_uri", "")
+    return (root.rstrip("/") + "/") if root else job.results.destination.rstrip("/") + "/" + WARM_PREFIX
+
+
+def warm_roots() -> list[str]:
+    """The roots a sweep looks under: `[sat] warm_pool_uri`, else those of the job specs in `[sat] jobs_dir`.
+
+    A job created from the generic form with another results destination is swept by its
+    own next run and by `sat warm-pool release JOB` (set `warm_pool_uri` to sweep all).
+    """
+    root = sat_setting("warm_pool_uri", "")
+    if root:
+        return [root.rstrip("/") + "/"]
+    from sat_tasks.spec import SpecError, load_spec
+
+    roots = set()
+    for path in sorted(Path(sat_setting("jobs_dir")).glob("*.y*ml")):
+        try:
+            roots.add(warm_root(load_spec(path)))
+        except (SpecError, OSError):
+            continue
+    return sorted(roots)
+
+
+def state_uri(job: TrainingJob) -> str:
+    return f"{warm_root(job)}{getattr(job, 'workspace', None) or NO_WORKSPACE}/{job.name}.json"
+
+
+# ---- the store ---------------------------------------------------------------------------------
+class WarmPoolStore:
+    """The warm states in Object Storage: `load`, `save`, `delete` one job's, `states` under a root."""
+
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+
+    def load(self, job: TrainingJob) -> WarmState | None:
+        data = storage.read_json(self.hook, state_uri(job))
+        return WarmState.model_validate(data) if isinstance(data, dict) else None
+
+    def save(self, job: TrainingJob, state: WarmState) -> None:
+        storage.write_json(self.hook, state_uri(job), state.model_dump(mode="json"))
+
+    def delete(self, job: TrainingJob) -> None:
+        bucket, key = split_s3_uri(state_uri(job))
+        self.hook.get_conn().delete_object(Bucket=bucket, Key=key)
+
+    def states(self, root: str) -> list[tuple[str, WarmState]]:
+        """Every state under `root` as (uri, state)."""
+        bucket, prefix = split_s3_uri(root)
+        found = []
+        for key in self.hook.list_keys(bucket_name=bucket, prefix=prefix) or []:
+            if key.endswith(".json"):
+                uri = f"s3://{bucket}/{key}"
+                data = storage.read_json(self.hook, uri)
+                if isinstance(data, dict):
+                    found.append((uri, WarmState.model_validate(data)))
+        return found
+
+    def delete_uri(self, uri: str) -> None:
+        bucket, key = split_s3_uri(uri)
+        self.hook.get_conn().delete_object(Bucket=bucket, Key=key)
+
+
+# ---- the run's warm record (<results>/<job>/<run_id>/warm.json) ----------------------------------
+def run_record_uri(results_uri: str) -> str:
+    return results_uri + "warm.json"
+
+
+def read_run_record(hook: Any, results_uri: str) -> dict[str, Any]:
+    data = storage.read_json(hook, run_record_uri(results_uri))
+    return data if isinstance(data, dict) else {}
+
+
+def note_run(hook: Any, results_uri: str, **parts: Any) -> dict[str, Any]:
+    """Merge `parts` into the run's warm record (tasks run one after another: no lost update)."""
+    record = read_run_record(hook, results_uri)
+    record.update(parts)
+    storage.write_json(hook, run_record_uri(results_uri), record)
+    return record
+
+
+# ---- claiming and reusing -------------------------------------------------------------------------
+class Claim(BaseModel):
+    """What a run takes over from the warm state of its job, part by part (None: that part is cold)."""
+
+    state: WarmState
+    data_dir: str | None = None  # reuse staged files from here (unchanged ETags only)
+    objects: dict[str, str] = Field(default_factory=dict)
+    node: list[str] = Field(default_factory=list)
+    lines: list[str] = Field(default_factory=list)  # why a part is not reused
+
+
+def claim(job: TrainingJob, run_id: str, hook: Any, release: Release, *, log: Log = print,
+          now: float | None = None) -> Claim | None:
+    """Take the job's warm state for run `run_id`, or None when there is none (or it expired: then released).
+
+    The state leaves the store at once (a second run at the same time starts cold). What
+    the spec change invalidates is left out of the claim: the node when the spec hash
+    differs; the staged files when the data source differs. The image and the validation
+    are compared later, when their new keys are known (`image_reuse`, `validation_reuse`).
+    """
+    store = WarmPoolStore(hook)
+    state = store.load(job)
+    if state is None:
+        log("warm pool: nothing kept warm for this job (cold start)")
+        return None
+    store.delete(job)
+    when = time.time() if now is None else now
+    if state.expired(when):
+        log(f"warm pool: the state run {state.run_id} kept expired {when - state.expires_at:.0f}s ago: released")
+        _release(state, release, log)
+        return None
+    result = Claim(state=state)
+    if state.backend != (job.backend.value if job.backend else state.backend):
+        result.lines.append(f"backend changed ({state.backend} -> {job.backend.value}): nothing reused")
+        return result
+    if state.data_source == job.data.source and state.data_dir:
+        result.data_dir, result.objects = state.data_dir, dict(state.objects)
+    elif state.data_source != job.data.source:
+        result.lines.append(f"data source changed ({state.data_source} -> {job.data.source}): staged again")
+    if state.spec_hash == spec_hash(job):
+        result.node = list(state.nodes)
+    else:
+        result.lines.append("spec changed: the node is not reused (it was held for the old spec)")
+    log(f"warm pool: run {run_id} takes over what run {state.run_id} kept warm "
+        f"({state.expires_at - when:.0f}s of keep-alive left)")
+    return result
+
+
+def _release(state: WarmState, release: Release, log: Log) -> list[str]:
+    released = release(state, log)
+    for name in released:
+        log(f"warm pool: released {name}")
+    return released
+
+
+def link_unchanged(previous_dir: str | Path, dest_dir: str | Path, previous: dict[str, str],
+                   current: dict[str, str], prefix: str) -> list[str]:
+    """Hard-link (else copy) into `dest_dir` each staged file whose (key, ETag) did not change; their keys.
+
+    Staging then finds them present, verifies them against the object's checksum and does
+    not download them; a file whose ETag changed is not linked, so it is downloaded again.
+    """
+    from sat_tasks.io.object_storage import safe_relative_path
+
+    src_root, dest_root = Path(previous_dir), Path(dest_dir)
+    linked = []
+    for key, etag in current.items():
+        if previous.get(key) != etag or not etag:
+            continue
+        rel = safe_relative_path(key, prefix)
+        src, dest = src_root / rel, dest_root / rel
+        if not src.is_file() or dest.exists():
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dest)
+        except OSError:
+            shutil.copy2(src, dest)
+        linked.append(key)
+    return linked
+
+
+def image_reuse(state: WarmState, image: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the node kept warm still has the image the run needs, and the line that says so."""
+    reference, digest = image.get("reference"), image.get("digest")
+    before = state.image.get("digest")
+    if not digest:
+        return False, f"image {reference or '?'}: no registry digest (not pulled on this backend)"
+    if state.image.get("reference") == reference and before == digest:
+        return True, f"image check (digest unchanged: {digest[:19]})"
+    return False, f"image changed ({(before or 'none')[:19]} -> {digest[:19]}): pulled again"
+
+
+def validation_reuse(state: WarmState, objects: dict[str, str], suite: str | None) -> dict[str, Any] | None:
+    """The validation result the data passed, when neither the data nor the suite changed; else None."""
+    if state.validation is None or suite is None or state.suite_hash != suite or state.objects != objects:
+        return None
+    return dict(state.validation)
+
+
+def keep(job: TrainingJob, run_id: str, hook: Any, state: WarmState, log: Log = print) -> WarmState:
+    """Record `state` as the job's warm state (replacing an older one, which is released by the caller)."""
+    WarmPoolStore(hook).save(job, state)
+    left = state.expires_at - time.time()
+    log(f"warm pool: run {run_id} kept warm for {left:.0f}s (until {time.strftime('%H:%M:%S', time.gmtime(state.expires_at))}"
+        f" UTC): {len(state.objects)} staged objects, node(s) {', '.join(state.nodes) or 'none'}"
+        + (f", placeholder pod(s) {', '.join(state.placeholders)}" if state.placeholders else ""))
+    return state
+
+
+def release_job(job: TrainingJob, hook: Any, release: Release, log: Log = print) -> list[str]:
+    """Release the job's warm state now (a person's stop, `sat warm-pool release`); what was released."""
+    store = WarmPoolStore(hook)
+    state = store.load(job)
+    if state is None:
+        return []
+    store.delete(job)
+    return [f"warm-state/{job.name}", *_release(state, release, log)]
+
+
+def release_expired(hook: Any, roots: Iterable[str], release: Release, *, backend: str, log: Log = print,
+                    now: float | None = None) -> list[str]:
+    """Release every expired state of `backend` under `roots` (the sweep: `sat warm-pool release --expired`)."""
+    store, released = WarmPoolStore(hook), []
+    for root in roots:
+        for uri, state in store.states(root):
+            if state.backend == backend and state.expired(now):
+                store.delete_uri(uri)
+                released += [f"warm-state/{state.job}", *_release(state, release, log)]
+    return released
+
+
+def release_for_capacity(workspace: str, nodes_needed: int, hook: Any, roots: Iterable[str], release: Release,
+                         *, backend: str, log: Log = print) -> list[str]:
+    """Release warm states of `workspace`, oldest first, until `nodes_needed` nodes are freed; what was released.
+
+    What the workspace's queue calls when a job waits for nodes that warm states hold.
+    """
+    store, released, freed = WarmPoolStore(hook), [], 0
+    candidates = sorted(((uri, s) for root in roots for uri, s in store.states(root)
+                         if s.backend == backend and s.workspace == workspace and s.nodes),
+                        key=lambda item: item[1].kept_at)
+    for uri, state in candidates:
+        if freed >= nodes_needed:
+            break
+        store.delete_uri(uri)
+        log(f"warm pool: workspace {workspace} needs {nodes_needed} node(s): releasing {state.job}'s "
+            f"{', '.join(state.nodes)}")
+        released += [f"warm-state/{state.job}", *_release(state, release, log)]
+        freed += len(state.nodes)
+    return released
