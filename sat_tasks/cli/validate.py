@@ -35,9 +35,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"{path}: {problem.field}: {problem.rule}")
             status = EXIT_INVALID
         else:
-            if not args.quiet:
+            refused = _workspace_problems(job)
+            for problem in refused:
+                print(f"{path}: {problem.field}: {problem.rule}")
+            if refused:
+                status = EXIT_INVALID
+            elif not args.quiet:
                 print(f"{path}: ok ({job.name}, {job.learning_type.value}, {job.framework.value})")
     return status
+
+
+def _workspace_problems(job) -> list:
+    """What the job's workspace refuses (nodes, allocation, contract dates today); none without a workspace."""
+    if job.workspace is None:
+        return []
+    import datetime as dt
+
+    from sat_tasks.core.workspaces import job_problems
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    store = WorkspaceStore()
+    return job_problems(job, store.find(job.workspace), dt.datetime.now(dt.timezone.utc).date(),
+                        [w.name for w in store.list()])
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

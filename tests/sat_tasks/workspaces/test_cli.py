@@ -1,0 +1,78 @@
+"""`sat workspace create|edit|delete|ls|show|render` and `sat validate` of a job that names a workspace."""
+
+from __future__ import annotations
+
+import yaml
+
+from sat_tasks.cli import main
+from sat_tasks.io.workspaces import SlotBoard, WorkspaceStore
+from tests.sat_tasks.workspaces.conftest import job_spec
+
+CREATE = ["workspace", "create", "--name", "team-a", "--nodes", "3", "--server-type", "g2", "--gpus-per-node", "8",
+          "--memory", "1600Gi", "--cpu", "100", "--start", "2026-01-01", "--end", "2099-12-31"]
+
+
+def test_create_ls_show_edit_delete(sat_dirs, capsys):
+    assert main(CREATE) == 0
+    assert "workspace team-a created: 3 node(s), contract 2026-01-01 to 2099-12-31" in capsys.readouterr().out
+    assert main(["workspace", "ls"]) == 0
+    assert "team-a" in capsys.readouterr().out
+    assert main(["workspace", "show", "team-a"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["nodes"] == 3
+    assert main(["workspace", "edit", "team-a", "--nodes", "4"]) == 0
+    assert WorkspaceStore().get("team-a").nodes == 4
+    assert main(["workspace", "delete", "team-a"]) == 0
+    assert WorkspaceStore().list() == []
+
+
+def test_create_from_a_file_with_every_problem_as_field_and_rule(sat_dirs, tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: Team A\nnodes: 0\ncontract: {start: 2026-02-01, end: 2026-01-01}\n")
+    assert main(["workspace", "create", "-f", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(": ")[1] for line in err] == ["name", "nodes", "contract.end"]
+    assert main(["workspace", "create", "-f", str(path), "--name", "team-b", "--nodes", "2", "--end", "2026-03-01"]) == 0
+
+
+def test_edit_and_delete_refusals_name_the_jobs(sat_dirs, capsys):
+    main(CREATE)
+    board = SlotBoard("team-a")
+    ticket = board.enqueue(job="train-a", run_id="run-1", attempt=1, slots=2)
+    board.poll(WorkspaceStore().get("team-a"), ticket)
+    board.enqueue(job="train-b", run_id="run-2", attempt=1, slots=2)
+    capsys.readouterr()
+    assert main(["workspace", "ls"]) == 0
+    assert "2 node(s) used; queued: train-b" in capsys.readouterr().out
+    assert main(["workspace", "edit", "team-a", "--nodes", "1"]) == 1
+    assert "cannot shrink to 1 node(s): running jobs use 2: train-a (run-1" in capsys.readouterr().err
+    assert main(["workspace", "delete", "team-a"]) == 1
+    err = capsys.readouterr().err
+    assert "train-a (run-1, running" in err and "train-b (run-2, queued" in err
+    assert main(["workspace", "edit", "team-a", "--nodes", "0"]) == 2
+    assert "nodes: must be between 1 and 64" in capsys.readouterr().err
+    assert main(["workspace", "delete", "team-z"]) == 1
+    assert "no workspace named 'team-z'" in capsys.readouterr().err
+
+
+def test_render_prints_the_objects_to_apply(sat_dirs, capsys):
+    main(CREATE)
+    capsys.readouterr()
+    assert main(["workspace", "render", "team-a", "--kueue", "--node", "gpu-a", "--namespace", "ml"]) == 0
+    out = capsys.readouterr().out
+    kinds = [m["kind"] for m in yaml.safe_load_all(out) if m]
+    assert kinds == ["Node", "ResourceFlavor", "ClusterQueue", "LocalQueue"]
+    assert "# Kueue queues its jobs: LocalQueue team-a in ml" in out
+    assert main(["workspace", "render", "team-a", "--no-kueue"]) == 0
+    out = capsys.readouterr().out
+    assert "airflow pools set sat-workspace-team-a 3" in out and "kind:" not in out
+
+
+def test_sat_validate_refuses_a_job_its_workspace_cannot_take(sat_dirs, tmp_path, capsys):
+    main(CREATE)
+    fits, too_big = tmp_path / "fits.yaml", tmp_path / "too-big.yaml"
+    fits.write_text(yaml.safe_dump(job_spec()))
+    too_big.write_text(yaml.safe_dump(job_spec(nodes=4)))
+    capsys.readouterr()
+    assert main(["validate", str(fits)]) == 0
+    assert main(["validate", str(too_big)]) == 2
+    assert f"{too_big}: nodes: the job asks for 4 nodes; workspace team-a has 3" in capsys.readouterr().out
