@@ -52,7 +52,7 @@ class KubernetesBackend:
         return self._namespace or namespace()
 
     # ---- before training -----------------------------------------------------------------------
-    def stage(self, run: JobRun, log: Log) -> dict[str, Any]:
+    def stage(self, run: JobRun, log: Log, reuse: Any = None) -> dict[str, Any]:
         """Create the run's claim (once), then fill it with the staging pod; its report."""
         from sat_tasks.backends.kubernetes.staging import ensure_run_volume, stage_into_volume
 
@@ -123,6 +123,20 @@ class KubernetesBackend:
         from sat_tasks.backends.kubernetes.cleanup import cleanup_run
 
         return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace)
+
+    # ---- warm pool (ADR 0015) ------------------------------------------------------------------
+    def keep_warm(self, run: JobRun, state: Any, log: Log) -> Any:
+        """Placeholder pods on the run's nodes (the staged data is re-staged into the next run's claim)."""
+        from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+        from sat_tasks.backends.kubernetes.warm import keep_warm
+
+        return keep_warm(self.client, self.namespace, run.job, run.run_id, state,
+                         KubernetesSettings.from_sat_config(), log)
+
+    def release_warm(self, state: Any, log: Log) -> list[str]:
+        from sat_tasks.backends.kubernetes.warm import release_warm
+
+        return release_warm(self.client, self.namespace, state, log)
 
 
 BACKEND = KubernetesBackend()

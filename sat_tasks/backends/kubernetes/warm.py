@@ -1,0 +1,147 @@
+"""The warm pool on Kubernetes: placeholder pods hold a finished run's nodes for the next run (ADR 0015).
+
+The standard overprovisioning pattern: one placeholder pod per node of the run, pinned
+to it (`nodeSelector kubernetes.io/hostname`), asking for the job's requests, running the
+job's image (so the kubelet keeps it pulled: images of running containers are never
+garbage-collected), with the `sat-warm-pool` PriorityClass: a negative value and
+`preemptionPolicy: Never`, so it never displaces anything and any pod of normal priority
+(the next run's, another job of the workspace) preempts it. The node is not scaled down
+while it runs. SAT's next run of the job deletes the placeholders when it claims the
+warm state, so its pods need not wait for a preemption; the scheduler's ImageLocality
+score then favours the node that has the image. The PriorityClass is cluster-scoped and
+installed once (`render_priority_class`, printed by `sat render`'s caller or the Helm
+values), like the cluster autoscaler's own overprovisioning class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from sat_tasks.backends.kubernetes import names
+from sat_tasks.backends.kubernetes.pods import pod_memory
+from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.io.warm_pool import WarmState
+from sat_tasks.spec import SERVER_TYPES, TrainingJob
+
+Log = Callable[[str], None]
+PRIORITY_CLASS = "sat-warm-pool"
+PRIORITY_VALUE = -10  # below every default (0): never preempts, always preempted
+LABEL_WARM = "sat.ai/warm-pool"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def render_priority_class() -> dict[str, Any]:
+    """The cluster-scoped PriorityClass of the placeholders (installed once)."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS, "labels": dict(names.MANAGED_BY)},
+        "value": PRIORITY_VALUE,
+        "globalDefault": False,
+        "preemptionPolicy": "Never",
+        "description": "SAT warm pool placeholders: hold a node for a job's next run; preempted by any real pod.",
+    }
+
+
+def placeholder_name(job: TrainingJob, node: str) -> str:
+    """`sat-warm-<job>-<node hash>`: one placeholder per (job, node), a DNS-1123 name under 63 chars."""
+    digest = hashlib.sha256(f"{getattr(job, 'workspace', None) or ''}/{job.name}/{node}".encode()).hexdigest()[:8]
+    base = "".join(c if c.isalnum() else "-" for c in job.name.lower())[:40].strip("-")
+    return f"sat-warm-{base}-{digest}"
+
+
+def warm_labels(job: TrainingJob) -> dict[str, str]:
+    return {names.LABEL_JOB: job.name, LABEL_WARM: "placeholder", **names.MANAGED_BY}
+
+
+def render_placeholder_pods(job: TrainingJob, *, run_id: str, nodes: list[str], namespace: str,
+                            settings: KubernetesSettings) -> list[dict[str, Any]]:
+    """One placeholder pod per node: pinned, the job's requests and image, the warm PriorityClass."""
+    amounts = {"cpu": job.resources.cpu, "memory": pod_memory(job)}
+    if job.resources.gpus_per_node:
+        amounts[settings.gpu_resource] = str(job.resources.gpus_per_node)
+    tolerations = []
+    if job.resources.gpus_per_node:
+        tolerations.append({"effect": "NoSchedule", "key": settings.gpu_taint_key, "operator": "Exists"})
+    pods = []
+    for node in nodes:
+        selector = {HOSTNAME_LABEL: node}
+        gpu_model = SERVER_TYPES[job.resources.server_type]["gpu_model"]
+        if gpu_model:
+            selector[settings.gpu_product_label] = gpu_model
+        spec: dict[str, Any] = {
+            "priorityClassName": PRIORITY_CLASS,
+            "nodeSelector": selector,
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "restartPolicy": "Always",
+            "containers": [{
+                "name": "placeholder",
+                "image": job.image.url,
+                # The job's image, so it stays pulled; a shell that sleeps and exits at once on SIGTERM.
+                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"],
+                "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+            }],
+        }
+        if tolerations:
+            spec["tolerations"] = tolerations
+        if job.image.registry_conn_id:
+            spec["imagePullSecrets"] = [{"name": names.pull_secret_name(job.image.registry_conn_id)}]
+        pods.append({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": placeholder_name(job, node), "namespace": namespace, "labels": warm_labels(job),
+                         "annotations": {names.ANNOTATION_RUN_ID: run_id}},
+            "spec": spec,
+        })
+    return pods
+
+
+def create_placeholders(client: Any, pods: list[dict[str, Any]]) -> list[str]:
+    """Create the placeholder pods (one already there, 409, is kept); their names."""
+    from kubernetes.client.exceptions import ApiException
+
+    created = []
+    for pod in pods:
+        try:
+            client.create_namespaced_pod(pod["metadata"]["namespace"], pod)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        created.append(pod["metadata"]["name"])
+    return created
+
+
+def delete_placeholders(client: Any, namespace: str, pod_names: list[str]) -> list[str]:
+    """Delete the placeholder pods (already gone, 404, is skipped: preempted); `pod/<name>` of each deleted."""
+    from kubernetes.client.exceptions import ApiException
+
+    deleted = []
+    for name in pod_names:
+        try:
+            client.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        deleted.append(f"pod/{name}")
+    return deleted
+
+
+def keep_warm(client: Any, namespace: str, job: TrainingJob, run_id: str, state: WarmState,
+              settings: KubernetesSettings, log: Log) -> WarmState:
+    """Create the placeholders on the state's nodes; the state with their names and namespace."""
+    if not state.nodes:
+        log("warm pool: no node to hold (the run's last attempt recorded none)")
+        return state
+    pods = render_placeholder_pods(job, run_id=run_id, nodes=state.nodes, namespace=namespace, settings=settings)
+    created = create_placeholders(client, pods)
+    return state.model_copy(update={"placeholders": created, "namespace": namespace,
+                                    "resources": pods[0]["spec"]["containers"][0]["resources"]["requests"]})
+
+
+def release_warm(client: Any, namespace: str, state: WarmState, log: Log) -> list[str]:
+    """Delete the state's placeholder pods (nothing else is kept on the cluster)."""
+    return delete_placeholders(client, state.namespace or namespace, state.placeholders)
