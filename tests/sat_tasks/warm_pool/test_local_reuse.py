@@ -221,3 +221,21 @@ def test_image_reuse_needs_the_same_digest(image, expected):
     ok, line = warm_pool.image_reuse(state, image)
     assert ok is expected
     assert ("digest unchanged" in line) is expected
+
+
+def test_sat_warm_pool_list_and_release(warm_job, lines, monkeypatch, capsys):
+    from sat_tasks.cli import main
+
+    job, first = _first_run(warm_job, lines)
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_URI", warm_pool.warm_root(job))
+    assert main(["warm-pool", "list"]) == 0
+    out = capsys.readouterr().out
+    assert f"{job.name}" in out and "node(s) local-node-2" in out and "1 warm state(s)" in out
+    assert main(["warm-pool", "release"]) == 2
+    assert main(["warm-pool", "release", "--expired"]) == 0  # not expired: kept
+    assert first.data_dir.exists()
+    assert main(["warm-pool", "release", job.name, "no-such-job"]) == 1
+    out = capsys.readouterr().out
+    assert f"released the warm state of {job.name} (run {first.run_id}): directory/" in out
+    assert "no-such-job: nothing kept warm" in out
+    assert not first.data_dir.exists() and warm_pool.WarmPoolStore(warm_job.hook).load(job) is None
