@@ -14,4 +14,6 @@ class SatTrainingJobsPlugin(AirflowPlugin):
          "nav_top_level": True},
         {"name": "Create Training Job", "href": "/sat/jobs/new", "destination": "nav",
          "url_route": "create-training-job", "nav_top_level": True},
+        {"name": "Workspaces", "href": "/sat/workspaces", "destination": "nav", "url_route": "workspaces",
+         "nav_top_level": True},
     ]

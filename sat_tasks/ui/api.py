@@ -19,6 +19,9 @@ JSON (`/sat/api/...`):
 - `DELETE /api/jobs/{dag_id}/runs/{run_id}[?delete_results=true]`: delete the run; its
   results stay in Object Storage unless asked; 409 while it runs.
 
+Workspaces (ADR 0015; `add_workspace_routes`): `GET|POST /api/workspaces`, `PUT|DELETE
+/api/workspaces/{name}`, and the "Workspaces" menu entry's page `GET|POST /workspaces`.
+
 HTML: `GET /jobs` (the "Training Jobs" menu entry), `GET|POST /jobs/new` (Create Training
 Job), `GET /jobs/{dag_id}/runs/{run_id}` (the job page), `GET .../report` (the job report's
 plots from the metrics series so far; the Monitoring tab embeds it), and the forms
@@ -365,7 +368,159 @@ def create_app():
         name, _results_uri, removed = delete(dag_id, run_id, wanted, session)
         return deleted_page(name, run_id, removed)
 
+    add_workspace_routes(app, session_dep=SessionDep, same_origin=same_origin)
     return app
+
+
+def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
+    """The Workspaces page and API (ADR 0015): list, create, edit the node count, delete; Airflow's pool permissions.
+
+    JSON: `GET|POST /api/workspaces`, `PUT /api/workspaces/{name}` (`{"nodes": n}`),
+    `DELETE /api/workspaces/{name}`: 422 with `{"field", "rule"}` problems, 409 with the jobs
+    that run or wait there, 404 for an unknown name. HTML: `GET|POST /workspaces`,
+    `POST /workspaces/{name}/nodes`, `POST /workspaces/{name}/delete`. Each change also sets
+    the workspace's Airflow pool (`sat-workspace-<name>`, a slot per node), which queues its
+    jobs on Kubernetes where Kueue does not.
+    """
+    from airflow.api_fastapi.core_api.security import requires_access_pool
+    from airflow.models.dagrun import DagRun
+    from fastapi import Depends, HTTPException, Request
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from sqlalchemy import select
+
+    from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
+    from sat_tasks.core.workspaces import WorkspaceUse, merge_uses
+    from sat_tasks.io.workspaces import SlotBoard, WorkspaceNotFound, WorkspaceRefused, WorkspaceStore
+    from sat_tasks.spec import SpecError
+    from sat_tasks.ui import workspaces as pages
+
+    SessionDep = session_dep  # noqa: N806 - FastAPI's annotated dependency
+    read = [Depends(requires_access_pool("GET"))]
+    create = [Depends(requires_access_pool("POST"))]
+    change = [Depends(requires_access_pool("PUT"))]
+    remove = [Depends(requires_access_pool("DELETE"))]
+
+    def uses_of(name: str, session) -> list[WorkspaceUse]:
+        """Who runs or waits there: the local slot board first, then the queued and running Airflow runs."""
+        jobs = _jobs()
+        runs = session.scalars(select(DagRun).where(DagRun.state.in_(("queued", "running")),
+                                                    DagRun.dag_id.in_(set(jobs) | {GENERIC_DAG_ID}))).all()
+        from_runs = []
+        for run in runs:
+            job = job_of(_ref(run), jobs, GENERIC_DAG_ID)
+            if job is not None and job.workspace == name:
+                state = str(getattr(run.state, "value", run.state))
+                from_runs.append(WorkspaceUse(job.name, run.run_id, job.nodes, state))
+        return merge_uses(SlotBoard(name).uses(), from_runs)
+
+    def rows(session) -> list[dict]:
+        return [pages.workspace_row(ws, uses_of(ws.name, session)) for ws in WorkspaceStore().list()]
+
+    def set_pool(name: str, nodes: int | None, session) -> None:
+        from airflow.models.pool import Pool
+
+        from sat_tasks.backends.kubernetes.workspace import pool_name
+
+        if nodes is None:
+            if Pool.get_pool(pool_name(name), session=session) is not None:
+                Pool.delete_pool(pool_name(name), session=session)
+        else:
+            Pool.create_or_update_pool(pool_name(name), nodes, f"Training Workspace {name}: a slot per node",
+                                       False, session=session)
+
+    def create_workspace(data: dict, session):
+        workspace = WorkspaceStore().create(data)
+        set_pool(workspace.name, workspace.nodes, session)
+        return workspace
+
+    def set_nodes(name: str, nodes: int, session):
+        store = WorkspaceStore()
+        try:
+            workspace = store.set_nodes(name, nodes, uses_of(name, session))
+        except WorkspaceNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+        set_pool(name, workspace.nodes, session)
+        return workspace
+
+    def delete_workspace(name: str, session):
+        try:
+            workspace = WorkspaceStore().delete(name, uses_of(name, session))
+        except WorkspaceNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+        set_pool(name, None, session)
+        return workspace
+
+    def problems_json(exc: SpecError) -> JSONResponse:
+        return JSONResponse({"detail": "invalid workspace", "errors": [p.model_dump() for p in exc.problems]},
+                            status_code=422)
+
+    # ---- JSON ----------------------------------------------------------------------------------
+    @app.get("/api/workspaces", dependencies=read)
+    def list_workspaces(session: SessionDep):
+        return {"workspaces": rows(session)}
+
+    @app.post("/api/workspaces", dependencies=create, status_code=201)
+    def post_workspace(body: dict, session: SessionDep):
+        try:
+            workspace = create_workspace(body, session)
+        except SpecError as exc:
+            return problems_json(exc)
+        return {"workspace": workspace.to_dict()}
+
+    @app.put("/api/workspaces/{name}", dependencies=change)
+    def put_workspace(name: str, body: dict, session: SessionDep):
+        try:
+            workspace = set_nodes(name, body.get("nodes"), session)
+        except SpecError as exc:
+            return problems_json(exc)
+        except WorkspaceRefused as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=409)
+        return {"workspace": workspace.to_dict(), "effective": "for the next job that starts"}
+
+    @app.delete("/api/workspaces/{name}", dependencies=remove)
+    def delete_workspace_api(name: str, session: SessionDep):
+        try:
+            workspace = delete_workspace(name, session)
+        except WorkspaceRefused as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=409)
+        return {"deleted": workspace.name}
+
+    # ---- HTML ----------------------------------------------------------------------------------
+    @app.get("/workspaces", dependencies=read, response_class=HTMLResponse)
+    def workspaces_view(session: SessionDep):
+        return pages.workspaces_page(rows(session))
+
+    @app.post("/workspaces", dependencies=create + same_origin, response_class=HTMLResponse)
+    async def create_from_form(request: Request, session: SessionDep):
+        values = {key: str(value) for key, value in (await request.form()).items()}
+        try:
+            workspace = create_workspace(pages.workspace_from_form(values), session)
+        except SpecError as exc:
+            return HTMLResponse(pages.workspaces_page(rows(session), values=values,
+                                                      errors=pages.problems_by_field(exc.problems)), status_code=422)
+        return pages.workspaces_page(rows(session), notice=f"workspace {workspace.name} created: "
+                                                           f"{workspace.nodes} node(s)")
+
+    @app.post("/workspaces/{name}/nodes", dependencies=change + same_origin, response_class=HTMLResponse)
+    async def nodes_from_form(name: str, request: Request, session: SessionDep):
+        text = str((await request.form()).get("nodes") or "").strip()
+        try:
+            workspace = set_nodes(name, int(text) if text.lstrip("-").isdigit() else text, session)
+        except SpecError as exc:
+            return HTMLResponse(pages.workspaces_page(rows(session), refusal="; ".join(map(str, exc.problems))),
+                                status_code=422)
+        except WorkspaceRefused as exc:
+            return HTMLResponse(pages.workspaces_page(rows(session), refusal=str(exc)), status_code=409)
+        return pages.workspaces_page(rows(session), notice=(
+            f"workspace {workspace.name}: {workspace.nodes} node(s) from the next job that starts"))
+
+    @app.post("/workspaces/{name}/delete", dependencies=remove + same_origin, response_class=HTMLResponse)
+    def delete_from_form(name: str, session: SessionDep):
+        try:
+            workspace = delete_workspace(name, session)
+        except WorkspaceRefused as exc:
+            return HTMLResponse(pages.workspaces_page(rows(session), refusal=str(exc)), status_code=409)
+        return pages.workspaces_page(rows(session), notice=f"workspace {workspace.name} deleted")
 
 
 def _store_registry_login(session, login) -> None:

@@ -298,3 +298,103 @@ def test_the_monitoring_tabs_report_renders_the_runs_metrics_series(client, admi
     report = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}/report", headers=admin)
     assert report.status_code == 200 and "data:image/png;base64," in report.text
     assert "No metrics series were found" not in report.text
+
+
+# ---- Workspaces (ADR 0015) -----------------------------------------------------------------------
+WORKSPACE_FORM = {"name": "team-ui", "resources.server_type": "cpu", "resources.gpus_per_node": "0",
+                  "resources.memory": "16Gi", "resources.cpu": "4", "nodes": "3", "contract.start": "2026-01-01",
+                  "contract.end": "2099-12-31"}
+
+
+@pytest.fixture
+def workspace_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SAT__WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    monkeypatch.setenv("AIRFLOW__SAT__WORK_DIR", str(tmp_path / "work"))
+    return tmp_path
+
+
+def _pool_slots(name: str) -> int | None:
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        pool = Pool.get_pool(name, session=session)
+        return None if pool is None else pool.slots
+
+
+def test_workspaces_need_a_login_and_airflows_pool_permissions(client, workspace_dirs):
+    for method, path in (("GET", "/sat/api/workspaces"), ("POST", "/sat/api/workspaces"), ("GET", "/sat/workspaces"),
+                         ("PUT", "/sat/api/workspaces/x"), ("DELETE", "/sat/api/workspaces/x")):
+        assert client.request(method, path, json={}).status_code == 401, (method, path)
+    viewer = _headers("vera", role="viewer")
+    assert client.get("/sat/api/workspaces", headers=viewer).status_code == 200
+    assert client.post("/sat/api/workspaces", headers=viewer, json={"name": "v"}).status_code == 403
+    assert client.delete("/sat/api/workspaces/x", headers=viewer).status_code == 403
+
+
+def test_workspace_create_edit_delete_with_refusals_and_the_pool(client, admin, workspace_dirs):
+    from sat_tasks.airflow.params import params_from_spec
+    from sat_tasks.io.workspaces import SlotBoard, WorkspaceStore
+    from sat_tasks.spec import parse_spec
+
+    bad = client.post("/sat/api/workspaces", headers=admin, json={"name": "Team UI", "nodes": 0})
+    assert bad.status_code == 422
+    assert {e["field"] for e in bad.json()["errors"]} == {"name", "nodes", "contract"}
+    body = {"name": "team-ui", "nodes": 3, "contract": {"start": "2026-01-01", "end": "2099-12-31"}}
+    assert client.post("/sat/api/workspaces", headers=admin, json=body).status_code == 201
+    assert (workspace_dirs / "workspaces" / "team-ui.yaml").exists()  # the store `sat workspace` writes
+    assert _pool_slots("sat-workspace-team-ui") == 3
+    # a job runs there on the local backend (the slot board), another is queued as an Airflow run
+    board = SlotBoard("team-ui")
+    ticket = board.enqueue(job="train-local", run_id="run-l", attempt=1, slots=2)
+    assert board.poll(WorkspaceStore().get("team-ui"), ticket).admitted
+    job = parse_spec({"name": "train-queued", "workspace": "team-ui", "nodes": 1,
+                      "image": {"url": "registry.sat.local/sat/training:0.1.0"},
+                      "data": {"source": "s3://sat-demo/datasets/tiny-corpus/"},
+                      "results": {"destination": "s3://sat-demo/results/"}, "command": "python t.py"})
+    queued_run = _trigger(client, admin, GENERIC, params_from_spec(job))
+    try:
+        listed = client.get("/sat/api/workspaces", headers=admin).json()["workspaces"]
+        (row,) = [r for r in listed if r["name"] == "team-ui"]
+        assert row["nodes_used"] == 2 and [q["job"] for q in row["queued"]] == ["train-queued"]
+        shrink = client.put("/sat/api/workspaces/team-ui", headers=admin, json={"nodes": 1})
+        assert shrink.status_code == 409 and "running jobs use 2: train-local (run-l" in shrink.json()["detail"]
+        grow = client.put("/sat/api/workspaces/team-ui", headers=admin, json={"nodes": 4})
+        assert grow.status_code == 200 and _pool_slots("sat-workspace-team-ui") == 4
+        refused = client.delete("/sat/api/workspaces/team-ui", headers=admin)
+        assert refused.status_code == 409
+        assert "train-local (run-l, running" in refused.json()["detail"]
+        assert f"train-queued ({queued_run}, queued" in refused.json()["detail"]
+        board.release(ticket)
+        assert client.delete("/sat/api/workspaces/team-ui", headers=admin).status_code == 409  # still queued
+    finally:
+        _set_state(GENERIC, queued_run, "failed")
+    assert client.delete("/sat/api/workspaces/team-ui", headers=admin).json() == {"deleted": "team-ui"}
+    assert _pool_slots("sat-workspace-team-ui") is None
+    assert client.delete("/sat/api/workspaces/team-ui", headers=admin).status_code == 404
+
+
+def test_the_workspaces_page_creates_edits_and_shows_refusals(client, admin, workspace_dirs):
+    from sat_tasks.io.workspaces import SlotBoard, WorkspaceStore
+
+    page = client.get("/sat/workspaces", headers=admin)
+    assert page.status_code == 200 and "No Training Workspaces yet" in page.text and "Create Workspace" in page.text
+    bad = client.post("/sat/workspaces", headers=admin, data={**WORKSPACE_FORM, "nodes": "0", "contract.end": "2025"})
+    assert bad.status_code == 422
+    assert "nodes: must be between 1 and 64" in bad.text and "contract.end: must be a date YYYY-MM-DD" in bad.text
+    assert client.post("/sat/workspaces", headers={**admin, **OTHER_SITE}, data=WORKSPACE_FORM).status_code == 403
+    created = client.post("/sat/workspaces", headers=admin, data=WORKSPACE_FORM)
+    assert created.status_code == 200 and "workspace team-ui created: 3 node(s)" in created.text
+    assert "id='ws-team-ui'" in created.text
+    board = SlotBoard("team-ui")
+    ticket = board.enqueue(job="train-x", run_id="run-x", attempt=1, slots=3)
+    board.poll(WorkspaceStore().get("team-ui"), ticket)
+    refused = client.post("/sat/workspaces/team-ui/nodes", headers=admin, data={"nodes": "2"})
+    assert refused.status_code == 409 and "cannot shrink to 2 node(s): running jobs use 3: train-x" in refused.text
+    refused = client.post("/sat/workspaces/team-ui/delete", headers=admin)
+    assert refused.status_code == 409 and "cannot delete it while jobs run or wait in it: train-x" in refused.text
+    board.release(ticket)
+    edited = client.post("/sat/workspaces/team-ui/nodes", headers=admin, data={"nodes": "2"})
+    assert edited.status_code == 200 and "2 node(s) from the next job that starts" in edited.text
+    deleted = client.post("/sat/workspaces/team-ui/delete", headers=admin)
+    assert deleted.status_code == 200 and "workspace team-ui deleted" in deleted.text

@@ -112,7 +112,8 @@ def test_a_dead_holders_nodes_come_back(sat_dirs, workspace_data):
     assert board.poll(ws, ticket).admitted
     assert [u.job for u in board.uses()] == ["killed"]
     # its process is gone (a killed task): an exited child's pid stands in for it
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
     state = json.loads(board.file.read_text())
     state["holdings"][0]["owner"]["pid"] = int(gone.stdout)
     board.file.write_text(json.dumps(state))
