@@ -26,6 +26,14 @@ def keep_warm(run: JobRun, state: WarmState, log: Log) -> WarmState:
     return state.model_copy(update={"data_dir": str(run.data_dir)})
 
 
+def warm_node_first(run: JobRun, pool: list[str]) -> list[str]:
+    """The pool with the node this run took over from the warm pool first (the pool as it is without one)."""
+    if run.job.warm_pool is None:
+        return pool
+    nodes = ((warm_pool.read_run_record(run.hook(), run.results_uri).get("reused") or {}).get("nodes")) or []
+    return [n for n in nodes if n in pool] + [n for n in pool if n not in nodes]
+
+
 def release_warm(state: WarmState, log: Log) -> list[str]:
     """Delete the kept staged directory and let the node(s) go; `directory/<path>`, `node/<name>` of each."""
     released = []

@@ -38,7 +38,9 @@ def attempt_nodes(run: JobRun, plan: Plan, log: Log, *, poll_seconds: float = 1.
     """The nodes attempt `plan.attempt` runs on (first = where its processes run), held until the block ends."""
     job = run.job
     if job.workspace is None:
-        yield [pick_node(config.local_node_pool(), plan.exclude_nodes)]
+        from sat_tasks.backends.local.warm import warm_node_first
+
+        yield [pick_node(warm_node_first(run, config.local_node_pool()), plan.exclude_nodes)]
         return
     store, board = WorkspaceStore(), SlotBoard(job.workspace)
     failover = plan.attempt > 1 and plan.failovers > 0

@@ -239,3 +239,21 @@ def test_sat_warm_pool_list_and_release(warm_job, lines, monkeypatch, capsys):
     assert f"released the warm state of {job.name} (run {first.run_id}): directory/" in out
     assert "no-such-job: nothing kept warm" in out
     assert not first.data_dir.exists() and warm_pool.WarmPoolStore(warm_job.hook).load(job) is None
+
+
+def test_the_next_run_starts_on_the_node_it_took_over(warm_job, lines):
+    from sat_tasks.backends.local.warm import warm_node_first
+    from sat_tasks.backends.local.workspace import attempt_nodes
+    from sat_tasks.core.contracts import Plan
+
+    job, _ = _first_run(warm_job, lines)  # its attempt ran on local-node-2
+    run_id = warm_job.run_id()
+    steps.stage_data(job, run_id, log=lines.append)
+    run = JobRun(job, run_id)
+    pool = ["local-node-0", "local-node-1", "local-node-2"]
+    assert warm_node_first(run, pool) == ["local-node-2", "local-node-0", "local-node-1"]
+    with attempt_nodes(run, Plan(attempt=1), lines.append) as nodes:
+        assert nodes == ["local-node-2"]
+    # a failover that excludes it goes elsewhere
+    with attempt_nodes(run, Plan(attempt=2, exclude_nodes=["local-node-2"]), lines.append) as nodes:
+        assert nodes == ["local-node-0"]
