@@ -145,3 +145,22 @@ def keep_warm(client: Any, namespace: str, job: TrainingJob, run_id: str, state:
 def release_warm(client: Any, namespace: str, state: WarmState, log: Log) -> list[str]:
     """Delete the state's placeholder pods (nothing else is kept on the cluster)."""
     return delete_placeholders(client, state.namespace or namespace, state.placeholders)
+
+
+def release_for_capacity(workspace: str, nodes_needed: int, log: Log = print, *, client: Any = None,
+                         namespace: str | None = None) -> list[str]:
+    """Release the workspace's warm states (Kubernetes), oldest first, until `nodes_needed` nodes are free.
+
+    Placeholders never block a pod of normal priority (it preempts them) and carry no Kueue
+    queue label (no quota is counted for them); this frees the nodes at once instead.
+    """
+    from sat_tasks.backends.kubernetes import client as k8s_client
+    from sat_tasks.config import sat_setting
+    from sat_tasks.io import warm_pool
+    from sat_tasks.io.object_storage import object_storage_hook
+
+    api = client if client is not None else k8s_client.core_v1_client()
+    ns = namespace or k8s_client.namespace()
+    return warm_pool.release_for_capacity(
+        workspace, nodes_needed, object_storage_hook(sat_setting("object_storage_conn_id")), warm_pool.warm_roots(),
+        lambda state, say: release_warm(api, ns, state, say), backend="kubernetes", log=log)

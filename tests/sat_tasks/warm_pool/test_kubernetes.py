@@ -127,3 +127,22 @@ def test_a_newer_run_replaces_the_older_warm_state_and_its_placeholders(warm_job
     steps.cleanup_run(job, second, log=lines.append)
     assert [p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in cluster.pods] == ["gpu-node-9"]
     assert warm_pool.WarmPoolStore(warm_job.hook).load(job).run_id == second
+
+
+def test_release_for_capacity_deletes_the_workspaces_placeholders(warm_job, cluster, lines, monkeypatch):
+    job = warm_job.job(backend="kubernetes")
+    run_id = warm_job.run_id()
+    warm_job.complete(job, run_id, node="gpu-node-7")
+    steps.cleanup_run(job, run_id, log=lines.append)
+    state = warm_pool.WarmPoolStore(warm_job.hook).load(job)
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_URI", warm_pool.warm_root(job))
+    workspace = getattr(job, "workspace", None)
+    if workspace is None:  # a job outside a workspace is under "-": the workspace's call does not touch it
+        assert k8s_warm.release_for_capacity("team-a", 1, lines.append, client=cluster.client(),
+                                             namespace=NAMESPACE) == []
+        assert len(cluster.pods) == 1
+        state = state.model_copy(update={"workspace": "team-a"})
+        warm_pool.WarmPoolStore(warm_job.hook).save(job, state)
+    released = k8s_warm.release_for_capacity("team-a", 1, lines.append, client=cluster.client(), namespace=NAMESPACE)
+    assert released == [f"warm-state/{job.name}", f"pod/{state.placeholders[0]}"]
+    assert cluster.pods == []
