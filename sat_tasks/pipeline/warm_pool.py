@@ -122,6 +122,9 @@ def keep_or_release(run: JobRun, log: Log) -> list[str]:
     if older is not None:
         released = release_state(older, log)
     warm_pool.keep(job, run.run_id, hook, backend_for(job).keep_warm(run, state, log), log)
+    # the cleanup path for jobs whose next run never came: sweep the expired states beside this one
+    released += warm_pool.release_expired(hook, [warm_pool.warm_root(job)], release_state, backend=job.backend.value,
+                                          log=log)
     return released
 
 

@@ -257,3 +257,16 @@ def test_the_next_run_starts_on_the_node_it_took_over(warm_job, lines):
     # a failover that excludes it goes elsewhere
     with attempt_nodes(run, Plan(attempt=2, exclude_nodes=["local-node-2"]), lines.append) as nodes:
         assert nodes == ["local-node-0"]
+
+
+def test_a_run_kept_warm_sweeps_the_expired_states_beside_it(warm_job, lines):
+    stale, first = _first_run(warm_job, lines)  # the job whose next run never came
+    store = warm_pool.WarmPoolStore(warm_job.hook)
+    store.save(stale, store.load(stale).model_copy(update={"expires_at": time.time() - 1}))
+    other = warm_job.job(name=warm_job.name + "-b")
+    run_id = warm_job.run_id()
+    steps.stage_data(other, run_id, log=lines.append)
+    warm_job.complete(other, run_id)
+    deleted = steps.cleanup_run(other, run_id, log=lines.append)
+    assert f"warm-state/{stale.name}" in deleted and not first.data_dir.exists()
+    assert store.load(stale) is None and store.load(other).run_id == run_id
