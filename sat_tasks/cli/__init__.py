@@ -21,6 +21,7 @@ COMMAND_GROUPS = (
     ("sat_tasks.cli.render", "register"),
     ("sat_tasks.cli.report", "register"),
     ("sat_tasks.cli.up", "register"),
+    ("sat_tasks.cli.test", "register"),
     ("sat_tasks.cli.workspace", "register"),
     ("sat_tasks.cli.warm_pool", "register"),
     ("ckpt_engine.cli", "register_cli"),

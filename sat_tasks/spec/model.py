@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sat_tasks.spec.quantities import QUANTITY_PATTERN, parse_quantity
+from sat_tasks.spec.testing import JobTest
 from sat_tasks.spec.uris import S3_URI_PATTERN, S3_URI_RULE, check_s3_uri
 
 NAME_PATTERN = r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$"
@@ -30,8 +31,8 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 QUANTITY_RULE = "must be a Kubernetes quantity such as 512Mi, 8Gi, 500m or 2"
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 MAX_TAGS = 50
-# The engine's final-checkpoint grace period after SIGTERM; a job's env may set it
 MAX_KEEP_ALIVE_SECONDS = 3600  # the warm pool's keep-alive at most (SageMaker's limit too)
+# The engine's final-checkpoint grace period after SIGTERM; a job's env may set it
 # (the default is `[sat] final_checkpoint_grace_seconds`).
 GRACE_ENV = "CKPT_GRACE_SECONDS"
 MAX_GRACE_SECONDS = 3600
@@ -192,7 +193,6 @@ class SpotPolicy(_Model):
     poll_seconds: float = ruled(30, rule="must be > 0", gt=0, description="how often to look for capacity")
 
 
-class Fault(_Model):
 class WarmPool(_Model):
     """Keep a run warm for the job's next run: staged data, image check, node (issue 19; ADR 0015)."""
 
@@ -203,6 +203,7 @@ class WarmPool(_Model):
     )
 
 
+class Fault(_Model):
     """A fault the local backend injects into one attempt."""
 
     kind: FaultKind
@@ -268,12 +269,12 @@ class TrainingJob(_Model):
     )
     max_failovers: int = ruled(3, rule="must be between 0 and 3", ge=0, le=3,
                                description="hardware failovers at most (0-3)")
-    workspace: str | None = ruled(
     test: JobTest | None = Field(
         None, description="how `sat test` and SAT's pytest plugin run this job short and which failures they "
                           "rehearse (ignored in production; ADR 0016)")
     warm_pool: WarmPool | None = Field(
         None, description="keep the run warm for the job's next run (not with learning_type spot)")
+    workspace: str | None = ruled(
         None, rule="must be a workspace name: 1-63 chars of lowercase letters, digits, '-' or '.'",
         max_length=63, pattern=r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$",
         description="the Training Workspace (include/workspaces/<name>.yaml) whose reserved nodes the job runs on",
@@ -364,8 +365,8 @@ def cross_field_problems(data: dict[str, Any]) -> list[str]:
     problems = []
     if data.get("job_failover") is True and data.get("learning_type") == LearningType.SPOT.value:
         problems.append("job_failover: not allowed with learning_type spot (Spot jobs resume instead)")
-    if data.get("faults") and data.get("backend") == BackendKind.KUBERNETES.value:
     if data.get("warm_pool") and data.get("learning_type") == LearningType.SPOT.value:
         problems.append("warm_pool: not allowed with learning_type spot (Spot capacity cannot be held between runs)")
+    if data.get("faults") and data.get("backend") == BackendKind.KUBERNETES.value:
         problems.append("faults: fault injection is only allowed on the local backend")
     return problems
