@@ -116,7 +116,8 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
     `plan_attempt` (not needed -> skipped), build the operator kwargs for this rank, apply
     them, create the rendezvous Service (multi-node), record `Running` (rank 0), then the provider's `execute`
     creates the pod, follows its log and keeps the pod when it ends (a failed pod fails the
-    task; `classify` runs anyway and reads the kept pod).
+    task; `classify` runs anyway and reads the kept pod). A failover of a workspace job first
+    waits for healthy room in its workspace (`await_workspace`, before the Service and pods).
 
     Everything that depends on the run (the pod, its name, node exclusions, `CKPT_LAST_STEP`)
     is built at `execute`, never at parse time, and never through Jinja. The pod gets no
@@ -242,9 +243,27 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         self.apply_pod_kwargs(self.build_pod_kwargs(job, context["run_id"], plan))
         return job, plan
 
+    def await_workspace(self, job: TrainingJob, run_id: str, plan: Plan) -> None:
+        """A failover in a workspace waits for healthy room there first (`workspace_wait`); rank 0 records why."""
+        from sat_tasks.backends.kubernetes.workspace_wait import (
+            WorkspaceFailoverTimeout,
+            await_workspace_nodes,
+            needs_workspace_wait,
+        )
+
+        if not needs_workspace_wait(job, plan):
+            return
+        history = JobRun(job, run_id).history(self.log.info) if self.node_rank == 0 else None
+        try:
+            await_workspace_nodes(job, run_id, plan, client=self.client, history=history,
+                                  deadline_seconds=float(sat_setting("workspace_wait_seconds")), log=self.log.info)
+        except WorkspaceFailoverTimeout as exc:
+            raise AirflowFailException(str(exc)) from None
+
     # -- the provider's entry points ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         job, plan = self.prepare(context)
+        self.await_workspace(job, context["run_id"], plan)
         self.create_rendezvous_service(job, context["run_id"], plan)
         if self.node_rank == 0:  # one Running entry per attempt
             JobRun(job, context["run_id"]).record_attempt_start(plan, self.log.info)

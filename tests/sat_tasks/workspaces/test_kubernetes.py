@@ -150,3 +150,116 @@ def test_the_kueue_setting_must_be_a_boolean(monkeypatch):
         KubernetesSettings.from_sat_config()
     monkeypatch.setenv("AIRFLOW__SAT__K8S_KUEUE", "yes")
     assert KubernetesSettings.from_sat_config().kueue is True
+
+
+# ---- a failover inside the workspace waits for healthy room, and says so ---------------------------
+def _node(name: str, workspace: str | None = "team-a") -> dict:
+    labels = {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    taints = [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "value": "present"}]
+    if workspace:
+        labels["sat.ai/workspace"] = workspace
+        taints.append({"effect": "NoSchedule", "key": "sat.ai/workspace", "value": workspace})
+    return {"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints},
+            "status": {"allocatable": {"cpu": "200", "memory": "2000Gi", "nvidia.com/gpu": "8", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _busy_pod(node: str) -> dict:
+    return {"metadata": {"name": f"other-on-{node}", "namespace": "sat-jobs"},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x", "resources": {
+                "requests": {"nvidia.com/gpu": "8", "cpu": "8", "memory": "64Gi"}}}]},
+            "status": {"phase": "Running"}}
+
+
+class FakeCoreV1:
+    """list_node / list_pod_for_all_namespaces answering with real client models; records each call."""
+
+    def __init__(self, nodes: list[dict], pods: list[dict]):
+        self.nodes, self.pods, self.calls = nodes, pods, []
+
+    @staticmethod
+    def _models(items: list[dict], kind: str):
+        import json
+        from types import SimpleNamespace
+
+        from kubernetes.client import ApiClient
+
+        return ApiClient().deserialize(SimpleNamespace(data=json.dumps({"items": items})), kind)
+
+    def list_node(self, **kwargs):
+        self.calls.append("list_node")
+        return self._models(self.nodes, "V1NodeList")
+
+    def list_pod_for_all_namespaces(self, **kwargs):
+        self.calls.append("list_pod_for_all_namespaces")
+        return self._models(self.pods, "V1PodList")
+
+
+class MemoryHistory:
+    def __init__(self):
+        from sat_tasks.core.status import StatusHistory
+
+        self.entries: list[dict] = []
+        self.history = StatusHistory(load=lambda: self.entries, save=lambda e: setattr(self, "entries", e),
+                                     log=lambda _line: None)
+
+
+def _failover_job():
+    return parse_spec(job_spec(backend="kubernetes", job_failover=True))
+
+
+def test_a_failover_waits_as_failoverinprogress_until_its_workspace_has_healthy_room():
+    from sat_tasks.backends.kubernetes.workspace_wait import await_workspace_nodes
+    from sat_tasks.core.contracts import Plan
+
+    # 3 workspace nodes: ws-a failed (excluded), ws-b busy with another job, ws-c free; a node outside it is free too
+    client = FakeCoreV1([_node("ws-a"), _node("ws-b"), _node("ws-c"), _node("outside", workspace=None)],
+                        [_busy_pod("ws-b")])
+    memory = MemoryHistory()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        client.pods = []  # the other job ends: capacity returns
+
+    plan = Plan(attempt=2, exclude_nodes=["ws-a"], failovers=1)
+    assert await_workspace_nodes(_failover_job(), RUN_ID, plan, client=client, history=memory.history,
+                                 deadline_seconds=600, poll_seconds=5, sleep=sleep) is True
+    (entry,) = memory.entries
+    assert entry["status"] == "Pending - failoverinprogress" and entry["attempt"] == 2
+    assert "waits for healthy nodes in workspace team-a (excluded: ws-a)" in entry["reason"]
+    # the node outside the workspace does not count: its label is not the workspace's
+    assert "1 of 4 node(s) fit one rank (need 2)" in entry["reason"] and "1 excluded" in entry["reason"]
+    assert slept == [5] and client.calls.count("list_node") == 2
+
+
+def test_a_failover_without_healthy_room_fails_at_the_deadline_and_a_first_attempt_never_asks():
+    from sat_tasks.backends.kubernetes.workspace_wait import WorkspaceFailoverTimeout, await_workspace_nodes
+    from sat_tasks.core.contracts import Plan
+
+    client = FakeCoreV1([_node("ws-a"), _node("ws-b")], [])
+    memory = MemoryHistory()
+    with pytest.raises(WorkspaceFailoverTimeout, match=r"\[sat\] workspace_wait_seconds.*0 of 2 node\(s\) fit"):
+        await_workspace_nodes(_failover_job(), RUN_ID, Plan(attempt=3, exclude_nodes=["ws-a", "ws-b"], failovers=2),
+                              client=client, history=memory.history, deadline_seconds=0, sleep=lambda _s: None)
+    assert [e["status"] for e in memory.entries] == ["Pending - failoverinprogress", "Failed"]
+    untouched = FakeCoreV1([], [])
+    assert not await_workspace_nodes(_failover_job(), RUN_ID, Plan(attempt=1), client=untouched, history=None,
+                                     deadline_seconds=0)
+    assert untouched.calls == []
+
+
+def test_the_launch_task_fails_red_when_the_failover_finds_no_room(monkeypatch):
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from sat_tasks.backends.kubernetes.operator import make_launch_operators
+    from sat_tasks.core.contracts import Plan
+
+    monkeypatch.setenv("AIRFLOW__SAT__WORKSPACE_WAIT_SECONDS", "0")
+    job = _failover_job()
+    with DAG(dag_id="ws_wait", schedule=None):
+        _rank0, rank1 = make_launch_operators(attempt=2, previous_decide_task_id="attempt_1.decide", job=job)
+    rank1.__dict__["client"] = FakeCoreV1([_node("ws-a")], [])  # the provider's cached CoreV1Api
+    with pytest.raises(AirflowFailException, match="waits for healthy nodes in workspace team-a"):
+        rank1.await_workspace(job, RUN_ID, Plan(attempt=2, exclude_nodes=["ws-a"], failovers=1))
