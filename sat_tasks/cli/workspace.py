@@ -169,7 +169,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     import yaml
 
     from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-    from sat_tasks.backends.kubernetes.workspace import operator_notes, render_workspace_manifests
+    from sat_tasks.backends.kubernetes.workspace import (
+        operator_notes,
+        render_workspace_manifests,
+    )
     from sat_tasks.config import sat_setting
     from sat_tasks.io.workspaces import WorkspaceNotFound
 
