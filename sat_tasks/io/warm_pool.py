@@ -66,6 +66,8 @@ class WarmState(BaseModel):
     nodes: list[str] = Field(default_factory=list)
     placeholders: list[str] = Field(default_factory=list)  # Kubernetes: placeholder pods holding the nodes
     namespace: str | None = None
+    interpreter_pid: int | None = None  # local: the warm interpreter (framework imported) on the node
+    interpreter_socket: str | None = None
     resources: dict[str, Any] = Field(default_factory=dict)  # what a placeholder asks for (for release logs)
 
     def expired(self, now: float | None = None) -> bool:

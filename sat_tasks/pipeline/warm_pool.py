@@ -51,7 +51,10 @@ def stage(run: JobRun, backend: Backend, log: Log) -> dict[str, Any]:
         staged = backend.stage(run, log, reuse=claimed)
     finally:
         if claimed is not None:  # the run has what it takes over (linked files, the node): the rest goes now
-            for name in release_state(claimed.state, log):
+            leftover = claimed.state
+            if claimed.node:  # the node's warm interpreter goes with the node
+                leftover = leftover.model_copy(update={"interpreter_pid": None, "interpreter_socket": None})
+            for name in release_state(leftover, log):
                 log(f"warm pool: released {name} (handed over to run {run.run_id})")
     objects = warm_pool.list_objects(hook, job.data.source)
     suite = warm_pool.suite_hash(job)
@@ -86,6 +89,10 @@ def _reuse_lines(claimed: Claim | None, staged: dict, image: dict, objects: dict
     if claimed.node:
         reused["nodes"] = claimed.node
         lines.append(f"warm pool: node {', '.join(claimed.node)} held since run {state.run_id}, handed over")
+        if state.interpreter_pid:
+            reused["interpreter"] = {"pid": state.interpreter_pid, "socket": state.interpreter_socket}
+            lines.append(f"warm pool: warm interpreter pid {state.interpreter_pid} handed over "
+                         "(the framework is already imported)")
     valid = warm_pool.validation_reuse(state, objects, suite) is not None
     reused["validation"] = valid
     lines.append("warm pool: " + ("reused the data validation result (data and suite unchanged)" if valid else
@@ -108,7 +115,7 @@ def keep_or_release(run: JobRun, log: Log) -> list[str]:
     if status != JobStatus.COMPLETED.value or request is not None:
         why = f"stopped by {request.get('by', 'someone')}" if request else f"ended as {status}"
         log(f"warm pool: run {why}: nothing kept warm")
-        return []
+        return _release_handed_over(run, hook, log)
     record = warm_pool.read_run_record(hook, run.results_uri)
     now = time.time()
     state = WarmState(
@@ -126,6 +133,18 @@ def keep_or_release(run: JobRun, log: Log) -> list[str]:
     released += warm_pool.release_expired(hook, [warm_pool.warm_root(job)], release_state, backend=job.backend.value,
                                           log=log)
     return released
+
+
+def _release_handed_over(run: JobRun, hook: Any, log: Log) -> list[str]:
+    """A run that keeps nothing warm lets go of what it took over and still holds (a warm interpreter)."""
+    interpreter = (warm_pool.read_run_record(hook, run.results_uri).get("reused") or {}).get("interpreter")
+    if not interpreter:
+        return []
+    now = time.time()
+    state = WarmState(job=run.job.name, backend=run.job.backend.value, run_id=run.run_id, kept_at=now,
+                      expires_at=now, spec_hash="", data_source=run.job.data.source,
+                      interpreter_pid=interpreter.get("pid"), interpreter_socket=interpreter.get("socket"))
+    return release_state(state, log)
 
 
 def _last_nodes(run: JobRun, hook: Any) -> list[str]:

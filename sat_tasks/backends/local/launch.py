@@ -7,6 +7,7 @@ from typing import Any
 
 from ckpt_engine.vendor import write_vendor_dir
 from sat_tasks.backends.local.runner import LocalAttempt
+from sat_tasks.backends.local.warm import warm_command
 from sat_tasks.backends.local.workspace import attempt_nodes
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Plan
@@ -51,7 +52,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
         job=job.name,
         attempt=plan.attempt,
         node=node,
-        command=job.command,
+        command=warm_command(run, job.command),
         env=env,
         cwd=run.code_dir,
         output_dir=run.output_dir,

@@ -9,7 +9,15 @@ a waiting job needs.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import shlex
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,9 +29,105 @@ from sat_tasks.io.warm_pool import WarmState
 Log = Callable[[str], None]
 
 
+# The framework a warm interpreter imports ahead of the next run ([sat] warm_pool_preload; "none": no interpreter).
+DEFAULT_PRELOAD = "torch,datasets,tokenizers,transformers,transformers.trainer,accelerate"
+_PYTHON_SCRIPT = re.compile(r"^\s*python3?\s+(?=\S+\.py(?:\s|$))")
+
+
 def keep_warm(run: JobRun, state: WarmState, log: Log) -> WarmState:
-    """The state with the run's staged directory (the nodes are the pipeline's: where the last attempt ran)."""
-    return state.model_copy(update={"data_dir": str(run.data_dir)})
+    """The state with the run's staged directory and, where the job allows one, a warm interpreter.
+
+    The nodes are the pipeline's (where the last attempt ran). An interpreter this run took
+    over is kept (its deadline moved); else one is started (`warm_interpreter serve`).
+    """
+    from sat_tasks.backends.local import warm_interpreter
+
+    update: dict = {"data_dir": str(run.data_dir)}
+    if interpreter_eligible(run.job):
+        handed = _handed_over(run)
+        if handed and warm_interpreter.extend(handed["socket"], state.expires_at):
+            update.update(interpreter_pid=handed["pid"], interpreter_socket=handed["socket"])
+            log(f"warm pool: warm interpreter pid {handed['pid']} kept for the next run")
+        else:
+            update.update(_start_interpreter(run, state.expires_at))
+            log(f"warm pool: warm interpreter pid {update['interpreter_pid']} started "
+                f"(imports {_preload()} for the next run)")
+    return state.model_copy(update=update)
+
+
+def interpreter_eligible(job) -> bool:
+    """A warm interpreter serves a one-node job whose command is `python SCRIPT.py ...`, without injected faults.
+
+    A fault's SIGSTOP would stop the attempt's process but not the child training in the
+    interpreter, so fault-injection jobs start cold.
+    """
+    return (job.nodes == 1 and not job.faults and _preload() != "none"
+            and bool(_PYTHON_SCRIPT.match(job.command)))
+
+
+def warm_command(run: JobRun, command: str) -> str:
+    """The attempt's command: through the warm interpreter this run took over, if any; else as it is."""
+    from sat_tasks.backends.local import warm_interpreter
+
+    if run.job.warm_pool is None or not interpreter_eligible(run.job):
+        return command
+    handed = _handed_over(run)
+    if not handed or not _alive(handed["pid"]):
+        return command
+    rest = _PYTHON_SCRIPT.sub("", command, count=1)
+    return (f"{shlex.quote(sys.executable)} -m {warm_interpreter.__name__} run "
+            f"--socket {shlex.quote(handed['socket'])} -- {rest}")
+
+
+def _preload() -> str:
+    return config.sat_setting("warm_pool_preload", DEFAULT_PRELOAD)
+
+
+def _handed_over(run: JobRun) -> dict | None:
+    reused = warm_pool.read_run_record(run.hook(), run.results_uri).get("reused") or {}
+    return reused.get("interpreter")
+
+
+def socket_path(job) -> str:
+    """A short Unix socket path (108 bytes at most) per work dir, workspace and job."""
+    key = f"{config.work_dir()}/{getattr(job, 'workspace', None) or '-'}/{job.name}"
+    return os.path.join(tempfile.gettempdir(), f"sat-wi-{hashlib.sha256(key.encode()).hexdigest()[:16]}.sock")
+
+
+def _start_interpreter(run: JobRun, until: float) -> dict:
+    from sat_tasks.backends.local import warm_interpreter
+
+    path = socket_path(run.job)
+    env = {**os.environ, **run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
+         "--until", str(until)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return {"interpreter_pid": proc.pid, "interpreter_socket": path}
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether `pid` is a running warm interpreter (not a recycled pid of something else)."""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"warm_interpreter" in cmdline and b"serve" in cmdline
+
+
+def release_interpreter(pid: int | None, socket: str | None) -> list[str]:
+    """Stop a warm interpreter (SIGTERM: it exits at once when idle); `process/warm-interpreter-<pid>`."""
+    released = []
+    if _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        released.append(f"process/warm-interpreter-{pid}")
+    if socket and os.path.exists(socket) and not _alive(pid):
+        os.unlink(socket)
+    return released
 
 
 def warm_node_first(run: JobRun, pool: list[str]) -> list[str]:
@@ -43,6 +147,7 @@ def release_warm(state: WarmState, log: Log) -> list[str]:
         if path.is_relative_to(work) and path != work and path.exists():
             shutil.rmtree(path, ignore_errors=True)
             released.append(f"directory/{path}")
+    released += release_interpreter(state.interpreter_pid, state.interpreter_socket)
     released += [f"node/{node}" for node in state.nodes]
     return released
 

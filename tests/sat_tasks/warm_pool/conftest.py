@@ -64,6 +64,12 @@ class WarmJob:
 
 
 @pytest.fixture(autouse=True)
+def no_warm_interpreter(monkeypatch):
+    """No warm interpreter unless a test asks for one (test_warm_interpreter.py preloads `json` only)."""
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "none")
+
+
+@pytest.fixture(autouse=True)
 def one_hook(monkeypatch, s3_hook):
     """Every JobRun talks through the session's hook (a new S3Hook makes a boto3 client: ~0.5 s each)."""
     monkeypatch.setattr(JobRun, "hook", lambda self: s3_hook)

@@ -1,0 +1,266 @@
+"""A warm interpreter for the local backend's warm pool: a Python process with the framework already imported.
+
+On a warm node the next run's training process need not import torch and transformers
+again (most of the demo's time from launch to the first step): `serve` imports them once
+(`[sat] warm_pool_preload`) and forks one child per `run` request, which takes the
+request's argv, environment, working directory and standard streams (passed as file
+descriptors) and runs the script as `__main__`, as `python script.py` would.
+
+`python -m sat_tasks.backends.local.warm_interpreter run --socket S -- script.py ARGS` is
+what the attempt's command becomes (`sat_tasks.backends.local.warm.warm_command`): it stays
+the attempt's process (the runner's process group, its exit status, its log pipe), forwards
+SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 to the child and exits as the child did. The child
+SIGKILLs itself when the client goes away (the runner's SIGKILL of the attempt reaches it
+that way). Without a server on the socket the client runs the script itself, cold.
+A SIGSTOP of the client does not stop the child: jobs with injected faults never get a
+warm interpreter (`warm.interpreter_eligible`).
+
+`serve` exits at `--until` (the keep-alive deadline; `until` requests move it) once no
+child runs, or on SIGTERM (`warm.release_warm`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import atexit
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+BANNER = "[sat] warm pool: warm interpreter"
+
+
+# ---- the server ------------------------------------------------------------------------------
+def serve(socket_path: str, preload: Sequence[str], until: float) -> int:
+    """Bind the socket first (early clients queue), import `preload`, then fork a child per request."""
+    if os.path.exists(socket_path):
+        os.unlink(socket_path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(socket_path)
+    server.listen(8)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    loaded = []
+    for name in preload:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception:  # noqa: BLE001 - a module the job does not have is just not preloaded
+            continue
+    sys.stdout.flush()
+    children: dict[int, socket.socket] = {}
+    try:
+        while not stopping:
+            _reap(children)
+            if not children and time.time() >= until:
+                break
+            ready, _, _ = select.select([server], [], [], 0.2)
+            if not ready:
+                continue
+            conn, _ = server.accept()
+            until = _handle(server, conn, children, loaded, until)
+    finally:
+        server.close()
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)
+    return 0
+
+
+def _handle(server: socket.socket, conn: socket.socket, children: dict, loaded: list[str], until: float) -> float:
+    header, fds = _recv_request(conn)
+    if header.get("op") == "until":
+        _send(conn, {"ok": True, "until": header["until"]})
+        conn.close()
+        return float(header["until"])
+    if header.get("op") != "run" or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return until
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (covered through its output and exit status)
+        server.close()
+        os._exit(_child(conn, header, fds, loaded))
+    for fd in fds:
+        os.close(fd)
+    _send(conn, {"pid": pid})
+    children[pid] = conn
+    return until
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            conn = children.pop(pid)
+            try:
+                _send(conn, {"status": status})
+            except OSError:
+                pass
+            conn.close()
+
+
+def _child(conn: socket.socket, header: dict, fds: list[int], loaded: list[str]) -> int:
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
+
+    def watch_client() -> None:  # the client is gone (killed with its attempt): go too
+        try:
+            conn.recv(1)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch_client, daemon=True, name="sat-warm-client").start()
+    os.environ.clear()
+    os.environ.update(header["env"])
+    os.chdir(header["cwd"])
+    argv = header["argv"]
+    script = os.path.abspath(argv[0])
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(script), *extra, *[p for p in sys.path if p not in ("", ".")]]
+    importlib.invalidate_caches()
+    sys.argv = [script, *argv[1:]]
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    print(f"{BANNER}: {', '.join(loaded) or 'nothing'} already imported", file=sys.stderr, flush=True)
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, status 1
+        traceback.print_exc()
+        code = 1
+    _finish()
+    return code
+
+
+def _finish() -> None:
+    """What interpreter shutdown does: wait for non-daemon threads, run atexit, flush."""
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+# ---- the wire ----------------------------------------------------------------------------------
+def _send(conn: socket.socket, payload: dict) -> None:
+    conn.sendall(json.dumps(payload).encode() + b"\n")
+
+
+def _recv_line(conn: socket.socket) -> dict | None:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return json.loads(data)
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    fds = array.array("i")
+    data = b""
+    while not data.endswith(b"\n"):
+        msg, ancdata, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * fds.itemsize))
+        for level, kind, cdata in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+        if not msg:
+            break
+        data += msg
+    return (json.loads(data) if data else {}), list(fds)
+
+
+def extend(socket_path: str, until: float, timeout: float = 5.0) -> bool:
+    """Move a running server's deadline to `until`; False when none answers on `socket_path`."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(socket_path)
+            conn.sendall(json.dumps({"op": "until", "until": until}).encode() + b"\n")
+            return bool((_recv_line(conn) or {}).get("ok"))
+    except OSError:
+        return False
+
+
+# ---- the client (the attempt's process) ---------------------------------------------------------
+def run_client(socket_path: str, argv: list[str]) -> int:
+    """Run `argv` (script and arguments) in a child of the warm server, or cold here when there is none."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(socket_path)
+    except OSError:
+        conn.close()
+        print(f"{BANNER}: none on {socket_path}; starting cold", file=sys.stderr, flush=True)
+        os.execv(sys.executable, [sys.executable, *argv])
+    header = {"op": "run", "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
+    socket.send_fds(conn, [json.dumps(header).encode() + b"\n"], [0, 1, 2])
+    answer = _recv_line(conn)
+    if not answer or "pid" not in answer:
+        return 1
+    pid = int(answer["pid"])
+    for sig in FORWARDED:
+        signal.signal(sig, lambda number, _frame: _forward(pid, number))
+    result = _recv_line(conn)
+    if result is None:  # the server went away: the child's status is lost
+        return 1
+    status = int(result["status"])
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+def _forward(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sat_tasks.backends.local.warm_interpreter")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_p = sub.add_parser("serve")
+    serve_p.add_argument("--socket", required=True)
+    serve_p.add_argument("--preload", default="")
+    serve_p.add_argument("--until", type=float, required=True)
+    run_p = sub.add_parser("run")
+    run_p.add_argument("--socket", required=True)
+    run_p.add_argument("script", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args.socket, [m for m in args.preload.split(",") if m], args.until)
+    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    return run_client(args.socket, script)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The local backend's warm interpreter: a process with the framework imported that runs the next run's script."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sat_tasks.backends.local import warm as local_warm
+from sat_tasks.backends.local import warm_interpreter
+from sat_tasks.io import warm_pool
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.pipeline import steps
+
+SCRIPT = """\
+import os, signal, sys, time
+print("argv", sys.argv[1:], "X", os.environ.get("X"), "cwd", os.path.basename(os.getcwd()),
+      "json preloaded", "json" in sys.modules, flush=True)
+if sys.argv[1:2] == ["term"]:
+    signal.signal(signal.SIGTERM, lambda *_: (print("final checkpoint", flush=True), sys.exit(0)))
+if sys.argv[1:2] in (["term"], ["sleep"]):
+    open("ready", "w").close()
+    time.sleep(120)
+sys.exit(int(sys.argv[1]) if sys.argv[1:2] and sys.argv[1].isdigit() else 0)
+"""
+MODULE = warm_interpreter.__name__
+
+
+def _wait_for(condition, what: str, deadline: float = 60.0) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture
+def server(tmp_path):
+    sock = str(tmp_path / "s.sock")
+    proc = subprocess.Popen([sys.executable, "-m", MODULE, "serve", "--socket", sock, "--preload", "json",
+                             "--until", str(time.time() + 300)], stdin=subprocess.DEVNULL)
+    _wait_for(lambda: os.path.exists(sock), "the server's socket")
+    yield proc, sock
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _client(tmp_path, sock, *args, **env):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    return subprocess.Popen([sys.executable, "-m", MODULE, "run", "--socket", sock, "--", "train.py", *args],
+                            cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_script_runs_in_the_warm_child_with_its_argv_env_cwd_and_exit_status(tmp_path, server):
+    _, sock = server
+    out, _ = _client(tmp_path, sock, "3", "b", X="one").communicate(timeout=60)
+    assert f"{warm_interpreter.BANNER}: json already imported" in out
+    assert f"argv ['3', 'b'] X one cwd {tmp_path.name} json preloaded True" in out
+    client = _client(tmp_path, sock, "0", X="two")
+    assert "X two" in client.communicate(timeout=60)[0] and client.returncode == 0
+
+
+def test_sigterm_reaches_the_script_and_sigkill_of_the_client_ends_the_child(tmp_path, server):
+    _, sock = server
+    client = _client(tmp_path, sock, "term")
+    _wait_for(lambda: (tmp_path / "ready").exists(), "the script to start")
+    client.send_signal(signal.SIGTERM)
+    out, _ = client.communicate(timeout=60)
+    assert "final checkpoint" in out and client.returncode == 0
+    (tmp_path / "ready").unlink()
+    client = _client(tmp_path, sock, "sleep")
+    _wait_for(lambda: (tmp_path / "ready").exists(), "the script to start")
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of(int(p), server[0].pid)]
+    assert len(children) == 1
+    client.kill()
+    client.wait(timeout=30)
+    _wait_for(lambda: not _running(children[0]), "the child to end with its client")
+
+
+def _child_of(pid: int, parent: int) -> bool:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == parent
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def test_without_a_server_the_client_runs_the_script_cold(tmp_path):
+    client = _client(tmp_path, str(tmp_path / "none.sock"), "4")
+    out, _ = client.communicate(timeout=60)
+    assert "starting cold" in out and "json preloaded False" in out and client.returncode == 4
+
+
+def test_the_server_leaves_at_its_deadline_which_a_request_moves(tmp_path):
+    sock = str(tmp_path / "s.sock")
+    proc = subprocess.Popen([sys.executable, "-m", MODULE, "serve", "--socket", sock, "--preload", "",
+                             "--until", str(time.time() + 120)])
+    _wait_for(lambda: os.path.exists(sock), "the server's socket")
+    assert warm_interpreter.extend(sock, time.time() - 1)
+    assert proc.wait(timeout=30) == 0
+    assert not os.path.exists(sock) and not warm_interpreter.extend(sock, time.time())
+
+
+def test_a_warm_job_hands_its_interpreter_to_the_next_run_and_releases_it(warm_job, lines, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
+    job = warm_job.job()
+    first = warm_job.run_id()
+    steps.stage_data(job, first, log=lines.append)
+    warm_job.complete(job, first)
+    steps.cleanup_run(job, first, log=lines.append)
+    state = warm_pool.WarmPoolStore(warm_job.hook).load(job)
+    pid = state.interpreter_pid
+    try:
+        assert pid and state.interpreter_socket == local_warm.socket_path(job)
+        _wait_for(lambda: os.path.exists(state.interpreter_socket), "the warm interpreter's socket")
+
+        second = warm_job.run_id()
+        staged = steps.stage_data(job, second, log=lines.append)
+        assert staged["warm"]["reused"]["interpreter"]["pid"] == pid
+        assert f"warm pool: warm interpreter pid {pid} handed over (the framework is already imported)" in lines
+        assert local_warm._alive(pid)  # handed over, not released with the rest
+        run = JobRun(job, second)
+        command = local_warm.warm_command(run, "python train.py 5")
+        assert command.endswith(f"-m {MODULE} run --socket {state.interpreter_socket} -- train.py 5")
+        run.code_dir.mkdir(parents=True, exist_ok=True)
+        (run.code_dir / "train.py").write_text(SCRIPT)
+        done = subprocess.run(["bash", "-c", command], cwd=run.code_dir, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 5 and "json preloaded True" in done.stdout
+        assert f"{warm_interpreter.BANNER}: json already imported" in done.stderr
+        warm_job.complete(job, second)
+        steps.cleanup_run(job, second, log=lines.append)
+        assert warm_pool.WarmPoolStore(warm_job.hook).load(job).interpreter_pid == pid
+        assert f"warm pool: warm interpreter pid {pid} kept for the next run" in lines
+
+        # a third run that fails keeps nothing warm and lets the interpreter go
+        third = warm_job.run_id()
+        steps.stage_data(job, third, log=lines.append)
+        from sat_tasks.core.status import JobStatus
+
+        warm_job.complete(job, third, status=JobStatus.FAILED)
+        assert f"process/warm-interpreter-{pid}" in steps.cleanup_run(job, third, log=lines.append)
+        _wait_for(lambda: not local_warm._alive(pid), "the interpreter to stop")
+        _wait_for(lambda: not os.path.exists(state.interpreter_socket), "the socket to go")
+    finally:
+        local_warm.release_interpreter(pid, None)
+
+
+def test_jobs_with_faults_or_other_commands_get_no_interpreter(warm_job, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
+    assert local_warm.interpreter_eligible(warm_job.job())
+    assert not local_warm.interpreter_eligible(warm_job.job(faults=[{"kind": "hang", "after_seconds": 5}]))
+    assert not local_warm.interpreter_eligible(warm_job.job(nodes=2))
+    assert not local_warm.interpreter_eligible(warm_job.job(command="torchrun --nproc_per_node 2 train.py"))
+    assert not local_warm.interpreter_eligible(warm_job.job(command="python -m train.main"))
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "none")
+    assert not local_warm.interpreter_eligible(warm_job.job())
