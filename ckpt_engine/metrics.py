@@ -43,6 +43,12 @@ DIR_ENV = "SAT_METRICS_DIR"
 URL_ENV = "SAT_METRICS_URL"
 INTERVAL_ENV = "SAT_METRICS_INTERVAL_SECONDS"
 OTLP_ENV = "SAT_OTLP_ENDPOINT"
+# Set by the launcher when the node's sidecar sampler (`python -m ckpt_engine.metrics`) runs
+# beside the command: the sidecar writes the system and job series, the training process
+# only training and checkpoint.
+SIDECAR_ENV = "SAT_METRICS_SIDECAR"
+# The engine's progress.json, which the sidecar watches for the attempt's first training step.
+PROGRESS_ENV = "SAT_PROGRESS_FILE"
 DEFAULT_INTERVAL_S = 300.0
 SERIES = ("training", "checkpoint", "system", "job")
 HOST_DEVICE = "host"
@@ -225,21 +231,30 @@ class _Training:
 class MetricsRecorder:
     """Writes this process's series; see the module docstring for the call order.
 
-    ``global_rank`` 0 writes training, checkpoint and job; ``local_rank`` 0 writes system.
-    ``gpu_reader`` and ``clock`` are for tests.
+    ``global_rank`` 0 writes training, checkpoint and job; ``local_rank`` 0 writes system;
+    ``series`` overrides that choice (the sidecar: system and job; a training process beside
+    a sidecar: training and checkpoint). ``gpu_reader`` and ``clock`` are for tests.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, interval_s: float = DEFAULT_INTERVAL_S,
                  url: str | None = None, job: str = "", run: str = "", attempt: int | None = None,
                  node: str = "", node_rank: int | None = None, global_rank: int = 0, local_rank: int = 0,
                  failovers_used: int | None = None, otlp_endpoint: str | None = None, gpu_reader: GpuReader | None = None,
-                 say: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 say: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
+                 series: tuple[str, ...] | None = None) -> None:
         self.directory = Path(directory)
         self.interval_s = max(float(interval_s), 0.05)
         self.url = url
         self.identity = {"job": job, "run": run, "attempt": attempt, "node": node}
         self.node_rank = node_rank
         self.global_rank, self.local_rank = global_rank, local_rank
+        if series is None:
+            series = (("training", "checkpoint", "job") if global_rank == 0 else ()) + (
+                ("system",) if local_rank == 0 else ())
+        unknown = set(series) - set(SERIES)
+        if unknown:
+            raise ValueError(f"unknown metrics series {sorted(unknown)}; known: {', '.join(SERIES)}")
+        self.series = tuple(series)
         self.failovers_used = failovers_used
         self.say = say or (lambda message: log.warning("%s", message))
         self.clock = clock
@@ -265,7 +280,7 @@ class MetricsRecorder:
 
     @property
     def writes_any(self) -> bool:
-        return self.global_rank == 0 or self.local_rank == 0
+        return bool(self.series)
 
     # ---- what the training thread calls: appends only ----------------------------------------
     def note_log(self, logs: dict[str, Any], step: int, samples_per_step: float | None = None,
@@ -297,6 +312,13 @@ class MetricsRecorder:
         self._checkpoint["last_committed_step"] = step
         self._pending.append(self._stamp("checkpoint", record))
 
+    def note_first_step(self, step: int) -> None:
+        """The attempt's first training step as seen from outside the trainer (the sidecar, from progress.json)."""
+        if self._training.first_step_at is None:
+            self._training.first_step_at = self.clock()
+            self._pending.append(self._stamp("job", {"event": "first_step", "step": step,
+                                                     "attempt": self.identity["attempt"]}))
+
     def note_checkpoint_state(self, **state: Any) -> None:
         """Newest committed / mirrored step (the engine's progress)."""
         self._checkpoint.update({k: v for k, v in state.items() if v is not None})
@@ -325,11 +347,13 @@ class MetricsRecorder:
         """Take one sample of every series this process writes, append them, upload the files."""
         records = []
         with self._lock:
-            if self.global_rank == 0:
+            if "training" in self.series:
                 records += self._training_sample()
+            if "checkpoint" in self.series:
                 records += self._checkpoint_sample()
+            if "job" in self.series:
                 records.append(self._job_sample(status))
-            if self.local_rank == 0:
+            if "system" in self.series:
                 records += self._system_sample()
             pending, self._pending = self._pending, []
             self._write(pending + records)
@@ -456,26 +480,114 @@ _recorder: MetricsRecorder | None = None
 _recorder_lock = threading.Lock()
 
 
+def _from_env(directory: str, series: tuple[str, ...] | None) -> MetricsRecorder:
+    return MetricsRecorder(
+        directory,
+        interval_s=_env_float(INTERVAL_ENV) or DEFAULT_INTERVAL_S,
+        url=os.environ.get(URL_ENV) or None,
+        job=os.environ.get("SAT_JOB_NAME", ""),
+        run=os.environ.get("SAT_RUN_ID", ""),
+        attempt=_env_int("SAT_ATTEMPT"),
+        node=os.environ.get("SAT_NODE", "") or os.environ.get("HOSTNAME", ""),
+        node_rank=_env_int("NODE_RANK") or _env_int("GROUP_RANK"),
+        global_rank=_env_int("RANK") or 0,
+        local_rank=_env_int("LOCAL_RANK") or 0,
+        failovers_used=_env_int("SAT_FAILOVERS_USED"),
+        otlp_endpoint=os.environ.get(OTLP_ENV) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+        series=series,
+    )
+
+
 def recorder() -> MetricsRecorder | None:
-    """This process's recorder from the environment SAT sets (started), or None without ``SAT_METRICS_DIR``."""
+    """This process's recorder from the environment SAT sets (started), or None without ``SAT_METRICS_DIR``.
+
+    Beside a sidecar (``SAT_METRICS_SIDECAR=1``) it writes only the training and checkpoint series.
+    """
     global _recorder
     directory = os.environ.get(DIR_ENV, "").strip()
     if not directory:
         return None
     with _recorder_lock:
         if _recorder is None:
-            _recorder = MetricsRecorder(
-                directory,
-                interval_s=_env_float(INTERVAL_ENV) or DEFAULT_INTERVAL_S,
-                url=os.environ.get(URL_ENV) or None,
-                job=os.environ.get("SAT_JOB_NAME", ""),
-                run=os.environ.get("SAT_RUN_ID", ""),
-                attempt=_env_int("SAT_ATTEMPT"),
-                node=os.environ.get("SAT_NODE", "") or os.environ.get("HOSTNAME", ""),
-                node_rank=_env_int("NODE_RANK") or _env_int("GROUP_RANK"),
-                global_rank=_env_int("RANK") or 0,
-                local_rank=_env_int("LOCAL_RANK") or 0,
-                failovers_used=_env_int("SAT_FAILOVERS_USED"),
-                otlp_endpoint=os.environ.get(OTLP_ENV) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
-            ).start()
+            series = None
+            if os.environ.get(SIDECAR_ENV) == "1":
+                rank0 = (_env_int("RANK") or 0) == 0
+                series = ("training", "checkpoint") if rank0 else ()
+            _recorder = _from_env(directory, series).start()
         return _recorder
+
+
+# ---- the node's sidecar sampler ---------------------------------------------------------------------
+def _first_step(progress_file: str, attempt: int | None) -> int | None:
+    """The step in progress.json when the engine stamped it with ``attempt`` (None before the first step)."""
+    try:
+        with open(progress_file, encoding="utf-8") as handle:
+            progress = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(progress, dict) or not isinstance(progress.get("step"), int):
+        return None
+    if attempt is not None and progress.get("attempt") not in (None, attempt):
+        return None
+    return progress["step"]
+
+
+def run_sidecar(stop: threading.Event, *, poll_s: float = 1.0, parent_pid: int | None = None,
+                rec: MetricsRecorder | None = None) -> MetricsRecorder:
+    """The node's system and job series for one attempt, whatever the command is, until ``stop`` or the parent ends.
+
+    The launcher (the local runner; the pod's PID 1 supervisor) starts it beside the command,
+    so every attempt has them, also one whose script does not use SAT's engine and one that
+    dies before its first interval: a sample at once (status ``Starting``), a ``first_step``
+    job record (uploaded at once) when progress.json shows the attempt's first training step,
+    a sample every interval, and a last one (status ``Ended``) when stopped (SIGTERM).
+    """
+    if rec is None:
+        rec = _from_env(os.environ.get(DIR_ENV, "").strip() or ".", ("system", "job"))
+    progress_file = os.environ.get(PROGRESS_ENV, "").strip()
+    attempt = rec.identity["attempt"]
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 19)  # yields the CPU to training on a busy node
+    except (AttributeError, OSError):  # pragma: no cover
+        pass
+    rec.sample("Starting")
+    next_sample = rec.clock() + rec.interval_s
+    seen_step = False
+    while not stop.wait(min(poll_s, rec.interval_s)):
+        if parent_pid is not None and os.getppid() != parent_pid:
+            break  # the launcher is gone (the pod's supervisor, the local runner): the attempt ended
+        try:
+            if not seen_step and progress_file:
+                step = _first_step(progress_file, attempt)
+                if step is not None:
+                    seen_step = True
+                    rec.note_first_step(step)
+                    rec.sample("Running")
+                    next_sample = rec.clock() + rec.interval_s
+            if rec.clock() >= next_sample:
+                rec.sample("Running" if seen_step else "Starting")
+                next_sample += rec.interval_s
+        except Exception as exc:  # noqa: BLE001 - metrics never stop an attempt
+            rec.say(f"[sat metrics] sample failed: {type(exc).__name__}: {exc}")
+    rec.close("Ended")
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ckpt_engine.metrics``: the sidecar (``--check``: only whether it can run here)."""
+    import signal
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if "--check" in args:
+        return 0 if os.environ.get(DIR_ENV, "").strip() else 1
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_sidecar(stop, parent_pid=os.getppid())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`sat workspace ls|show|create|edit|delete|render`: Training Workspaces (ADR 0015), the same store as the Workspaces page.
+"""`sat workspace ls|validate|show|create|edit|delete|render`: Training Workspaces (ADR 0015), the same store as the Workspaces page.
 
 Definitions are YAML files in `[sat] workspaces_dir` (include/workspaces/). Edits and
 deletes are refused, naming the jobs, while jobs use the workspace (the local backend's
@@ -23,6 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = verbs.add_parser("ls", help="list workspaces: nodes, allocation, contract, who runs and waits")
     p.set_defaults(func=cmd_ls)
+
+    p = verbs.add_parser("validate", help="validate workspace YAML files",
+                         description="Exit 0 when every file is valid, 2 otherwise; one `<file>: <field>: <rule>` "
+                                     "line per problem.")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_validate)
 
     p = verbs.add_parser("show", help="print one workspace's YAML")
     p.add_argument("name")
@@ -94,6 +100,29 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for problem in store.problems().values():
         print(problem, file=sys.stderr)
     return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sat_tasks.spec import SpecError
+    from sat_tasks.spec.workspace import load_workspace
+
+    status = EXIT_OK
+    for path in args.files:
+        try:
+            ws = load_workspace(path)
+        except SpecError as exc:
+            for problem in exc.problems:
+                print(f"{path}: {problem.field}: {problem.rule}")
+            status = EXIT_INVALID
+            continue
+        if ws.name != Path(path).stem:
+            print(f"{path}: name: must match the file name ({Path(path).stem!r})")
+            status = EXIT_INVALID
+        else:
+            print(f"{path}: ok ({ws.name}, {ws.nodes} node(s), contract {ws.contract.describe()})")
+    return status
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ dicts, no plotting library.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,30 +112,85 @@ def read_metrics(source: str | Path, hook: Any = None) -> RunMetrics:
     return read_local(source)
 
 
+# ---- the orchestrator's job records --------------------------------------------------------------
+# SAT itself (decide, finalize) appends to this file: one `attempt_end` record per attempt
+# and a `final` one, so a job's series say how each attempt ended even when the attempt's
+# own processes died before their first interval (ADR 0015).
+ORCHESTRATOR_SERIES = f"{METRICS_DIR}/sat/job.jsonl"
+
+
+def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> None:
+    """Append one record to `<results>/metrics/sat/job.jsonl` (one writer at a time: decide, then finalize)."""
+    from sat_tasks.spec import split_s3_uri
+
+    base = results_uri if results_uri.endswith("/") else results_uri + "/"
+    bucket, key = split_s3_uri(base + ORCHESTRATOR_SERIES)
+    text = hook.read_key(key=key, bucket_name=bucket) if hook.check_for_key(key=key, bucket_name=bucket) else ""
+    line = json.dumps({"series": "job", "device": "host", **record}, separators=(",", ":"), default=str)
+    hook.load_string(text + line + "\n", key=key, bucket_name=bucket, replace=True)
+
+
 # ---- what the plots need -----------------------------------------------------------------------
 def attempt_spans(metrics: RunMetrics) -> list[dict[str, Any]]:
-    """Per attempt: node, first and last sample time, first and last step, as the training series shows them."""
-    spans: dict[int, dict[str, Any]] = {}
-    for record in metrics.records["training"]:
-        attempt = record.get("attempt") or 0
-        span = spans.setdefault(attempt, {"attempt": attempt, "node": record.get("node"), "first_time": record["time"],
-                                          "first_step": record.get("global_step")})
-        span["last_time"] = record["time"]
-        span["last_step"] = record.get("global_step")
-    return [spans[k] for k in sorted(spans)]
+    """Per attempt: node, start, first-step and end times, first and last step, from every series SAT keeps.
 
-
-def job_summary(metrics: RunMetrics) -> dict[str, Any]:
-    """Goodput (training time / wall time) and the recovery time of each fault, from the series and the history.
-
-    Training time is the sum over attempts of first-to-last training sample; wall time runs
-    from the first `Running` in the status history (else the first sample) to the last
-    entry (else the last sample). A fault's recovery is from the failed attempt's last
-    training sample to the next attempt's first (the resolution is the metrics interval).
+    The attempt's own series (training samples, the sidecar's `Starting` sample and its
+    `first_step` record) give the start and the first training step; SAT's `attempt_end`
+    record gives how and when it ended and its last step, also for an attempt that died
+    before its first interval. Without that record the end is the attempt's last sample.
     """
-    spans = attempt_spans(metrics)
-    if not spans:
-        return {"goodput": None, "training_s": 0.0, "wall_s": None, "faults": []}
+    spans: dict[int, dict[str, Any]] = {}
+
+    def span(record: dict[str, Any]) -> dict[str, Any] | None:
+        attempt = record.get("attempt")
+        if not isinstance(attempt, int):
+            return None
+        found = spans.setdefault(attempt, {"attempt": attempt, "node": None, "start_time": None,
+                                           "first_step_time": None, "first_time": None, "last_time": None,
+                                           "first_step": None, "last_step": None, "end": None})
+        if record.get("node") and record.get("node") != "sat" and not found["node"]:
+            found["node"] = record["node"]
+        return found
+
+    for record in metrics.records["job"]:
+        found = span(record)
+        if found is None:
+            continue
+        event = record.get("event")
+        if event == "attempt_end":
+            found["end"] = record
+            found["node"] = record.get("node") or found["node"]
+        elif event == "first_step":
+            found["first_step_time"] = found["first_step_time"] or record["time"]
+            if found["first_step"] is None:
+                found["first_step"] = record.get("step")
+        elif event is None and found["start_time"] is None:
+            found["start_time"] = record["time"]
+    for record in metrics.records["training"]:
+        found = span(record)
+        if found is None:
+            continue
+        found["first_time"] = found["first_time"] or record["time"]
+        found["last_time"] = record["time"]
+        if found["first_step"] is None:
+            found["first_step"] = record.get("global_step")
+        found["last_step"] = record.get("global_step")
+    for found in spans.values():
+        end = found.pop("end")
+        found["first_step_time"] = found["first_step_time"] or found["first_time"]
+        found["start_time"] = found["start_time"] or found["first_step_time"]
+        found["ended_at"] = found["last_time"]
+        found["verdict"] = found["decision"] = found["status"] = None
+        if end:
+            found["ended_at"] = end.get("ended_at") or end["time"]
+            found["last_step"] = end.get("last_step", found["last_step"])
+            found["verdict"], found["decision"], found["status"] = end.get("verdict"), end.get("action"), end.get("status")
+            if found["first_step"] is None and end.get("resumed_from_step") is not None:
+                found["first_step"] = end["resumed_from_step"]
+    return [spans[k] for k in sorted(spans) if k > 0]
+
+
+def _history_times(metrics: RunMetrics) -> tuple[list[float], list[float]]:
     from datetime import datetime
 
     def stamp(entry: dict[str, Any]) -> float | None:
@@ -145,21 +199,49 @@ def job_summary(metrics: RunMetrics) -> dict[str, Any]:
         except (KeyError, TypeError, ValueError):
             return None
 
-    times = [t for t in (stamp(e) for e in metrics.history if e.get("status") == "Running") if t is not None]
-    start = min([spans[0]["first_time"], *times])
-    ends = [t for t in (stamp(e) for e in metrics.history) if t is not None]
-    end = max([spans[-1]["last_time"], *ends])
-    training = sum(s["last_time"] - s["first_time"] for s in spans)
+    running = [t for t in (stamp(e) for e in metrics.history if e.get("status") == "Running") if t is not None]
+    every = [t for t in (stamp(e) for e in metrics.history) if t is not None]
+    return running, every
+
+
+def job_summary(metrics: RunMetrics) -> dict[str, Any]:
+    """Goodput (training time / wall time) and the recovery time of each fault.
+
+    Training time is the sum over attempts of first training step to end; wall time runs
+    from the first `Running` in the status history (else the first record) to the last
+    entry (else the last record). A fault is an attempt that ended other than in success
+    (SAT's `attempt_end` record; without one, any attempt followed by another); its
+    recovery runs from its end to the next attempt's first training step.
+    """
+    spans = attempt_spans(metrics)
+    if not spans:
+        return {"goodput": None, "training_s": 0.0, "wall_s": None, "faults": []}
+    running, every = _history_times(metrics)
+    times = [t for s in spans for t in (s["start_time"], s["first_step_time"], s["ended_at"]) if t is not None]
+    times += [r["time"] for r in metrics.records["job"] if r.get("event") == "final"]
+    if not times:
+        return {"goodput": None, "training_s": 0.0, "wall_s": None, "faults": []}
+    start, end = min([*times, *running]), max([*times, *every])
+    training = sum(s["ended_at"] - s["first_step_time"] for s in spans
+                   if s["ended_at"] is not None and s["first_step_time"] is not None)
     faults = []
-    for before, after in itertools.pairwise(spans):
-        reasons = [e for e in metrics.history if e.get("attempt") == before["attempt"]
-                   and e.get("status") not in ("Running", "Pending")]
+    for index, before in enumerate(spans):
+        after = spans[index + 1] if index + 1 < len(spans) else None
+        if before["verdict"] is not None:
+            if before["verdict"] == "SUCCEEDED" or before["decision"] == "upload":
+                continue
+        elif after is None:
+            continue
+        resumed_at = (after["first_step_time"] or after["start_time"]) if after else None
+        status = before["status"] or next((e["status"] for e in metrics.history if e.get("attempt") == before["attempt"]
+                                           and e.get("status") not in ("Running", "Pending")), None)
         faults.append({
-            "attempt": before["attempt"], "node": before["node"], "next_node": after["node"],
-            "status": reasons[0]["status"] if reasons else None,
-            "last_step": before["last_step"], "resumed_at_step": after["first_step"],
-            "ended_at": before["last_time"], "resumed_at": after["first_time"],
-            "recovery_s": round(after["first_time"] - before["last_time"], 3),
+            "attempt": before["attempt"], "node": before["node"], "next_node": after["node"] if after else None,
+            "status": status, "verdict": before["verdict"],
+            "last_step": before["last_step"], "resumed_at_step": after["first_step"] if after else None,
+            "ended_at": before["ended_at"], "resumed_at": resumed_at,
+            "recovery_s": round(resumed_at - before["ended_at"], 3)
+            if resumed_at is not None and before["ended_at"] is not None else None,
         })
     wall = end - start
     return {"goodput": round(training / wall, 4) if wall > 0 else None, "training_s": round(training, 3),

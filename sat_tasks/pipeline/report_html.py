@@ -41,14 +41,16 @@ def _by_attempt(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
 
 def _mark_faults(axis: Any, series: dict[str, Any], t0: float) -> None:
     for fault in series["faults"]:
-        axis.axvline(fault["ended_at"] - t0, color="#d62728", linestyle="--", linewidth=1)
-        axis.axvline(fault["resumed_at"] - t0, color="#2ca02c", linestyle=":", linewidth=1)
-        axis.annotate(f"attempt {fault['attempt']} ends ({fault['status'] or 'fault'})",
-                      (fault["ended_at"] - t0, 1), xycoords=("data", "axes fraction"), rotation=90,
-                      fontsize=7, va="top", ha="right", color="#d62728")
-        axis.annotate(f"resumed at step {fault['resumed_at_step']}", (fault["resumed_at"] - t0, 1),
-                      xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="top", ha="left",
-                      color="#2ca02c")
+        if fault["ended_at"] is not None:
+            axis.axvline(fault["ended_at"] - t0, color="#d62728", linestyle="--", linewidth=1)
+            axis.annotate(f"attempt {fault['attempt']} ends ({fault['verdict'] or fault['status'] or 'fault'})",
+                          (fault["ended_at"] - t0, 1), xycoords=("data", "axes fraction"), rotation=90,
+                          fontsize=7, va="top", ha="right", color="#d62728")
+        if fault["resumed_at"] is not None:
+            axis.axvline(fault["resumed_at"] - t0, color="#2ca02c", linestyle=":", linewidth=1)
+            axis.annotate(f"resumed at step {fault['resumed_at_step']}", (fault["resumed_at"] - t0, 1),
+                          xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="top", ha="left",
+                          color="#2ca02c")
 
 
 def _plots(series: dict[str, Any], t0: float) -> list[tuple[str, str]]:
@@ -132,11 +134,21 @@ def _plots(series: dict[str, Any], t0: float) -> list[tuple[str, str]]:
         good.barh(["goodput"], [goodput], color="#2ca02c")
         good.barh(["goodput"], [1 - goodput], left=[goodput], color="#dddddd")
         good.set(xlim=(0, 1), title=f"Goodput {goodput:.1%} (training time / wall time)")
-        names = [f"attempt {f['attempt']} on {f['node']}" for f in series["faults"]]
-        recovery.bar(names or ["no fault"], [f["recovery_s"] for f in series["faults"]] or [0], color="#d62728")
+        recovered = [f for f in series["faults"] if f["recovery_s"] is not None]
+        names = [f"attempt {f['attempt']} on {f['node']}" for f in recovered]
+        recovery.bar(names or ["no recovery"], [f["recovery_s"] for f in recovered] or [0], color="#d62728")
         recovery.set(ylabel="seconds", title="Recovery time per fault (last step to training again)")
         plots.append(("Goodput and recovery", _png(figure)))
     return plots
+
+
+def _fault_text(fault: dict[str, Any]) -> str:
+    how = fault["verdict"] or fault["status"] or "ended"
+    text = f"attempt {fault['attempt']} on {fault['node']}: {how} at step {fault['last_step']}"
+    if fault["resumed_at"] is None:
+        return text + ", not resumed"
+    return (text + f", resumed at step {fault['resumed_at_step']} on {fault['next_node']}"
+            + (f" after {fault['recovery_s']:.1f}s" if fault["recovery_s"] is not None else ""))
 
 
 def render_report_html(metrics: RunMetrics, *, title: str = "") -> str:
@@ -151,9 +163,7 @@ def render_report_html(metrics: RunMetrics, *, title: str = "") -> str:
             ("attempts", ", ".join(f"{a['attempt']} on {a['node']} (steps {a['first_step']}-{a['last_step']})"
                                    for a in series["attempts"]) or "no training samples"),
             ("goodput", f"{summary['goodput']:.1%}" if summary["goodput"] is not None else "n/a"),
-            ("faults", "; ".join(f"attempt {f['attempt']} on {f['node']}: {f['status'] or 'ended'} at step "
-                                 f"{f['last_step']}, resumed at step {f['resumed_at_step']} on {f['next_node']} "
-                                 f"after {f['recovery_s']:.1f}s" for f in summary["faults"]) or "none"),
+            ("faults", "; ".join(_fault_text(f) for f in summary["faults"]) or "none"),
             ("GPU series", f"{len(series['gpus'])} device(s)" if series["gpus"] else
              "none: no GPU was readable through NVML on the job's nodes")]
     parts = [

@@ -167,7 +167,53 @@ def decide(job: TrainingJob, run_id: str, plan: Plan, verdict: Verdict, log: Log
     if decision.status is not None:
         run.history(log).record(decision.status, decision.why, attempt=plan.attempt, task="decide")
     log(f"attempt {plan.attempt}: {verdict.kind.value} -> {decision.action.value} ({decision.why})")
+    _note_attempt_end(run, plan, verdict, decision, log)
     return decision.to_xcom()
+
+
+def _note_attempt_end(run: JobRun, plan: Plan, verdict: Verdict, decision: Decision, log: Log) -> None:
+    """SAT's `attempt_end` job record (metrics/sat/job.jsonl): how and when the attempt ended, its last step.
+
+    The attempt's own series may lack it (a node that died before its first interval); the
+    job report and the Monitoring tab take faults and recovery times from these records.
+    """
+    from sat_tasks.io.metrics import append_job_record
+
+    def stamp(moment: datetime | None) -> float | None:
+        return round(moment.timestamp(), 3) if moment else None
+
+    try:
+        record = run.load_record(plan.attempt)
+        progress = (record.progress if record else None) or {}
+        append_job_record(run.hook(), run.results_uri, {
+            "time": round(time.time(), 3), "job": run.job.name, "run": run.run_id, "attempt": plan.attempt,
+            "node": record.node if record else None, "event": "attempt_end", "verdict": verdict.kind.value,
+            "action": decision.action.value, "status": decision.status.value if decision.status else None,
+            "failovers_used": decision.failovers, "exit_code": record.exit_code if record else None,
+            "started_at": stamp(record.started_at) if record else None,
+            "ended_at": stamp(record.finished_at) if record else None,
+            "last_step": progress.get("step"), "last_committed_step": progress.get("last_committed_step"),
+            "resumed_from_step": progress.get("resumed_from_step"),
+        })
+    except Exception as error:  # noqa: BLE001 - a missing metrics record must not stop the job's decision
+        log(f"could not write the attempt's job record to the metrics: {type(error).__name__}: {error}")
+
+
+def _note_final(run: JobRun, status: str, log: Log) -> None:
+    """SAT's `final` job record: the terminal status, attempts, failovers used and the job's goodput."""
+    from sat_tasks.io.metrics import append_job_record, job_summary, read_object_storage
+
+    try:
+        metrics = read_object_storage(run.results_uri, run.hook())
+        ends = [r for r in metrics.records["job"] if r.get("event") == "attempt_end"]
+        append_job_record(run.hook(), run.results_uri, {
+            "time": round(time.time(), 3), "job": run.job.name, "run": run.run_id, "event": "final",
+            "attempt": max((r["attempt"] for r in ends), default=None), "node": "sat", "status": status,
+            "attempts": len(ends), "failovers_used": max((r.get("failovers_used") or 0 for r in ends), default=0),
+            "goodput": job_summary(metrics)["goodput"], "running": 0,
+        })
+    except Exception as error:  # noqa: BLE001 - the report is written without it
+        log(f"could not write the job's final record to the metrics: {type(error).__name__}: {error}")
 
 
 def cleanup_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = print) -> list[str]:
@@ -298,6 +344,7 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
 
     report = build_report(run, entries)
     storage.write_json(run.hook(), run.report_uri, report)
+    _note_final(run, status, log)
     write_report_html(run, log)
     upload_job_log(run, log)
     for line in format_report(report):
@@ -310,10 +357,10 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
 def cleanup_run(job: TrainingJob, run_id: str, log: Log = print) -> list[str]:
     """Delete what the run kept on its backend (its volume, helper pods); after the outputs are uploaded."""
     deleted = backend_for(job).cleanup_run(JobRun(job, run_id), log)
-    for name in deleted:
-        log(f"deleted {name}")
-    return deleted
     if job.warm_pool is not None:  # keep the Completed run warm for the next one (or nothing)
         from sat_tasks.pipeline.warm_pool import keep_or_release
 
         deleted += keep_or_release(JobRun(job, run_id), log)
+    for name in deleted:
+        log(f"deleted {name}")
+    return deleted

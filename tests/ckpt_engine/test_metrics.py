@@ -153,3 +153,27 @@ def test_series_are_exported_as_otlp_with_names_units_and_attributes(tmp_path, o
     assert points[("sat.system.temperature_c", "gpu0")] == ("Cel", 61.0)
     assert points[("sat.job.failovers_used", "host")] == ("{failover}", 1)
     assert ("sat.system.ecc_corrected", "gpu0") not in points  # not readable: not exported as 0
+
+
+def test_beside_a_sidecar_the_training_process_writes_only_training_and_checkpoint(tmp_path, monkeypatch):
+    from ckpt_engine import metrics
+
+    for name, value in {"SAT_METRICS_DIR": str(tmp_path), "SAT_METRICS_INTERVAL_SECONDS": "300", "SAT_ATTEMPT": "2",
+                        "SAT_NODE": "n1", "SAT_METRICS_SIDECAR": "1", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(metrics, "_recorder", None)
+    rec = metrics.recorder()
+    try:
+        assert rec.series == ("training", "checkpoint")
+        rec.note_step(5)
+        rec.note_save(5, {"blocking_s": 0.01})
+    finally:
+        rec.close()
+    written = sorted(p.name for p in (tmp_path / "attempt-2" / "n1").iterdir())
+    assert written == ["checkpoint.jsonl", "training.jsonl"]
+    monkeypatch.delenv("SAT_METRICS_SIDECAR")
+    monkeypatch.setattr(metrics, "_recorder", None)
+    assert metrics.recorder().series == ("training", "checkpoint", "job", "system")  # no sidecar: all four
+    metrics.recorder().close()
+    with pytest.raises(ValueError, match="unknown metrics series"):
+        MetricsRecorder(tmp_path, series=("gpu",))

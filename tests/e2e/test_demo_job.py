@@ -85,6 +85,14 @@ def assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix):
     else:
         assert all("gpu_utilization_percent" in r for r in gpus)
     assert {r["attempt"] for r in metrics.records["job"]} == {1, 2}
+    # each attempt's sidecar saw its first training step; SAT recorded how each attempt ended and the job
+    assert {r["attempt"] for r in metrics.records["job"] if r.get("event") == "first_step"} == {1, 2}
+    ends = [r for r in metrics.records["job"] if r.get("event") == "attempt_end"]
+    assert [(r["attempt"], r["node"], r["verdict"], r["action"], r["failovers_used"]) for r in ends] == [
+        (1, first["node"], "HARDWARE", "failover", 1), (2, second["node"], "SUCCEEDED", "upload", 1)]
+    (final,) = [r for r in metrics.records["job"] if r.get("event") == "final"]
+    assert final["status"] == "Completed" and final["attempts"] == 2 and 0 < final["goodput"] < 1
+    assert fault["verdict"] == "HARDWARE" and fault["ended_at"] < fault["resumed_at"]
     assert prefix + "report.html" in keys
     page = s3_hook.read_key(prefix + "report.html", bucket_name=report["results"].split("/")[2])
     assert "alt='Loss'" in page and "alt='Checkpoints'" in page and "resumed at step" in page

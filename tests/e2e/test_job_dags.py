@@ -151,7 +151,13 @@ def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):
         assert fault["resumed_at_step"] > attempt["last_committed_step"] - 1
         assert fault["last_step"] <= attempt["step_at_end"]
     job_series = metrics.records["job"]
-    assert {r["attempt"] for r in job_series} == {1, 2, 3} and {r["status"] for r in job_series} == {"Running"}
+    assert {r["attempt"] for r in job_series} == {1, 2, 3}
+    sidecar = [r for r in job_series if r["node"] != "sat" and "event" not in r]  # each node's sidecar
+    assert {r.get("status") for r in sidecar} == {"Starting", "Running", "Ended"}
+    ends = [r for r in job_series if r.get("event") == "attempt_end"]  # SAT's own record of each attempt
+    assert [(r["attempt"], r["verdict"], r["action"]) for r in ends] == [
+        (1, "PREEMPTED", "resume"), (2, "PREEMPTED", "resume"), (3, "SUCCEEDED", "upload")]
+    assert [r["status"] for r in job_series if r.get("event") == "final"] == ["Completed"]
 
 
 def test_spot_max_wait_ends_the_job(scripts_in_bucket):

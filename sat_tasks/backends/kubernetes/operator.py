@@ -53,6 +53,7 @@ def build_pod_operator_kwargs(
     pvc_name: str | None = None,
     deferrable: bool = True,
     settings: KubernetesSettings | None = None,
+    failovers: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments (all but `task_id`) for `KubernetesPodOperator`, for one node rank.
 
@@ -67,7 +68,7 @@ def build_pod_operator_kwargs(
         raise ValueError(f"node_rank must be in [0, {job.nodes})")
     pod = build_attempt_pods(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
                              resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
-                             settings=settings)[node_rank]
+                             settings=settings, failovers=failovers)[node_rank]
     return {
         "kubernetes_conn_id": kubernetes_conn_id,
         "namespace": namespace,
@@ -189,6 +190,7 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
             node_rank=self.node_rank,
             pvc_name=self.pvc_name,
             deferrable=self.deferrable,
+            failovers=plan.failovers,
         )
 
     def apply_pod_kwargs(self, kwargs: dict[str, Any]) -> None:

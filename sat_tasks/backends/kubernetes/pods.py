@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
-from sat_tasks.backends.kubernetes.supervisor import launch_command, nproc_per_node, supervisor_script, training_probes
+from sat_tasks.backends.kubernetes.supervisor import (
+    PROGRESS_FILE,
+    launch_command,
+    nproc_per_node,
+    supervisor_script,
+    training_probes,
+)
 from sat_tasks.backends.kubernetes.workspace import (
     workspace_pod_metadata,
     workspace_scheduling,
@@ -68,6 +74,7 @@ def _env(
     namespace: str,
     run_id: str,
     settings: KubernetesSettings,
+    failovers: int | None = None,
 ) -> list[dict[str, Any]]:
     paths = TrainingPaths(data_dir=POD_DATA_DIR, output_dir=POD_OUTPUT_DIR, code_dir=POD_CODE_DIR,
                           vendor_dir=IMAGE_VENDOR_DIR)
@@ -77,8 +84,10 @@ def _env(
         mirror_url=JobRun(job, run_id).mirror_uri,
         s3_endpoint_url=settings.object_storage_endpoint or None,
         # the recorder in the training process writes here and copies to Object Storage every interval
-        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri,
+        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri, failovers=failovers or 0,
     )
+    # the node's metrics sidecar watches it for the attempt's first training step
+    contract["SAT_PROGRESS_FILE"] = PROGRESS_FILE
     field_refs = {"SAT_NODE": "spec.nodeName", "SAT_POD_NAME": "metadata.name"}
     env = [{"name": k, "value": v} for k, v in contract.items() if k not in field_refs]
     env.append({"name": "SAT_RUN_ID", "value": run_id})
@@ -189,6 +198,7 @@ def attempt_pod_manifests(
     namespace: str = DEFAULT_NAMESPACE,
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
+    failovers: int | None = None,
 ) -> list[dict[str, Any]]:
     """The attempt's pods, one per node rank, as the API's JSON: the single source.
 
@@ -216,7 +226,7 @@ def attempt_pod_manifests(
         container = _drop_empty({
             "command": ["bash", "-lc", script, "sat-launch", command],
             "env": _env(job, attempt=attempt, resume_step=resume_step, rank=rank, service=service,
-                        namespace=namespace, run_id=run_id, settings=settings),
+                        namespace=namespace, run_id=run_id, settings=settings, failovers=failovers),
             "image": job.image.url,
             "livenessProbe": liveness_probe,
             "name": MAIN_CONTAINER_NAME,
@@ -300,6 +310,7 @@ def render_attempt_manifests(
     namespace: str = DEFAULT_NAMESPACE,
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
+    failovers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Plain-dict manifests of one attempt, in apply order (`kubectl apply --dry-run=server`-ready).
 
@@ -310,7 +321,7 @@ def render_attempt_manifests(
     settings = settings or KubernetesSettings.from_sat_config()
     manifests = attempt_pod_manifests(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
                                       resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
-                                      settings=settings)
+                                      settings=settings, failovers=failovers)
     if job.distributed:
         manifests.insert(0, rendezvous_service(job, run_id=run_id, attempt=attempt,
                                                 namespace=namespace, settings=settings))

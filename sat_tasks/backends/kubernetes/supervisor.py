@@ -31,11 +31,20 @@ _PYTHON_CMD_RE = re.compile(
 # the grace period bounds the wait). A SIGTERM before the command starts (ranks > 0 wait for
 # rank 0's DNS name first) ends the pod at once: PID 1 ignores a signal it has no handler
 # for, and the pod would start training on a node being drained. $1 is the (wrapped) command.
+# Beside the command runs the node's metrics sidecar (`python -m ckpt_engine.metrics`, from
+# the vendored engine): the system and job series of every attempt, whatever the command is;
+# it ends (a last sample, the upload) after the command. An image without Python has none.
 _SUPERVISOR = """\
 set -m
 trap 'echo "[sat] SIGTERM before the command started: exit 143"; exit 143' TERM INT
 echo "[sat] attempt ${SAT_ATTEMPT} of job ${SAT_JOB_NAME} on node ${SAT_NODE} (pod ${HOSTNAME}): %(marker)s"
 cd "${SAT_CODE_DIR}" || { echo "[sat] code directory ${SAT_CODE_DIR} is missing: was the script staged?" >&2; exit 1; }
+sampler=
+py=$(command -v python3 || command -v python)
+if [ -n "${SAT_METRICS_DIR}" ] && [ -n "${py}" ] && "${py}" -m ckpt_engine.metrics --check 2>/dev/null; then
+  "${py}" -m ckpt_engine.metrics & sampler=$!
+  export SAT_METRICS_SIDECAR=1
+fi
 %(wait_for_rank0)s( trap : TERM INT; eval "$1" ) &
 child=$!
 set +m
@@ -51,6 +60,7 @@ fi
 if [ -n "${stopped}" ] && [ "${rc}" = 0 ]; then
   echo "[sat] stopped by SIGTERM before the command finished: exit 143"; rc=143
 fi
+if [ -n "${sampler}" ]; then kill -TERM "${sampler}" 2>/dev/null; wait "${sampler}"; fi
 exit "${rc}"
 """
 

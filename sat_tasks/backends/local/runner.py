@@ -25,6 +25,7 @@ from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.core.procs import carries, state_of
+from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, MetricsSidecar
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import CHECKPOINT_ROOT, PROGRESS_NAME
 from sat_tasks.spec import Fault, FaultKind
@@ -106,38 +107,49 @@ class LocalAttempt:
         state = _WatchState()
         env = {**os.environ, **self.env}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env.setdefault("SAT_PROGRESS_FILE", str(self.output_dir / PROGRESS_RELATIVE))
+        sidecar = MetricsSidecar(dict(env), self.node_dir / f"metrics-sidecar-attempt-{self.attempt}.log").start()
+        if sidecar is not None:
+            env[SIDECAR_ENV] = "1"  # the training process then writes only the training and checkpoint series
         env[ATTEMPT_TAG_ENV] = tag = secrets.token_hex(8)
         started = now_utc()
-        with open(self.job_log, "a", encoding="utf-8") as job_log:
-            header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
-            job_log.write(header + "\n")
-            job_log.flush()
-            log(header)
-            proc = subprocess.Popen(
-                ["bash", "-c", self.command],
-                cwd=self.cwd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                text=True,
-                errors="replace",
-                bufsize=1,
-            )
-            state.last_progress = time.monotonic()
-            procs = AttemptProcesses(proc, tag)
-            reader = threading.Thread(
-                target=self._pump, args=(proc, job_log, tail, state, log), name="sat-log-pump", daemon=True
-            )
-            reader.start()
-            self._watch(procs, state, kern_log, log)
-            self._end(procs, state, log)
-            reader.join(timeout=10)
-            finished = now_utc()
-            footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode)
-            job_log.write(footer + "\n")
-            log(footer)
+        try:
+            with open(self.job_log, "a", encoding="utf-8") as job_log:
+                header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
+                job_log.write(header + "\n")
+                job_log.flush()
+                log(header)
+                proc = subprocess.Popen(
+                    ["bash", "-c", self.command],
+                    cwd=self.cwd,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    text=True,
+                    errors="replace",
+                    bufsize=1,
+                )
+                state.last_progress = time.monotonic()
+                procs = AttemptProcesses(proc, tag)
+                reader = threading.Thread(
+                    target=self._pump, args=(proc, job_log, tail, state, log), name="sat-log-pump", daemon=True
+                )
+                reader.start()
+                self._watch(procs, state, kern_log, log)
+                self._end(procs, state, log)
+                reader.join(timeout=10)
+                finished = now_utc()
+                for line in sidecar.stop(log) if sidecar is not None else ():
+                    job_log.write(line + "\n")
+                    log(line)
+                footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode)
+                job_log.write(footer + "\n")
+                log(footer)
+        finally:
+            if sidecar is not None and sidecar.proc is not None and sidecar.proc.poll() is None:
+                sidecar.stop(log)  # the attempt did not get to its end (an exception): no sidecar outlives it
         return self._record(proc.returncode, started, finished, list(tail), kern_log, kern_offset, state)
 
     # ---- steps ------------------------------------------------------------------------------

@@ -45,11 +45,40 @@ def test_failover_goodput_and_recovery_from_the_series(tmp_path):
     summary = job_summary(metrics)
     (fault,) = summary["faults"]
     assert fault == {"attempt": 1, "node": "n0", "next_node": "n1", "status": "Pending - failoverinprogress",
-                     "last_step": 40, "resumed_at_step": 40, "ended_at": 108, "resumed_at": 132, "recovery_s": 24}
+                     "verdict": None, "last_step": 40, "resumed_at_step": 40, "ended_at": 108, "resumed_at": 132, "recovery_s": 24}
     assert summary["training_s"] == 6 + 4 and summary["wall_s"] == 140 - 99
     series = monitoring_series(metrics)
     assert [r["attempt"] for r in series["loss"]] == [1] * 4 + [2] * 3 and series["gpus"] == {}
     assert series["checkpoints"][0]["persist_s"] == 0.4 and series["goodput"] == round(10 / 41, 4)
+
+
+def test_an_attempt_that_died_before_its_first_interval_still_counts_from_sats_own_records(tmp_path):
+    """Attempt 1 left no training sample (killed 60 s in, interval 300 s): the sidecar's and SAT's records place it."""
+    write_series(tmp_path, 1, "n0", "job", [
+        record(100, 1, "n0", "job", status="Starting", running=1),
+        record(110, 1, "n0", "job", event="first_step", step=1),
+        record(160, 1, "n0", "job", status="Ended", running=1)])
+    write_series(tmp_path, 2, "n1", "job", [record(170, 2, "n1", "job", status="Starting", running=1),
+                                            record(180, 2, "n1", "job", event="first_step", step=50)])
+    write_series(tmp_path, 2, "n1", "training", [record(480, 2, "n1", global_step=200, loss=1.0)])
+    (tmp_path / "metrics" / "sat").mkdir()
+    (tmp_path / "metrics" / "sat" / "job.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        record(165, 1, "n0", "job", event="attempt_end", verdict="HARDWARE", action="failover",
+               status="Pending - failoverinprogress", ended_at=158, last_step=61, failovers_used=1),
+        record(500, 2, "n1", "job", event="attempt_end", verdict="SUCCEEDED", action="upload", ended_at=490,
+               last_step=200, failovers_used=1),
+        record(505, 2, "sat", "job", event="final", status="Completed", attempts=2)]))
+    metrics = read_local(tmp_path)
+    assert not metrics.problems
+    summary = job_summary(metrics)
+    (fault,) = summary["faults"]
+    assert fault == {"attempt": 1, "node": "n0", "next_node": "n1", "status": "Pending - failoverinprogress",
+                     "verdict": "HARDWARE", "last_step": 61, "resumed_at_step": 50, "ended_at": 158,
+                     "resumed_at": 180, "recovery_s": 22}
+    # training: 110 -> 158 and 180 -> 490; wall: the first record (100) to the final one (505)
+    assert summary["training_s"] == 48 + 310 and summary["wall_s"] == 405
+    assert summary["goodput"] == round(358 / 405, 4)
+    assert [a["node"] for a in monitoring_series(metrics)["attempts"]] == ["n0", "n1"]
 
 
 def test_malformed_metrics_file_is_named_with_its_line_and_the_rest_renders(tmp_path, capsys):

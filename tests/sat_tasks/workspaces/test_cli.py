@@ -76,3 +76,17 @@ def test_sat_validate_refuses_a_job_its_workspace_cannot_take(sat_dirs, tmp_path
     assert main(["validate", str(fits)]) == 0
     assert main(["validate", str(too_big)]) == 2
     assert f"{too_big}: nodes: the job asks for 4 nodes; workspace team-a has 3" in capsys.readouterr().out
+
+
+def test_validate_workspace_files(tmp_path, capsys):
+    from tests.support.paths import REPO
+
+    shipped = sorted(str(p) for p in (REPO / "include" / "workspaces").glob("*.yaml"))
+    assert main(["workspace", "validate", *shipped]) == 0
+    bad, renamed = tmp_path / "bad.yaml", tmp_path / "other.yaml"
+    bad.write_text("name: bad\nnodes: 65\ncontract: {start: 2026-01-01, end: 2026-12-31}\n")
+    renamed.write_text("name: team\nnodes: 2\ncontract: {start: 2026-01-01, end: 2026-12-31}\n")
+    capsys.readouterr()
+    assert main(["workspace", "validate", str(bad), str(renamed)]) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"{bad}: nodes: must be between 1 and 64", f"{renamed}: name: must match the file name ('other')"]

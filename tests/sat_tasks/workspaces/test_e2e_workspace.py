@@ -1,4 +1,6 @@
-"""One workspace job end to end (dag.test(), local backend): failover stays inside the workspace and says when it cannot.
+"""A workspace job through the local `launch` (real run layout, embedded S3), and end to end (dag.test(), slow).
+
+End to end: failover stays inside the workspace and says when it cannot.
 
 A 1-node workspace; a 1-node job whose first attempt hits a hardware fault on the
 workspace's node. The failover may not leave the workspace, and its only node is excluded:
@@ -29,6 +31,9 @@ def workspace(s3_hook, demo_bucket, airflow_db, tmp_path, monkeypatch):
                                     "contract": {"start": "2026-01-01", "end": "2099-12-31"}})
 
 
+# ~70 s of dag.test() (15 tasks) on the 2-core machine: past the workspace tests' share of `make test`;
+# the pieces it wires are unit-tested (test_store_and_queue.py). `make test-slow` runs it.
+@pytest.mark.slow
 def test_a_failover_without_a_healthy_node_in_its_workspace_says_so_until_the_deadline(workspace):
     faults = [{"kind": "hardware", "attempt": 1, "at_step": 3, "xid": 79}]
     job = parse_spec({
@@ -52,3 +57,27 @@ def test_a_failover_without_a_healthy_node_in_its_workspace_says_so_until_the_de
     assert "[sat] workspace_wait_seconds" in history[-1][1] or any(
         "[sat] workspace_wait_seconds" in reason for status, reason in history if status == "Failed")
     assert SlotBoard("e2e-team").uses() == []  # every attempt gave its node back
+
+
+def test_the_local_launch_runs_on_its_workspaces_node_and_gives_it_back(s3_hook, demo_bucket, tmp_path, monkeypatch):
+    """What the `launch` task calls (`launch_attempt`), with a real run layout: the node, the status, the release."""
+    from sat_tasks.backends.local.launch import launch_attempt
+    from sat_tasks.core.contracts import Plan
+    from sat_tasks.io.run_layout import JobRun
+
+    monkeypatch.setenv("AIRFLOW__SAT__WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    WorkspaceStore().create({"name": "launch-team", "nodes": 2, "contract": {"start": "2026-01-01", "end": "2099-12-31"}})
+    job = parse_spec({
+        "name": "ws-launch", "workspace": "launch-team", "nodes": 1, "startup_timeout_seconds": 0,
+        "image": {"url": "registry.sat.local/sat/training:0.1.0"},
+        "data": {"source": "s3://sat-demo/datasets/tiny-corpus/"}, "results": {"destination": "s3://sat-demo/results/"},
+        "command": 'echo "on $SAT_NODE"',
+    })
+    run = JobRun(job, f"manual__ws-launch-{tmp_path.name}")
+    run.code_dir.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    record = launch_attempt(run, Plan(attempt=2, exclude_nodes=["launch-team-node-0"], failovers=1), lines.append)
+    assert record.exit_code == 0 and record.node == "launch-team-node-1"
+    assert "on launch-team-node-1" in lines
+    assert run.history().entries()[-1]["reason"] == "attempt 2 started on launch-team-node-1"
+    assert SlotBoard("launch-team").uses() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -580,11 +581,12 @@ def test_rendered_deepspeed_command_runs_two_nodes_as_the_deepspeed_launcher_wou
         assert f"rank={rank} world=2 local_rank=0 sum=3 name=__main__ config=ds.json" in out
 
 
-def _supervise(command: str, tmp_path: Path, *, term_after: float | None = None, code_dir: Path | None = None):
+def _supervise(command: str, tmp_path: Path, *, term_after: float | None = None, code_dir: Path | None = None,
+               extra_env: dict[str, str] | None = None):
     job = _job("spot-g3")
     script = _container(_pods(_render(job))[0])["command"][2]
     env = {**os.environ, "SAT_CODE_DIR": str(code_dir or tmp_path), "SAT_ATTEMPT": "1",
-           "SAT_JOB_NAME": job.name, "SAT_NODE": "node-a"}
+           "SAT_JOB_NAME": job.name, "SAT_NODE": "node-a", **(extra_env or {})}
     proc = subprocess.Popen(["bash", "-c", script, "sat-launch", command], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     if term_after is not None:
@@ -598,6 +600,21 @@ def test_supervisor_passes_the_exit_status_and_logs_the_start_marker(tmp_path):
     rc, out = _supervise("pwd && (exit 7)", tmp_path)
     assert rc == 7
     assert "Starting dataset initialization" in out and str(tmp_path) in out
+
+
+def test_supervisor_runs_the_nodes_metrics_sidecar_beside_any_command(tmp_path):
+    """A command that is not Python at all still gets the node's system and job series, ended after it."""
+    from ckpt_engine.vendor import write_vendor_dir
+
+    metrics = tmp_path / "metrics"
+    env = {"SAT_METRICS_DIR": str(metrics), "SAT_METRICS_INTERVAL_SECONDS": "300",
+           "PYTHONPATH": str(write_vendor_dir(tmp_path / "vendor")),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    rc, out = _supervise('echo "sidecar=${SAT_METRICS_SIDECAR}"; sleep 1', tmp_path, extra_env=env)
+    assert rc == 0 and "sidecar=1" in out, out
+    job = [json.loads(line) for line in (metrics / "attempt-1" / "node-a" / "job.jsonl").read_text().splitlines()]
+    assert job[0]["status"] == "Starting" and job[-1]["status"] == "Ended"
+    assert (metrics / "attempt-1" / "node-a" / "system.jsonl").read_text().count("cpu_percent") >= 2
 
 
 def test_supervisor_forwards_sigterm_to_the_training_process(tmp_path):

@@ -1,0 +1,59 @@
+"""The node's metrics sidecar on the local backend: `python -m ckpt_engine.metrics` beside each attempt.
+
+The runner starts it before the command and stops it (SIGTERM, a last sample, the upload)
+after the attempt's processes are gone, so every attempt has its system and job series,
+whatever the command is and however soon it dies (ADR 0015). It runs outside the attempt's
+process group and without the attempt's tag: a fault injected into the attempt does not
+touch it, and the runner's "processes left running" sweep does not count it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+Log = Callable[[str], None]
+SIDECAR_ENV = "SAT_METRICS_SIDECAR"  # ckpt_engine.metrics.SIDECAR_ENV (the engine is not imported here)
+STOP_TIMEOUT_S = 30.0
+
+
+class MetricsSidecar:
+    """One sidecar process; `start()` returns None when the attempt records no metrics (no `SAT_METRICS_DIR`)."""
+
+    def __init__(self, env: dict[str, str], log_file: Path) -> None:
+        self.env = env
+        self.log_file = log_file
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> MetricsSidecar | None:
+        if not self.env.get("SAT_METRICS_DIR"):
+            return None
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "w", encoding="utf-8") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ckpt_engine.metrics"], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        return self
+
+    def stop(self, log: Log) -> list[str]:
+        """SIGTERM, wait for its last sample and upload; the lines it logged (e.g. why there is no GPU series)."""
+        if self.proc is None:
+            return []
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log(f"[sat metrics] the sidecar did not end within {STOP_TIMEOUT_S:g}s of SIGTERM: killed")
+                self.proc.kill()
+                self.proc.wait()
+        try:
+            lines = self.log_file.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return []
+        return [line if line.startswith("[sat") else f"[sat metrics] {line}" for line in lines if line.strip()]
