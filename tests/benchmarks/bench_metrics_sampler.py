@@ -4,8 +4,11 @@ A CPU training loop (a small MLP, forward/backward/AdamW; ~50-100 ms a step here
 rounds of N steps, alternately without and with a MetricsRecorder sampling every
 `--interval` seconds (CPU, memory, NVML when there is a GPU, the training/checkpoint/job
 series, JSON lines written and fsync-free), fed by `note_step`/`note_log` each step as the
-Trainer callback feeds it. Prints the median step time of each and
-`overhead_ratio` = with / without - 1 (target < 0.01 at a 1 s interval).
+Trainer callback feeds it. A third arm runs the way SAT launches an attempt (ADR 0017): the
+node's sidecar process (`python -m ckpt_engine.metrics`, system and job series, watching
+progress.json) beside a training-process recorder that writes training and checkpoint only.
+Prints the median step time of each and `overhead_ratio` = with / without - 1 per arm
+(target < 0.01 at a 1 s interval). Arms rotate order each round.
 
     PYTHONPATH=. .venv/bin/python tests/benchmarks/bench_metrics_sampler.py --rounds 6 --steps 60
 """
@@ -13,7 +16,12 @@ Trainer callback feeds it. Prints the median step time of each and
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,28 +61,47 @@ def main() -> None:
         return times
 
     one_round(None)  # warm-up
-    without: list[float] = []
-    with_sampler: list[float] = []
-    samples = 0
+    times: dict[str, list[float]] = {"without": [], "in-process sampler": [], "sidecar": []}
+    samples = {name: 0 for name in times}
+    arms = list(times)
     with tempfile.TemporaryDirectory() as tmp:
+        progress = Path(tmp) / "progress.json"
         for pair in range(args.rounds):
-            for sampled in ((False, True) if pair % 2 == 0 else (True, False)):
-                if sampled:
-                    recorder = MetricsRecorder(tmp, interval_s=args.interval, job="bench", run="r", attempt=pair + 1,
-                                               node="n0", say=lambda message: None).start()
-                    with_sampler += one_round(recorder)
-                    recorder.close()
-                    samples += Path(f"{tmp}/attempt-{pair + 1}/n0/system.jsonl").read_text().count("\n")
-                else:
-                    without += one_round(None)
-    base, sampled = statistics.median(without), statistics.median(with_sampler)
-    mean_base, mean_sampled = statistics.fmean(without), statistics.fmean(with_sampler)
-    print(f"steps: {len(without)} without, {len(with_sampler)} with the sampler ({samples} system samples, "
-          f"interval {args.interval:g} s)")
-    print(f"median step: {base * 1000:.2f} ms without, {sampled * 1000:.2f} ms with")
-    print(f"mean step:   {mean_base * 1000:.2f} ms without, {mean_sampled * 1000:.2f} ms with")
-    print(f"overhead_ratio={sampled / base - 1:+.4f} (median)  mean_overhead_ratio={mean_sampled / mean_base - 1:+.4f}"
-          "  target < 0.01")
+            for name in arms[pair % 3:] + arms[:pair % 3]:
+                attempt = pair * 3 + arms.index(name) + 1
+                if name == "without":
+                    times[name] += one_round(None)
+                    continue
+                sidecar = None
+                if name == "sidecar":
+                    progress.write_text(json.dumps({"step": step, "attempt": attempt}))
+                    env = {**os.environ, "SAT_METRICS_DIR": tmp, "SAT_METRICS_INTERVAL_SECONDS": str(args.interval),
+                           "SAT_ATTEMPT": str(attempt), "SAT_NODE": "n0", "SAT_JOB_NAME": "bench",
+                           "SAT_PROGRESS_FILE": str(progress)}
+                    sidecar = subprocess.Popen([sys.executable, "-m", "ckpt_engine.metrics"], env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    system = Path(f"{tmp}/attempt-{attempt}/n0/system.jsonl")
+                    while not system.exists():  # the sidecar's first sample: it is up
+                        time.sleep(0.05)
+                series = ("training", "checkpoint") if sidecar else None
+                recorder = MetricsRecorder(tmp, interval_s=args.interval, job="bench", run="r", attempt=attempt,
+                                           node="n0", say=lambda message: None, series=series).start()
+                times[name] += one_round(recorder)
+                recorder.close()
+                if sidecar is not None:
+                    sidecar.send_signal(signal.SIGTERM)
+                    sidecar.wait(timeout=30)
+                samples[name] += Path(f"{tmp}/attempt-{attempt}/n0/system.jsonl").read_text().count("\n")
+    base = statistics.median(times["without"])
+    mean_base = statistics.fmean(times["without"])
+    print(f"steps per arm: {len(times['without'])}; interval {args.interval:g} s")
+    for name in arms:
+        median, mean = statistics.median(times[name]), statistics.fmean(times[name])
+        line = f"{name:20s} median step {median * 1000:7.2f} ms, mean {mean * 1000:7.2f} ms"
+        if name != "without":
+            line += (f", {samples[name]} system samples, overhead_ratio={median / base - 1:+.4f} (median) "
+                     f"mean_overhead_ratio={mean / mean_base - 1:+.4f}  target < 0.01")
+        print(line)
 
 
 if __name__ == "__main__":
