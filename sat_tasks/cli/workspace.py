@@ -1,4 +1,4 @@
-"""`sat workspace ls|validate|show|create|edit|delete|render`: Training Workspaces (ADR 0015), the same store as the Workspaces page.
+"""`sat workspace ls|validate|show|create|edit|delete|render`: Training Workspaces (ADR 0015).
 
 Definitions are YAML files in `[sat] workspaces_dir` (include/workspaces/). Edits and
 deletes are refused, naming the jobs, while jobs use the workspace (the local backend's

@@ -107,7 +107,10 @@ def delete_refusal(workspace: Workspace, uses: Sequence[WorkspaceUse]) -> str | 
 # ---- queueing for slots -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class SlotRequest:
-    """One attempt's request for `slots` nodes of a workspace; `exclude` are nodes of its failed attempts."""
+    """One attempt's request for `slots` nodes of a workspace; `exclude` are nodes of its failed attempts.
+
+    `prefer` lists nodes to take first when they are free (the node a warm run kept).
+    """
 
     ticket: str
     job: str
@@ -116,6 +119,7 @@ class SlotRequest:
     slots: int
     exclude: tuple[str, ...] = ()
     failover: bool = False
+    prefer: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,4 +183,5 @@ def admit(workspace: Workspace, ticket: str, queue: Sequence[SlotRequest], holdi
             f"({used} used by {', '.join(holders) or 'none'}"
             + (f", {len(request.exclude)} excluded" if request.exclude else "") + ")"),
             position=1, lacks_healthy_nodes=request.failover, waiting_for=holders)
+    free.sort(key=lambda n: request.prefer.index(n) if n in request.prefer else len(request.prefer))
     return Admission(tuple(free[:request.slots]), f"admitted to workspace {workspace.name}")

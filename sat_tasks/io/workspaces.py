@@ -203,11 +203,11 @@ class SlotBoard:
         return {"host": socket.gethostname(), "pid": os.getpid()}
 
     def enqueue(self, *, job: str, run_id: str, attempt: int, slots: int, exclude: Sequence[str] = (),
-                failover: bool = False) -> str:
+                failover: bool = False, prefer: Sequence[str] = ()) -> str:
         """Join the end of the queue; returns the ticket."""
         ticket = f"{time.time_ns()}-{secrets.token_hex(3)}"
         request = SlotRequest(ticket=ticket, job=job, run_id=run_id, attempt=attempt, slots=slots,
-                              exclude=tuple(exclude), failover=failover)
+                              exclude=tuple(exclude), failover=failover, prefer=tuple(prefer))
         with self._locked() as state:
             state["queue"].append({"request": asdict(request), "owner": self._owner(),
                                    "since": dt.datetime.now(dt.UTC).isoformat()})
@@ -241,7 +241,8 @@ class SlotBoard:
         return running + queued
 
     def acquire(self, load: Callable[[], Workspace], *, job: str, run_id: str, attempt: int, slots: int,
-                exclude: Sequence[str] = (), failover: bool = False, deadline_seconds: float,
+                exclude: Sequence[str] = (), failover: bool = False, prefer: Sequence[str] = (),
+                deadline_seconds: float,
                 on_wait: Callable[[Admission], None] = lambda _a: None, poll_seconds: float = 1.0
                 ) -> tuple[str, tuple[str, ...]]:
         """Queue, wait for the turn and the nodes, return (ticket, nodes); WorkspaceWaitTimeout past the deadline.
@@ -250,7 +251,7 @@ class SlotBoard:
         `on_wait` is called with the first reason to wait and with every new one.
         """
         ticket = self.enqueue(job=job, run_id=run_id, attempt=attempt, slots=slots, exclude=exclude,
-                              failover=failover)
+                              failover=failover, prefer=prefer)
         deadline = time.monotonic() + deadline_seconds
         last_reason = None
         try:
@@ -272,4 +273,5 @@ class SlotBoard:
 
 
 def _request(data: dict[str, Any]) -> SlotRequest:
-    return SlotRequest(**{**data, "exclude": tuple(data.get("exclude") or ())})
+    return SlotRequest(**{**data, "exclude": tuple(data.get("exclude") or ()),
+                          "prefer": tuple(data.get("prefer") or ())})

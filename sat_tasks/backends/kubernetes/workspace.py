@@ -1,4 +1,4 @@
-"""A Training Workspace on Kubernetes: the objects an operator applies (`sat workspace render`), and what its pods carry.
+"""A Training Workspace on Kubernetes: what an operator applies (`sat workspace render`), what its pods carry.
 
 A workspace's nodes carry the label and the NoSchedule taint `sat.ai/workspace=<name>`
 (`KubernetesSettings.workspace_label`): its jobs' pods select the label and tolerate the

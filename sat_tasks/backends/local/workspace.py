@@ -1,4 +1,4 @@
-"""Where an attempt runs on the local backend: the shared node pool, or its workspace's own nodes through the slot board.
+"""Where an attempt runs on the local backend: the shared pool, or its workspace's nodes through the slot board.
 
 A job without a workspace takes the first healthy node of `[sat] local_nodes`. A job of a
 workspace queues on the workspace's slot board (`sat_tasks.io.workspaces.SlotBoard`) for
@@ -42,8 +42,11 @@ def attempt_nodes(run: JobRun, plan: Plan, log: Log, *, poll_seconds: float = 1.
 
         yield [pick_node(warm_node_first(run, config.local_node_pool()), plan.exclude_nodes)]
         return
+    from sat_tasks.backends.local.warm import warm_node_first
+
     store, board = WorkspaceStore(), SlotBoard(job.workspace)
     failover = plan.attempt > 1 and plan.failovers > 0
+    prefer = warm_node_first(run, workspace_nodes(store.get(job.workspace)))  # the node a warm run kept, first
 
     def on_wait(answer: Admission) -> None:
         log(f"[sat] waiting for workspace nodes: {answer.reason}")
@@ -54,7 +57,7 @@ def attempt_nodes(run: JobRun, plan: Plan, log: Log, *, poll_seconds: float = 1.
     try:
         ticket, nodes = board.acquire(lambda: store.get(job.workspace), job=job.name, run_id=run.run_id,
                                       attempt=plan.attempt, slots=job.nodes, exclude=plan.exclude_nodes,
-                                      failover=failover, deadline_seconds=deadline, on_wait=on_wait,
+                                      failover=failover, prefer=prefer, deadline_seconds=deadline, on_wait=on_wait,
                                       poll_seconds=poll_seconds)
     except WorkspaceWaitTimeout as exc:
         run.history(log).record(JobStatus.FAILED, str(exc), attempt=plan.attempt, task="launch")

@@ -173,6 +173,15 @@ def test_a_request_that_cannot_fit_the_healthy_nodes_waits_aside_without_blockin
     assert admit(_ws(nodes=4), "s", [stuck], []).nodes == ("team-a-node-2", "team-a-node-3")
 
 
+def test_a_preferred_free_node_is_taken_first():
+    """The node a warm run kept comes first when it is free; otherwise the request takes what is free."""
+    ws = _ws(nodes=3)
+    warm = SlotRequest(ticket="w", job="job-w", run_id="run-w", attempt=1, slots=2, prefer=("team-a-node-2",))
+    assert admit(ws, "w", [warm], []).nodes == ("team-a-node-2", "team-a-node-0")
+    other = _req("o", 1)
+    assert admit(ws, "w", [warm], [Holding(other, ("team-a-node-2",))]).nodes == ("team-a-node-0", "team-a-node-1")
+
+
 def test_workspace_nodes_are_named_after_it():
     assert workspace_nodes(_ws(nodes=2)) == ["team-a-node-0", "team-a-node-1"]
 

@@ -166,6 +166,13 @@ def test_jobs_start_in_order_as_capacity_frees(sat_dirs, workspace_data):
     assert not errors and board.uses() == []
 
 
+def test_the_board_keeps_a_requests_preference(sat_dirs, workspace_data):
+    ws = WorkspaceStore().create(workspace_data)
+    board = SlotBoard("team-a")
+    ticket = board.enqueue(job="warm", run_id="run-w", attempt=1, slots=1, prefer=["team-a-node-1"])
+    assert board.poll(ws, ticket).nodes == ("team-a-node-1",)
+
+
 def test_waiting_past_the_deadline_leaves_the_queue(sat_dirs, workspace_data):
     store = WorkspaceStore()
     store.create({**workspace_data, "nodes": 1})
