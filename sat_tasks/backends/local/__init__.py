@@ -11,8 +11,9 @@ local backend is one host by definition. `runner.LocalAttempt` runs one attempt,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sat_tasks.backends.base import Capacity, DataCheck
 from sat_tasks.core.attempt import AttemptRecord
@@ -34,8 +35,8 @@ class LocalBackend:
     def stage(self, run: JobRun, log: Log, reuse: Any = None) -> dict[str, Any]:
         from sat_tasks.io.staging import stage_job_files
 
-        return stage_job_files(run.hook(), data_source=run.job.data.source, data_dest=run.data_dir,
         reuse_dir = reuse.data_dir if reuse is not None and reuse.data_dir and Path(reuse.data_dir).is_dir() else None
+        return stage_job_files(run.hook(), data_source=run.job.data.source, data_dest=run.data_dir,
                                code_dest=run.code_dir, script_url=run.job.storage.script_url, log=log,
                                reuse_dir=reuse_dir, reuse_objects=reuse.objects if reuse_dir else None)
 
@@ -80,7 +81,6 @@ class LocalBackend:
     def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
         return []  # the work directory is this host's disk: kept, like a node's local disk
 
-
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: Any, log: Log) -> Any:
         from sat_tasks.backends.local.warm import keep_warm
@@ -91,6 +91,7 @@ class LocalBackend:
         from sat_tasks.backends.local.warm import release_warm
 
         return release_warm(state, log)
+
 
 BACKEND = LocalBackend()
 __all__ = ["BACKEND", "LocalBackend"]
