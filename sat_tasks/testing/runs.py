@@ -3,8 +3,9 @@
 `short_job` applies the overrides to a copy of the job, never to the spec file: the local
 backend, `SAT_MAX_STEPS` / `SAT_SAVE_STEPS` in the environment, a data sample, no registry
 connection (the local backend pulls no image), no injected faults but the rehearsal's.
-`execute` runs it as `sat run` does (`sat_tasks.cli.run.run_job`: the generic DAG with
-`dag.test()`) and returns a `FinishedRun`: what a user's test reads, in SAT's words.
+`run_spec` runs it as `sat run` does (`sat_tasks.cli.run.run_job`: the job's own DAG, from
+the session's jobs dir, with `dag.test()`) and returns a `FinishedRun`: what a user's test
+reads, in SAT's words.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from sat_tasks.spec import FaultKind, TrainingJob, parse_spec
 from sat_tasks.spec.testing import (
@@ -61,7 +64,7 @@ def short_job(job: TrainingJob, overrides: Overrides, rehearsal: Rehearsal | Non
         env[ENV_MAX_STEPS] = str(overrides.max_steps)
     if overrides.save_steps:
         env[ENV_SAVE_STEPS] = str(overrides.save_steps)
-    data.update(backend="local", env=env, faults=[], test=None)
+    data.update(backend="local", env=env, faults=[], test=None, schedule=None)
     data["image"] = {**data["image"], "registry_conn_id": None}
     if rehearsal is not None:
         if rehearsal.scenario is Scenario.HARDWARE_FAULT:
@@ -95,8 +98,14 @@ def run_spec(session: HarnessSession, spec_path: Path, job: TrainingJob, overrid
             sample = session.sample_data(short, resolved.data_sample)
             short = parse_spec({**short.to_dict(), "data": {**short.to_dict()["data"], "source": sample}},
                                source=f"{job.name} (test run)")
-        return FinishedRun(spec_path=spec_path, label=label, job=short, overrides=resolved,
-                           report=run_job(short, None, quiet=True), hook=hook)
+        # The job's own DAG, as `sat run` builds it for a spec in the jobs dir (the session's, empty otherwise).
+        staged_spec = session.jobs_dir / f"{short.name}.yaml"
+        staged_spec.write_text(yaml.safe_dump(short.to_dict(), sort_keys=False), encoding="utf-8")
+        try:
+            report = run_job(short, staged_spec, quiet=True)
+        finally:
+            staged_spec.unlink(missing_ok=True)
+        return FinishedRun(spec_path=spec_path, label=label, job=short, overrides=resolved, report=report, hook=hook)
 
     return session.run(spec_path, label, start)
 

@@ -40,6 +40,11 @@ class HarnessSession:
         self._seeded: set[str] = set()
         self.runs: dict[tuple[str, str], FinishedRun | BaseException] = {}
 
+    @property
+    def jobs_dir(self) -> Path:
+        """The session's jobs dir: a run's shortened spec is put here so that it runs through its own DAG."""
+        return self.dir / "jobs"
+
     # ---- environment -----------------------------------------------------------------------
     def environment(self) -> dict[str, str]:
         """The variables that point Airflow and SAT at this session's directory (and nowhere shared)."""
@@ -50,8 +55,8 @@ class HarnessSession:
             "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            # An empty jobs dir: the runs use the generic DAG; SAT's own demo specs are not loaded.
-            "AIRFLOW__SAT__JOBS_DIR": str(self.dir / "jobs"),
+            # Only the spec of the run in progress (SAT's own demo specs are not loaded).
+            "AIRFLOW__SAT__JOBS_DIR": str(self.jobs_dir),
             "AIRFLOW__SAT__WORK_DIR": str(self.dir / "work"),
             "AIRFLOW__SAT__BACKEND": "local",
             "GX_ANALYTICS_ENABLED": "false",
