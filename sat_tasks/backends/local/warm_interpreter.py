@@ -155,11 +155,9 @@ def _child(conn: socket.socket, header: dict, fds: list[int], loaded: list[str])
 
 
 def _finish() -> None:
-    """What interpreter shutdown does: wait for non-daemon threads, run atexit, flush."""
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
+    """What interpreter shutdown does, in its order: threading's exit hooks (a ThreadPoolExecutor's workers
+    are told to stop there) and the join of non-daemon threads, then atexit, then a flush."""
+    threading._shutdown()  # the forking thread is this process's main thread
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

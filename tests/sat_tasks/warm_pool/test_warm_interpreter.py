@@ -23,6 +23,10 @@ print("argv", sys.argv[1:], "X", os.environ.get("X"), "cwd", os.path.basename(os
       "json preloaded", "json" in sys.modules, flush=True)
 if sys.argv[1:2] == ["term"]:
     signal.signal(signal.SIGTERM, lambda *_: (print("final checkpoint", flush=True), sys.exit(0)))
+if sys.argv[1:2] == ["pool"]:  # non-daemon workers, stopped by threading's exit hook, as at interpreter exit
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(2)
+    print("pool says", pool.submit(lambda: 41 + 1).result(), flush=True)
 if sys.argv[1:2] in (["term"], ["sleep"]):
     open("ready", "w").close()
     time.sleep(120)
@@ -71,6 +75,13 @@ def test_the_script_runs_in_the_warm_child_with_its_argv_env_cwd_and_exit_status
     assert f"argv ['3', 'b'] X one cwd {tmp_path.name} json preloaded True" in out
     client = _client(tmp_path, sock, "0", X="two")
     assert "X two" in client.communicate(timeout=60)[0] and client.returncode == 0
+
+
+def test_the_child_exits_like_an_interpreter_with_a_thread_pool_left_open(tmp_path, server):
+    _, sock = server
+    client = _client(tmp_path, sock, "pool")
+    out, _ = client.communicate(timeout=60)  # it hung here while the pool's workers were joined unstopped
+    assert "pool says 42" in out and client.returncode == 0
 
 
 def test_sigterm_reaches_the_script_and_sigkill_of_the_client_ends_the_child(tmp_path, server):
