@@ -402,19 +402,22 @@ class MetricsRecorder:
 
     def _system_sample(self) -> list[dict[str, Any]]:
         records = []
+        cpu = None
         if self._psutil is None:
             try:
                 import psutil
 
                 self._psutil = psutil
-                psutil.cpu_percent(interval=None)  # the first call only starts the measurement
+                # No earlier reading to compare with: the first one is measured over 0.1 s (the
+                # sampler thread or the sidecar waits, never the training thread).
+                cpu = psutil.cpu_percent(interval=0.1)
             except ImportError as exc:
                 self._psutil = False
                 self.say(f"[sat metrics] no CPU and memory series: {exc}")
         if self._psutil:
             memory = self._psutil.virtual_memory()
             records.append(self._stamp("system", {
-                "cpu_percent": self._psutil.cpu_percent(interval=None),
+                "cpu_percent": cpu if cpu is not None else self._psutil.cpu_percent(interval=None),
                 "memory_used_bytes": float(memory.total - memory.available),
                 "memory_total_bytes": float(memory.total)}))
         if self._gpu is None:
