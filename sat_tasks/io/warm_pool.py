@@ -174,9 +174,9 @@ def read_run_record(hook: Any, results_uri: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def note_run(hook: Any, results_uri: str, **parts: Any) -> dict[str, Any]:
-    """Merge `parts` into the run's warm record (tasks run one after another: no lost update)."""
-    record = read_run_record(hook, results_uri)
+def note_run(hook: Any, results_uri: str, *, record: dict[str, Any] | None = None, **parts: Any) -> dict[str, Any]:
+    """Merge `parts` into the run's warm record (`record`: as just read; tasks run one after another)."""
+    record = dict(read_run_record(hook, results_uri) if record is None else record)
     record.update(parts)
     storage.write_json(hook, run_record_uri(results_uri), record)
     return record

@@ -63,7 +63,8 @@ def stage(run: JobRun, backend: Backend, log: Log) -> dict[str, Any]:
     validation = warm_pool.validation_reuse(claimed.state, objects, suite) if claimed else None
     for line in lines:
         log(line)
-    warm_pool.note_run(hook, run.results_uri, objects=objects, suite_hash=suite, reused=reused, lines=lines,
+    warm_pool.note_run(hook, run.results_uri, record=record, objects=objects, suite_hash=suite, reused=reused,
+                       lines=lines,
                        from_run=claimed.state.run_id if claimed else None)
     staged["warm"] = {"reused": reused, "validation": validation}
     return staged

@@ -75,7 +75,8 @@ def warm_command(run: JobRun, command: str) -> str:
     if not handed or not _alive(handed["pid"]):
         return command
     rest = _PYTHON_SCRIPT.sub("", command, count=1)
-    return (f"{shlex.quote(sys.executable)} -m {warm_interpreter.__name__} run "
+    # by its file, not `-m`: the client imports the standard library only, not sat_tasks' packages (0.6 s)
+    return (f"{shlex.quote(sys.executable)} {shlex.quote(warm_interpreter.__file__)} run "
             f"--socket {shlex.quote(handed['socket'])} -- {rest}")
 
 
@@ -84,8 +85,20 @@ def _preload() -> str:
 
 
 def _handed_over(run: JobRun) -> dict | None:
+    return _reused(run).get("interpreter")
+
+
+_REUSED: list[tuple[JobRun, dict]] = []  # the launch's JobRun -> its `reused`: one read for the node and the command
+
+
+def _reused(run: JobRun) -> dict:
+    """What the run took over (`warm.json`'s `reused`), read once per JobRun object (a launch makes one)."""
+    for known, reused in _REUSED:
+        if known is run:
+            return reused
     reused = warm_pool.read_run_record(run.hook(), run.results_uri).get("reused") or {}
-    return reused.get("interpreter")
+    _REUSED[:] = [*_REUSED[-7:], (run, reused)]
+    return reused
 
 
 def socket_path(job) -> str:
@@ -134,7 +147,7 @@ def warm_node_first(run: JobRun, pool: list[str]) -> list[str]:
     """The pool with the node this run took over from the warm pool first (the pool as it is without one)."""
     if run.job.warm_pool is None:
         return pool
-    nodes = ((warm_pool.read_run_record(run.hook(), run.results_uri).get("reused") or {}).get("nodes")) or []
+    nodes = _reused(run).get("nodes") or []
     return [n for n in nodes if n in pool] + [n for n in pool if n not in nodes]
 
 

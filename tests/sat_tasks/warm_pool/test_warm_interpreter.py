@@ -144,7 +144,7 @@ def test_a_warm_job_hands_its_interpreter_to_the_next_run_and_releases_it(warm_j
         assert local_warm._alive(pid)  # handed over, not released with the rest
         run = JobRun(job, second)
         command = local_warm.warm_command(run, "python train.py 5")
-        assert command.endswith(f"-m {MODULE} run --socket {state.interpreter_socket} -- train.py 5")
+        assert command.endswith(f"{warm_interpreter.__file__} run --socket {state.interpreter_socket} -- train.py 5")
         run.code_dir.mkdir(parents=True, exist_ok=True)
         (run.code_dir / "train.py").write_text(SCRIPT)
         done = subprocess.run(["bash", "-c", command], cwd=run.code_dir, capture_output=True, text=True, timeout=60)
