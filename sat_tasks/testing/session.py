@@ -3,8 +3,9 @@
 Every session (a pytest process, or each pytest-xdist worker) gets a fresh temporary
 directory and a moto S3 server on a free loopback port, so two sessions on one machine
 never share a port, a file or a database. The runs of one session share them: the
-metadata DB is migrated once, the server started once, and each run writes under its own
-run id. `close()` stops the server and removes the directory.
+metadata DB is made once (a copy of a cached freshly migrated one, see `db_template`), the
+server started once, and each run writes under its own run id. `close()` stops the server
+and removes the directory.
 
 Call order: `HarnessSession()` -> `activate()` (environment only; before Airflow is
 imported) -> `run(...)` any number of times (starts the server and migrates the DB on
@@ -27,6 +28,20 @@ if TYPE_CHECKING:
     from sat_tasks.testing.runs import FinishedRun
 
 SAMPLE_PREFIX = "sat-test-samples"  # where a data sample is copied, in the data's own bucket
+
+
+def db_template() -> Path | None:
+    """Where the freshly migrated SQLite DB of this Airflow version is cached (None: not SQLite, no cache).
+
+    `SAT_TEST_CACHE_DIR`, else `$XDG_CACHE_HOME/sat` or `~/.cache/sat`.
+    """
+    from importlib.metadata import version
+
+    if os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").split(":", 1)[0] != "sqlite":
+        return None
+    base = os.environ.get("SAT_TEST_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sat")
+    return Path(base) / f"airflow-{version('apache-airflow')}-fresh.db"
 
 
 class HarnessSession:
@@ -91,12 +106,29 @@ class HarnessSession:
         return object_storage_hook()
 
     def ensure_db(self) -> None:
-        """Migrate this session's metadata DB once."""
-        if not self._db_ready:
-            from sat_tasks.cli.common import ensure_metadata_db
+        """Give this session a migrated metadata DB: a copy of the cached fresh one, else migrate (and cache it).
 
-            ensure_metadata_db()
-            self._db_ready = True
+        `airflow db migrate` takes 10-20 s; a freshly migrated SQLite DB depends only on the
+        Airflow version, so it is kept once per version in the cache dir (`db_template`) and
+        copied into each session's own home. The template is written under a temporary name
+        and renamed, so two sessions never read a half-written one.
+        """
+        if self._db_ready:
+            return
+        from sat_tasks.cli.common import ensure_metadata_db
+
+        home = Path(os.environ["AIRFLOW_HOME"])
+        template = db_template()
+        if template is not None and template.is_file():
+            shutil.copyfile(template, home / "airflow.db")
+            (home / ".migrated").touch()  # what ensure_metadata_db looks for
+        ensure_metadata_db()  # quick when the copy is there
+        if template is not None and not template.is_file():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            partial = template.with_name(f"{template.name}.{os.getpid()}.tmp")
+            shutil.copyfile(home / "airflow.db", partial)
+            os.replace(partial, template)
+        self._db_ready = True
 
     def seed(self, spec_path: Path, job: TrainingJob) -> None:
         """Put the spec's `test.seed` files into Object Storage (once per spec and session)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from sat_tasks.spec import load_spec
-from sat_tasks.testing.session import HarnessSession
+from sat_tasks.testing.session import HarnessSession, db_template
 from tests.support.paths import REPO
 
 SPEC = REPO / "include" / "examples" / "user-repo" / "jobs" / "tiny-lm.yaml"
@@ -46,3 +46,20 @@ def test_seed_puts_the_repositorys_files_in_object_storage_and_a_sample_takes_th
             "sat-test-samples/tiny-lm/2/shard-0.txt", "sat-test-samples/tiny-lm/2/shard-1.txt"]
     finally:
         session.close()
+
+
+def test_a_session_copies_the_cached_fresh_metadata_db_instead_of_migrating(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAT_TEST_CACHE_DIR", str(tmp_path / "cache"))
+    template = db_template()
+    assert template.parent == tmp_path / "cache" and template.name.startswith("airflow-3.")
+    template.parent.mkdir()
+    template.write_bytes(b"a freshly migrated db")
+    session = HarnessSession(tmp_path)
+    try:
+        session.activate()
+        session.ensure_db()  # no `airflow db migrate`: the session gets the template's bytes
+        assert (session.dir / "airflow" / "airflow.db").read_bytes() == b"a freshly migrated db"
+    finally:
+        session.close()
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://db/airflow")
+    assert db_template() is None  # only SQLite is copied

@@ -8,3 +8,5 @@ def test_smoke_run_learns_and_keeps_its_checkpoints(sat_job_run):
     loss = run.report["first_loss"][1], run.report["last_loss"][1]
     assert loss[1] < loss[0], f"the loss did not go down: {loss}"
     assert "Starting dataset initialization" in run.job_log
+    metrics = run.metrics()  # the series SAT's Monitoring tab plots
+    assert not metrics.problems and metrics.records.get("training"), (metrics.problems, sorted(metrics.records))
