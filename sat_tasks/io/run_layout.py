@@ -145,8 +145,16 @@ class JobRun:
         return request if isinstance(request, dict) else None
 
     def hook(self):
-        """The S3Hook of SAT's Object Storage connection (`[sat] object_storage_conn_id`)."""
-        return storage.object_storage_hook(config.sat_setting("object_storage_conn_id"))
+        """The S3Hook of SAT's Object Storage connection (`[sat] object_storage_conn_id`), one per JobRun.
+
+        Each new hook resolves the connection and builds a boto3 session (~0.3 s, more on a busy
+        machine): finalize alone asked for eleven.
+        """
+        hook = self.__dict__.get("_hook")
+        if hook is None:
+            hook = storage.object_storage_hook(config.sat_setting("object_storage_conn_id"))
+            object.__setattr__(self, "_hook", hook)  # frozen dataclass: a cache, not a field
+        return hook
 
     def history(self, log: Log = print) -> StatusHistory:
         """The status history, kept in Object Storage under the run's results prefix."""
