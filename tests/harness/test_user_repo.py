@@ -27,6 +27,7 @@ def run_user_repo(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, di
     (tmp_path / "tmp").mkdir()
     env.update(TMPDIR=str(tmp_path / "tmp"), PYTHONDONTWRITEBYTECODE="1")
     report = tmp_path / "junit.xml"
+    before = litter()
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
                              "--junitxml", str(report), *args], cwd=USER_REPO, env=env, capture_output=True,
                             text=True, timeout=1800, check=False)
@@ -38,14 +39,19 @@ def run_user_repo(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, di
             name = f"{path}::{case.get('name')}"
             failed = case.find("failure") is not None or case.find("error") is not None
             outcomes[name] = "failed" if failed else "skipped" if case.find("skipped") is not None else "passed"
+    assert litter() == before, "the run left files in the example repository"
     return result, outcomes
+
+
+def litter() -> set[str]:
+    """What a pytest run may leave in a repository (caches, bytecode): none of it may be new after a run."""
+    return {str(p) for p in USER_REPO.rglob("*") if p.name in (".pytest_cache", "__pycache__")}
 
 
 def assert_all_passed(result: subprocess.CompletedProcess, outcomes: dict[str, str], expected: list[str], tmp_path):
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert sorted(outcomes) == sorted(expected) and set(outcomes.values()) == {"passed"}, outcomes
     assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("sat-test-")] == []  # cleaned up
-    assert not (USER_REPO / ".pytest_cache").exists() and not list(USER_REPO.rglob("__pycache__"))
 
 
 def test_integrity_of_both_specs_a_smoke_run_and_the_users_own_test(tmp_path):
