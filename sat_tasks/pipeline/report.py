@@ -83,11 +83,13 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
 
 def _warm_section(run: JobRun, hook: Any) -> dict[str, Any]:
     """`warm`: what the run reused from the job's warm pool and the lines that say so (ADR 0015)."""
-    if run.job.warm_pool is None:
-        return {}
+    if run.job.warm_pool is None and getattr(run.job, "workspace", None) is None:
+        return {}  # a workspace's warm pool may apply to a job without one of its own
     from sat_tasks.io.warm_pool import read_run_record
 
     record = read_run_record(hook, run.results_uri)
+    if not record:
+        return {}
     return {"warm": {"from_run": record.get("from_run"), "reused": record.get("reused") or {},
                      "lines": record.get("lines") or []}}
 

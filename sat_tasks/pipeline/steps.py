@@ -46,8 +46,22 @@ def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: st
     log(f"job {job.name}: {job.learning_type.value} {job.framework.value}, {job.nodes} node(s), "
         f"backend {job.backend.value}" + (f", workspace {job.workspace}" if job.workspace else ""))
     check_workspace(job, run, log)
+    job = with_workspace_warm_pool(job, log)
     run.history(log).record(JobStatus.PENDING, "spec validated", task="validate_spec")
     return job.to_dict()
+
+
+def with_workspace_warm_pool(job: TrainingJob, log: Log = print) -> TrainingJob:
+    """The job with its workspace's `warm_pool` when it has none of its own (Spot jobs keep none)."""
+    if job.warm_pool is not None or job.workspace is None or job.is_spot:
+        return job
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    workspace = WorkspaceStore().find(job.workspace)
+    if workspace is None or workspace.warm_pool is None:
+        return job
+    log(f"warm pool: keep_alive_seconds={workspace.warm_pool.keep_alive_seconds} from workspace {workspace.name}")
+    return job.model_copy(update={"warm_pool": workspace.warm_pool})
 
 
 def check_workspace(job: TrainingJob, run: JobRun, log: Log = print) -> None:

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from sat_tasks.spec.loading import SpecError, SpecProblem, problems_from
-from sat_tasks.spec.model import QUANTITY_RULE, SERVER_TYPES, ServerType, ruled
+from sat_tasks.spec.model import QUANTITY_RULE, SERVER_TYPES, ServerType, WarmPool, ruled
 from sat_tasks.spec.quantities import QUANTITY_PATTERN, parse_quantity
 
 # Lowercase letters, digits, '-' and '.', at most 63 chars, alphanumeric at both ends: a
@@ -103,6 +103,8 @@ class Workspace(_Model):
     nodes: int = ruled(rule=f"must be between 1 and {MAX_WORKSPACE_NODES}", ge=1, le=MAX_WORKSPACE_NODES,
                        description="reserved nodes; distributed training from 2")
     contract: Contract
+    warm_pool: WarmPool | None = Field(
+        None, description="keep its jobs' runs warm for their next run (a job's own warm_pool wins; not for spot jobs)")
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML form (dates as YYYY-MM-DD); what the store writes."""

@@ -270,3 +270,30 @@ def test_a_run_kept_warm_sweeps_the_expired_states_beside_it(warm_job, lines):
     deleted = steps.cleanup_run(other, run_id, log=lines.append)
     assert f"warm-state/{stale.name}" in deleted and not first.data_dir.exists()
     assert store.load(stale) is None and store.load(other).run_id == run_id
+
+
+def test_a_workspaces_warm_pool_applies_to_its_jobs_without_one(warm_job, lines, monkeypatch, tmp_path):
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    monkeypatch.setenv("AIRFLOW__SAT__WORKSPACES_DIR", str(tmp_path))
+    WorkspaceStore().create({"name": "team-warm", "nodes": 2, "contract": {"start": "2026-01-01", "end": "2027-12-31"},
+                             "warm_pool": {"keep_alive_seconds": 120}})
+    WorkspaceStore().create({"name": "team-cold", "nodes": 2, "contract": {"start": "2026-01-01", "end": "2027-12-31"}})
+    inherited = steps.with_workspace_warm_pool(warm_job.job(workspace="team-warm", warm_pool=None), lines.append)
+    assert inherited.warm_pool.keep_alive_seconds == 120
+    assert "warm pool: keep_alive_seconds=120 from workspace team-warm" in lines
+    own = steps.with_workspace_warm_pool(warm_job.job(workspace="team-warm"), lines.append)
+    assert own.warm_pool.keep_alive_seconds == 600  # the job's own wins
+    assert steps.with_workspace_warm_pool(warm_job.job(workspace="team-cold", warm_pool=None)).warm_pool is None
+    spot = warm_job.job(workspace="team-warm", warm_pool=None, learning_type="spot")
+    assert steps.with_workspace_warm_pool(spot).warm_pool is None  # Spot capacity is not held
+
+
+def test_a_workspace_refuses_a_bad_keep_alive():
+    from sat_tasks.spec import SpecError
+    from sat_tasks.spec.workspace import parse_workspace
+
+    with pytest.raises(SpecError) as refused:
+        parse_workspace({"name": "w", "nodes": 1, "contract": {"start": "2026-01-01", "end": "2026-12-31"},
+                         "warm_pool": {"keep_alive_seconds": 3601}})
+    assert [str(p) for p in refused.value.problems] == ["warm_pool.keep_alive_seconds: must be between 1 and 3600"]
