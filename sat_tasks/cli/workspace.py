@@ -2,7 +2,10 @@
 
 Definitions are YAML files in `[sat] workspaces_dir` (include/workspaces/). Edits and
 deletes are refused, naming the jobs, while jobs use the workspace (the local backend's
-slot board says which; the Workspaces page also sees the Airflow runs).
+slot board says which; the Workspaces page also sees the Airflow runs). create, edit and
+delete also set the Airflow pool `sat-workspace-<name>` in the metadata DB of the Airflow
+config in effect, as the page does; where that DB is not reachable they say so in one
+line and the file is still written.
 """
 
 from __future__ import annotations
@@ -79,6 +82,20 @@ def _uses(name: str):
     from sat_tasks.io.workspaces import SlotBoard
 
     return SlotBoard(name).uses()
+
+
+def _sync_pool(name: str, nodes: int | None) -> None:
+    """Keep the Airflow pool sat-workspace-<name> in step, as the Workspaces page does; one line either way.
+
+    The file is written first: without a reachable metadata DB the command still succeeds and says so.
+    """
+    from sat_tasks.airflow.workspace_pools import MetadataDBUnreachable, sync_workspace_pool
+    from sat_tasks.backends.kubernetes.workspace import pool_name
+
+    try:
+        print(sync_workspace_pool(name, nodes))
+    except MetadataDBUnreachable as exc:
+        print(f"Airflow pool {pool_name(name)} not {'deleted' if nodes is None else 'set'}: {exc}", file=sys.stderr)
 
 
 def _fail(message: str, status: int = EXIT_FAILED) -> int:
@@ -166,6 +183,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc), EXIT_INVALID)
     print(f"workspace {ws.name} created: {ws.nodes} node(s), contract {ws.contract.describe()}")
+    _sync_pool(ws.name, ws.nodes)
     return EXIT_OK
 
 
@@ -180,6 +198,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
     except (WorkspaceNotFound, WorkspaceRefused) as exc:
         return _fail(str(exc))
     print(f"workspace {ws.name}: {ws.nodes} node(s) from the next job that starts")
+    _sync_pool(ws.name, ws.nodes)
     return EXIT_OK
 
 
@@ -191,6 +210,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     except (WorkspaceNotFound, WorkspaceRefused) as exc:
         return _fail(str(exc))
     print(f"workspace {ws.name} deleted")
+    _sync_pool(ws.name, None)
     return EXIT_OK
 
 

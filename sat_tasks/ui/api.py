@@ -378,9 +378,10 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
     JSON: `GET|POST /api/workspaces`, `PUT /api/workspaces/{name}` (`{"nodes": n}`),
     `DELETE /api/workspaces/{name}`: 422 with `{"field", "rule"}` problems, 409 with the jobs
     that run or wait there, 404 for an unknown name. HTML: `GET|POST /workspaces`,
-    `POST /workspaces/{name}/nodes`, `POST /workspaces/{name}/delete`. Each change also sets
-    the workspace's Airflow pool (`sat-workspace-<name>`, a slot per node), which queues its
-    jobs on Kubernetes where Kueue does not.
+    `POST /workspaces/{name}/nodes`, `POST /workspaces/{name}/delete` (asks first; `confirm=yes`
+    deletes). Each change also sets the workspace's Airflow pool (`sat-workspace-<name>`, a slot
+    per node; `sat_tasks.airflow.workspace_pools`, which `sat workspace` uses too), which queues
+    its jobs on Kubernetes where Kueue does not.
     """
     from airflow.api_fastapi.core_api.security import requires_access_pool
     from airflow.models.dagrun import DagRun
@@ -389,6 +390,7 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
     from sqlalchemy import select
 
     from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
+    from sat_tasks.airflow.workspace_pools import set_workspace_pool
     from sat_tasks.core.workspaces import WorkspaceUse, merge_uses
     from sat_tasks.io.workspaces import SlotBoard, WorkspaceNotFound, WorkspaceRefused, WorkspaceStore
     from sat_tasks.spec import SpecError
@@ -416,21 +418,9 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
     def rows(session) -> list[dict]:
         return [pages.workspace_row(ws, uses_of(ws.name, session)) for ws in WorkspaceStore().list()]
 
-    def set_pool(name: str, nodes: int | None, session) -> None:
-        from airflow.models.pool import Pool
-
-        from sat_tasks.backends.kubernetes.workspace import pool_name
-
-        if nodes is None:
-            if Pool.get_pool(pool_name(name), session=session) is not None:
-                Pool.delete_pool(pool_name(name), session=session)
-        else:
-            Pool.create_or_update_pool(pool_name(name), nodes, f"Training Workspace {name}: a slot per node",
-                                       False, session=session)
-
     def create_workspace(data: dict, session):
         workspace = WorkspaceStore().create(data)
-        set_pool(workspace.name, workspace.nodes, session)
+        set_workspace_pool(workspace.name, workspace.nodes, session)
         return workspace
 
     def set_nodes(name: str, nodes: int, session):
@@ -439,7 +429,7 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
             workspace = store.set_nodes(name, nodes, uses_of(name, session))
         except WorkspaceNotFound as exc:
             raise HTTPException(404, str(exc)) from None
-        set_pool(name, workspace.nodes, session)
+        set_workspace_pool(name, workspace.nodes, session)
         return workspace
 
     def delete_workspace(name: str, session):
@@ -447,7 +437,7 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
             workspace = WorkspaceStore().delete(name, uses_of(name, session))
         except WorkspaceNotFound as exc:
             raise HTTPException(404, str(exc)) from None
-        set_pool(name, None, session)
+        set_workspace_pool(name, None, session)
         return workspace
 
     def problems_json(exc: SpecError) -> JSONResponse:
@@ -515,7 +505,13 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
             f"workspace {workspace.name}: {workspace.nodes} node(s) from the next job that starts"))
 
     @app.post("/workspaces/{name}/delete", dependencies=remove + same_origin, response_class=HTMLResponse)
-    def delete_from_form(name: str, session: SessionDep):
+    async def delete_from_form(name: str, request: Request, session: SessionDep):
+        if (await request.form()).get("confirm") != "yes":  # the row's Delete asks first, as a job's Delete does
+            try:
+                WorkspaceStore().get(name)
+            except WorkspaceNotFound as exc:
+                raise HTTPException(404, str(exc)) from None
+            return pages.workspaces_page(rows(session), confirm_delete=name)
         try:
             workspace = delete_workspace(name, session)
         except WorkspaceRefused as exc:

@@ -78,7 +78,8 @@ def deployment(tmp_path_factory):
         "svc-asset", schedule=f"asset:{WATCHED}", data={"source": WATCHED})))
     stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
                          storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work",
-                         extra_env={"AIRFLOW__SAT__DATA_WATCH_INTERVAL_SECONDS": "10",
+                         extra_env={"AIRFLOW__SAT__WORKSPACES_DIR": str(root / "workspaces"),  # not the repo's
+                                    "AIRFLOW__SAT__DATA_WATCH_INTERVAL_SECONDS": "10",
                                     "AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS": "20",
                                     "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
                                     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10"},
@@ -578,6 +579,85 @@ def test_a_person_stops_a_job_then_deletes_it_keeping_its_results(deployment, ru
     kept = deployment.storage.client().list_objects_v2(
         Bucket=BUCKET, Prefix=f"results/svc-stop/{safe_run_id(stopped['run_id'])}/")
     assert kept.get("KeyCount", 0) > 0
+
+
+# ---- Training Workspaces (ADR 0015) in the browser -------------------------------------------------------
+def test_a_person_creates_edits_and_deletes_a_workspace_from_airflows_navigation(deployment, api, browser):
+    """Workspaces in Airflow's navigation: a bad name (the rule under its field, nothing created), then 2 nodes, 3,
+    a Delete refused while a job holds the nodes (the local slot board, held by this process), then deleted.
+    Each change sets the Airflow pool sat-workspace-<name>."""
+    from datetime import date
+
+    from airflow_client.client.api.pool_api import PoolApi
+    from airflow_client.client.exceptions import NotFoundException
+
+    from sat_tasks.io.workspaces import SlotBoard, WorkspaceStore
+
+    def pool_slots() -> int | None:
+        try:
+            return _retrying(lambda: PoolApi(api).get_pool("sat-workspace-team-vision")).slots
+        except NotFoundException:
+            return None
+
+    store = WorkspaceStore(deployment.home.parent / "workspaces")  # the deployment's [sat] workspaces_dir
+    page = _logged_in_page(deployment, browser)
+    page.locator("a[href$='plugin/workspaces']").click()  # the "Workspaces" entry of Airflow's navigation
+    page.wait_for_url("**/plugin/workspaces")
+    frame = page.frame_locator("iframe")
+    frame.get_by_role("heading", name="Training Workspaces").wait_for()
+    assert page.locator("a[href$='plugin/workspaces']").inner_text().strip() == "Workspaces"
+    page.screenshot(path=str(SCREENSHOTS / "12-workspaces-in-airflow.png"))
+
+    today = date.today()
+    for name, value in {"name": "Team Vision", "description": "vision team: nightly detector training", "nodes": "2",
+                        "contract.start": today.isoformat(), "contract.end": f"{today.year + 1}-12-31"}.items():
+        frame.locator(f"[name='{name}']").fill(value)
+    frame.get_by_role("button", name="Create Workspace").click()
+    error = frame.locator("[id='error-name']")
+    error.wait_for()
+    assert error.inner_text().startswith("name: must be 1-63 chars of lowercase letters")
+    assert frame.locator("#name").input_value() == "Team Vision"  # what the person typed stays
+    assert store.list() == [] and pool_slots() is None  # nothing was created
+    page.screenshot(path=str(SCREENSHOTS / "13-workspace-bad-name.png"))
+
+    frame.locator("#name").fill("team-vision")
+    frame.get_by_role("button", name="Create Workspace").click()
+    row = frame.locator("#ws-team-vision")
+    row.wait_for()
+    assert frame.locator("#notice").inner_text() == "workspace team-vision created: 2 node(s)"
+    assert "0 of 2" in row.inner_text() and "vision team" in row.inner_text()
+    assert store.get("team-vision").nodes == 2 and pool_slots() == 2
+
+    board = SlotBoard("team-vision", root=deployment.work_dir / "workspaces")  # a job holds both nodes
+    ticket = board.enqueue(job="detector-nightly", run_id="manual__e2e", attempt=1, slots=2)
+    assert board.poll(store.get("team-vision"), ticket).admitted
+    try:
+        frame.get_by_label("Nodes", exact=True).fill("3")
+        frame.get_by_role("button", name="Save node count").click()
+        expect(frame.locator("#notice")).to_have_text("workspace team-vision: 3 node(s) from the next job that starts")
+        assert "2 of 3" in row.inner_text() and "detector-nightly (2 node(s))" in row.inner_text()
+        assert store.get("team-vision").nodes == 3 and pool_slots() == 3
+        page.screenshot(path=str(SCREENSHOTS / "14-workspace-edited.png"))
+
+        row.get_by_role("button", name="Delete").click()  # asks first
+        frame.locator("#confirm-delete").click()
+        refusal = frame.locator("#refusal")
+        refusal.wait_for()
+        assert "detector-nightly (manual__e2e, running" in refusal.inner_text()
+        assert store.get("team-vision").nodes == 3 and pool_slots() == 3
+        page.screenshot(path=str(SCREENSHOTS / "15-workspace-delete-refused.png"))
+    finally:
+        board.release(ticket)
+
+    frame.locator("#ws-team-vision").get_by_role("button", name="Delete").click()
+    frame.locator("#confirm-box").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "16-workspace-delete-confirm.png"))
+    frame.locator("#confirm-delete").click()
+    expect(frame.locator("#notice")).to_have_text("workspace team-vision deleted")
+    assert frame.locator("#ws-team-vision").count() == 0 and "No Training Workspaces yet" in frame.locator(
+        "body").inner_text()
+    assert store.list() == [] and pool_slots() is None
+    page.close()
 
 
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------

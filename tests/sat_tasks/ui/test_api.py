@@ -391,10 +391,16 @@ def test_the_workspaces_page_creates_edits_and_shows_refusals(client, admin, wor
     board.poll(WorkspaceStore().get("team-ui"), ticket)
     refused = client.post("/sat/workspaces/team-ui/nodes", headers=admin, data={"nodes": "2"})
     assert refused.status_code == 409 and "cannot shrink to 2 node(s): running jobs use 3: train-x" in refused.text
-    refused = client.post("/sat/workspaces/team-ui/delete", headers=admin)
+    asked = client.post("/sat/workspaces/team-ui/delete", headers=admin)  # the row's Delete asks first
+    assert asked.status_code == 200 and "id='confirm-delete'" in asked.text
+    assert "name='confirm' value='yes'" in asked.text
+    assert WorkspaceStore().find("team-ui") is not None
+    assert client.post("/sat/workspaces/team-zz/delete", headers=admin).status_code == 404
+    refused = client.post("/sat/workspaces/team-ui/delete", headers=admin, data={"confirm": "yes"})
     assert refused.status_code == 409 and "cannot delete it while jobs run or wait in it: train-x" in refused.text
     board.release(ticket)
     edited = client.post("/sat/workspaces/team-ui/nodes", headers=admin, data={"nodes": "2"})
     assert edited.status_code == 200 and "2 node(s) from the next job that starts" in edited.text
-    deleted = client.post("/sat/workspaces/team-ui/delete", headers=admin)
+    deleted = client.post("/sat/workspaces/team-ui/delete", headers=admin, data={"confirm": "yes"})
     assert deleted.status_code == 200 and "workspace team-ui deleted" in deleted.text
+    assert WorkspaceStore().find("team-ui") is None

@@ -90,3 +90,67 @@ def test_validate_workspace_files(tmp_path, capsys):
     assert main(["workspace", "validate", str(bad), str(renamed)]) == 2
     assert capsys.readouterr().out.splitlines() == [
         f"{bad}: nodes: must be between 1 and 64", f"{renamed}: name: must match the file name ('other')"]
+
+
+# ---- the Airflow pool sat-workspace-<name>, kept in step as the Workspaces page keeps it -------------------
+POOL_CREATE = ["workspace", "create", "--name", "team-pool", "--nodes", "2", "--start", "2026-01-01",
+               "--end", "2099-12-31"]
+
+
+def _pool_slots(name: str) -> int | None:
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        pool = Pool.get_pool(name, session=session)
+        return None if pool is None else pool.slots
+
+
+def test_create_edit_delete_keep_the_airflow_pool_in_step(sat_dirs, airflow_db, capsys):
+    assert main(POOL_CREATE) == 0
+    assert "Airflow pool sat-workspace-team-pool: 2 slot(s)" in capsys.readouterr().out
+    assert _pool_slots("sat-workspace-team-pool") == 2
+    assert main(["workspace", "edit", "team-pool", "--nodes", "5"]) == 0
+    assert "Airflow pool sat-workspace-team-pool: 5 slot(s)" in capsys.readouterr().out
+    assert _pool_slots("sat-workspace-team-pool") == 5
+    # a refused edit or delete leaves the pool as it is
+    board = SlotBoard("team-pool")
+    ticket = board.enqueue(job="train-a", run_id="run-1", attempt=1, slots=4)
+    assert board.poll(WorkspaceStore().get("team-pool"), ticket).admitted
+    assert main(["workspace", "edit", "team-pool", "--nodes", "1"]) == 1
+    assert main(["workspace", "delete", "team-pool"]) == 1
+    assert _pool_slots("sat-workspace-team-pool") == 5
+    board.release(ticket)
+    capsys.readouterr()
+    assert main(["workspace", "delete", "team-pool"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["workspace team-pool deleted", "Airflow pool sat-workspace-team-pool deleted"]
+    assert out.err == "" and _pool_slots("sat-workspace-team-pool") is None
+    # a pool someone already deleted in Airflow: the file goes, nothing to say about the pool but that it is gone
+    assert main(POOL_CREATE) == 0
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        Pool.delete_pool("sat-workspace-team-pool", session=session)
+    assert main(["workspace", "delete", "team-pool"]) == 0 and WorkspaceStore().list() == []
+
+
+def test_without_a_reachable_metadata_db_the_file_is_written_and_one_line_says_so(tmp_path):
+    """`sat workspace` as a person runs it with an Airflow home that has no metadata DB: no DB file is made."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "airflow-home"
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__SAT__WORKSPACES_DIR": str(tmp_path / "workspaces"),
+           "AIRFLOW__SAT__WORK_DIR": str(tmp_path / "work")}
+    env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)
+    result = subprocess.run([sys.executable, "-m", "sat_tasks.cli", *POOL_CREATE], env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "workspace team-pool created: 2 node(s)" in result.stdout
+    warnings = [line for line in result.stderr.splitlines() if "sat-workspace-team-pool" in line]
+    assert warnings == [f"Airflow pool sat-workspace-team-pool not set: the Airflow metadata DB "
+                        f"{home / 'airflow.db'} does not exist"], result.stderr
+    assert (tmp_path / "workspaces" / "team-pool.yaml").is_file() and not (home / "airflow.db").exists()
