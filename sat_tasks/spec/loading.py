@@ -125,18 +125,22 @@ def parse_spec(data: Any, source: str = "<spec>") -> TrainingJob:
         raise SpecError(source, problems) from None
 
 
-def load_spec(path: str | Path) -> TrainingJob:
-    """Read and validate one YAML spec file."""
+def read_yaml_file(path: str | Path) -> Any:
+    """A YAML file's data; a file that cannot be read or parsed is a SpecError on `<file>`."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"cannot be read: {exc}")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"is not valid YAML{where}")]) from None
-    return parse_spec(data, source=str(path))
+
+
+def load_spec(path: str | Path) -> TrainingJob:
+    """Read and validate one YAML spec file."""
+    return parse_spec(read_yaml_file(path), source=str(path))
 
 
 def dag_id_for(job: TrainingJob) -> str:

@@ -51,6 +51,24 @@ def ruled(default: Any = ..., *, rule: str, description: str | None = None, **co
     return Field(default, description=description or rule, json_schema_extra={"x-rule": rule}, **constraints)
 
 
+def positive_quantity(v: str) -> str:
+    """`v` when it is a Kubernetes quantity greater than 0 (a field validator's body)."""
+    try:
+        value = parse_quantity(v)
+    except ValueError:
+        raise ValueError(QUANTITY_RULE) from None
+    if not value > 0:
+        raise ValueError(f"{QUANTITY_RULE}, greater than 0")
+    return v
+
+
+def check_gpus_fit_server(server_type: str, gpus_per_node: int) -> None:
+    """No more GPUs per node than the server type has."""
+    limit = SERVER_TYPES[server_type]["gpus"]
+    if gpus_per_node > limit:
+        raise ValueError(f"gpus_per_node: server type {server_type} has {limit} GPUs per node")
+
+
 class LearningType(str, Enum):
     """How capacity is bought: on-demand or Spot (pre-emptible)."""
 
@@ -100,19 +118,11 @@ class Resources(_Model):
     @field_validator("memory", "shared_memory", "cpu")
     @classmethod
     def _positive_quantity(cls, v: str) -> str:
-        try:
-            value = parse_quantity(v)
-        except ValueError:
-            raise ValueError(QUANTITY_RULE) from None
-        if not value > 0:
-            raise ValueError(f"{QUANTITY_RULE}, greater than 0")
-        return v
+        return positive_quantity(v)
 
     @model_validator(mode="after")
     def _gpus_fit_server(self) -> Resources:
-        limit = SERVER_TYPES[self.server_type]["gpus"]
-        if self.gpus_per_node > limit:
-            raise ValueError(f"gpus_per_node: server type {self.server_type} has {limit} GPUs per node")
+        check_gpus_fit_server(self.server_type, self.gpus_per_node)
         return self
 
 

@@ -13,7 +13,6 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,9 +22,16 @@ from pydantic import (
     model_validator,
 )
 
-from sat_tasks.spec.loading import SpecError, SpecProblem, problems_from
-from sat_tasks.spec.model import QUANTITY_RULE, SERVER_TYPES, ServerType, WarmPool, ruled
-from sat_tasks.spec.quantities import QUANTITY_PATTERN, parse_quantity
+from sat_tasks.spec.loading import SpecError, SpecProblem, problems_from, read_yaml_file
+from sat_tasks.spec.model import (
+    QUANTITY_RULE,
+    ServerType,
+    WarmPool,
+    check_gpus_fit_server,
+    positive_quantity,
+    ruled,
+)
+from sat_tasks.spec.quantities import QUANTITY_PATTERN
 
 # Lowercase letters, digits, '-' and '.', at most 63 chars, alphanumeric at both ends: a
 # Kubernetes label value and object name (the node label, the Kueue queues are named after it).
@@ -51,19 +57,11 @@ class WorkspaceResources(_Model):
     @field_validator("memory", "cpu")
     @classmethod
     def _positive(cls, v: str) -> str:
-        try:
-            value = parse_quantity(v)
-        except ValueError:
-            raise ValueError(QUANTITY_RULE) from None
-        if not value > 0:
-            raise ValueError(f"{QUANTITY_RULE}, greater than 0")
-        return v
+        return positive_quantity(v)
 
     @model_validator(mode="after")
     def _gpus_fit_server(self) -> WorkspaceResources:
-        limit = SERVER_TYPES[self.server_type]["gpus"]
-        if self.gpus_per_node > limit:
-            raise ValueError(f"gpus_per_node: server type {self.server_type} has {limit} GPUs per node")
+        check_gpus_fit_server(self.server_type, self.gpus_per_node)
         if self.gpus_per_node == 0 and self.server_type != "cpu":
             raise ValueError("gpus_per_node: must be >= 1 on a GPU server type")
         return self
@@ -131,13 +129,4 @@ def parse_workspace(data: Any, source: str = "<workspace>") -> Workspace:
 
 def load_workspace(path: str | Path) -> Workspace:
     """Read and validate one workspace YAML file."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"cannot be read: {exc}")]) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"is not valid YAML{where}")]) from None
-    return parse_workspace(data, source=str(path))
+    return parse_workspace(read_yaml_file(path), source=str(path))
