@@ -52,12 +52,14 @@ def serve(socket_path: str, preload: Sequence[str], until: float) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     loaded = []
+    _set_policy(getattr(os, "SCHED_IDLE", None))  # import on idle CPU: never slow the runs on this host
     for name in preload:
         try:
             importlib.import_module(name)
             loaded.append(name)
         except Exception:  # noqa: BLE001 - a module the job does not have is just not preloaded
             continue
+    _set_policy(getattr(os, "SCHED_OTHER", None))  # the children train at normal priority
     sys.stdout.flush()
     children: dict[int, socket.socket] = {}
     try:
@@ -75,6 +77,16 @@ def serve(socket_path: str, preload: Sequence[str], until: float) -> int:
         if os.path.exists(socket_path):
             os.unlink(socket_path)
     return 0
+
+
+def _set_policy(policy: int | None) -> None:
+    """Switch this process's scheduling policy (SCHED_IDLE <-> SCHED_OTHER needs no privilege on Linux)."""
+    if policy is None:
+        return
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
 
 
 def _handle(server: socket.socket, conn: socket.socket, children: dict, loaded: list[str], until: float) -> float:

@@ -177,3 +177,12 @@ def test_jobs_with_faults_or_other_commands_get_no_interpreter(warm_job, monkeyp
     assert not local_warm.interpreter_eligible(warm_job.job(command="python -m train.main"))
     monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "none")
     assert not local_warm.interpreter_eligible(warm_job.job())
+
+
+def test_the_child_trains_at_normal_priority_though_the_preload_ran_idle(tmp_path, server):
+    _, sock = server
+    (tmp_path / "policy.py").write_text("import os; print('policy', os.sched_getscheduler(0), flush=True)\n")
+    client = subprocess.Popen([sys.executable, "-m", MODULE, "run", "--socket", sock, "--", "policy.py"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    out, _ = client.communicate(timeout=60)
+    assert f"policy {os.SCHED_OTHER}" in out
