@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 from sat_tasks.cli import build_parser
 from sat_tasks.cli.test import pytest_args
@@ -38,3 +42,25 @@ def test_sat_test_reports_a_bad_spec_by_file_field_and_rule_in_junit_xml(tmp_pat
     case = ET.parse(tmp_path / "report.xml").getroot().find(".//testcase")
     assert case.get("name") == "dag_integrity" and case.find("failure") is not None
     assert "job_failover: not allowed with learning_type spot" in case.find("failure").text
+
+
+@pytest.mark.slow
+def test_a_failed_rehearsal_names_the_job_the_step_and_what_sat_saw(tmp_path):
+    """End to end: a rehearsal whose expectation is wrong fails with SAT's evidence and the job log's tail."""
+    shutil.copytree(SPEC.parents[1], tmp_path / "repo")
+    spec = tmp_path / "repo" / "jobs" / "tiny-lm.yaml"
+    text = spec.read_text()
+    text = text.replace("    - {scenario: hardware_fault, at_step: 15}  # fail over, resume from the last checkpoint, complete\n",
+                        "")
+    spec.write_text(text.replace("{scenario: user_error, at_step: 5}", "{scenario: user_error, at_step: 5, "
+                                                                        "expect_status: Completed}"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SAT_", "PYTEST_"))}
+    result = subprocess.run([str(SAT), "test", "jobs/tiny-lm.yaml", "-k", "rehearse"], cwd=tmp_path / "repo",
+                            env=env, capture_output=True, text=True, timeout=1800, check=False)
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert ("jobs/tiny-lm.yaml: rehearsal user_error@5 of job tiny-lm (expected: verdict INTERNAL, then stop, final "
+            "status 'Completed') failed:") in out, out[-5000:]
+    assert "final status 'Pending - internalerror', expected 'Completed'" in out
+    assert "verdict INTERNAL" in out and "evidence: " in out  # what the classifier saw
+    assert "lines of the job log:" in out and "RehearsedUserError: rehearsed user error at step >= 5" in out
