@@ -48,7 +48,8 @@ def stage_job_files(
     Without a script URL the code directory is only created (the image carries the code).
     With `reuse_dir` (a warm run's staged data) and `reuse_objects` (its `{key: ETag}`), the
     objects whose ETag did not change are linked from there and only verified, not
-    downloaded (`data.reused`, `data.redownloaded`). Returns `{"code": ..., "data":
+    downloaded (`data.reused`, `data.redownloaded`); `current_objects` is the data's listing
+    when the caller has it (else it is listed here). Returns `{"code": ..., "data":
     TransferReport dict}`.
     """
     report: dict[str, Any] = {}

@@ -189,6 +189,7 @@ class Claim(BaseModel):
     state: WarmState
     data_dir: str | None = None  # reuse staged files from here (unchanged ETags only)
     objects: dict[str, str] = Field(default_factory=dict)
+    current: dict[str, str] | None = None  # the data's listing now, when the caller listed it (one LIST less)
     node: list[str] = Field(default_factory=list)
     lines: list[str] = Field(default_factory=list)  # why a part is not reused
 

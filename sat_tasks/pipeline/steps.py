@@ -144,6 +144,9 @@ def validate_data(job: TrainingJob, run_id: str, staged: dict | None = None, log
     reused = ((staged or {}).get("warm") or {}).get("validation")
     if reused is not None:  # the warm run's data passed this suite, and neither changed
         log("warm pool: data validation reused (data and suite unchanged since the warm run)")
+        from sat_tasks.pipeline.warm_pool import note_validation
+
+        note_validation(run, reused)  # kept for the run after this one too
         return reused
     check = backend_for(job).check_staged_data(run, staged, log)
     if check.success and job.warm_pool is not None:

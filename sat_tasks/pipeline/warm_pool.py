@@ -47,6 +47,9 @@ def stage(run: JobRun, backend: Backend, log: Log) -> dict[str, Any]:
         log(f"warm pool: stopped by {request.get('by', 'someone')} after run {claimed.state.run_id}: released")
         release_state(claimed.state, log)
         claimed = None
+    objects = warm_pool.list_objects(hook, job.data.source)  # the keys of this run's warm state
+    if claimed is not None:
+        claimed.current = objects
     try:
         staged = backend.stage(run, log, reuse=claimed)
     finally:
@@ -56,7 +59,6 @@ def stage(run: JobRun, backend: Backend, log: Log) -> dict[str, Any]:
                 leftover = leftover.model_copy(update={"interpreter_pid": None, "interpreter_socket": None})
             for name in release_state(leftover, log):
                 log(f"warm pool: released {name} (handed over to run {run.run_id})")
-    objects = warm_pool.list_objects(hook, job.data.source)
     suite = warm_pool.suite_hash(job)
     record = warm_pool.read_run_record(hook, run.results_uri)
     lines, reused = _reuse_lines(claimed, staged, record.get("image") or {}, objects, suite)

@@ -7,7 +7,9 @@ In one process, on one embedded S3 server and one Airflow metadata DB: the demo 
 with the warm pool off and on (`warm_pool.keep_alive_seconds: 600`), each mode under a
 job name of its own, alternating (off 1, on 1, off 2, on 2, ...) so that a change in the
 machine's load hits both; the warm state is released at the end. For each run:
-"trigger" is the `dag.test()` call (as `sat run` does it); "first step" is the first time
+"trigger" is the DAG run's creation (its run id's timestamp: what a schedule or an Asset
+event sets; `sat run`'s own set-up before `dag.test()`, seeding the bucket and parsing
+the DAGs, is left out), "launch" the attempt's header in its job log, "first step" the first time
 the engine's progress.json in the run's output directory names a step >= 1 (polled every
 20 ms). Printed: each run's phases (trigger -> launch, launch -> first step) and the line
 to read, `ratio=<on/off>` of the second runs (target <= 0.5). `--pairs N` runs N
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +38,7 @@ class FirstStepWatch:
     def __init__(self, job_dir: Path) -> None:
         self.job_dir, self.seen = job_dir, {p.name for p in job_dir.glob("*")} if job_dir.exists() else set()
         self.first_step: float | None = None
-        self.launched: float | None = None
+        self.run: Path | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -47,20 +50,29 @@ class FirstStepWatch:
         self._stop.set()
         self._thread.join()
 
+    @property
+    def triggered(self) -> float:
+        """The run's creation: `manual__2026-12-01T18_24_09.129997_00_00` -> its UTC timestamp."""
+        stamp = self.run.name.split("__", 1)[1][:26].replace("_", ":")
+        return datetime.fromisoformat(stamp[:10] + "T" + stamp[11:19] + "." + stamp[20:26] + "+00:00").timestamp()
+
+    @property
+    def launched(self) -> float:
+        """The attempt's header line in the job log (`<iso time> [sat] attempt 1 of job ...`)."""
+        return datetime.fromisoformat((self.run / "job.log").read_text().split(" ", 1)[0]).timestamp()
+
     def _poll(self) -> None:
         while not self._stop.is_set() and self.first_step is None:
             for run in self.job_dir.glob("*") if self.job_dir.exists() else []:
                 if run.name in self.seen:
                     continue
-                if self.launched is None and (run / "job.log").exists():
-                    self.launched = time.time()
                 progress = run / "output" / "concurrent_checkpoint" / "progress.json"
                 try:
                     step = json.loads(progress.read_text()).get("step") or 0
                 except (OSError, ValueError):
                     continue
                 if step >= 1:
-                    self.first_step = time.time()
+                    self.first_step, self.run = time.time(), run
             time.sleep(0.02)
 
 
@@ -101,16 +113,15 @@ def main() -> None:
             for mode in ("off", "on"):
                 job = jobs[mode]
                 with FirstStepWatch(home / "work" / job.name) as watch:
-                    trigger = time.time()
                     report = run_job(job, None, quiet=True)
                 status = (report or {}).get("status")
                 attempts = len((report or {}).get("attempts") or [])
                 if watch.first_step is None or status != "Completed" or attempts != 1:
                     raise SystemExit(f"{mode} run {n + 1}: ended {status} after {attempts} attempt(s)"
                                      + ("" if watch.first_step else " without a first step"))
+                trigger = watch.triggered
                 row = {"run": n + 1, "to_first_step": watch.first_step - trigger,
-                       "to_launch": (watch.launched or trigger) - trigger,
-                       "launch_to_step": watch.first_step - (watch.launched or trigger),
+                       "to_launch": watch.launched - trigger, "launch_to_step": watch.first_step - watch.launched,
                        "warm": ((report or {}).get("warm") or {}).get("lines", [])}
                 print(f"[{mode}] run {n + 1}: trigger -> first step {row['to_first_step']:.1f}s "
                       f"(trigger -> launch {row['to_launch']:.1f}s, launch -> first step {row['launch_to_step']:.1f}s)",

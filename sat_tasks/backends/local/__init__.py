@@ -38,7 +38,8 @@ class LocalBackend:
         reuse_dir = reuse.data_dir if reuse is not None and reuse.data_dir and Path(reuse.data_dir).is_dir() else None
         return stage_job_files(run.hook(), data_source=run.job.data.source, data_dest=run.data_dir,
                                code_dest=run.code_dir, script_url=run.job.storage.script_url, log=log,
-                               reuse_dir=reuse_dir, reuse_objects=reuse.objects if reuse_dir else None)
+                               reuse_dir=reuse_dir, reuse_objects=reuse.objects if reuse_dir else None,
+                               current_objects=reuse.current if reuse_dir else None)
 
     def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
         from sat_tasks.io.validation import DataValidationError, validate_dataset

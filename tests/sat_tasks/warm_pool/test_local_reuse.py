@@ -297,3 +297,15 @@ def test_a_workspace_refuses_a_bad_keep_alive():
         parse_workspace({"name": "w", "nodes": 1, "contract": {"start": "2026-01-01", "end": "2026-12-31"},
                          "warm_pool": {"keep_alive_seconds": 3601}})
     assert [str(p) for p in refused.value.problems] == ["warm_pool.keep_alive_seconds: must be between 1 and 3600"]
+
+
+def test_a_reused_validation_is_kept_for_the_run_after(warm_job, lines):
+    job, _ = _first_run(warm_job, lines)
+    second = warm_job.run_id()
+    staged = steps.stage_data(job, second, log=lines.append)
+    assert steps.validate_data(job, second, staged, log=lines.append) == VALIDATION
+    warm_job.complete(job, second)
+    steps.cleanup_run(job, second, log=lines.append)
+    assert warm_pool.WarmPoolStore(warm_job.hook).load(job).validation == VALIDATION
+    third = warm_job.run_id()
+    assert steps.stage_data(job, third, log=lines.append)["warm"]["validation"] == VALIDATION
