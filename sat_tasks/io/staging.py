@@ -42,6 +42,7 @@ def stage_job_files(
     log: Log = print,
     reuse_dir: str | Path | None = None,
     reuse_objects: dict[str, str] | None = None,
+    current_objects: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Stage the script (one object, or every object under a prefix ending in `/`) and the data.
 
@@ -69,7 +70,7 @@ def stage_job_files(
         from sat_tasks.io.warm_pool import link_unchanged, list_objects
 
         _, prefix = split_s3_uri(data_source)
-        current = list_objects(hook, data_source)
+        current = current_objects if current_objects is not None else list_objects(hook, data_source)
         linked = link_unchanged(reuse_dir, data_dest, reuse_objects or {}, current, prefix)
         log(f"warm pool: {len(linked)} of {len(current)} objects unchanged since the warm run: linked from {reuse_dir}")
     transfer = storage.stage_prefix(hook, data_source, data_dest, log=log)
