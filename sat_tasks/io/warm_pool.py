@@ -231,6 +231,27 @@ def claim(job: TrainingJob, run_id: str, hook: Any, release: Release, *, log: Lo
     return result
 
 
+def release_nodes_taken(workspace: str, nodes: Iterable[str], job: str, hook: Any, roots: Iterable[str],
+                        release: Release, *, backend: str, log: Log = print) -> list[str]:
+    """Release the warm states of *other* jobs of `workspace` that keep one of `nodes`, which `job` now holds.
+
+    The local backend's slot board does not count warm nodes as held (a warm run must never
+    keep a waiting job out), so the workspace needing a node shows up here: a job of the
+    workspace took it. Its own warm state is the job's to claim, not to release.
+    """
+    taken, store, released = set(nodes), WarmPoolStore(hook), []
+    for root in roots:
+        for uri, state in store.states(root):
+            if (state.backend != backend or state.workspace != workspace or state.job == job
+                    or not taken.intersection(state.nodes)):
+                continue
+            store.delete_uri(uri)
+            log(f"warm pool: workspace {workspace}: {job} took {', '.join(sorted(taken.intersection(state.nodes)))}; "
+                f"releasing {state.job}'s warm state")
+            released += [f"warm-state/{state.job}", *_release(state, release, log)]
+    return released
+
+
 def _release(state: WarmState, release: Release, log: Log) -> list[str]:
     released = release(state, log)
     for name in released:

@@ -46,16 +46,20 @@ def await_workspace_nodes(
     log: Log = print,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    release_warm: Callable[[str, int, Log, Any], list[str]] | None = None,
 ) -> bool:
     """Wait until the failover fits the workspace's healthy nodes; True when it waited at all.
 
     `history` None: wait without recording (the ranks other than 0). Raises
-    WorkspaceFailoverTimeout (status Failed, recorded) past `deadline_seconds`.
+    WorkspaceFailoverTimeout (status Failed, recorded) past `deadline_seconds`. The first time
+    there is no room, the workspace's warm placeholders are released (`release_warm`, default
+    `warm.release_for_capacity`) and the room looked at again before waiting.
     """
     if not needs_workspace_wait(job, plan):
         return False
     deadline = clock() + deadline_seconds
     last_reason = None
+    released_warm = False
     while True:
         try:
             assessment = cluster_capacity(job, run_id, plan.attempt, exclude_nodes=list(plan.exclude_nodes),
@@ -70,6 +74,13 @@ def await_workspace_nodes(
         found = assessment.summary() if assessment is not None else "the Kubernetes API did not answer"
         reason = (f"failover of attempt {plan.attempt} waits for healthy nodes in workspace {job.workspace} "
                   f"(excluded: {', '.join(plan.exclude_nodes) or 'none'}): {found}")
+        if last_reason is None and not released_warm:  # no room: the workspace's warm placeholders go first
+            released_warm = True
+            try:
+                if (release_warm or _release_warm)(job.workspace, job.nodes, log, client):
+                    continue  # look again at once: the freed nodes may be all it needed
+            except Exception as exc:  # noqa: BLE001 - no warm state to free: wait as before
+                log(f"[sat] warm pool: could not release the workspace's warm placeholders: {exc}")
         if reason != last_reason:
             last_reason = reason
             log(f"[sat] {reason}")
@@ -81,3 +92,9 @@ def await_workspace_nodes(
                 history.record(JobStatus.FAILED, why, attempt=plan.attempt, task="launch")
             raise WorkspaceFailoverTimeout(why)
         sleep(poll_seconds)
+
+
+def _release_warm(workspace: str, nodes: int, log: Log, client: Any) -> list[str]:
+    from sat_tasks.backends.kubernetes.warm import release_for_capacity
+
+    return release_for_capacity(workspace, nodes, log, client=client)

@@ -171,6 +171,12 @@ def release_for_capacity(workspace: str, nodes_needed: int, log: Log = print) ->
                                           backend="local", log=log)
 
 
+def release_nodes_taken(workspace: str, nodes: list[str], job: str, log: Log = print) -> list[str]:
+    """Release other jobs' warm states on `nodes` of `workspace`, which `job` has just taken (local backend)."""
+    return warm_pool.release_nodes_taken(workspace, nodes, job, _hook(), warm_pool.warm_roots(), release_warm,
+                                         backend="local", log=log)
+
+
 def release_expired(log: Log = print) -> list[str]:
     """Release every expired warm state of the local backend (the sweep)."""
     return warm_pool.release_expired(_hook(), warm_pool.warm_roots(), release_warm, backend="local", log=log)

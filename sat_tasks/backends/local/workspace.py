@@ -64,6 +64,12 @@ def attempt_nodes(run: JobRun, plan: Plan, log: Log, *, poll_seconds: float = 1.
         raise
     log(f"[sat] workspace {job.workspace}: attempt {plan.attempt} holds {', '.join(nodes)}")
     try:
+        from sat_tasks.backends.local.warm import release_nodes_taken
+
+        release_nodes_taken(job.workspace, list(nodes), job.name, log)  # the workspace needed them: warm runs go
+    except Exception as exc:  # noqa: BLE001 - a warm state left over is swept at expiry; the attempt runs
+        log(f"[sat] warm pool: could not release warm states on {', '.join(nodes)}: {type(exc).__name__}: {exc}")
+    try:
         yield list(nodes)
     finally:
         board.release(ticket)

@@ -81,3 +81,43 @@ def test_the_local_launch_runs_on_its_workspaces_node_and_gives_it_back(s3_hook,
     assert "on launch-team-node-1" in lines
     assert run.history().entries()[-1]["reason"] == "attempt 2 started on launch-team-node-1"
     assert SlotBoard("launch-team").uses() == []
+
+
+def test_a_workspace_job_taking_a_node_releases_another_jobs_warm_state_there(s3_hook, demo_bucket, tmp_path,
+                                                                              monkeypatch):
+    """The workspace needs the node: the warm run of another job kept there goes; one on a node not taken stays."""
+    import time
+
+    from sat_tasks.backends.local.launch import launch_attempt
+    from sat_tasks.core.contracts import Plan
+    from sat_tasks.io import warm_pool
+    from sat_tasks.io.run_layout import JobRun
+
+    monkeypatch.setenv("AIRFLOW__SAT__WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    WorkspaceStore().create({"name": "warm-team", "nodes": 2, "contract": {"start": "2026-01-01", "end": "2099-12-31"}})
+
+    def spec(name):
+        return parse_spec({
+            "name": name, "workspace": "warm-team", "nodes": 1, "startup_timeout_seconds": 0,
+            "image": {"url": "registry.sat.local/sat/training:0.1.0"},
+            "data": {"source": "s3://sat-demo/datasets/tiny-corpus/"},
+            "results": {"destination": "s3://sat-demo/results/"}, "command": 'echo "on $SAT_NODE"',
+        })
+
+    store = warm_pool.WarmPoolStore(s3_hook)
+    for other, node in (("warm-other", "warm-team-node-1"), ("warm-third", "warm-team-node-0")):
+        store.save(spec(other), warm_pool.WarmState(
+            job=other, workspace="warm-team", backend="local", run_id="r0", kept_at=time.time(),
+            expires_at=time.time() + 600, spec_hash="x", data_source="s3://sat-demo/datasets/tiny-corpus/",
+            nodes=[node]))
+    job = spec("warm-taker")
+    run = JobRun(job, f"manual__warm-taker-{tmp_path.name}")
+    run.code_dir.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    record = launch_attempt(run, Plan(attempt=2, exclude_nodes=["warm-team-node-0"], failovers=1), lines.append)
+    assert record.exit_code == 0 and record.node == "warm-team-node-1"
+    assert ("warm pool: workspace warm-team: warm-taker took warm-team-node-1; releasing warm-other's warm state"
+            in lines), lines
+    left = {s.job for _, s in store.states(warm_pool.warm_root(job)) if s.workspace == "warm-team"}
+    assert left == {"warm-third"}
+    store.delete(spec("warm-third"))

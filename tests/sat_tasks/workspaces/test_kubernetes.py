@@ -208,6 +208,32 @@ def _failover_job():
     return parse_spec(job_spec(backend="kubernetes", job_failover=True))
 
 
+def NO_WARM(workspace, nodes, log, client):  # noqa: N802 - no warm state in the workspace
+    return []
+
+
+def test_a_failover_releases_the_workspaces_warm_placeholders_before_it_waits():
+    """Warm placeholders hold the healthy nodes: they are released, and the failover goes at once."""
+    from sat_tasks.backends.kubernetes.workspace_wait import await_workspace_nodes
+    from sat_tasks.core.contracts import Plan
+
+    client = FakeCoreV1([_node("ws-a"), _node("ws-b"), _node("ws-c")], [_busy_pod("ws-b"), _busy_pod("ws-c")])
+    asked: list[tuple[str, int]] = []
+
+    def release(workspace, nodes, log, api):
+        assert api is client
+        asked.append((workspace, nodes))
+        client.pods = []  # the placeholders on ws-b and ws-c are deleted
+        return ["warm-state/nightly", "pod/sat-warm-nightly-r0", "pod/sat-warm-nightly-r1"]
+
+    memory = MemoryHistory()
+    plan = Plan(attempt=2, exclude_nodes=["ws-a"], failovers=1)
+    assert await_workspace_nodes(_failover_job(), RUN_ID, plan, client=client, history=memory.history,
+                                 deadline_seconds=600, poll_seconds=5, sleep=lambda _s: pytest.fail("waited"),
+                                 release_warm=release) is False
+    assert asked == [("team-a", 2)] and memory.entries == []  # no wait, nothing to record
+
+
 def test_a_failover_waits_as_failoverinprogress_until_its_workspace_has_healthy_room():
     from sat_tasks.backends.kubernetes.workspace_wait import await_workspace_nodes
     from sat_tasks.core.contracts import Plan
@@ -224,7 +250,7 @@ def test_a_failover_waits_as_failoverinprogress_until_its_workspace_has_healthy_
 
     plan = Plan(attempt=2, exclude_nodes=["ws-a"], failovers=1)
     assert await_workspace_nodes(_failover_job(), RUN_ID, plan, client=client, history=memory.history,
-                                 deadline_seconds=600, poll_seconds=5, sleep=sleep) is True
+                                 deadline_seconds=600, poll_seconds=5, sleep=sleep, release_warm=NO_WARM) is True
     (entry,) = memory.entries
     assert entry["status"] == "Pending - failoverinprogress" and entry["attempt"] == 2
     assert "waits for healthy nodes in workspace team-a (excluded: ws-a)" in entry["reason"]
@@ -241,7 +267,8 @@ def test_a_failover_without_healthy_room_fails_at_the_deadline_and_a_first_attem
     memory = MemoryHistory()
     with pytest.raises(WorkspaceFailoverTimeout, match=r"\[sat\] workspace_wait_seconds.*0 of 2 node\(s\) fit"):
         await_workspace_nodes(_failover_job(), RUN_ID, Plan(attempt=3, exclude_nodes=["ws-a", "ws-b"], failovers=2),
-                              client=client, history=memory.history, deadline_seconds=0, sleep=lambda _s: None)
+                              client=client, history=memory.history, deadline_seconds=0, sleep=lambda _s: None,
+                              release_warm=NO_WARM)
     assert [e["status"] for e in memory.entries] == ["Pending - failoverinprogress", "Failed"]
     untouched = FakeCoreV1([], [])
     assert not await_workspace_nodes(_failover_job(), RUN_ID, Plan(attempt=1), client=untouched, history=None,
