@@ -4,9 +4,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# make test runs the suite in two worker processes (pytest-xdist), a test module per worker at a
-# time so that module fixtures (the running service of tests/e2e/test_service.py) stay in one,
-# but for the modules of long independent tests that tests/conftest.py spreads test by test.
+# make test runs the suite in two worker processes (pytest-xdist), a test file per worker at a
+# time so that module fixtures (the running service of tests/e2e/test_service.py) stay in one.
 TEST_WORKERS ?= 2
 
 export AIRFLOW_HOME := $(CURDIR)/.airflow
@@ -45,7 +44,7 @@ demo: .venv
 	$(VENV)/bin/sat demo
 
 test: .venv system-deps
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # SAT as a service on this host: embedded Object Storage, metadata DB, API server (UI and
 # REST API on http://127.0.0.1:8080), scheduler, DAG processor. Ctrl-C or `make down` stops it.

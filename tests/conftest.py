@@ -30,24 +30,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-# `make test` runs `--dist loadgroup`: a module's tests stay on one worker (its module-scoped
-# fixtures, e.g. the running service of tests/e2e/test_service.py, are set up once), except in
-# these modules of long, independent tests, which are spread test by test so that neither
-# worker ends the run waiting on the other's last long module.
-SPREAD_MODULES = {
-    "tests/e2e/test_job_dags.py",
-    "tests/ckpt_engine/test_ckpt_multirank.py",
-    "tests/ckpt_engine/test_ckpt_hf.py",
-    "tests/sat_tasks/backends/local/test_runner.py",
-}
-
-
 def pytest_collection_modifyitems(config, items):
-    """Group each module for xdist (but SPREAD_MODULES); gpu and k8s tests skip where there is no GPU or cluster."""
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        if module not in SPREAD_MODULES:
-            item.add_marker(pytest.mark.xdist_group(module))
+    """gpu and k8s tests are reported as skipped where there is no GPU or cluster."""
     has_kube = bool(os.environ.get("KUBECONFIG"))
     try:
         import torch
