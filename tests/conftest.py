@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -45,32 +44,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG"))
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
-
-
-_sleep = time.sleep
-
-
-def _sleep_quicker_in_dag_test(seconds: float) -> None:
-    """`time.sleep`, except that Airflow's `dag.test()` loop waits 0.1 s where it waits 1 s.
-
-    The loop sleeps 1 s whenever no task is ready to run, and each layer of an unneeded
-    attempt group's skipped tasks costs such an idle turn (about 3 s per group; five groups
-    when the generic DAG's first attempt is its last). Only a sleep called from that loop
-    itself (`DAG.test` in airflow/sdk/definitions/dag.py) is shortened: what it schedules,
-    and in which order, does not change, and every other sleep (tasks, SAT's own polls)
-    is as long as asked.
-    """
-    caller = sys._getframe(1).f_code
-    if caller.co_name == "test" and caller.co_filename.endswith(os.path.join("sdk", "definitions", "dag.py")):
-        seconds = min(seconds, 0.1)
-    _sleep(seconds)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _quick_dag_test_loop():
-    time.sleep = _sleep_quicker_in_dag_test
-    yield
-    time.sleep = _sleep
 
 
 def pytest_sessionfinish(session, exitstatus):
