@@ -119,15 +119,20 @@ def read_metrics(source: str | Path, hook: Any = None) -> RunMetrics:
 ORCHESTRATOR_SERIES = f"{METRICS_DIR}/sat/job.jsonl"
 
 
-def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> None:
-    """Append one record to `<results>/metrics/sat/job.jsonl` (one writer at a time: decide, then finalize)."""
+def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Append one record to `<results>/metrics/sat/job.jsonl` (one writer at a time: decide, then finalize).
+
+    Returns the record as written (with its `series` and `device`).
+    """
     from sat_tasks.spec import split_s3_uri
 
     base = results_uri if results_uri.endswith("/") else results_uri + "/"
     bucket, key = split_s3_uri(base + ORCHESTRATOR_SERIES)
     text = hook.read_key(key=key, bucket_name=bucket) if hook.check_for_key(key=key, bucket_name=bucket) else ""
-    line = json.dumps({"series": "job", "device": "host", **record}, separators=(",", ":"), default=str)
-    hook.load_string(text + line + "\n", key=key, bucket_name=bucket, replace=True)
+    written = {"series": "job", "device": "host", **record}
+    hook.load_string(text + json.dumps(written, separators=(",", ":"), default=str) + "\n", key=key,
+                     bucket_name=bucket, replace=True)
+    return written
 
 
 # ---- what the plots need -----------------------------------------------------------------------

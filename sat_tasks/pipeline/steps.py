@@ -216,19 +216,24 @@ def _note_attempt_end(run: JobRun, plan: Plan, verdict: Verdict, decision: Decis
         log(f"could not write the attempt's job record to the metrics: {type(error).__name__}: {error}")
 
 
-def _note_final(run: JobRun, status: str, log: Log) -> None:
-    """SAT's `final` job record: the terminal status, attempts, failovers used and the job's goodput."""
-    from sat_tasks.io.metrics import append_job_record, job_summary, read_object_storage
+def _note_final(run: JobRun, status: str, metrics: Any, log: Log) -> None:
+    """SAT's `final` job record: the terminal status, attempts, failovers used and the job's goodput.
+
+    Also added to `metrics` (the run's series as read once by `finalize`), which the report renders.
+    """
+    from sat_tasks.io.metrics import ORCHESTRATOR_SERIES, append_job_record, job_summary
 
     try:
-        metrics = read_object_storage(run.results_uri, run.hook())
         ends = [r for r in metrics.records["job"] if r.get("event") == "attempt_end"]
-        append_job_record(run.hook(), run.results_uri, {
+        record = append_job_record(run.hook(), run.results_uri, {
             "time": round(time.time(), 3), "job": run.job.name, "run": run.run_id, "event": "final",
             "attempt": max((r["attempt"] for r in ends), default=None), "node": "sat", "status": status,
             "attempts": len(ends), "failovers_used": max((r.get("failovers_used") or 0 for r in ends), default=0),
             "goodput": job_summary(metrics)["goodput"], "running": 0,
         })
+        metrics.records["job"].append(record)
+        if ORCHESTRATOR_SERIES not in metrics.files:
+            metrics.files.append(ORCHESTRATOR_SERIES)
     except Exception as error:  # noqa: BLE001 - the report is written without it
         log(f"could not write the job's final record to the metrics: {type(error).__name__}: {error}")
 
@@ -282,13 +287,11 @@ def upload_results(job: TrainingJob, run_id: str, decisions: list[dict | None], 
     return {"results": run.results_uri, **report}
 
 
-def write_report_html(run: JobRun, log: Log = print) -> None:
+def write_report_html(run: JobRun, metrics: Any, log: Log = print) -> None:
     """Render `report.html` (plots of the run's metrics) next to `report.json`; a failure is logged, not raised."""
-    from sat_tasks.io.metrics import read_object_storage
     from sat_tasks.pipeline.report_html import render_report_html
 
     try:
-        metrics = read_object_storage(run.results_uri, run.hook())
         page = render_report_html(metrics, title=f"SAT job report: {run.job.name} / {run.run_id}")
         bucket, key = split_s3_uri(run.report_html_uri)
         run.hook().load_string(page, key=key, bucket_name=bucket, replace=True)
@@ -361,8 +364,15 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
 
     report = build_report(run, entries)
     storage.write_json(run.hook(), run.report_uri, report)
-    _note_final(run, status, log)
-    write_report_html(run, log)
+    from sat_tasks.io.metrics import read_object_storage
+
+    try:  # read once: the final record's goodput and the report page both come from it
+        metrics = read_object_storage(run.results_uri, run.hook())
+    except Exception as error:  # noqa: BLE001 - the report page must not fail the job's final task
+        log(f"could not read the run's metrics (no final record, no report.html): {type(error).__name__}: {error}")
+    else:
+        _note_final(run, status, metrics, log)
+        write_report_html(run, metrics, log)
     upload_job_log(run, log)
     for line in format_report(report):
         log(line)

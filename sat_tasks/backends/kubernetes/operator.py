@@ -53,7 +53,7 @@ def build_pod_operator_kwargs(
     pvc_name: str | None = None,
     deferrable: bool = True,
     settings: KubernetesSettings | None = None,
-    failovers: int | None = None,
+    failovers: int = 0,
 ) -> dict[str, Any]:
     """Keyword arguments (all but `task_id`) for `KubernetesPodOperator`, for one node rank.
 

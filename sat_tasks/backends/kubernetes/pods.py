@@ -74,7 +74,7 @@ def _env(
     namespace: str,
     run_id: str,
     settings: KubernetesSettings,
-    failovers: int | None = None,
+    failovers: int = 0,
 ) -> list[dict[str, Any]]:
     paths = TrainingPaths(data_dir=POD_DATA_DIR, output_dir=POD_OUTPUT_DIR, code_dir=POD_CODE_DIR,
                           vendor_dir=IMAGE_VENDOR_DIR)
@@ -84,7 +84,7 @@ def _env(
         mirror_url=JobRun(job, run_id).mirror_uri,
         s3_endpoint_url=settings.object_storage_endpoint or None,
         # the recorder in the training process writes here and copies to Object Storage every interval
-        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri, failovers=failovers or 0,
+        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri, failovers=failovers,
     )
     # the node's metrics sidecar watches it for the attempt's first training step
     contract["SAT_PROGRESS_FILE"] = PROGRESS_FILE
@@ -198,7 +198,7 @@ def attempt_pod_manifests(
     namespace: str = DEFAULT_NAMESPACE,
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
-    failovers: int | None = None,
+    failovers: int = 0,
 ) -> list[dict[str, Any]]:
     """The attempt's pods, one per node rank, as the API's JSON: the single source.
 
@@ -310,7 +310,7 @@ def render_attempt_manifests(
     namespace: str = DEFAULT_NAMESPACE,
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
-    failovers: int | None = None,
+    failovers: int = 0,
 ) -> list[dict[str, Any]]:
     """Plain-dict manifests of one attempt, in apply order (`kubectl apply --dry-run=server`-ready).
 

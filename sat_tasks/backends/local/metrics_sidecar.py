@@ -16,8 +16,11 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from ckpt_engine.metrics import SIDECAR_ENV
+
+__all__ = ["SIDECAR_ENV", "MetricsSidecar"]
+
 Log = Callable[[str], None]
-SIDECAR_ENV = "SAT_METRICS_SIDECAR"  # ckpt_engine.metrics.SIDECAR_ENV (the engine is not imported here)
 STOP_TIMEOUT_S = 30.0
 
 
