@@ -205,7 +205,15 @@ def create_app():
 
     @app.post("/jobs/new", dependencies=create_runs + same_origin, response_class=HTMLResponse)
     async def create_from_form(request: Request, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+        from starlette.concurrency import run_in_threadpool
+
         values = {key: str(value) for key, value in (await request.form()).items()}
+        # The writes (connection, DAG run) block on SQLite's lock: off the event loop, as a sync
+        # endpoint's are, or the loop waits out the busy timeout for a lock another request of this
+        # server holds and needs the loop to release ("database is locked", a 500, seen under load).
+        return await run_in_threadpool(create_and_answer, values, user, session, dag_bag)
+
+    def create_and_answer(values: dict[str, str], user, session, dag_bag):
         result, run = create(values, user, session, dag_bag)
         if run is None:
             return HTMLResponse(create_page(result.values, result.errors), status_code=422)
