@@ -394,8 +394,9 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
     from airflow.api_fastapi.core_api.security import requires_access_pool
     from airflow.models.dagrun import DagRun
     from fastapi import Depends, HTTPException, Request
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
     from sqlalchemy import select
+    from starlette.concurrency import run_in_threadpool
 
     from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
     from sat_tasks.airflow.workspace_pools import set_workspace_pool
@@ -485,23 +486,38 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
 
     # ---- HTML ----------------------------------------------------------------------------------
     @app.get("/workspaces", dependencies=read, response_class=HTMLResponse)
-    def workspaces_view(session: SessionDep):
-        return pages.workspaces_page(rows(session))
+    def workspaces_view(session: SessionDep, created: str | None = None, resized: str | None = None,
+                        deleted: str | None = None):
+        return pages.workspaces_page(rows(session), notice=pages.done_notice(created=created, resized=resized,
+                                                                             deleted=deleted))
 
+    def done(**what: str) -> RedirectResponse:
+        """After a change: 303 to the list (Post/Redirect/Get), so a reload does not post it again."""
+        from urllib.parse import urlencode
+
+        return RedirectResponse(f"/sat/workspaces?{urlencode(what)}", status_code=303)
+
+    # The form handlers read the form on the event loop and write (the YAML, the Airflow pool) off it,
+    # as a sync endpoint does: on the loop a write waits out SQLite's busy timeout (ADR 0009, c7d6537).
     @app.post("/workspaces", dependencies=create + same_origin, response_class=HTMLResponse)
     async def create_from_form(request: Request, session: SessionDep):
         values = {key: str(value) for key, value in (await request.form()).items()}
+        return await run_in_threadpool(create_and_answer, values, session)
+
+    def create_and_answer(values: dict[str, str], session):
         try:
             workspace = create_workspace(pages.workspace_from_form(values), session)
         except SpecError as exc:
             return HTMLResponse(pages.workspaces_page(rows(session), values=values,
                                                       errors=pages.problems_by_field(exc.problems)), status_code=422)
-        return pages.workspaces_page(rows(session), notice=f"workspace {workspace.name} created: "
-                                                           f"{workspace.nodes} node(s)")
+        return done(created=workspace.name)
 
     @app.post("/workspaces/{name}/nodes", dependencies=change + same_origin, response_class=HTMLResponse)
     async def nodes_from_form(name: str, request: Request, session: SessionDep):
         text = str((await request.form()).get("nodes") or "").strip()
+        return await run_in_threadpool(nodes_and_answer, name, text, session)
+
+    def nodes_and_answer(name: str, text: str, session):
         try:
             workspace = set_nodes(name, int(text) if text.lstrip("-").isdigit() else text, session)
         except SpecError as exc:
@@ -509,12 +525,15 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
                                 status_code=422)
         except WorkspaceRefused as exc:
             return HTMLResponse(pages.workspaces_page(rows(session), refusal=str(exc)), status_code=409)
-        return pages.workspaces_page(rows(session), notice=(
-            f"workspace {workspace.name}: {workspace.nodes} node(s) from the next job that starts"))
+        return done(resized=workspace.name)
 
     @app.post("/workspaces/{name}/delete", dependencies=remove + same_origin, response_class=HTMLResponse)
     async def delete_from_form(name: str, request: Request, session: SessionDep):
-        if (await request.form()).get("confirm") != "yes":  # the row's Delete asks first, as a job's Delete does
+        confirmed = (await request.form()).get("confirm") == "yes"
+        return await run_in_threadpool(delete_and_answer, name, confirmed, session)
+
+    def delete_and_answer(name: str, confirmed: bool, session):
+        if not confirmed:  # the row's Delete asks first, as a job's Delete does
             try:
                 WorkspaceStore().get(name)
             except WorkspaceNotFound as exc:
@@ -524,7 +543,7 @@ def add_workspace_routes(app, *, session_dep, same_origin: list) -> None:
             workspace = delete_workspace(name, session)
         except WorkspaceRefused as exc:
             return HTMLResponse(pages.workspaces_page(rows(session), refusal=str(exc)), status_code=409)
-        return pages.workspaces_page(rows(session), notice=f"workspace {workspace.name} deleted")
+        return done(deleted=workspace.name)
 
 
 def _store_registry_login(session, login) -> None:

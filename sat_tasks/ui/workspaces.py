@@ -8,13 +8,14 @@ runs or waits in a workspace comes from the local slot board and the Airflow run
 
 from __future__ import annotations
 
+import re
 from html import escape
 from typing import Any
 
 from sat_tasks.core.workspaces import WorkspaceUse
 from sat_tasks.spec.loading import SpecProblem
 from sat_tasks.spec.model import SERVER_TYPES
-from sat_tasks.spec.workspace import Workspace
+from sat_tasks.spec.workspace import WORKSPACE_NAME_PATTERN, Workspace
 from sat_tasks.ui.pages import _page
 
 # The Create form's inputs: (form name, label, spec path, help).
@@ -29,7 +30,11 @@ FORM_FIELDS = (
     ("nodes", "Number of nodes", "nodes", "1-64; distributed training from 2"),
     ("contract.start", "Contract start", "contract.start", "YYYY-MM-DD"),
     ("contract.end", "Contract end", "contract.end", "YYYY-MM-DD"),
+    ("warm_pool.keep_alive_seconds", "Warm pool keep-alive (seconds)", "warm_pool.keep_alive_seconds",
+     "optional, 1-3600: its jobs' runs stay warm this long for their next run (not Spot jobs)"),
 )
+NUMBERS = ("nodes", "resources.gpus_per_node", "warm_pool.keep_alive_seconds")
+NAME = re.compile(WORKSPACE_NAME_PATTERN)
 # On top of the view's style: the row's edit and delete forms on one line, a short node count input, a refusal box.
 STYLE = """
 td.row-actions,.date{white-space:nowrap}td.row-actions form{display:inline-block;margin-right:.6rem}
@@ -47,11 +52,9 @@ def workspace_from_form(values: dict[str, str]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for form_name, _label, path, _help in FORM_FIELDS:
         value = (values.get(form_name) or "").strip()
-        if value == "" and form_name == "description":
-            continue
         if value == "":
-            continue  # a required field left empty: the model reports it missing
-        if path in ("nodes", "resources.gpus_per_node") and value.lstrip("-").isdigit():
+            continue  # optional, or required and left empty: the model reports it missing
+        if path in NUMBERS and value.lstrip("-").isdigit():
             value = int(value)
         target = data
         *parents, leaf = path.split(".")
@@ -72,6 +75,23 @@ def problems_by_field(problems: list[SpecProblem]) -> dict[str, list[str]]:
     return found
 
 
+def done_notice(*, created: str | None = None, resized: str | None = None, deleted: str | None = None) -> str | None:
+    """The notice the list shows after a change (the redirect's query names the workspace; the rest is read here)."""
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    name = created or resized or deleted
+    if not name or len(name) > 63 or not NAME.match(name):
+        return None
+    if deleted:
+        return f"workspace {name} deleted" if WorkspaceStore().find(name) is None else None
+    workspace = WorkspaceStore().find(name)
+    if workspace is None:
+        return None
+    if created:
+        return f"workspace {name} created: {workspace.nodes} node(s)"
+    return f"workspace {name}: {workspace.nodes} node(s) from the next job that starts"
+
+
 def workspace_row(workspace: Workspace, uses: list[WorkspaceUse]) -> dict[str, Any]:
     """One workspace for the list and the JSON API: its fields, who runs and who waits."""
     return {
@@ -81,6 +101,12 @@ def workspace_row(workspace: Workspace, uses: list[WorkspaceUse]) -> dict[str, A
         "queued": [{"job": u.job, "run_id": u.run_id, "nodes": u.slots} for u in uses if u.state == "queued"],
         "nodes_used": sum(u.slots for u in uses if u.state == "running"),
     }
+
+
+def _warm(row: dict[str, Any]) -> str:
+    warm = row.get("warm_pool") or {}
+    seconds = warm.get("keep_alive_seconds")
+    return f"<br><small>warm pool: {int(seconds)} s</small>" if seconds else ""
 
 
 def _input(form_name: str, label: str, help_: str, value: str, errors: list[str]) -> str:
@@ -116,7 +142,7 @@ def workspaces_page(rows: list[dict[str, Any]], *, values: dict[str, str] | None
         body.append(
             f"<tr id='ws-{name}'><td>{name}<br><small>{escape(row.get('description') or '')}</small></td>"
             f"<td>{escape(res['server_type'])}: {res['gpus_per_node']} GPU(s), {escape(res['memory'])}, "
-            f"{escape(str(res['cpu']))} CPU</td>"
+            f"{escape(str(res['cpu']))} CPU{_warm(row)}</td>"
             f"<td>{row['nodes_used']} of {row['nodes']}</td>"
             f"<td><span class='date'>{escape(row['contract']['start'])}</span> to "
             f"<span class='date'>{escape(row['contract']['end'])}</span></td>"

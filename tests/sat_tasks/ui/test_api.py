@@ -383,9 +383,15 @@ def test_the_workspaces_page_creates_edits_and_shows_refusals(client, admin, wor
     assert bad.status_code == 422
     assert "nodes: must be between 1 and 64" in bad.text and "contract.end: must be a date YYYY-MM-DD" in bad.text
     assert client.post("/sat/workspaces", headers={**admin, **OTHER_SITE}, data=WORKSPACE_FORM).status_code == 403
-    created = client.post("/sat/workspaces", headers=admin, data=WORKSPACE_FORM)
+    created = client.post("/sat/workspaces", headers=admin, data={**WORKSPACE_FORM, "warm_pool.keep_alive_seconds": "600"})
+    assert [r.status_code for r in created.history] == [303]  # Post/Redirect/Get: a reload does not post again
+    assert created.url.path == "/sat/workspaces" and created.request.method == "GET"
     assert created.status_code == 200 and "workspace team-ui created: 3 node(s)" in created.text
-    assert "id='ws-team-ui'" in created.text
+    assert "id='ws-team-ui'" in created.text and "warm pool: 600 s" in created.text
+    assert WorkspaceStore().get("team-ui").warm_pool.keep_alive_seconds == 600
+    # the notice comes from the store, not the query: a crafted link shows nothing it does not hold
+    assert "created" not in client.get("/sat/workspaces?created=team-zz", headers=admin).text.split("<h1>")[1]
+    assert "id='notice'" not in client.get("/sat/workspaces?created=%3Cb%3E", headers=admin).text
     board = SlotBoard("team-ui")
     ticket = board.enqueue(job="train-x", run_id="run-x", attempt=1, slots=3)
     board.poll(WorkspaceStore().get("team-ui"), ticket)
@@ -400,7 +406,11 @@ def test_the_workspaces_page_creates_edits_and_shows_refusals(client, admin, wor
     assert refused.status_code == 409 and "cannot delete it while jobs run or wait in it: train-x" in refused.text
     board.release(ticket)
     edited = client.post("/sat/workspaces/team-ui/nodes", headers=admin, data={"nodes": "2"})
+    assert [r.status_code for r in edited.history] == [303]
     assert edited.status_code == 200 and "2 node(s) from the next job that starts" in edited.text
     deleted = client.post("/sat/workspaces/team-ui/delete", headers=admin, data={"confirm": "yes"})
+    assert [r.status_code for r in deleted.history] == [303]
     assert deleted.status_code == 200 and "workspace team-ui deleted" in deleted.text
+    bad_warm = client.post("/sat/workspaces", headers=admin, data={**WORKSPACE_FORM, "warm_pool.keep_alive_seconds": "0"})
+    assert bad_warm.status_code == 422 and "warm_pool.keep_alive_seconds: must be between 1 and 3600" in bad_warm.text
     assert WorkspaceStore().find("team-ui") is None
