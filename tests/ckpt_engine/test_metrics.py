@@ -177,3 +177,49 @@ def test_beside_a_sidecar_the_training_process_writes_only_training_and_checkpoi
     metrics.recorder().close()
     with pytest.raises(ValueError, match="unknown metrics series"):
         MetricsRecorder(tmp_path, series=("gpu",))
+
+
+def wait_for(predicate, what, deadline_s=120.0):
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {deadline_s:.0f} s for {what}"
+        time.sleep(0.05)
+
+
+def test_the_sidecars_periodic_samples_run_at_sched_idle_and_its_prompt_ones_at_nice_19(tmp_path, monkeypatch):
+    """ADR 0017: the node's sidecar never preempts training for a periodic sample (SCHED_IDLE
+    thread); its Starting sample, the first_step record and the last sample come from its
+    main thread (nice 19), so they are not left waiting behind a busy CPU."""
+    import os
+
+    from ckpt_engine.metrics import run_sidecar
+
+    progress = tmp_path / "progress.json"
+    monkeypatch.setenv("SAT_PROGRESS_FILE", str(progress))
+    rec = MetricsRecorder(tmp_path, interval_s=0.2, attempt=3, node="n0", series=("system", "job"),
+                          gpu_reader=GpuReader(lambda m: None, nvml=BrokenNvml()), say=lambda m: None)
+    stop = threading.Event()
+    main = threading.Thread(target=run_sidecar, args=(stop,), kwargs={"poll_s": 0.05, "rec": rec}, daemon=True)
+    main.start()
+    job = tmp_path / "attempt-3" / "n0" / "job.jsonl"
+    try:
+        wait_for(lambda: rec._thread is not None and job.exists() and len(lines(job)) >= 2,
+                 "the Starting sample and a periodic one")
+        assert os.sched_getscheduler(rec._thread.native_id) == os.SCHED_IDLE
+        assert os.sched_getscheduler(main.native_id) == os.SCHED_OTHER
+        assert os.getpriority(os.PRIO_PROCESS, main.native_id) == 19
+        assert {r.get("status") for r in lines(job)} == {"Starting"}  # no step yet
+        progress.write_text(json.dumps({"step": 7, "attempt": 3}))
+        wait_for(lambda: any(r.get("event") == "first_step" for r in lines(job)), "the first_step record")
+    finally:
+        stop.set()
+        main.join(timeout=60)
+    assert not main.is_alive() and not rec._thread.is_alive()
+    records = lines(job)
+    first = next(i for i, r in enumerate(records) if r.get("event") == "first_step")
+    assert records[first]["step"] == 7
+    assert records[first + 1]["status"] == "Running"  # the status moves with the record, no sample between
+    assert records[-1]["status"] == "Ended"
+    assert all(r["status"] == "Starting" for r in records[:first])
+    system = lines(tmp_path / "attempt-3" / "n0" / "system.jsonl")
+    assert len(system) >= 3 and all("cpu_percent" in r for r in system)
