@@ -8,6 +8,11 @@ gets the keys as `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (secretKeyRef int
 Storage Secret) and the endpoint as `AWS_ENDPOINT_URL_S3` (boto3 reads it natively), so the
 same verified, parallel, idempotent `storage.stage_prefix` runs in both places.
 
+With `--reuse-dir DIR --reuse-objects JSON` (the Kubernetes staging pod of a run that took
+over a warm run's claim, ADR 0015) the objects whose ETag is the one in the JSON `{key:
+ETag}` are copied from DIR (the warm run's staged data) and verified instead of downloaded;
+the report's `data.reused` / `data.redownloaded` say how many of each.
+
 `upload` is the reverse, for the training outputs (`upload_results` on Kubernetes runs it in
 an upload pod, where the outputs are). The last line of a successful run is
 `SAT_STAGE_REPORT <json>` (the report the task returns); errors go to stderr with exit
@@ -72,7 +77,8 @@ def stage_job_files(
         _, prefix = split_s3_uri(data_source)
         current = current_objects if current_objects is not None else list_objects(hook, data_source)
         linked = link_unchanged(reuse_dir, data_dest, reuse_objects or {}, current, prefix)
-        log(f"warm pool: {len(linked)} of {len(current)} objects unchanged since the warm run: linked from {reuse_dir}")
+        log(f"warm pool: {len(linked)} of {len(current)} objects unchanged since the warm run: "
+            f"linked or copied from {reuse_dir}, not downloaded")
     transfer = storage.stage_prefix(hook, data_source, data_dest, log=log)
     report["data"] = transfer.to_dict()
     if reuse_dir is not None:
@@ -83,7 +89,8 @@ def stage_job_files(
 
 def _stage(args: argparse.Namespace, hook: S3Hook) -> dict[str, Any]:
     report = stage_job_files(hook, data_source=args.source, data_dest=args.dest, code_dest=args.code_dest,
-                             script_url=args.script_url, log=_say)
+                             script_url=args.script_url, log=_say, reuse_dir=args.reuse_dir,
+                             reuse_objects=args.reuse_objects if args.reuse_dir else None)
     if args.validate:
         from sat_tasks.io.validation import DataValidationError, validate_dataset
 
@@ -93,6 +100,17 @@ def _stage(args: argparse.Namespace, hook: S3Hook) -> dict[str, Any]:
         except DataValidationError as exc:  # a bad suite is the job's error, reported like a failed suite
             report["validation"] = {"success": False, "summary_lines": [f"data validation could not run: {exc}"]}
     return report
+
+
+def _etag_map(text: str) -> dict[str, str]:
+    """`--reuse-objects`: a JSON object of object key -> ETag."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise argparse.ArgumentTypeError("must be a JSON object of object key -> ETag")
+    return data
 
 
 def _upload(args: argparse.Namespace, hook: S3Hook) -> dict[str, Any]:
@@ -119,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--validate", action="store_true",
                        help="run the Great Expectations suite on the staged data (where the data is)")
     stage.add_argument("--suite", default=None, help="expectation suite (default: the text-corpus suite)")
+    stage.add_argument("--reuse-dir", default=None,
+                       help="a warm run's staged data: unchanged objects are copied from here, not downloaded")
+    stage.add_argument("--reuse-objects", type=_etag_map, default={},
+                       help="JSON {key: ETag} of the objects in --reuse-dir (as the warm run staged them)")
     stage.set_defaults(func=_stage)
     upload = sub.add_parser("upload", help="upload a directory (the training outputs) to Object Storage")
     upload.add_argument("--source", required=True, help="the directory to upload")
