@@ -7,7 +7,9 @@ Call order for attempt k (the DAG factory wires it, inside the `attempt_<k>` gro
 ``build_pod_operator_kwargs`` (the pod of ``pods.build_attempt_pods``), creates the
 attempt's rendezvous Service (multi-node; an existing one is kept), records Running
 (rank 0), then the provider creates the pod, follows its log and keeps the pod for
-classify. A failed rank tears the others down (``gang_teardown_callback``).
+classify. A failed rank tears the others down (``gang_teardown_callback``). Where rank 0
+queues in its workspace's Airflow pool (no Kueue, `workspace.launch_pool`), the other ranks
+first wait until rank 0's pod exists (``await_rank0_pod``): rank 0 has its slots then.
 
 Importing this module imports the provider (and with it the kubernetes client): only
 `KubernetesBackend.launch_operators` does.
@@ -15,6 +17,8 @@ Importing this module imports the provider (and with it the kubernetes client): 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -22,6 +26,7 @@ from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sat_tasks.backends.kubernetes.cleanup import teardown_peers
+from sat_tasks.backends.kubernetes.names import pod_name
 from sat_tasks.backends.kubernetes.pods import build_attempt_pods, rendezvous_service
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
 from sat_tasks.backends.launch import AttemptLaunch
@@ -33,6 +38,12 @@ from sat_tasks.spec import TrainingJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk.definitions.context import Context
+
+Log = Callable[[str], None]
+# How often a rank > 0 looks for rank 0's pod while rank 0 queues in its workspace's pool.
+RANK0_POLL_SECONDS = 10.0
+# Task states after which rank 0's task will create no pod any more (retries = 0).
+_ENDED_STATES = frozenset({"success", "failed", "upstream_failed", "skipped", "removed"})
 
 
 def rank_task_id(node_rank: int) -> str:
@@ -110,6 +121,83 @@ def gang_teardown_callback() -> type:
     return _GANG_TEARDOWN
 
 
+def await_rank0_pod(
+    *,
+    client: Any,
+    namespace: str,
+    rank0_pod: str,
+    node_rank: int,
+    pool: str,
+    slots: int,
+    deadline_seconds: float,
+    rank0_ended: Callable[[], str | None] = lambda: None,
+    poll_seconds: float = RANK0_POLL_SECONDS,
+    log: Log = print,
+    sleep: Callable[[float], None] | None = None,
+    clock: Callable[[], float] | None = None,
+) -> float:
+    """Wait until rank 0's pod `rank0_pod` exists (rank 0 got its `slots` slots of `pool`); the seconds waited.
+
+    Without Kueue only rank 0's `launch` queues in the workspace's Airflow pool (a slot per
+    node of the job): a rank > 0 that created its pod at once would hold a workspace node the
+    pool does not count while rank 0 waits. So it reads rank 0's pod (the names are fixed:
+    `names.pod_name`) every `poll_seconds` until it is there. Raises AirflowFailException
+    when rank 0's task has ended without it (`rank0_ended()`: its state, or None while it has
+    not ended or cannot be read), past `deadline_seconds`, or when pods may not be read.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    sleep, clock = sleep or time.sleep, clock or time.monotonic
+    start = clock()
+    deadline = start + deadline_seconds
+    said_error = False
+
+    def exists() -> bool:
+        nonlocal said_error
+        try:
+            client.read_namespaced_pod(rank0_pod, namespace)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status in (401, 403):
+                raise AirflowFailException(
+                    f"rank {node_rank} cannot read rank 0's pod {namespace}/{rank0_pod} to wait for it "
+                    f"({exc.status} {exc.reason})") from None
+            error = f"{exc.status} {exc.reason}"
+        except Exception as exc:  # noqa: BLE001 - the API may not answer for a moment: ask again
+            error = f"{type(exc).__name__}: {exc}"
+        if not said_error:
+            said_error = True
+            log(f"[sat] could not read rank 0's pod {namespace}/{rank0_pod} ({error}); asking again")
+        return False
+
+    if exists():
+        return 0.0
+    log(f"[sat] rank {node_rank} waits for rank 0 to get its {slots} slots of workspace pool {pool} "
+        f"(rank 0's pod {rank0_pod} does not exist yet; at most {deadline_seconds:.0f}s, "
+        "[sat] workspace_wait_seconds)")
+    while True:
+        ended = rank0_ended()
+        if ended is not None:
+            if exists():  # created just before its task ended
+                break
+            raise AirflowFailException(
+                f"rank 0's task ended ({ended}) without creating its pod {namespace}/{rank0_pod}: "
+                f"rank {node_rank} does not start (workspace pool {pool})")
+        if clock() >= deadline:
+            raise AirflowFailException(
+                f"rank {node_rank} gave up after {deadline_seconds:.0f}s ([sat] workspace_wait_seconds): "
+                f"rank 0 did not get its {slots} slots of workspace pool {pool} "
+                f"(its pod {namespace}/{rank0_pod} was never created)")
+        sleep(max(0.0, min(poll_seconds, deadline - clock())))
+        if exists():
+            break
+    waited = clock() - start
+    log(f"[sat] rank 0's pod {rank0_pod} exists: rank {node_rank} creates its pod (waited {waited:.0f}s)")
+    return waited
+
+
 class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
     """The `launch` task of one attempt (one node rank) on the kubernetes backend.
 
@@ -118,7 +206,9 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
     them, create the rendezvous Service (multi-node), record `Running` (rank 0), then the provider's `execute`
     creates the pod, follows its log and keeps the pod when it ends (a failed pod fails the
     task; `classify` runs anyway and reads the kept pod). A failover of a workspace job first
-    waits for healthy room in its workspace (`await_workspace`, before the Service and pods).
+    waits for healthy room in its workspace (`await_workspace`, before the Service and pods),
+    and a rank > 0 whose rank 0 queues in the workspace's Airflow pool (`rank0_pool`) waits
+    for rank 0's pod (`await_rank0`, before the Service and its pod).
 
     Everything that depends on the run (the pod, its name, node exclusions, `CKPT_LAST_STEP`)
     is built at `execute`, never at parse time, and never through Jinja. The pod gets no
@@ -262,10 +352,62 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         except WorkspaceFailoverTimeout as exc:
             raise AirflowFailException(str(exc)) from None
 
+    def rank0_task_id(self) -> str | None:
+        """The task id of rank 0's `launch` of this attempt (same task group: `attempt_<k>.launch`)."""
+        suffix = rank_task_id(self.node_rank)
+        if self.node_rank == 0 or not self.task_id.endswith(suffix):
+            return None
+        return self.task_id[: -len(suffix)] + rank_task_id(0)
+
+    def rank0_pool(self, job: TrainingJob) -> str | None:
+        """The workspace pool rank 0's `launch` queues in (`workspace.launch_pool`), for a rank > 0; else None.
+
+        `KubernetesBackend.launch_operators` gives rank 0 the pool when the DAG is built; a
+        rank 0 in this DAG without it (the generic DAG: spec known only at run time) does not
+        queue, so there is nothing to wait for.
+        """
+        from sat_tasks.backends.kubernetes.workspace import launch_pool
+
+        if self.node_rank == 0 or not job.distributed:
+            return None
+        pool = launch_pool(job, KubernetesSettings.from_sat_config()).get("pool")
+        rank0_id = self.rank0_task_id()
+        if pool and rank0_id and self.has_dag():
+            rank0 = self.dag.task_dict.get(rank0_id)
+            if rank0 is not None and rank0.pool != pool:
+                return None
+        return pool
+
+    def rank0_task_ended(self, context: Context) -> str | None:
+        """The state of rank 0's task of this attempt once it has ended; None while not (or unreadable)."""
+        rank0_id = self.rank0_task_id()
+        if rank0_id is None:
+            return None
+        ti, run_id = context.get("ti"), context["run_id"]
+        try:
+            states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[rank0_id], run_ids=[run_id])
+        except Exception:  # noqa: BLE001 - no signal: the deadline still bounds the wait
+            return None
+        state = ((states or {}).get(run_id) or {}).get(rank0_id) if isinstance(states, dict) else None
+        value = None if state is None else str(getattr(state, "value", state))
+        return value if value in _ENDED_STATES else None
+
+    def await_rank0(self, job: TrainingJob, context: Context, plan: Plan) -> float:
+        """A rank > 0 whose rank 0 queues in the workspace's pool waits for rank 0's pod (`await_rank0_pod`)."""
+        pool = self.rank0_pool(job)
+        if pool is None:
+            return 0.0
+        return await_rank0_pod(
+            client=self.client, namespace=self.target_namespace(),
+            rank0_pod=pod_name(job, context["run_id"], plan.attempt, 0), node_rank=self.node_rank,
+            pool=pool, slots=job.nodes, deadline_seconds=float(sat_setting("workspace_wait_seconds")),
+            rank0_ended=lambda: self.rank0_task_ended(context), log=self.log.info)
+
     # -- the provider's entry points ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         job, plan = self.prepare(context)
         self.await_workspace(job, context["run_id"], plan)
+        self.await_rank0(job, context, plan)  # before the Service and this rank's pod
         self.create_rendezvous_service(job, context["run_id"], plan)
         if self.node_rank == 0:  # one Running entry per attempt
             JobRun(job, context["run_id"]).record_attempt_start(plan, self.log.info)

@@ -12,7 +12,11 @@ per node):
   so a job is admitted whole or not at all);
 - without Kueue: an Airflow pool `sat-workspace-<name>` with a slot per node; a job's rank-0
   `launch` task takes `pool_slots = job.nodes` (the scheduler starts them in order as
-  slots free).
+  slots free). The other ranks' tasks take no slot (slots are counted once, and a slot per
+  rank could deadlock two jobs that each got part of the workspace): each waits, before it
+  creates the rendezvous Service and its pod, until rank 0's pod of the same attempt exists
+  (`operator.await_rank0_pod`: rank 0 has its slots then), failing at `[sat]
+  workspace_wait_seconds` or as soon as rank 0's task has ended without a pod.
 
 Editing the node count changes the quota (re-render and apply) and the pool's slots.
 Everything is the API's JSON: nothing here talks to a cluster.
@@ -77,7 +81,8 @@ def launch_pool(job: TrainingJob | None, settings: KubernetesSettings) -> dict[s
     """`pool` / `pool_slots` of a workspace job's rank-0 `launch` task where Kueue does not queue it (else none).
 
     Rank 0 takes a slot per node of the job, so the job starts when the whole of it fits
-    (the other ranks' tasks stay in the default pool: slots are counted once).
+    (the other ranks' tasks stay in the default pool: slots are counted once; they create
+    their pods only once rank 0's exists, `SatTrainingPodOperator.await_rank0`).
     """
     if job is None or job.workspace is None or settings.kueue:
         return {}
