@@ -62,8 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = verbs.add_parser("render", help="print the Kubernetes objects an operator applies for a workspace",
                          description="Node patches (label + taint) for --node NAMEs; with Kueue ([sat] k8s_kueue "
-                                     "or --kueue) a ResourceFlavor, ClusterQueue and LocalQueue. A YAML stream.")
-    p.add_argument("name")
+                                     "or --kueue) a ResourceFlavor, ClusterQueue and LocalQueue; with --warm-pool "
+                                     "the warm pool's cluster-wide PriorityClass (NAME optional then). A YAML stream.")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--warm-pool", action="store_true",
+                   help="also print the PriorityClass the warm pool's placeholder pods use (apply it once where "
+                        "SAT may not create it)")
     p.add_argument("--node", action="append", default=[], metavar="NODE", help="a cluster node to reserve")
     p.add_argument("--namespace", default=None, help="the jobs' namespace (default: [sat] kubernetes_namespace)")
     kueue = p.add_mutually_exclusive_group()
@@ -218,6 +222,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     import yaml
 
     from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+    from sat_tasks.backends.kubernetes.warm import PRIORITY_CLASS, render_priority_class
     from sat_tasks.backends.kubernetes.workspace import (
         operator_notes,
         render_workspace_manifests,
@@ -225,6 +230,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     from sat_tasks.config import sat_setting
     from sat_tasks.io.workspaces import WorkspaceNotFound
 
+    if args.name is None and not args.warm_pool:
+        return _fail("a workspace NAME, or --warm-pool, is needed", EXIT_INVALID)
+    if args.warm_pool:
+        sys.stdout.write(f"# the warm pool's placeholder pods use PriorityClass {PRIORITY_CLASS} (cluster-wide, "
+                         "applied once)\n")
+        sys.stdout.write(yaml.safe_dump(render_priority_class(), sort_keys=False, explicit_start=True))
+        if args.name is None:
+            return EXIT_OK
     try:
         ws = _store(args).get(args.name)
     except WorkspaceNotFound as exc:
