@@ -5,7 +5,8 @@ in Object Storage (`<root>/<workspace or ->/<job>.json`; root: `[sat] warm_pool_
 else `<results destination>/_warm-pool/`, a name no job can take). Its keys say what each
 part depends on:
 
-    staged data   (object key, ETag) of every staged object, and the directory holding them
+    staged data   (object key, ETag) of every staged object, and the directory (local) or the
+                  volume claim (Kubernetes) holding them
     validation    the suite file's hash + the data's keys and ETags -> the result it had
     image         the reference and the digest the registry check saw
     node          the spec hash (everything but tags, schedule, warm_pool) -> the node(s)
@@ -34,7 +35,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sat_tasks.config import sat_setting
+from sat_tasks.core.status import JobStatus
 from sat_tasks.io import object_storage as storage
+from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, split_s3_uri
 
 Log = Callable[[str], None]
@@ -59,6 +62,7 @@ class WarmState(BaseModel):
     spec_hash: str
     data_source: str
     data_dir: str = ""  # the local backend's staged directory; "" where it is not kept
+    claim: str | None = None  # Kubernetes: the run's volume claim, kept with the staged data in it
     objects: dict[str, str] = Field(default_factory=dict)  # object key -> ETag
     suite_hash: str | None = None
     validation: dict[str, Any] | None = None  # the result the data passed (success only)
@@ -188,6 +192,7 @@ class Claim(BaseModel):
 
     state: WarmState
     data_dir: str | None = None  # reuse staged files from here (unchanged ETags only)
+    volume: str | None = None  # Kubernetes: the warm run's claim to copy the unchanged files from
     objects: dict[str, str] = Field(default_factory=dict)
     current: dict[str, str] | None = None  # the data's listing now, when the caller listed it (one LIST less)
     node: list[str] = Field(default_factory=list)
@@ -218,8 +223,8 @@ def claim(job: TrainingJob, run_id: str, hook: Any, release: Release, *, log: Lo
     if state.backend != (job.backend.value if job.backend else state.backend):
         result.lines.append(f"backend changed ({state.backend} -> {job.backend.value}): nothing reused")
         return result
-    if state.data_source == job.data.source and state.data_dir:
-        result.data_dir, result.objects = state.data_dir, dict(state.objects)
+    if state.data_source == job.data.source and (state.data_dir or state.claim):
+        result.data_dir, result.volume, result.objects = state.data_dir or None, state.claim, dict(state.objects)
     elif state.data_source != job.data.source:
         result.lines.append(f"data source changed ({state.data_source} -> {job.data.source}): staged again")
     if state.spec_hash == spec_hash(job):
@@ -302,6 +307,20 @@ def validation_reuse(state: WarmState, objects: dict[str, str], suite: str | Non
     if state.validation is None or suite is None or state.suite_hash != suite or state.objects != objects:
         return None
     return dict(state.validation)
+
+
+def not_kept_because(run: JobRun, log: Log = print) -> str | None:
+    """Why the run is not kept warm (it did not end Completed, or a person stopped it); None: it is kept.
+
+    `cleanup_run` asks twice: the backend, to spare what a kept run leaves (the Kubernetes
+    run's claim), then `pipeline.warm_pool.keep_or_release`.
+    """
+    entries = run.history(log).entries()
+    status = entries[-1]["status"] if entries else None
+    request = storage.read_json(run.hook(), run.stop_uri)
+    if request is not None:
+        return f"stopped by {request.get('by', 'someone') if isinstance(request, dict) else 'someone'}"
+    return None if status == JobStatus.COMPLETED.value else f"ended as {status}"
 
 
 def keep(job: TrainingJob, run_id: str, hook: Any, state: WarmState, log: Log = print) -> WarmState:

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from sat_tasks.backends import Backend, backend_for, get_backend
-from sat_tasks.core.status import JobStatus
 from sat_tasks.io import warm_pool
 from sat_tasks.io.object_storage import read_json
 from sat_tasks.io.run_layout import JobRun
@@ -85,7 +84,7 @@ def _reuse_lines(claimed: Claim | None, staged: dict, image: dict, objects: dict
                      f"{data['redownloaded']} re-downloaded)")
     else:
         lines.append("warm pool: staged data not reused (" + (
-            "the data source changed" if claimed.lines else "the backend stages into a new volume") + ")")
+            "the data source changed" if claimed.lines else "no staged copy of it was kept") + ")")
     ok, line = warm_pool.image_reuse(state, image)
     reused["image"] = {"reused": ok, "digest": image.get("digest")}
     lines.append("warm pool: " + ("reused " if ok else "") + line)
@@ -112,11 +111,8 @@ def note_validation(run: JobRun, result: dict[str, Any]) -> None:
 def keep_or_release(run: JobRun, log: Log) -> list[str]:
     """`cleanup_run`: keep a Completed, unstopped run warm for `keep_alive_seconds`; else keep nothing."""
     job, hook = run.job, run.hook()
-    entries = run.history(log).entries()
-    status = entries[-1]["status"] if entries else None
-    request = read_json(hook, run.stop_uri)
-    if status != JobStatus.COMPLETED.value or request is not None:
-        why = f"stopped by {request.get('by', 'someone')}" if request else f"ended as {status}"
+    why = warm_pool.not_kept_because(run, log)
+    if why is not None:
         log(f"warm pool: run {why}: nothing kept warm")
         return _release_handed_over(run, hook, log)
     record = warm_pool.read_run_record(hook, run.results_uri)
@@ -129,7 +125,7 @@ def keep_or_release(run: JobRun, log: Log) -> list[str]:
     )
     released = []
     older = warm_pool.WarmPoolStore(hook).load(job)  # a run that ended in between kept one: ours is newer
-    if older is not None:
+    if older is not None and older.run_id != run.run_id:  # our own (a retried cleanup_run) holds what we keep
         released = release_state(older, log)
     warm_pool.keep(job, run.run_id, hook, backend_for(job).keep_warm(run, state, log), log)
     # the cleanup path for jobs whose next run never came: sweep the expired states beside this one

@@ -27,15 +27,18 @@ class KubernetesBackend:
     """The Backend protocol on a cluster (see `sat_tasks.backends.base` for the call order).
 
     `client` is a CoreV1Api; by default the provider's KubernetesHook on `[sat]
-    kubernetes_conn_id`, made when first needed. Tests pass a recording fake.
+    kubernetes_conn_id`, made when first needed. Tests pass a recording fake. `scheduling`
+    is a SchedulingV1Api (the warm pool's PriorityClass); by default on `client`'s
+    connection when one was passed, else on the same Airflow connection.
     """
 
     kind = BackendKind.KUBERNETES
     pulls_images = True
 
-    def __init__(self, client: Any = None, namespace: str | None = None) -> None:
+    def __init__(self, client: Any = None, namespace: str | None = None, scheduling: Any = None) -> None:
         self._client = client
         self._namespace = namespace
+        self._scheduling = scheduling
 
     @property
     def client(self) -> Any:
@@ -46,6 +49,14 @@ class KubernetesBackend:
         return self._client
 
     @property
+    def scheduling(self) -> Any:
+        if self._scheduling is None:
+            from sat_tasks.backends.kubernetes.client import scheduling_v1_client
+
+            return scheduling_v1_client(core=self._client)
+        return self._scheduling
+
+    @property
     def namespace(self) -> str:
         from sat_tasks.backends.kubernetes.client import namespace
 
@@ -53,13 +64,19 @@ class KubernetesBackend:
 
     # ---- before training -----------------------------------------------------------------------
     def stage(self, run: JobRun, log: Log, reuse: Any = None) -> dict[str, Any]:
-        """Create the run's claim (once), then fill it with the staging pod; its report."""
-        from sat_tasks.backends.kubernetes.staging import ensure_run_volume, stage_into_volume
+        """Create the run's claim (once), then fill it with the staging pod; its report.
+
+        `reuse` (a warm-pool Claim) with a kept volume claim: the staging pod copies the
+        unchanged objects from it (`staging.WarmSource`) instead of downloading them.
+        """
+        from sat_tasks.backends.kubernetes.staging import WarmSource, ensure_run_volume, stage_into_volume
 
         client, namespace = self.client, self.namespace
         if ensure_run_volume(run.job, run.run_id, client=client, namespace=namespace):
             log(f"created the run volume claim in {namespace}")
-        return stage_into_volume(run.job, run.run_id, client=client, namespace=namespace, log=log)
+        warm = (WarmSource(reuse.volume, reuse.state.run_id, dict(reuse.objects))
+                if reuse is not None and reuse.volume else None)
+        return stage_into_volume(run.job, run.run_id, client=client, namespace=namespace, log=log, warm=warm)
 
     def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
         """The staging pod ran the suite where the data is (`stage --validate`): read its result."""
@@ -119,19 +136,26 @@ class KubernetesBackend:
         return assemble_job_log(run)
 
     def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
-        """Delete the run's claim, helper pods and anything an attempt left (once the outputs are uploaded)."""
-        from sat_tasks.backends.kubernetes.cleanup import cleanup_run
+        """Delete the run's claim, helper pods and anything an attempt left (once the outputs are uploaded).
 
-        return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace)
+        A run that is kept warm (ADR 0015) keeps its claim: `keep_warm` records it for the next run.
+        """
+        from sat_tasks.backends.kubernetes.cleanup import cleanup_run
+        from sat_tasks.io.warm_pool import not_kept_because
+
+        keep_claim = run.job.warm_pool is not None and not_kept_because(run, log) is None
+        return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace, keep_claim=keep_claim)
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: Any, log: Log) -> Any:
-        """Placeholder pods on the run's nodes (the staged data is re-staged into the next run's claim)."""
+        """Placeholder pods on the run's nodes (PriorityClass ensured) and the run's claim, which `cleanup_run` kept."""
+        from sat_tasks.backends.kubernetes import names
         from sat_tasks.backends.kubernetes.settings import KubernetesSettings
         from sat_tasks.backends.kubernetes.warm import keep_warm
 
         return keep_warm(self.client, self.namespace, run.job, run.run_id, state,
-                         KubernetesSettings.from_sat_config(), log)
+                         KubernetesSettings.from_sat_config(), log, scheduling=self.scheduling,
+                         claim=names.run_volume_claim_name(run.job, run.run_id))
 
     def release_warm(self, state: Any, log: Log) -> list[str]:
         from sat_tasks.backends.kubernetes.warm import release_warm

@@ -67,15 +67,17 @@ def cleanup_attempt(client: Any, job: TrainingJob, *, run_id: str, attempt: int,
         namespace, names.attempt_label_selector(job, run_id, attempt))
 
 
-def cleanup_run(client: Any, job: TrainingJob, *, run_id: str, namespace: str) -> list[str]:
+def cleanup_run(client: Any, job: TrainingJob, *, run_id: str, namespace: str, keep_claim: bool = False) -> list[str]:
     """Delete everything the run still has: pods and Services of any attempt, helper pods, the claim.
 
     Runs once the outputs are uploaded (the claim holds them until then). A claim named by
     `pvc_name` (a long-lived shared one) carries no run labels and is never deleted.
+    `keep_claim`: the run is kept warm (ADR 0015), its claim with the staged data stays for the
+    job's next run, which `warm.release_warm` deletes later.
     """
-    return _delete_all(
-        (("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
-         ("service", client.list_namespaced_service, client.delete_namespaced_service),
-         ("persistentvolumeclaim", client.list_namespaced_persistent_volume_claim,
-          client.delete_namespaced_persistent_volume_claim)),
-        namespace, names.run_label_selector(job, run_id))
+    kinds = [("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
+             ("service", client.list_namespaced_service, client.delete_namespaced_service)]
+    if not keep_claim:
+        kinds.append(("persistentvolumeclaim", client.list_namespaced_persistent_volume_claim,
+                      client.delete_namespaced_persistent_volume_claim))
+    return _delete_all(kinds, namespace, names.run_label_selector(job, run_id))

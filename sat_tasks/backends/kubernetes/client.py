@@ -14,6 +14,17 @@ def core_v1_client(kubernetes_conn_id: str | None = None) -> Any:
     return KubernetesHook(conn_id=kubernetes_conn_id or sat_setting("kubernetes_conn_id")).core_v1_client
 
 
+def scheduling_v1_client(kubernetes_conn_id: str | None = None, *, core: Any = None) -> Any:
+    """A SchedulingV1Api (PriorityClasses): on `core`'s connection when given, else from the Airflow connection."""
+    from kubernetes.client import SchedulingV1Api
+
+    if core is not None:
+        return SchedulingV1Api(core.api_client)
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return SchedulingV1Api(KubernetesHook(conn_id=kubernetes_conn_id or sat_setting("kubernetes_conn_id")).api_client)
+
+
 def namespace() -> str:
     """The namespace SAT's objects live in (`[sat] kubernetes_namespace`)."""
     return sat_setting("kubernetes_namespace")

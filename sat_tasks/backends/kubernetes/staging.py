@@ -8,7 +8,9 @@ run `python -m sat_tasks.io.staging` with the run's claim mounted. Call order:
    (``pods.render_run_volume_claim``); one that exists already (409) is kept.
 2. ``stage_into_volume(...)``: the staging pod (``build_staging_pod``) copies the script and
    the data into the claim's sub-paths the attempts mount, then runs the expectation suite
-   where the data is; returns its report.
+   where the data is; returns its report. With ``warm`` (a ``WarmSource``: the claim a warm
+   run of the job kept, ADR 0015) the pod also mounts that claim's data read-only and copies
+   the objects whose ETag did not change from it instead of downloading them.
 3. ``upload_from_volume(...)`` after training: the upload pod (``build_upload_pod``) copies the
    output sub-path to `<results>/<job>/<run_id>/output/`; returns its report.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sat_tasks.backends.kubernetes import names
@@ -42,6 +45,31 @@ _LOG_TAIL_LINES = 40
 
 class HelperPodFailed(SatError, RuntimeError):
     """A staging or upload pod failed, could not start, or did not finish in time; the message says which."""
+
+
+POD_WARM_DATA_DIR = "/opt/sat/warm-data"  # the warm run's staged data, read-only, in the staging pod
+
+
+@dataclass(frozen=True)
+class WarmSource:
+    """The staged data a warm run of the job kept: its claim, its run id (the sub-path) and `{key: ETag}`."""
+
+    claim: str
+    run_id: str
+    objects: dict[str, str] = field(default_factory=dict)
+
+
+def warm_claim_usable(client: Any, namespace: str, claim: str) -> bool:
+    """Whether the kept claim is still there (not deleted by hand, not terminating)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        found = client.read_namespaced_persistent_volume_claim(claim, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return False
+    return not getattr(found.metadata, "deletion_timestamp", None)
 
 
 
@@ -74,9 +102,21 @@ def upload_pod_name(job: TrainingJob, run_id: str) -> str:
 
 def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args: list[str],
                 mounts: dict[str, str], namespace: str, settings: KubernetesSettings,
-                pvc_name: str | None) -> dict[str, Any]:
-    """A helper pod running `python -m sat_tasks.io.staging <args>` with claim sub-paths mounted."""
+                pvc_name: str | None, warm: WarmSource | None = None) -> dict[str, Any]:
+    """A helper pod running `python -m sat_tasks.io.staging <args>` with claim sub-paths mounted.
+
+    `warm`: the warm run's claim, mounted read-only at `POD_WARM_DATA_DIR` (its data sub-path).
+    A node-local volume's PV node affinity puts the pod on the node that has it; the run's
+    own new claim, bound on first use, follows it there.
+    """
     subpaths = names.run_volume_subpaths(job, run_id)
+    volume_mounts = [{"name": "run", "mountPath": path, "subPath": subpaths[part]} for part, path in mounts.items()]
+    volumes: list[dict[str, Any]] = [{"name": "run", "persistentVolumeClaim": {
+        "claimName": pvc_name or names.run_volume_claim_name(job, run_id)}}]
+    if warm is not None:
+        volume_mounts.append({"name": "warm", "mountPath": POD_WARM_DATA_DIR, "readOnly": True,
+                              "subPath": names.run_volume_subpaths(job, warm.run_id)["data"]})
+        volumes.append({"name": "warm", "persistentVolumeClaim": {"claimName": warm.claim, "readOnly": True}})
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if settings.object_storage_endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_storage_endpoint})  # boto3 reads it
@@ -95,12 +135,10 @@ def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args:
                 "command": ["python", "-m", "sat_tasks.io.staging", *args],
                 "env": env,
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
-                "volumeMounts": [{"name": "run", "mountPath": path, "subPath": subpaths[part]}
-                                 for part, path in mounts.items()],
+                "volumeMounts": volume_mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
-            "volumes": [{"name": "run", "persistentVolumeClaim": {
-                "claimName": pvc_name or names.run_volume_claim_name(job, run_id)}}],
+            "volumes": volumes,
             "enableServiceLinks": False,
             "automountServiceAccountToken": False,
         },
@@ -109,17 +147,26 @@ def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args:
 
 def build_staging_pod(
     job: TrainingJob, run_id: str, *, namespace: str, settings: KubernetesSettings, pvc_name: str | None = None,
+    warm: WarmSource | None = None,
 ) -> dict[str, Any]:
-    """The staging pod as a plain manifest (schema-valid; no key in it, only Secret references)."""
+    """The staging pod as a plain manifest (schema-valid; no key in it, only Secret references).
+
+    With `warm` it mounts the warm run's claim read-only and passes `--reuse-dir` and
+    `--reuse-objects` (the warm run's `{key: ETag}`, JSON): unchanged objects are copied from
+    there and verified, the others downloaded.
+    """
     args = ["stage", "--source", job.data.source, "--dest", POD_DATA_DIR, "--code-dest", POD_CODE_DIR]
     if job.data.expectation_suite:
         args += ["--suite", job.data.expectation_suite]
     if job.storage.script_url:
         args += ["--script-url", job.storage.script_url]
+    if warm is not None:
+        args += ["--reuse-dir", POD_WARM_DATA_DIR,
+                 "--reuse-objects", json.dumps(warm.objects, sort_keys=True, separators=(",", ":"))]
     args.append("--validate")  # the suite runs where the data is: in this pod
     return _helper_pod(job, run_id, name=staging_pod_name(job, run_id), purpose="staging", args=args,
                        mounts={"data": POD_DATA_DIR, "code": POD_CODE_DIR}, namespace=namespace,
-                       settings=settings, pvc_name=pvc_name)
+                       settings=settings, pvc_name=pvc_name, warm=warm)
 
 
 def build_upload_pod(
@@ -133,12 +180,22 @@ def build_upload_pod(
 
 def stage_into_volume(job: TrainingJob, run_id: str, *, client: Any, namespace: str, log: Log = print,
                       settings: KubernetesSettings | None = None, pvc_name: str | None = None,
-                      **wait: Any) -> dict[str, Any]:
-    """Run the staging pod to completion and return its report (what `stage_data` returns)."""
+                      warm: WarmSource | None = None, **wait: Any) -> dict[str, Any]:
+    """Run the staging pod to completion and return its report (what `stage_data` returns).
+
+    `warm`: a warm run's kept claim to copy unchanged objects from; one that is gone is
+    skipped (everything is downloaded, as without a warm run).
+    """
     settings = settings or KubernetesSettings.from_sat_config()
-    pod = build_staging_pod(job, run_id, namespace=namespace, settings=settings, pvc_name=pvc_name)
+    if warm is not None and not warm_claim_usable(client, namespace, warm.claim):
+        log(f"warm pool: volume claim {warm.claim} of run {warm.run_id} is gone: the data is downloaded")
+        warm = None
+    pod = build_staging_pod(job, run_id, namespace=namespace, settings=settings, pvc_name=pvc_name, warm=warm)
     log(f"staging pod {namespace}/{pod['metadata']['name']} ({settings.staging_image}): "
         f"{job.data.source} -> {POD_DATA_DIR}")
+    if warm is not None:
+        log(f"warm pool: the staging pod mounts volume claim {warm.claim} of run {warm.run_id} read-only "
+            f"at {POD_WARM_DATA_DIR}: {len(warm.objects)} object(s) it staged are copied from it where unchanged")
     return run_helper_pod(pod, client=client, log=log, settings=settings, **wait)
 
 

@@ -8,9 +8,15 @@ garbage-collected), with the `sat-warm-pool` PriorityClass: a negative value and
 (the next run's, another job of the workspace) preempts it. The node is not scaled down
 while it runs. SAT's next run of the job deletes the placeholders when it claims the
 warm state, so its pods need not wait for a preemption; the scheduler's ImageLocality
-score then favours the node that has the image. The PriorityClass is cluster-scoped and
-installed once (`render_priority_class`, printed by `sat render`'s caller or the Helm
-values), like the cluster autoscaler's own overprovisioning class.
+score then favours the node that has the image. The PriorityClass is cluster-scoped:
+`keep_warm` creates it when it is missing (`ensure_priority_class`); where SAT may not, an
+operator applies it once (`sat workspace render --warm-pool | kubectl apply -f -`), like the
+cluster autoscaler's own overprovisioning class, and until then no placeholder is created.
+
+The run's volume claim is kept too (`cleanup_run` spares it for a run that is kept warm)
+and recorded in the state (`WarmState.claim`): the next run's staging pod mounts it
+read-only and copies the objects whose ETag did not change from it instead of downloading
+them (`staging.build_staging_pod`). `release_warm` deletes the placeholders and the claim.
 """
 
 from __future__ import annotations
@@ -130,21 +136,89 @@ def delete_placeholders(client: Any, namespace: str, pod_names: list[str]) -> li
     return deleted
 
 
+def ensure_priority_class(scheduling: Any, log: Log) -> bool:
+    """Create the `sat-warm-pool` PriorityClass when it is missing; False when SAT may not (403).
+
+    `scheduling` is a SchedulingV1Api. One already there is kept as it is (an operator's
+    may differ); 409 on create means another run made it in between. On 403 (read or
+    create) one line says how the operator installs it; the caller then holds no node.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        scheduling.read_priority_class(PRIORITY_CLASS)
+        return True
+    except ApiException as exc:
+        if exc.status == 403:
+            return _priority_class_forbidden("read", log)
+        if exc.status != 404:
+            raise
+    try:
+        scheduling.create_priority_class(render_priority_class())
+    except ApiException as exc:
+        if exc.status == 403:
+            return _priority_class_forbidden("create", log)
+        if exc.status != 409:
+            raise
+        return True
+    log(f"warm pool: created PriorityClass {PRIORITY_CLASS} (value {PRIORITY_VALUE}, preemptionPolicy Never)")
+    return True
+
+
+def _priority_class_forbidden(verb: str, log: Log) -> bool:
+    log(f"warm pool: SAT may not {verb} PriorityClass {PRIORITY_CLASS} (403 Forbidden): an operator must apply it "
+        f"once (`sat workspace render --warm-pool | kubectl apply -f -`); no placeholder pod holds the node, "
+        "the staged data is kept")
+    return False
+
+
 def keep_warm(client: Any, namespace: str, job: TrainingJob, run_id: str, state: WarmState,
-              settings: KubernetesSettings, log: Log) -> WarmState:
-    """Create the placeholders on the state's nodes; the state with their names and namespace."""
+              settings: KubernetesSettings, log: Log, *, scheduling: Any = None,
+              claim: str | None = None) -> WarmState:
+    """Hold the state's nodes with placeholders and keep the run's claim; the state with their names.
+
+    `claim`: the run's volume claim, which `cleanup_run` spared (None: nothing kept). The
+    placeholders need the PriorityClass (`ensure_priority_class` on `scheduling`, a
+    SchedulingV1Api); without it none are created and only the claim is kept. When creating
+    a placeholder fails, what was created is deleted again before the error goes on.
+    """
+    update: dict[str, Any] = {"namespace": namespace, "claim": claim}
     if not state.nodes:
         log("warm pool: no node to hold (the run's last attempt recorded none)")
-        return state
-    pods = render_placeholder_pods(job, run_id=run_id, nodes=state.nodes, namespace=namespace, settings=settings)
-    created = create_placeholders(client, pods)
-    return state.model_copy(update={"placeholders": created, "namespace": namespace,
-                                    "resources": pods[0]["spec"]["containers"][0]["resources"]["requests"]})
+    elif scheduling is None or ensure_priority_class(scheduling, log):
+        pods = render_placeholder_pods(job, run_id=run_id, nodes=state.nodes, namespace=namespace, settings=settings)
+        created: list[str] = []
+        try:
+            for pod in pods:
+                created += create_placeholders(client, [pod])
+        except Exception:
+            release_warm(client, namespace, state.model_copy(update={**update, "placeholders": created}), log)
+            raise
+        update.update(placeholders=created, resources=pods[0]["spec"]["containers"][0]["resources"]["requests"])
+    if claim:
+        log(f"warm pool: volume claim {claim} kept (the next run copies its unchanged objects from it)")
+    return state.model_copy(update=update)
+
+
+def delete_claim(client: Any, namespace: str, claim: str | None) -> list[str]:
+    """Delete a kept run volume claim (already gone, 404, is skipped); `persistentvolumeclaim/<name>` if deleted."""
+    from kubernetes.client.exceptions import ApiException
+
+    if not claim:
+        return []
+    try:
+        client.delete_namespaced_persistent_volume_claim(claim, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return []
+    return [f"persistentvolumeclaim/{claim}"]
 
 
 def release_warm(client: Any, namespace: str, state: WarmState, log: Log) -> list[str]:
-    """Delete the state's placeholder pods (nothing else is kept on the cluster)."""
-    return delete_placeholders(client, state.namespace or namespace, state.placeholders)
+    """Delete the state's placeholder pods and its kept claim: nothing of it is left on the cluster."""
+    ns = state.namespace or namespace
+    return delete_placeholders(client, ns, state.placeholders) + delete_claim(client, ns, state.claim)
 
 
 def release_for_capacity(workspace: str, nodes_needed: int, log: Log = print, *, client: Any = None,

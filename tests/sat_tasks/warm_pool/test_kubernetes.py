@@ -14,7 +14,7 @@ from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.io import warm_pool
 from sat_tasks.pipeline import steps
 from sat_tasks.pipeline import warm_pool as pipeline_warm
-from tests.support.k8s_api import RecordedCluster
+from tests.support.k8s_priority import PriorityCluster
 
 K8S_VERSION = "1.37.0"  # as tests/sat_tasks/backends/kubernetes/test_pods.py
 SETTINGS = KubernetesSettings()
@@ -32,8 +32,8 @@ def _validate(manifest: dict) -> None:
 
 
 @pytest.fixture
-def cluster(monkeypatch) -> RecordedCluster:
-    cluster = RecordedCluster()
+def cluster(monkeypatch) -> PriorityCluster:
+    cluster = PriorityCluster(priority_classes=[k8s_warm.render_priority_class()])
     monkeypatch.setattr(k8s_backend.BACKEND, "_client", cluster.client())
     monkeypatch.setattr(k8s_backend.BACKEND, "_namespace", NAMESPACE)
     return cluster
@@ -86,12 +86,14 @@ def test_a_completed_run_leaves_placeholders_and_the_next_run_start_releases_the
     assert state.placeholders == [k8s_warm.placeholder_name(job, "gpu-node-7")] and state.namespace == NAMESPACE
     assert len(cluster.pods) == 1
 
-    # keep-alive over: the next run's start releases it (a DELETE of the placeholder), nothing is left
+    # keep-alive over: the next run's start releases it (a DELETE of the placeholder and of the kept claim,
+    # here already gone: skipped), nothing is left
     claim = warm_pool.claim(job, warm_job.run_id(), warm_job.hook, pipeline_warm.release_state, log=lines.append,
                             now=time.time() + 601)
     assert claim is None
     deletes = [path for method, path, _, _ in cluster.requests if method == "DELETE"]
-    assert deletes == [f"/api/v1/namespaces/{NAMESPACE}/pods/{state.placeholders[0]}"]
+    assert deletes == [f"/api/v1/namespaces/{NAMESPACE}/pods/{state.placeholders[0]}",
+                       f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{state.claim}"]
     assert cluster.pods == [] and warm_pool.WarmPoolStore(warm_job.hook).load(job) is None
     assert f"warm pool: released pod/{state.placeholders[0]}" in lines
 
@@ -102,7 +104,8 @@ def test_a_claim_in_time_hands_the_node_over_and_deletes_the_placeholder(warm_jo
     warm_job.complete(job, first, node="gpu-node-7")
     steps.cleanup_run(job, first, log=lines.append)
     claim = warm_pool.claim(job, warm_job.run_id(), warm_job.hook, pipeline_warm.release_state, log=lines.append)
-    assert claim.node == ["gpu-node-7"] and claim.data_dir is None  # on Kubernetes the data is staged again
+    # on Kubernetes the staged data is in the kept claim (copied from it by the next staging pod)
+    assert claim.node == ["gpu-node-7"] and claim.data_dir is None and claim.volume == claim.state.claim
     assert pipeline_warm.release_state(claim.state, lines.append) == [f"pod/{claim.state.placeholders[0]}"]
     assert cluster.pods == []
 
