@@ -225,7 +225,9 @@ def test_newer_commits_coalesce_and_training_is_not_blocked(tmp_path: Path) -> N
     assert mirror.last_mirrored_step == 5 and peak[0] == 1  # one upload at a time, the newest last
     assert len(uploads) < 5 and uploads[-1] == 5  # queued commits were superseded by newer ones
     names = slow.list_dir("")
-    assert "checkpoint-5" in names and len(names) <= 2
+    mirrored = sorted(n for n in names if n.startswith("checkpoint-"))
+    # checkpoint-4 too when its upload started before 5 was committed (a busy machine): keep_last=2 holds
+    assert mirrored[-1:] == ["checkpoint-5"] and len(mirrored) <= 2, names
     engine.close()
 
 
