@@ -34,7 +34,7 @@ def test_exit_status_and_grace(grace: float, work: float, expired: bool) -> None
     assert "SIGKILLs its ranks" not in result.stderr  # no launcher above a plain process
     assert ("grace expired" in result.stdout) is expired
     assert ("requested True" in result.stdout) is not expired
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 25  # not the 30 s of work: the signal ended it
 
 
 def test_a_launcher_that_sigkills_early_is_named_at_start(tmp_path: Path) -> None:

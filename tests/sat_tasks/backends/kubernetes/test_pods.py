@@ -628,7 +628,7 @@ def test_supervisor_forwards_sigterm_to_the_training_process(tmp_path):
     rc, out = _supervise(f"echo setup && python3 {trainer}", tmp_path, term_after=1.0)
     assert "final checkpoint saved" in out
     assert rc == 143  # stopped early never counts as success
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 25  # not the trainer's 30 s sleep: SIGTERM reached it
 
 
 def _unshare_available() -> bool:
