@@ -30,8 +30,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+# The longest test files, longest first (seconds per file in a CI run, `--durations=0`). `make test`
+# hands whole files to its workers (`--dist loadfile`) in collection order, so these go first and
+# the many short files fill in around them; last, one of them would run alone at the end.
+LONGEST_FIRST = (
+    "tests/e2e/test_service.py",  # ~600 s: the service stack, the demo job under the scheduler, a browser
+    "tests/ckpt_engine/test_ckpt_multirank.py",  # ~440 s
+    "tests/e2e/test_job_dags.py",  # ~410 s
+    "tests/ckpt_engine/test_ckpt_hf.py",  # ~270 s
+    "tests/e2e/test_demo_job.py",  # ~80-240 s
+    "tests/sat_tasks/backends/local/test_runner.py",  # ~170 s
+    "tests/sat_tasks/backends/kubernetes/test_launch_and_records.py",
+    "tests/harness/test_user_repo.py",
+    "tests/sat_tasks/backends/kubernetes/test_pods.py",
+    "tests/ckpt_engine/test_ckpt_deepspeed_datastates.py",
+    "tests/ckpt_engine/test_ckpt_mirror.py",
+    "tests/sat_tasks/ui/test_api.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """gpu and k8s tests are reported as skipped where there is no GPU or cluster."""
+    """The longest files first (a stable sort: each file's tests keep their order); gpu and k8s
+    tests are reported as skipped where there is no GPU or cluster."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
     has_kube = bool(os.environ.get("KUBECONFIG"))
     try:
         import torch
