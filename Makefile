@@ -4,11 +4,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# make test runs the suite in three worker processes (pytest-xdist), a test file per worker at a
-# time so that module fixtures (the running service of tests/e2e/test_service.py) stay in one.
-# Three on two cores: a fifth of two workers' time went to waiting (subprocesses starting,
-# dag.test()'s idle loop, the service's scheduler), which a third worker fills.
-TEST_WORKERS ?= 3
+# make test runs the suite in two worker processes (pytest-xdist), a test file per worker at a
+# time so that module fixtures (the running service of tests/e2e/test_service.py) stay in one,
+# in collection order (--no-loadscope-reorder: xdist would sort files by their number of tests,
+# which sent the long one-test files last; tests/conftest.py collects the longest first).
+# Three workers on the two cores took longer (CI run 14: 22 vs 19-20 min).
+TEST_WORKERS ?= 2
 
 export AIRFLOW_HOME := $(CURDIR)/.airflow
 export AIRFLOW_CONFIG := $(CURDIR)/airflow.cfg
@@ -46,7 +47,7 @@ demo: .venv
 	$(VENV)/bin/sat demo
 
 test: .venv system-deps
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # SAT as a service on this host: embedded Object Storage, metadata DB, API server (UI and
 # REST API on http://127.0.0.1:8080), scheduler, DAG processor. Ctrl-C or `make down` stops it.

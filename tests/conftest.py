@@ -30,13 +30,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-# The longest test files, longest first (seconds per file in a CI run, `--durations=0`). `make test`
-# hands whole files to its workers (`--dist loadfile`) in collection order, so these go first and
-# the many short files fill in around them; last, one of them would run alone at the end.
+# The longest test files, longest first (seconds per file in CI runs 13 and 14, `--durations=0`).
+# `make test` hands whole files to its workers (`--dist loadfile --no-loadscope-reorder`) in
+# collection order, so these go first and the many short files fill in around them; last, one
+# of them would run alone at the end.
 LONGEST_FIRST = (
-    "tests/e2e/test_service.py",  # ~600 s: the service stack, the demo job under the scheduler, a browser
-    "tests/ckpt_engine/test_ckpt_multirank.py",  # ~440 s
-    "tests/e2e/test_job_dags.py",  # ~410 s
+    "tests/e2e/test_service.py",  # ~600-800 s: the service stack, the demo job under the scheduler, a browser
+    "tests/e2e/test_job_dags.py",  # ~410-690 s
+    "tests/ckpt_engine/test_ckpt_multirank.py",  # ~440-500 s
     "tests/ckpt_engine/test_ckpt_hf.py",  # ~270 s
     "tests/e2e/test_demo_job.py",  # ~80-240 s
     "tests/sat_tasks/backends/local/test_runner.py",  # ~170 s
