@@ -123,7 +123,7 @@ def build_job_dag(
 
             context = get_current_context()
             spec = baked if baked is not None else spec_from_params(dict(context["params"]))
-            return _run(steps.validate_spec, spec, None, context["run_id"])
+            return _run(steps.validate_spec, spec, None, context["run_id"], spec_with_run=baked is None)
 
         @task(task_id="check_image")
         def check_image(spec: dict) -> dict:

@@ -111,3 +111,9 @@ class Backend(Protocol):
 
     def release_warm(self, state: WarmState, log: Log) -> list[str]:
         """Let a warm state go: delete its staged directory or placeholder pods; `kind/name` of each."""
+
+    def workspace_queue_problem(self, job: TrainingJob, *, spec_with_run: bool, log: Log) -> str | None:
+        """Why nothing would queue this workspace job for its nodes (refused at validation), or None.
+
+        `spec_with_run`: the generic DAG's run (no workspace pool was set when its DAG was parsed).
+        """

@@ -39,13 +39,18 @@ def resolve_job(spec: dict[str, Any] | None, spec_path: str | None, source: str 
     return job.with_backend(sat_setting("backend"))
 
 
-def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: str, log: Log = print) -> dict:
-    """Validate the spec and open the job's status history (status Pending)."""
+def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: str, log: Log = print, *,
+                  spec_with_run: bool = False) -> dict:
+    """Validate the spec and open the job's status history (status Pending).
+
+    `spec_with_run`: the generic DAG's run (the spec came with it, so no workspace pool was
+    set when the DAG was parsed; see `check_workspace`).
+    """
     job = resolve_job(spec, spec_path)
     run = JobRun(job, run_id)
     log(f"job {job.name}: {job.learning_type.value} {job.framework.value}, {job.nodes} node(s), "
         f"backend {job.backend.value}" + (f", workspace {job.workspace}" if job.workspace else ""))
-    check_workspace(job, run, log)
+    check_workspace(job, run, log, spec_with_run=spec_with_run)
     job = with_workspace_warm_pool(job, log)
     run.history(log).record(JobStatus.PENDING, "spec validated", task="validate_spec")
     return job.to_dict()
@@ -64,8 +69,12 @@ def with_workspace_warm_pool(job: TrainingJob, log: Log = print) -> TrainingJob:
     return job.model_copy(update={"warm_pool": workspace.warm_pool})
 
 
-def check_workspace(job: TrainingJob, run: JobRun, log: Log = print) -> None:
-    """Refuse a job its workspace cannot take (nodes, server type, contract dates): status Failed, with the numbers."""
+def check_workspace(job: TrainingJob, run: JobRun, log: Log = print, *, spec_with_run: bool = False) -> None:
+    """Refuse a job its workspace cannot take (nodes, server type, contract dates): status Failed, with the numbers.
+
+    A job nothing would queue for its nodes is refused too (`Backend.workspace_queue_problem`:
+    on Kubernetes without Kueue, a multi-node job of the generic DAG, `spec_with_run`).
+    """
     if job.workspace is None:
         return
     from sat_tasks.core.clock import now_utc
@@ -73,9 +82,14 @@ def check_workspace(job: TrainingJob, run: JobRun, log: Log = print) -> None:
     from sat_tasks.io.workspaces import WorkspaceStore
 
     store = WorkspaceStore()
-    problems = job_problems(job, store.find(job.workspace), now_utc().date(), [w.name for w in store.list()])
+    problems = [str(p) for p in job_problems(job, store.find(job.workspace), now_utc().date(),
+                                             [w.name for w in store.list()])]
+    if not problems:
+        queue_problem = backend_for(job).workspace_queue_problem(job, spec_with_run=spec_with_run, log=log)
+        if queue_problem:
+            problems.append(queue_problem)
     if problems:
-        reason = "refused by its workspace: " + "; ".join(str(p) for p in problems)
+        reason = "refused by its workspace: " + "; ".join(problems)
         run.history(log).record(JobStatus.FAILED, reason, task="validate_spec")
         raise JobStopped(f"{job.name}: {reason}")
 

@@ -162,6 +162,19 @@ class KubernetesBackend:
 
         return release_warm(self.client, self.namespace, state, log)
 
+    def workspace_queue_problem(self, job: TrainingJob, *, spec_with_run: bool, log: Log) -> str | None:
+        """Kueue queues every workspace job; without it a generic-DAG run has no pool (`check_generic_run`)."""
+        from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+        from sat_tasks.backends.kubernetes.workspace import check_generic_run
+
+        if not spec_with_run:
+            return None
+        try:
+            check_generic_run(job, KubernetesSettings.from_sat_config(), log)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
 
 BACKEND = KubernetesBackend()
 __all__ = ["BACKEND", "KubernetesBackend"]

@@ -89,6 +89,31 @@ def launch_pool(job: TrainingJob | None, settings: KubernetesSettings) -> dict[s
     return {"pool": pool_name(job.workspace), "pool_slots": job.nodes}
 
 
+def check_generic_run(job: TrainingJob, settings: KubernetesSettings, log=print) -> str | None:
+    """A workspace job of the generic DAG (spec with the run) on Kubernetes without Kueue: what queues it.
+
+    An Airflow pool is a task's at parse time, and this DAG's spec comes with the run, so its
+    `launch` takes no workspace pool slots. One node: the Kubernetes scheduler still queues it
+    (its pod is Pending until a workspace node has room), out of the pool's order; said in the
+    log, returned. More nodes: refused (its ranks could hold part of the workspace while waiting
+    for the rest); the message says the two ways that queue it whole. With Kueue: None.
+    """
+    if job.workspace is None or settings.kueue:
+        return None
+    if job.distributed:
+        raise ValueError(
+            f"workspace {job.workspace}: a {job.nodes}-node job started with its spec in the run (the generic "
+            "DAG, the Create Training Job form) cannot queue for the workspace's nodes on Kubernetes without Kueue: "
+            "an Airflow pool belongs to a DAG when it is parsed, and without one the job's ranks could hold part of "
+            f"the workspace while waiting for the rest. Put the spec under the jobs folder (its own DAG queues in "
+            f"pool {pool_name(job.workspace)}) or turn Kueue on ([sat] k8s_kueue = true)")
+    line = (f"workspace {job.workspace}: a job started with its spec in the run queues through the Kubernetes "
+            f"scheduler (its pod is Pending until a workspace node has room), not in order in pool "
+            f"{pool_name(job.workspace)}")
+    log(line)
+    return line
+
+
 def _quota(workspace: Workspace, settings: KubernetesSettings) -> list[dict[str, str]]:
     per_node = workspace.resources
     n = workspace.nodes

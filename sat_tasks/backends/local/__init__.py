@@ -20,7 +20,7 @@ from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Action, Decision
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
-from sat_tasks.spec import BackendKind
+from sat_tasks.spec import BackendKind, TrainingJob
 
 Log = Callable[[str], None]
 
@@ -92,6 +92,10 @@ class LocalBackend:
         from sat_tasks.backends.local.warm import release_warm
 
         return release_warm(state, log)
+
+    def workspace_queue_problem(self, job: TrainingJob, *, spec_with_run: bool, log: Log) -> str | None:
+        """The local slot board queues every workspace job, whichever DAG runs it."""
+        return None
 
 
 BACKEND = LocalBackend()

@@ -10,7 +10,7 @@ WORKSPACE = {
     "name": "team-a",
     "resources": {"server_type": "g2", "gpus_per_node": 8, "memory": "1600Gi", "cpu": "100"},
     "nodes": 3,
-    "contract": {"start": "2026-01-01", "end": "2026-12-31"},
+    "contract": {"start": "2026-01-01", "end": "2099-12-31"},  # tests that read the real clock stay in it
 }
 
 

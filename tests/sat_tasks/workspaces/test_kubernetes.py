@@ -290,3 +290,30 @@ def test_the_launch_task_fails_red_when_the_failover_finds_no_room(monkeypatch):
     rank1.__dict__["client"] = FakeCoreV1([_node("ws-a")], [])  # the provider's cached CoreV1Api
     with pytest.raises(AirflowFailException, match="waits for healthy nodes in workspace team-a"):
         rank1.await_workspace(job, RUN_ID, Plan(attempt=2, exclude_nodes=["ws-a"], failovers=1))
+
+
+# ---- the generic DAG (spec with the run) has no workspace pool -------------------------------------
+def test_without_kueue_a_multi_node_generic_dag_run_is_refused_and_a_one_node_run_is_told_what_queues_it(
+        sat_dirs, workspace_data, monkeypatch):
+    from sat_tasks.core.status import JobStatus
+    from sat_tasks.errors import JobStopped
+    from sat_tasks.io.workspaces import WorkspaceStore
+    from sat_tasks.pipeline.steps import check_workspace
+    from tests.sat_tasks.workspaces.test_store_and_queue import FakeRun
+
+    WorkspaceStore().create(workspace_data)
+    two = FakeRun(parse_spec(job_spec(backend="kubernetes")))
+    with pytest.raises(JobStopped, match=r"a 2-node job started with its spec in the run .* cannot queue for the "
+                                         r"workspace's nodes on Kubernetes without Kueue.*pool sat-workspace-team-a"
+                                         r"\) or turn Kueue on \(\[sat\] k8s_kueue = true\)"):
+        check_workspace(two.job, two, spec_with_run=True)
+    assert two.statuses()[-1][0] == JobStatus.FAILED.value
+    check_workspace(two.job, FakeRun(two.job))  # its own DAG: rank 0 queues in the pool
+    lines = []
+    one = FakeRun(parse_spec(job_spec(backend="kubernetes", nodes=1)))
+    check_workspace(one.job, one, lines.append, spec_with_run=True)
+    assert one.entries == [] and any("queues through the Kubernetes scheduler" in line for line in lines)
+    local = FakeRun(parse_spec(job_spec(backend="local")))
+    check_workspace(local.job, local, spec_with_run=True)  # the local slot board queues every run
+    monkeypatch.setenv("AIRFLOW__SAT__K8S_KUEUE", "true")  # Kueue admits the pod group whole
+    check_workspace(two.job, FakeRun(two.job), spec_with_run=True)

@@ -43,7 +43,7 @@ def test_create_list_get_and_the_written_yaml(sat_dirs, workspace_data):
     store = WorkspaceStore()
     created = store.create(workspace_data)
     path = sat_dirs / "workspaces" / "team-a.yaml"
-    assert yaml.safe_load(path.read_text())["contract"] == {"start": "2026-01-01", "end": "2026-12-31"}
+    assert yaml.safe_load(path.read_text())["contract"] == {"start": "2026-01-01", "end": "2099-12-31"}
     assert [w.name for w in store.list()] == ["team-a"]
     assert store.get("team-a") == created
     assert not list((sat_dirs / "workspaces").glob(".*.tmp"))  # written through a temp file and a rename

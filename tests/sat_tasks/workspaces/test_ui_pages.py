@@ -15,7 +15,7 @@ from tests.sat_tasks.workspaces.conftest import WORKSPACE
 
 FORM = {"name": "team-a", "description": "", "resources.server_type": "g2", "resources.gpus_per_node": "8",
         "resources.memory": "1600Gi", "resources.cpu": "100", "nodes": "3", "contract.start": "2026-01-01",
-        "contract.end": "2026-12-31"}
+        "contract.end": "2099-12-31"}
 
 
 def test_the_form_becomes_the_workspace_the_cli_would_write():
