@@ -226,6 +226,7 @@ class _Training:
     samples_per_step: float | None = None
     last: tuple[float, int, float | None] | None = None  # (time, step, tokens) at the previous sample
     first_step_at: float | None = None
+    first: tuple[float, int, float | None] | None = None  # (time, step, tokens) at the first step seen
 
 
 class MetricsRecorder:
@@ -306,6 +307,8 @@ class MetricsRecorder:
             t.samples_per_step = samples_per_step
         if tokens_seen:
             t.tokens = float(tokens_seen)
+        if t.first is None:
+            t.first = (self.clock(), step, t.tokens)
 
     def note_save(self, step: int, timings: dict[str, float]) -> None:
         """A committed checkpoint (the engine's ``on_commit``): its timings and size."""
@@ -386,14 +389,20 @@ class MetricsRecorder:
         losses, t.losses = t.losses, []
         if losses:
             values["loss"] = sum(losses) / len(losses)
-        if t.last is not None and now > t.last[0]:
-            elapsed = now - t.last[0]
-            steps = t.step - t.last[1]
-            values["steps_per_second"] = steps / elapsed
-            if t.samples_per_step:
-                values["samples_per_second"] = steps * t.samples_per_step / elapsed
-            if t.tokens is not None and t.last[2] is not None:
-                values["tokens_per_second"] = (t.tokens - t.last[2]) / elapsed
+        # Over the interval since the last sample; the first sample of an attempt measures from its
+        # first step (with a long interval, e.g. the default 300 s, it may be the only one). A
+        # sample that follows another with no step between within part of an interval (the
+        # Trainer's end, then exit) says nothing about throughput: no rate rather than a false 0.
+        since = t.last if t.last is not None else t.first
+        if since is not None and now > since[0]:
+            elapsed = now - since[0]
+            steps = t.step - since[1]
+            if steps > 0 or elapsed >= self.interval_s / 2:
+                values["steps_per_second"] = steps / elapsed
+                if t.samples_per_step:
+                    values["samples_per_second"] = steps * t.samples_per_step / elapsed
+                if t.tokens is not None and since[2] is not None:
+                    values["tokens_per_second"] = (t.tokens - since[2]) / elapsed
         t.last = (now, t.step, t.tokens)
         return [self._stamp("training", values)]
 

@@ -223,3 +223,21 @@ def test_the_sidecars_periodic_samples_run_at_sched_idle_and_its_prompt_ones_at_
     assert all(r["status"] == "Starting" for r in records[:first])
     system = lines(tmp_path / "attempt-3" / "n0" / "system.jsonl")
     assert len(system) >= 3 and all("cpu_percent" in r for r in system)
+
+
+def test_throughput_is_measured_from_the_first_step_and_a_sliver_after_a_sample_gives_no_false_zero(tmp_path):
+    now = [1000.0]
+    rec = MetricsRecorder(tmp_path, interval_s=300, attempt=1, node="n0", series=("training",), clock=lambda: now[0],
+                          say=lambda m: None)
+    rec.note_step(1, samples_per_step=8)
+    now[0] += 100
+    rec.note_step(51, samples_per_step=8)
+    rec.sample()  # the attempt's only interval sample with a 300 s interval: rates since its first step
+    now[0] += 1
+    rec.sample()  # the Trainer's end, then the exit: nothing happened in between
+    now[0] += 200
+    rec.sample()  # a whole stalled stretch: 0 steps/s is the truth, and it is said
+    first, sliver, stalled = lines(tmp_path / "attempt-1" / "n0" / "training.jsonl")
+    assert first["steps_per_second"] == pytest.approx(0.5) and first["samples_per_second"] == pytest.approx(4.0)
+    assert "steps_per_second" not in sliver and sliver["global_step"] == 51
+    assert stalled["steps_per_second"] == 0.0
