@@ -603,7 +603,7 @@ def run_sidecar(stop: threading.Event, *, poll_s: float = 1.0, parent_pid: int |
     # two busy cores). This thread keeps the prompt ones: the first_step record and the last sample.
     rec.start(idle=True)
     seen_step = not progress_file
-    while not stop.wait(poll_s if not seen_step else max(poll_s, PARENT_CHECK_S)):
+    while not stop.wait(min(poll_s, rec.interval_s) if not seen_step else max(poll_s, PARENT_CHECK_S)):
         if parent_pid is not None and os.getppid() != parent_pid:
             break  # the launcher is gone (the pod's supervisor, the local runner): the attempt ended
         if seen_step:
