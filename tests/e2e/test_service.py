@@ -19,7 +19,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -172,18 +171,6 @@ def _pause(api, dag_id: str) -> None:
     assert _retrying(lambda: DAGApi(api).patch_dag(dag_id, DAGPatchBody(is_paused=True))).is_paused
 
 
-def _pause_after_first_run(api, dag_id: str, deadline: float) -> None:
-    """Pause `dag_id` as soon as its first scheduled run exists (that run goes on): the cron fires
-    every minute, and each run is a whole job on the same two cores as the rest of the module."""
-    from airflow_client.client.api.dag_run_api import DagRunApi
-
-    while time.monotonic() < deadline:
-        if _retrying(lambda: DagRunApi(api).get_dag_runs(dag_id, limit=1)).dag_runs:
-            _pause(api, dag_id)
-            return
-        time.sleep(2)
-
-
 def _report(stack: ServiceStack, dag_id: str, run_id: str) -> dict:
     from sat_tasks.config import safe_run_id
 
@@ -275,8 +262,6 @@ def runs(deployment, api, registry, browser):
                    deadline=time.monotonic() + 300)
     triggered = time.monotonic()
     deadline = triggered + DEADLINE
-    cron_paused = threading.Thread(target=_pause_after_first_run, args=(api, "svc-cron", deadline), daemon=True)
-    cron_paused.start()
     page = _logged_in_page(deployment, browser)
     created = {"demo": _create_demo_in_the_browser(page, api, deployment)}
     form = _retrying(lambda: dag_runs.trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(
@@ -289,9 +274,8 @@ def runs(deployment, api, registry, browser):
         storage.upload_file(str(part), BUCKET, f"datasets/watched/{part.name}")
     created["stopped"] = _create_stop_and_delete_in_the_browser(page, api, deployment, registry, deadline)
     page.close()
-    cron_paused.join(timeout=max(0.0, deadline - time.monotonic()))
     finished = {"cron": _wait_for_run(api, "svc-cron", deadline=deadline)}
-    _pause(api, "svc-cron")  # (paused already, unless the thread ran out of time)
+    _pause(api, "svc-cron")  # not before its run has finished: a paused DAG's runs are not scheduled
     finished["asset"] = _wait_for_run(api, "svc-asset", deadline=deadline)
     _pause(api, "sat_data_changes")
     finished["demo"] = _wait_for_run(api, "sat_training_job", created["demo"]["run_id"], deadline=deadline)
