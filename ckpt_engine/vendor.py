@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -50,24 +51,68 @@ _DATASTATES_MODULES = {
 }
 
 
-def write_vendor_dir(dest: str | os.PathLike[str]) -> Path:
-    """Create or refresh ``dest`` with ``ckpt_engine/`` and ``datastates/``; idempotent; returns ``dest``."""
+STAMP = ".sat-engine"  # the engine's content hash, written last: a directory with it is complete
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc")
+
+
+def engine_hash() -> str:
+    """A hash of what a vendor directory holds (the engine's sources and the alias modules)."""
+    source = Path(__file__).resolve().parent
+    digest = hashlib.sha256(repr(sorted(_DATASTATES_MODULES.items())).encode())
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                       and p.suffix != ".pyc"):
+        digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def vendor_hash(dest: str | os.PathLike[str]) -> str | None:
+    """The engine hash a vendor directory was laid out with (None: none, or not complete)."""
+    try:
+        return (Path(dest) / STAMP).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def lay_out_vendor_dir(dest: str | os.PathLike[str], *, reuse_from: str | os.PathLike[str] | None = None) -> str:
+    """``dest`` holds this engine afterwards; how: ``present`` (it did), ``linked`` (hard links to
+    ``reuse_from``'s files, which hold the same engine: a warm run's) or ``written`` (copied)."""
     dest_path = Path(dest).resolve()
+    current = engine_hash()
+    if vendor_hash(dest_path) == current:
+        return "present"
     dest_path.mkdir(parents=True, exist_ok=True)
+    (dest_path / STAMP).unlink(missing_ok=True)
+    reuse = Path(reuse_from).resolve() if reuse_from is not None and vendor_hash(reuse_from) == current else None
     source = Path(__file__).resolve().parent
     staging = Path(tempfile.mkdtemp(prefix=".vendor-", dir=dest_path))
     try:
-        shutil.copytree(source, staging / "ckpt_engine", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        alias = staging / "datastates"
-        for relative, source in _DATASTATES_MODULES.items():
-            target = alias / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(source)
+        if reuse is not None:
+            try:
+                for name in ("ckpt_engine", "datastates"):
+                    shutil.copytree(reuse / name, staging / name, ignore=_IGNORED, copy_function=os.link)
+            except OSError:  # another file system: copy instead
+                reuse = None
+                for name in ("ckpt_engine", "datastates"):
+                    shutil.rmtree(staging / name, ignore_errors=True)
+        if reuse is None:
+            shutil.copytree(source, staging / "ckpt_engine", ignore=_IGNORED)
+            alias = staging / "datastates"
+            for relative, text in _DATASTATES_MODULES.items():
+                target = alias / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
         for name in ("ckpt_engine", "datastates"):
             target = dest_path / name
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging / name, target)
+        (dest_path / STAMP).write_text(current + "\n")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return dest_path
+    return "linked" if reuse is not None else "written"
+
+
+def write_vendor_dir(dest: str | os.PathLike[str]) -> Path:
+    """Create or refresh ``dest`` with ``ckpt_engine/`` and ``datastates/``; idempotent; returns ``dest``."""
+    lay_out_vendor_dir(dest)
+    return Path(dest).resolve()

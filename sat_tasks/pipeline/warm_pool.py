@@ -85,6 +85,11 @@ def _reuse_lines(claimed: Claim | None, staged: dict, image: dict, objects: dict
     else:
         lines.append("warm pool: staged data not reused (" + (
             "the data source changed" if claimed.lines else "no staged copy of it was kept") + ")")
+    engine = staged.get("engine")  # the local backend's vendored engine (on Kubernetes it is in the image)
+    if engine is not None:
+        reused["engine"] = engine
+        lines.append(f"warm pool: reused the vendored engine {engine['hash']} (unchanged, linked)" if engine["reused"]
+                     else f"warm pool: vendored engine {engine['hash']} laid out fresh (none kept, or it changed)")
     ok, line = warm_pool.image_reuse(state, image)
     reused["image"] = {"reused": ok, "digest": image.get("digest")}
     lines.append("warm pool: " + ("reused " if ok else "") + line)

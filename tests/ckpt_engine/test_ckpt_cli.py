@@ -63,7 +63,7 @@ def test_vendor_dir_is_idempotent_and_self_contained(tmp_path: Path) -> None:
     dest = tmp_path / "vendor"
     assert run_cli("vendor", str(dest)) == 0
     assert write_vendor_dir(dest) == dest.resolve()
-    assert {p.name for p in dest.iterdir()} == {"ckpt_engine", "datastates"}
+    assert {p.name for p in dest.iterdir()} == {"ckpt_engine", "datastates", ".sat-engine"}
     probe = ("import ckpt_engine, datastates, datastates.llm;"
              "from datastates.llm import DecoratedCheckpointing; from datastates import CheckpointEngine;"
              "print(ckpt_engine.__file__)")
@@ -71,3 +71,24 @@ def test_vendor_dir_is_idempotent_and_self_contained(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith(str(dest.resolve()))
+
+
+def test_a_vendor_dir_with_this_engine_is_kept_and_a_warm_runs_is_linked_not_copied(tmp_path: Path) -> None:
+    from ckpt_engine.vendor import engine_hash, lay_out_vendor_dir, vendor_hash
+
+    warm, fresh = tmp_path / "warm-run" / "checkpoint_vendor", tmp_path / "next-run" / "checkpoint_vendor"
+    assert lay_out_vendor_dir(warm) == "written" and vendor_hash(warm) == engine_hash()
+    engine_file = warm / "ckpt_engine" / "engine.py"
+    inode = engine_file.stat().st_ino
+    assert lay_out_vendor_dir(warm) == "present" and engine_file.stat().st_ino == inode  # not rewritten
+    assert lay_out_vendor_dir(fresh, reuse_from=warm) == "linked"
+    assert (fresh / "ckpt_engine" / "engine.py").stat().st_ino == inode  # the same file, no copy
+    assert (fresh / "datastates" / "llm" / "__init__.py").read_text() == (warm / "datastates" / "llm" /
+                                                                         "__init__.py").read_text()
+    other = tmp_path / "other-engine"
+    assert lay_out_vendor_dir(other) == "written"
+    (other / ".sat-engine").write_text("0123456789abcdef\n")  # laid out by another version of the engine
+    again = tmp_path / "again"
+    assert lay_out_vendor_dir(again, reuse_from=other) == "written"  # not linked to a different engine
+    assert (again / "ckpt_engine" / "engine.py").stat().st_ino != (other / "ckpt_engine" / "engine.py").stat().st_ino
+    assert lay_out_vendor_dir(other) == "written"  # its stamp says another engine: refreshed

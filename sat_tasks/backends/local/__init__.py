@@ -36,10 +36,16 @@ class LocalBackend:
         from sat_tasks.io.staging import stage_job_files
 
         reuse_dir = reuse.data_dir if reuse is not None and reuse.data_dir and Path(reuse.data_dir).is_dir() else None
-        return stage_job_files(run.hook(), data_source=run.job.data.source, data_dest=run.data_dir,
-                               code_dest=run.code_dir, script_url=run.job.storage.script_url, log=log,
-                               reuse_dir=reuse_dir, reuse_objects=reuse.objects if reuse_dir else None,
-                               current_objects=reuse.current if reuse_dir else None)
+        staged = stage_job_files(run.hook(), data_source=run.job.data.source, data_dest=run.data_dir,
+                                 code_dest=run.code_dir, script_url=run.job.storage.script_url, log=log,
+                                 reuse_dir=reuse_dir, reuse_objects=reuse.objects if reuse_dir else None,
+                                 current_objects=reuse.current if reuse_dir else None)
+        if reuse is not None and reuse.state.data_dir:  # the warm run's vendored engine, beside its data
+            from ckpt_engine.vendor import engine_hash, lay_out_vendor_dir
+
+            how = lay_out_vendor_dir(run.vendor_dir, reuse_from=Path(reuse.state.data_dir).parent / run.vendor_dir.name)
+            staged["engine"] = {"reused": how == "linked", "hash": engine_hash()}
+        return staged
 
     def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
         from sat_tasks.io.validation import DataValidationError, validate_dataset

@@ -44,6 +44,9 @@ def test_a_cold_run_is_kept_warm_with_its_keys(warm_job, lines):
 
 def test_the_next_run_reuses_unchanged_data_the_validation_and_the_node(warm_job, lines):
     job, first = _first_run(warm_job, lines)
+    from ckpt_engine.vendor import engine_hash, write_vendor_dir
+
+    write_vendor_dir(first.vendor_dir)  # as its launch did
     lines.clear()
     run_id = warm_job.run_id()
     steps.check_image(job, run_id, log=lines.append)
@@ -52,6 +55,9 @@ def test_the_next_run_reuses_unchanged_data_the_validation_and_the_node(warm_job
     assert staged["data"]["reused"] == 3 and staged["data"]["redownloaded"] == 0
     assert staged["data"]["transferred"] == 0
     assert "warm pool: reused staged data (3 objects unchanged, 0 re-downloaded)" in lines
+    assert f"warm pool: reused the vendored engine {engine_hash()} (unchanged, linked)" in lines
+    assert (JobRun(job, run_id).vendor_dir / "ckpt_engine" / "engine.py").stat().st_ino == (
+        first.vendor_dir / "ckpt_engine" / "engine.py").stat().st_ino
     assert "warm pool: node local-node-2 held since run " + first.run_id + ", handed over" in lines
     assert files_under(run.data_dir) == ["part-00.txt", "part-01.txt", "part-02.txt"]
     # the warm run's directory is released once the files are linked: nothing left behind
