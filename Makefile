@@ -19,8 +19,9 @@ export DS_BUILD_OPS := 0
 .PHONY: demo test test-slow up down benchmarks vendor system-deps clean lock
 
 # The virtual environment, (re)built when the lock file or pyproject is newer than it.
-# uv installs (parallel downloads; pip took ~3.5 of CI's 20 minutes; no --compile-bytecode: 65 vs 27 s,
-# and Python compiles on first import only the modules the tests import):
+# uv installs (parallel downloads and byte-compilation; pip took ~3.5 of CI's 20 minutes). Keep
+# --compile-bytecode: this machine sets PYTHONDONTWRITEBYTECODE=1, so without it every process
+# compiles every module it imports, every time (CI run 17 ran at a third of the speed).
 # torch first (the pinned CPU wheel, from the machine's wheel folder where it has one), then
 # the lock with its hashes, without build isolation so that packages which build against
 # torch (deepspeed) see it instead of fetching another.
@@ -31,7 +32,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@test -x $(UV) || $(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	$(UV) pip install -q --python $(PY) $(WHEELS) setuptools==84.2.1 wheel==0.48.0 torch==2.13.0
-	$(UV) pip install -q --python $(PY) $(WHEELS) --require-hashes --no-build-isolation -r requirements.lock
+	$(UV) pip install -q --python $(PY) $(WHEELS) --require-hashes --no-build-isolation --compile-bytecode -r requirements.lock
 	$(UV) pip install -q --python $(PY) --no-deps --no-build-isolation -e .
 	@touch $@
 
