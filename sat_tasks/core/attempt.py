@@ -43,6 +43,9 @@ class AttemptRecord(BaseModel):
         node_taints: k8s node `spec.taints` (Spot interruption taints live here).
         node_labels: k8s node `metadata.labels` (Spot/preemptible capacity is read from
             them); empty when the node object is gone or unreadable, and on the local backend.
+        node_labels_at_start: the node's labels as the launcher read them when the attempt
+            started; kept so a node that is gone by the end (a Spot shutdown deletes it) can
+            still be told Spot from on-demand. Empty when unknown.
         log_tail: the last lines of the container log.
         node_log: kernel-log lines of the node (e.g. NVRM Xid lines).
         started_at / finished_at: when the main process started and ended.
@@ -72,6 +75,7 @@ class AttemptRecord(BaseModel):
     node_conditions: list[dict[str, Any]] = Field(default_factory=list)
     node_taints: list[dict[str, Any]] = Field(default_factory=list)
     node_labels: dict[str, str] = Field(default_factory=dict)
+    node_labels_at_start: dict[str, str] = Field(default_factory=dict)
     log_tail: list[str] = Field(default_factory=list)
     node_log: list[str] = Field(default_factory=list)
     started_at: datetime | None = None
