@@ -63,10 +63,16 @@ class Backend(Protocol):
         pulls_images: whether attempts run in the job's container image. When False (the
             local backend runs the command on this host) the image check only parses the
             reference unless the job names a registry connection.
+        watches_stop_request: whether a running attempt's launch task reads the run's stop
+            request (`JobRun.stop_uri`) and stops the training itself (SIGTERM, a final
+            checkpoint; `decide` then ends the job as Stopped). When False, Stop ends the DAG
+            run and the launch task's on_kill gives the training its grace period
+            (`sat_tasks.pipeline.actions.stop_job`).
     """
 
     kind: BackendKind
     pulls_images: bool
+    watches_stop_request: bool
 
     def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
         """Copy the script and data from Object Storage to where the attempts read them.

@@ -34,6 +34,7 @@ class KubernetesBackend:
 
     kind = BackendKind.KUBERNETES
     pulls_images = True
+    watches_stop_request = False  # Stop ends the DAG run; the launch task's on_kill deletes the pods with their grace
 
     def __init__(self, client: Any = None, namespace: str | None = None, scheduling: Any = None) -> None:
         self._client = client

@@ -30,6 +30,7 @@ class LocalBackend:
 
     kind = BackendKind.LOCAL
     pulls_images = False  # the command runs on this host, not in the image
+    watches_stop_request = True  # the runner polls the stop request and passes it on as SIGTERM
 
     # ---- before training -----------------------------------------------------------------------
     def stage(self, run: JobRun, log: Log, reuse: Any = None) -> dict[str, Any]:
