@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -27,7 +27,7 @@ class AttemptRecord(BaseModel):
     Fields:
         job: the Training Job name.
         attempt: 1-based attempt number.
-        backend: `local` or `kubernetes`.
+        backend: the name of the backend that ran it (`local`, `kubernetes`, any installed one).
         node: the node the attempt ran on (local pool name or k8s node name).
         exit_code: exit status of the main process/container; negative values from
             `subprocess` mean "killed by signal -exit_code".
@@ -63,7 +63,7 @@ class AttemptRecord(BaseModel):
 
     job: str
     attempt: int = Field(ge=1)
-    backend: Literal["local", "kubernetes"]
+    backend: str
     node: str | None = None
     exit_code: int | None = None
     signal: int | None = None
