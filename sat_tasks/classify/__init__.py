@@ -6,7 +6,7 @@
 and files). Pure Python: no Airflow, no Kubernetes client.
 """
 
-from sat_tasks.classify.classifier import classify
+from sat_tasks.classify.classifier import Explanation, classify, explain
 from sat_tasks.classify.loaders import (
     UnreadableInput,
     job_and_attempt_of_pod,
@@ -17,6 +17,7 @@ from sat_tasks.classify.loaders import (
 from sat_tasks.classify.multirank import combine_rank_records
 from sat_tasks.classify.rules import (
     APPLICATION_XIDS,
+    CUDA_ERRORS,
     HARDWARE_XIDS,
     NOT_A_NODE_FAULT_XIDS,
     PEER_STOP_REASON,
@@ -24,7 +25,7 @@ from sat_tasks.classify.rules import (
 from sat_tasks.core.contracts import Verdict, VerdictKind
 
 __all__ = [
-    "APPLICATION_XIDS", "HARDWARE_XIDS", "NOT_A_NODE_FAULT_XIDS", "PEER_STOP_REASON", "UnreadableInput", "Verdict",
-    "VerdictKind", "classify", "combine_rank_records", "job_and_attempt_of_pod", "load_record",
+    "APPLICATION_XIDS", "CUDA_ERRORS", "HARDWARE_XIDS", "NOT_A_NODE_FAULT_XIDS", "PEER_STOP_REASON", "Explanation",
+    "UnreadableInput", "Verdict", "VerdictKind", "classify", "explain", "combine_rank_records", "job_and_attempt_of_pod", "load_record",
     "load_record_with_notes", "record_from_pod",
 ]

@@ -32,6 +32,7 @@ odd input: missing fields just mean less evidence.
 from __future__ import annotations
 
 import signal as signal_module
+from dataclasses import dataclass, field
 
 from sat_tasks.classify.evidence import (
     Finding,
@@ -42,6 +43,7 @@ from sat_tasks.classify.evidence import (
     find_spot_capacity,
     find_torchrun_signal,
     gather,
+    killed_from_outside,
     signal_name,
 )
 from sat_tasks.classify.rules import (
@@ -79,59 +81,115 @@ def _exit_line(record: AttemptRecord) -> str:
     return text
 
 
+@dataclass
+class Explanation:
+    """Why `classify` decided as it did: every finding, and each precedence step it weighed.
+
+    `findings`: every piece of evidence the rules produced (matched rules), in gathering order.
+    `steps`: (step, outcome) for each precedence step in the order `_weigh` considered them; the
+    last one decided. `verdict`: the verdict `classify` returns.
+    """
+
+    verdict: Verdict | None = None
+    findings: list[Finding] = field(default_factory=list)
+    steps: list[tuple[str, str]] = field(default_factory=list)
+
+    def step(self, name: str, outcome: str) -> None:
+        self.steps.append((name, outcome))
+
+
 def classify(record: AttemptRecord) -> Verdict:
     """Classify one attempt. Never raises on incomplete records; see the module doc.
 
     The verdict names the attempt, its node and its last committed checkpoint (the record's
     progress), so that `decide_next` needs nothing else.
     """
-    verdict = _weigh(record)
-    return verdict.model_copy(update={"attempt": record.attempt, "node": record.node,
-                                      "last_committed_step": record.last_committed_step})
+    return explain(record).verdict  # type: ignore[return-value]
 
 
-def _weigh(record: AttemptRecord) -> Verdict:
+def explain(record: AttemptRecord) -> Explanation:
+    """`classify`, with the findings and the precedence steps that led to the verdict (`sat classify --explain`)."""
+    why = Explanation()
+    verdict = _weigh(record, why)
+    why.verdict = verdict.model_copy(update={"attempt": record.attempt, "node": record.node,
+                                             "last_committed_step": record.last_committed_step})
+    return why
+
+
+def _kinds(findings: list[Finding]) -> str:
+    return ", ".join(f"{len([f for f in findings if f.kind is kind])} {kind.value}"
+                     for kind in VerdictKind if any(f.kind is kind for f in findings)) or "none"
+
+
+def _weigh(record: AttemptRecord, why: Explanation) -> Verdict:
     """The verdict from the record's evidence, by the precedence of the module doc."""
     found = gather(record)
+    why.findings = found
     findings = [f for f in found if not f.ambiguous]
     ambiguous = [f for f in found if f.ambiguous]
     by_kind = {kind: [f for f in findings if f.kind is kind] for kind in VerdictKind}
     clean_exit = record.exit_code == 0 and not record.signal
 
     if by_kind[VerdictKind.PREEMPTED]:
+        why.step("1 PREEMPTED", "decided: a preemption outranks everything (a preempted peer makes the other "
+                                "ranks log network errors)")
         return _verdict(VerdictKind.PREEMPTED, by_kind[VerdictKind.PREEMPTED])
+    why.step("1 PREEMPTED", "no preemption evidence")
     spot = find_spot_capacity(record)
     hardware = [f for f in by_kind[HW] if f.beats_success or not clean_exit]
     if spot:
         reclaimed = _reclaimed_spot_node(spot, hardware)
         if reclaimed is not None:
+            why.step("1b Spot node lost", f"decided: {spot}, and the node went away with no device fault")
             return reclaimed
+        why.step("1b Spot node lost", f"{spot}, but the node did not go away, or a device on it failed first")
     if hardware and all(f.peer_symptom for f in hardware) and by_kind[INT]:
         # A rank's own error outranks its peers' timeouts and remote errors that followed it.
+        why.step("2 HARDWARE", f"{len(hardware)} finding(s), all peer symptoms (timeouts, remote errors)")
+        why.step("5 INTERNAL", "decided: the job's own error outranks the peer symptoms that followed it")
         own = _verdict(INT, by_kind[INT] + hardware)
         return own.model_copy(update={"reason": f"{own.reason} (the NCCL timeouts/remote errors of the other "
                                                 "ranks followed it)"})
     if hardware:
         # Strongest first: device-level evidence before network noise and snapshots.
         hardware.sort(key=lambda f: not f.beats_success)
+        why.step("2 HARDWARE", "decided: hardware evidence outranks exit codes and tracebacks"
+                 + (" (peer symptoms only, and no error of the job's own)" if all(f.peer_symptom for f in hardware)
+                    else ""))
         return _verdict(HW, hardware)
+    skipped = len(by_kind[HW]) - len(hardware)
+    why.step("2 HARDWARE", "no hardware evidence" if not skipped else
+             f"{skipped} finding(s) that cannot outrank a clean exit (shutdown noise, snapshots)")
     if by_kind[VerdictKind.IMAGE_PULL] and record.exit_code is None:
+        why.step("3 IMAGE_PULL", "decided: the container never ran and its image could not be pulled")
         return _verdict(VerdictKind.IMAGE_PULL, by_kind[VerdictKind.IMAGE_PULL])
+    why.step("3 IMAGE_PULL", "no image evidence" if not by_kind[VerdictKind.IMAGE_PULL] else
+             "image evidence, but the container ran (it has an exit status)")
     if clean_exit:
+        why.step("4 SUCCEEDED", "decided: exit code 0 and nothing that outranks a clean exit")
         return Verdict.of(VerdictKind.SUCCEEDED, [_exit_line(record)], "the training exited with code 0")
+    why.step("4 SUCCEEDED", f"not a clean exit (exit code {record.exit_code})")
     if by_kind[INT]:
+        why.step("5 INTERNAL", "decided: the job's own error (exception, OOM, bad arguments, application Xid)")
         verdict = _verdict(INT, by_kind[INT])
         if record.exit_code is not None and _exit_line(record) not in verdict.evidence:
             verdict = verdict.model_copy(update={"evidence": [*verdict.evidence, _exit_line(record)]})
         return verdict
+    why.step("5 INTERNAL", "no error of the job's own")
     if ambiguous:
+        why.step("5b ambiguous", f"decided: only ambiguous evidence is left ({_kinds(ambiguous)}); its reason says "
+                                 "why it chose")
         verdict = _verdict(ambiguous[0].kind, [f for f in ambiguous if f.kind is ambiguous[0].kind])
         return verdict.model_copy(update={"evidence": [*verdict.evidence, _exit_line(record)][:8]})
-    if spot and _lost_without_status(record):
+    why.step("5b ambiguous", "no ambiguous evidence")
+    if spot and killed_from_outside(record):
+        why.step("6 exit status", f"decided: killed from outside on Spot capacity ({spot})")
         return Verdict.of(VerdictKind.PREEMPTED, [_exit_line(record), spot],
                           f"the node was Spot/preemptible capacity ({spot}) and the attempt was killed from "
                           "outside with no other evidence: a reclaim (ADR 0004)")
-    return _classify_by_exit_status(record)
+    verdict = _classify_by_exit_status(record)
+    why.step("6 exit status", f"decided by how the process ended: {verdict.reason}")
+    return verdict
 
 
 def _reclaimed_spot_node(spot: str, hardware: list[Finding]) -> Verdict | None:
@@ -144,12 +202,6 @@ def _reclaimed_spot_node(spot: str, hardware: list[Finding]) -> Verdict | None:
     return Verdict.of(VerdictKind.PREEMPTED, evidence[:8],
                       f"the node was Spot/preemptible capacity ({spot}) and went away: {lost[0].reason} "
                       "(a reclaim, not a hardware fault)")
-
-
-def _lost_without_status(record: AttemptRecord) -> bool:
-    """Killed by SIGKILL/SIGTERM/SIGHUP from outside, or no exit status at all."""
-    number = exit_signal(record) or find_torchrun_signal(list(record.log_tail))[0]
-    return record.exit_code is None or number in EXTERNAL_KILL_SIGNALS
 
 
 def _classify_by_exit_status(record: AttemptRecord) -> Verdict:

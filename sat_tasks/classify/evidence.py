@@ -17,7 +17,9 @@ from sat_tasks.classify.rules import (
     AMBIGUOUS_RULES,
     AMBIGUOUS_XIDS,
     APPLICATION_XIDS,
+    CUDA_OUTSIDE_NCCL_ONLY,
     EXCEPTION_LINE,
+    EXTERNAL_KILL_SIGNALS,
     HARDWARE_TERMINATION_REASONS,
     HARDWARE_XIDS,
     HEADERLESS_EXCEPTION,
@@ -28,8 +30,19 @@ from sat_tasks.classify.rules import (
     INTERNAL_TERMINATION_REASONS,
     INTERNAL_WAITING_REASONS,
     ISO_STAMP,
+    KARPENTER_DISRUPTION_EVENTS,
+    KARPENTER_DISRUPTION_REASON,
+    KARPENTER_DISRUPTION_TAINTS,
+    KARPENTER_UNHEALTHY,
+    KUEUE_EVICTION_REASON,
+    KUEUE_NODE_EVICTIONS,
+    KUEUE_PREEMPTING_EVICTIONS,
+    KUEUE_PREEMPTION_MESSAGE,
+    KUEUE_TERMINATION_CONDITION,
+    KUEUE_WEAK_EVICTIONS,
     LINE_PREFIXES,
     LIVENESS_PROBE,
+    NCCL_CUDA_FAILURE,
     NCCL_FRAME,
     NCCL_SYSTEM_ERROR,
     NODE_DOWN_TAINTS,
@@ -40,9 +53,13 @@ from sat_tasks.classify.rules import (
     OWN_LIMIT_EVICTION,
     PEER_EXCEPTION_MESSAGE,
     PEER_EXCEPTIONS,
+    PREEMPT_CONDITIONS,
     PREEMPTED_TERMINATION_REASONS,
     PREEMPTING_DISRUPTIONS,
     PRESSURE_CONDITIONS,
+    RISK_NOTICE_CONDITIONS,
+    RISK_NOTICE_EVENTS,
+    RISK_NOTICE_TAINTS,
     SEGFAULT,
     SHM_ERROR,
     SHUTDOWN_MESSAGE,
@@ -54,6 +71,7 @@ from sat_tasks.classify.rules import (
     STARTUP_REASON,
     TEXT_RULES,
     TORCHRUN_SIGNAL,
+    TextRule,
     WRAPPER_EXCEPTIONS,
     XID_LINE,
     XID_RECOVERY_ACTION,
@@ -72,6 +90,7 @@ class Finding:
     `node_loss`: the node (not a device on it) went away or failed the pod; on Spot capacity
     that is a preemption. `peer_symptom`: what a rank logs when another rank failed.
     `ambiguous`: weighed only when nothing decisive is left (its reason says why it chose).
+    `rule`: the rule or family that produced it (`sat classify --explain`, ADR 0004).
     """
 
     kind: VerdictKind
@@ -81,6 +100,7 @@ class Finding:
     node_loss: bool = False
     peer_symptom: bool = False
     ambiguous: bool = False
+    rule: str = ""
 
 
 def as_dict(value: Any) -> dict[str, Any]:
@@ -129,7 +149,8 @@ def is_spot_label(key: str, value: Any, labels: dict[str, str | None] | None = N
 def find_spot_capacity(record: AttemptRecord) -> str | None:
     """How the record shows that its node was Spot/preemptible capacity, or None.
 
-    The node's labels (`node_labels`), then node taints with a Spot key (AKS taints its Spot
+    The node's labels (`node_labels`; when they are empty because the node object is gone, the
+    labels the launcher read when the attempt started, `node_labels_at_start`), then node taints with a Spot key (AKS taints its Spot
     pools too), then the Spot labels the pod's nodeSelector/affinity asked for, which
     `loaders.record_from_pod` keeps as `node_taints` entries with a `source` (the record has
     no field for the pod's scheduling constraints; they matter when the node object is gone).
@@ -138,6 +159,10 @@ def find_spot_capacity(record: AttemptRecord) -> str | None:
     for key, value in as_dict(record.node_labels).items():
         if is_spot_label(str(key), value, labels):
             return f"node label {key}={value}"
+    if not record.node_labels:  # the node object is gone (a Spot shutdown deletes it): its labels at start
+        for key, value in as_dict(record.node_labels_at_start).items():
+            if is_spot_label(str(key), value, labels):
+                return f"node label at the attempt's start {key}={value}"
     for taint in as_dicts(record.node_taints):
         key = str(taint.get("key") or "")
         if is_spot_label(key, taint.get("value") or "", labels):
@@ -165,6 +190,12 @@ def exit_signal(record: AttemptRecord) -> int | None:
     if 128 < code <= 128 + 64:
         return code - 128
     return None
+
+
+def killed_from_outside(record: AttemptRecord) -> bool:
+    """The attempt ended without an exit status, or by SIGKILL/SIGTERM/SIGHUP (its own or torchrun's child's)."""
+    number = exit_signal(record) or find_torchrun_signal(list(record.log_tail))[0]
+    return record.exit_code is None or number in EXTERNAL_KILL_SIGNALS
 
 
 def _line_time(line: str) -> datetime | None:
@@ -268,30 +299,44 @@ def find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[Find
         xid, where = int(match.group(2)), match.group(1)
         on = f" on {where}" if where else ""
         if xid in HARDWARE_XIDS:
-            yield Finding(HW, describe(line), f"Xid {xid}{on}: {HARDWARE_XIDS[xid]}")
+            yield Finding(HW, describe(line), f"Xid {xid}{on}: {HARDWARE_XIDS[xid]}", rule=f"xid:{xid}")
         elif xid in APPLICATION_XIDS:
-            yield Finding(INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}")
+            yield Finding(INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}", rule=f"xid:{xid}")
         elif xid in AMBIGUOUS_XIDS:
             yield Finding(HW, describe(line), f"ambiguous: Xid {xid}{on}: {AMBIGUOUS_XIDS[xid]}. Chose HARDWARE: "
                           "a wrong failover costs at most three retries from the last checkpoint (ADR 0004)",
-                          ambiguous=True)
+                          ambiguous=True, rule=f"xid:{xid}")
         elif xid == XID_RECOVERY_ACTION and _recovery_action_needed(line):
-            yield Finding(HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot")
+            yield Finding(HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot",
+                          rule="xid:154")
         # 63/92/94 and unknown Xids are not evidence of a node fault on their own.
+
+
+def _applies(rule: TextRule, line: str) -> bool:
+    """Whether `rule` matches `line`; a CUDA code NCCL reports from its own call is NCCL's rule's to decide."""
+    if rule.family in CUDA_OUTSIDE_NCCL_ONLY and NCCL_CUDA_FAILURE.search(line):
+        return False
+    return bool(rule.pattern.search(line))
+
+
+def first_rule(line: str) -> tuple[TextRule, bool] | None:
+    """The first line rule that matches `line` (decisive rules before ambiguous ones), and whether it is ambiguous."""
+    for rule in TEXT_RULES:
+        if _applies(rule, line):
+            return rule, False
+    for rule in AMBIGUOUS_RULES:
+        if _applies(rule, line):
+            return rule, True
+    return None
 
 
 def find_text(lines: Iterable[str], describe=lambda line: line) -> Iterator[Finding]:
     for line in lines:
-        for rule in TEXT_RULES:
-            if rule.pattern.search(line):
-                yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success,
-                              peer_symptom=rule.peer_symptom)
-                break
-        else:
-            for rule in AMBIGUOUS_RULES:
-                if rule.pattern.search(line):
-                    yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success, ambiguous=True)
-                    break
+        found = first_rule(line)
+        if found is not None:
+            rule, ambiguous = found
+            yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success,
+                          peer_symptom=rule.peer_symptom, ambiguous=ambiguous, rule=rule.family)
 
 
 def _find_nccl_system_errors(lines: list[str]) -> Iterator[Finding]:
@@ -321,9 +366,15 @@ def _find_nccl_segfault(record: AttemptRecord, lines: list[str]) -> Iterator[Fin
 
 
 def _is_symptom(text: str) -> bool:
-    """An exception line that names a peer's, the network's or the node's failure, not the script's."""
-    return bool(PEER_EXCEPTION_MESSAGE.search(text)) or any(
-        rule.kind is not INT and rule.pattern.search(text) for rule in (*TEXT_RULES, *AMBIGUOUS_RULES))
+    """An exception line that names a peer's, the network's or the node's failure, not the script's.
+
+    A line whose first matching rule points at the job (a collective mismatch, CUDA's illegal
+    address, an OOM) is the script's own, whatever else it mentions.
+    """
+    found = first_rule(text)
+    if found is not None:
+        return found[0].kind is not INT
+    return bool(PEER_EXCEPTION_MESSAGE.search(text))
 
 
 def _exception_name(text: str) -> str | None:
@@ -430,72 +481,162 @@ def _find_termination(record: AttemptRecord) -> Iterator[Finding]:
         yield Finding(kind, line, why)
 
 
+def _kueue_eviction(reason: str, message: str, line: str, rule: str) -> Finding | None:
+    """Kueue's eviction of the pod's Workload, by its eviction reason (`rules.KUEUE_*`)."""
+    match = KUEUE_EVICTION_REASON.match(reason)
+    cause = match.group(1) if match else reason
+    if cause in KUEUE_PREEMPTING_EVICTIONS or KUEUE_PREEMPTION_MESSAGE.search(message):
+        why = KUEUE_PREEMPTING_EVICTIONS.get(cause) or KUEUE_PREEMPTING_EVICTIONS["Preempted"]
+        return Finding(VerdictKind.PREEMPTED, line, f"{why} ({reason}): wait for quota and resume", rule=rule)
+    if cause in KUEUE_NODE_EVICTIONS:
+        return Finding(HW, line, f"{KUEUE_NODE_EVICTIONS[cause]} ({reason})", node_loss=True, rule=rule)
+    if cause in KUEUE_WEAK_EVICTIONS:
+        return Finding(VerdictKind.PREEMPTED, line, f"ambiguous: {KUEUE_WEAK_EVICTIONS[cause]} ({reason}). Chose "
+                       "PREEMPTED: a wrong resume costs one wait for capacity, a failover or a stop would blame a "
+                       "node or the code without evidence (ADR 0004)", ambiguous=True, rule=rule)
+    return None
+
+
 def _find_pod_conditions(record: AttemptRecord) -> Iterator[Finding]:
-    """DisruptionTarget=True: preemption and node shutdown → PREEMPTED; the rest → HARDWARE."""
+    """DisruptionTarget=True: preemption and node shutdown → PREEMPTED; the rest → HARDWARE.
+
+    Kueue's TerminationTarget=True: by the Workload's eviction reason (`_kueue_eviction`).
+    """
     for condition in as_dicts(record.pod_conditions):
-        if condition.get("type") != "DisruptionTarget" or str(condition.get("status")) != "True":
+        kind = condition.get("type")
+        if kind not in {"DisruptionTarget", KUEUE_TERMINATION_CONDITION} or str(condition.get("status")) != "True":
             continue
         reason, message = str(condition.get("reason") or ""), str(condition.get("message") or "")
         line = _describe_condition("pod", condition)
+        if kind == KUEUE_TERMINATION_CONDITION:
+            finding = _kueue_eviction(reason, message, line, "kueue-eviction")
+            if finding is not None:
+                yield finding
+            continue
+        rule = f"disruption-target:{reason or '-'}"
         if reason in PREEMPTING_DISRUPTIONS or SPOT_WORDS.search(message):
-            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted ({reason or 'DisruptionTarget'})")
+            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted ({reason or 'DisruptionTarget'})",
+                          rule=rule)
         elif reason == "TerminationByKubelet" and SHUTDOWN_MESSAGE.search(message):
-            yield Finding(VerdictKind.PREEMPTED, line, "the node shut down (graceful node shutdown)")
+            yield Finding(VerdictKind.PREEMPTED, line, "the node shut down (graceful node shutdown)", rule=rule)
         elif reason == "TerminationByKubelet" and OWN_LIMIT_EVICTION.search(message):
-            yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)")
+            yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)", rule=rule)
         elif reason == "TerminationByKubelet":
-            yield Finding(HW, line, "the kubelet evicted the pod (node pressure)")
+            yield Finding(HW, line, "the kubelet evicted the pod (node pressure)", rule=rule)
         else:
-            yield Finding(HW, line, f"the node disrupted the pod ({reason or 'DisruptionTarget'})", node_loss=True)
+            yield Finding(HW, line, f"the node disrupted the pod ({reason or 'DisruptionTarget'})", node_loss=True,
+                          rule=rule)
+
+
+def _karpenter_disruption(reason: str, message: str, line: str, outside: bool) -> Finding | None:
+    """Karpenter's voluntary disruption of the node: a reclaim by policy when it killed the attempt."""
+    if KARPENTER_UNHEALTHY.search(message):
+        return Finding(HW, line, "Karpenter replaced the node because it was unhealthy (node repair)",
+                       beats_success=False, node_loss=True, rule="karpenter-disruption")
+    if not outside:
+        return None  # a node consolidated after the attempt ended on its own says nothing about it
+    why = KARPENTER_DISRUPTION_REASON.search(message)
+    return Finding(VerdictKind.PREEMPTED, line, f"Karpenter disrupted the node ({why.group(0) if why else reason}: "
+                   "consolidation, drift or expiry) and the attempt was killed with it: a reclaim by policy, not a "
+                   "fault", rule="karpenter-disruption")
 
 
 def _find_node(record: AttemptRecord) -> Iterator[Finding]:
-    """Node conditions and taints are snapshots taken after the attempt: they cannot beat exit 0."""
+    """Node conditions and taints are snapshots taken after the attempt: they cannot beat exit 0.
+
+    Disruption taints (Karpenter) and risk notices (AWS rebalance recommendation, scheduled
+    maintenance, Azure TerminateScheduled) count only when the attempt was killed from outside:
+    a node emptied and consolidated after the job ended on its own says nothing about the job.
+    """
     labels = spot_capacity_labels()
+    outside = killed_from_outside(record)
     for condition in as_dicts(record.node_conditions):
         kind, status = condition.get("type"), str(condition.get("status"))
         line = _describe_condition("node", condition)
         text = f"{condition.get('reason') or ''} {condition.get('message') or ''}"
+        rule = f"node-condition:{kind}"
         if kind == "Ready" and status in {"False", "Unknown"}:
-            yield Finding(HW, line, "the node is NotReady", beats_success=False, node_loss=True)
+            yield Finding(HW, line, "the node is NotReady", beats_success=False, node_loss=True, rule=rule)
+        elif kind in PREEMPT_CONDITIONS and status == "True":
+            yield Finding(VerdictKind.PREEMPTED, line, f"the node is being preempted ({kind}: a Spot eviction notice)",
+                          rule=rule)
+        elif kind in RISK_NOTICE_CONDITIONS and status == "True":
+            if outside:
+                yield Finding(VerdictKind.PREEMPTED, line, f"the platform took the node away ({kind}) and the "
+                              "attempt was killed with it", rule=rule)
         elif kind not in PRESSURE_CONDITIONS and kind != "Ready" and status == "True":
             if SPOT_WORDS.search(text):
-                yield Finding(VerdictKind.PREEMPTED, line, f"the node is being reclaimed ({kind})")
+                yield Finding(VerdictKind.PREEMPTED, line, f"the node is being reclaimed ({kind})", rule=rule)
             else:
-                yield Finding(HW, line, f"the node reports a problem ({kind})", beats_success=False)
+                yield Finding(HW, line, f"the node reports a problem ({kind})", beats_success=False, rule=rule)
     for taint in as_dicts(record.node_taints):
         key = str(taint.get("key") or "")
         if taint.get("source") or is_spot_label(key, taint.get("value") or "", labels):
             continue  # capacity, not an interruption: see find_spot_capacity
         line = f"node taint {key}={taint.get('value') or ''}:{taint.get('effect') or ''}"
         if SPOT_TAINT.search(key):
-            yield Finding(VerdictKind.PREEMPTED, line, "the node is being reclaimed (Spot interruption)")
+            yield Finding(VerdictKind.PREEMPTED, line, "the node is being reclaimed (Spot interruption)",
+                          rule="spot-interruption-taint")
+        elif key in KARPENTER_DISRUPTION_TAINTS:
+            finding = _karpenter_disruption("disrupted", str(taint.get("value") or ""), line, outside)
+            if finding is not None:
+                yield finding
+        elif RISK_NOTICE_TAINTS.search(key):
+            if outside:
+                yield Finding(VerdictKind.PREEMPTED, line, "the node was drained on the cloud's notice (rebalance "
+                              "recommendation or scheduled maintenance) and the attempt was killed with it",
+                              rule="cloud-notice-taint")
         elif key in NODE_DOWN_TAINTS:
-            yield Finding(HW, line, "the node is unreachable or not ready", beats_success=False, node_loss=True)
+            yield Finding(HW, line, "the node is unreachable or not ready", beats_success=False, node_loss=True,
+                          rule="node-down-taint")
+
+
+def _event_source(event: dict[str, Any]) -> str:
+    source = as_dict(event.get("source"))
+    return " ".join(str(part) for part in (source.get("component"), event.get("reportingComponent"),
+                                           event.get("reportingController")) if part)
 
 
 def _find_events(record: AttemptRecord) -> Iterator[Finding]:
+    outside = killed_from_outside(record)
     for event in as_dicts(record.events):
         reason = str(event.get("reason") or "")
         message = str(event.get("message") or event.get("note") or "")
         line = _describe_event(event)
+        rule = f"event:{reason or '-'}"
+        kueue = "kueue" in _event_source(event).lower() or KUEUE_EVICTION_REASON.match(reason)
         if reason in IMAGE_WAITING_REASONS or (reason in {"Failed", "BackOff", "InspectFailed"}
                                                 and IMAGE_EVENT_MESSAGE.search(message)):
-            yield Finding(VerdictKind.IMAGE_PULL, line, "the image could not be pulled")
+            yield Finding(VerdictKind.IMAGE_PULL, line, "the image could not be pulled", rule=rule)
+        elif kueue and (finding := _kueue_eviction(reason, message, line, rule)) is not None:
+            yield finding
+        elif KUEUE_PREEMPTION_MESSAGE.search(message):
+            yield Finding(VerdictKind.PREEMPTED, line, f"the workload was preempted to admit another one ({reason})",
+                          rule=rule)
         elif reason in {"Preempted", "Preempting", "NodeShutdown", "Shutdown"} or SPOT_WORDS.search(reason):
-            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node reclaimed ({reason})")
+            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node reclaimed ({reason})",
+                          rule=rule)
+        elif reason in KARPENTER_DISRUPTION_EVENTS or (reason in {"Evicted", "Evicting"}
+                                                       and "karpenter" in _event_source(event).lower()):
+            finding = _karpenter_disruption(reason, message, line, outside)
+            if finding is not None:
+                yield finding
+        elif reason in RISK_NOTICE_EVENTS:
+            if outside:
+                yield Finding(VerdictKind.PREEMPTED, line, f"the cloud's notice ({reason}) was followed by the "
+                              "attempt being killed from outside: the instance was taken back", rule=rule)
         elif reason in {"Evicted", "Evicting"} and OWN_LIMIT_EVICTION.search(message):
-            yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)")
+            yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)", rule=rule)
         elif reason in {"Evicted", "Evicting"}:
-            yield Finding(HW, line, "the kubelet evicted the pod (node pressure)")
+            yield Finding(HW, line, "the kubelet evicted the pod (node pressure)", rule=rule)
         elif reason in {"NodeNotReady", "TaintManagerEviction", "Rebooted", "NodeLost"}:
-            yield Finding(HW, line, f"the node failed ({reason})", beats_success=False, node_loss=True)
+            yield Finding(HW, line, f"the node failed ({reason})", beats_success=False, node_loss=True, rule=rule)
         elif STARTUP_PROBE.search(message):
-            yield Finding(INT, line, STARTUP_REASON)
+            yield Finding(INT, line, STARTUP_REASON, rule=rule)
         elif LIVENESS_PROBE.search(message):
-            yield Finding(HW, line, "training hung (the liveness probe saw no progress)")
+            yield Finding(HW, line, "training hung (the liveness probe saw no progress)", rule=rule)
         elif reason in {"OOMKilling", "SystemOOM"}:
-            yield Finding(INT, line, "out of host memory (kernel OOM killer)")
+            yield Finding(INT, line, "out of host memory (kernel OOM killer)", rule=rule)
         else:
             yield from find_xids([message], describe=lambda _m, line=line: line)
             yield from find_text([message], describe=lambda _m, line=line: line)

@@ -18,7 +18,8 @@ Log = Callable[[str], None]
 # evidence of its own.
 PEER_SYMPTOM_REASONS = re.compile(
     r"NCCL network error|NCCL remote error|InfiniBand transport error|gloo network error"
-    r"|collective operation hung|NCCL system error on a socket|killed by SIG(?:TERM|KILL|HUP) from outside"
+    r"|collective operation hung|collective or peer operation timed out|rendezvous store timed out"
+    r"|NCCL system error on a socket|killed by SIG(?:TERM|KILL|HUP) from outside"
 )
 
 

@@ -79,8 +79,10 @@ LINE_PREFIXES: tuple[re.Pattern[str], ...] = tuple(re.compile(pattern) for patte
 class TextRule:
     """A log-line pattern, the verdict kind it points to and why.
 
-    `peer_symptom`: what a healthy rank logs when another rank (or the link) failed; any
-    evidence of the job's own error outranks it (a rank's exception, not its peers' timeouts).
+    `family`: the rule's name in `sat classify --explain` and ADR 0004 (e.g. `pcie-aer`,
+    `cuda:cudaErrorUnknown`). `peer_symptom`: what a healthy rank logs when another rank (or
+    the link) failed; any evidence of the job's own error outranks it (a rank's exception, not
+    its peers' timeouts).
     """
 
     pattern: re.Pattern[str]
@@ -88,14 +90,13 @@ class TextRule:
     reason: str
     beats_success: bool = True
     peer_symptom: bool = False
+    family: str = ""
 
 
 def rule(pattern: str, kind: VerdictKind, reason: str, *, beats_success: bool = True,
-         peer_symptom: bool = False) -> TextRule:
-    return TextRule(re.compile(pattern, re.IGNORECASE), kind, reason, beats_success, peer_symptom)
+         peer_symptom: bool = False, family: str = "") -> TextRule:
+    return TextRule(re.compile(pattern, re.IGNORECASE), kind, reason, beats_success, peer_symptom, family)
 
-
-HW, INT = VerdictKind.HARDWARE, VerdictKind.INTERNAL
 
 # The NVIDIA container runtime's hook failing on the node (driver not loaded, NVML, device
 # node missing): the container never starts, Kubernetes says StartError/ContainerCannotRun.
@@ -105,57 +106,258 @@ NVIDIA_RUNTIME_PATTERN = (
 )
 NVIDIA_RUNTIME = re.compile(NVIDIA_RUNTIME_PATTERN, re.IGNORECASE)
 
+
+# ---- CUDA runtime/driver errors ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CudaError:
+    """One NVIDIA CUDA error code, decided once (ADR 0004, "CUDA errors").
+
+    `names`: the runtime and driver enum names (`cudaErrorX`, `CUDA_ERROR_X`); `texts`: what
+    `cudaGetErrorString`/`cuGetErrorString` return (and the older wordings frameworks print).
+    `kind`: HARDWARE or INTERNAL; `ambiguous`: NVIDIA's own description leaves the cause open,
+    so the finding counts only when nothing decisive is left (and errs toward HARDWARE).
+    `in_nccl`: the decision also holds when NCCL reports the code from one of its own CUDA
+    calls (`Cuda failure 'text'`); otherwise NCCL's "unhandled cuda error" rule decides there.
+    """
+
+    names: tuple[str, ...]
+    texts: tuple[str, ...]
+    kind: VerdictKind
+    reason: str
+    ambiguous: bool = False
+    in_nccl: bool = False
+
+
+#: Every CUDA error code that says something about the device, the node or the job, decided once.
+CUDA_ERRORS: tuple[CudaError, ...] = (
+    # -- the device or the node --
+    CudaError(("cudaErrorECCUncorrectable", "CUDA_ERROR_ECC_UNCORRECTABLE"), ("uncorrectable ECC error encountered",),
+              HW, "an uncorrectable ECC error in GPU memory (the device)", in_nccl=True),
+    CudaError(("cudaErrorNvlinkUncorrectable", "CUDA_ERROR_NVLINK_UNCORRECTABLE"),
+              ("uncorrectable NVLink error detected during the execution",),
+              HW, "an uncorrectable NVLink error (the node's GPU interconnect)", in_nccl=True),
+    CudaError(("cudaErrorContained", "CUDA_ERROR_CONTAINED"),
+              ("Invalid access of peer GPU memory over nvlink or a hardware error",),
+              HW, "a device error the GPU contained (NVIDIA: a hardware error or a bad peer access over NVLink; "
+                  "the hardware case is the common one on a training node)", in_nccl=True),
+    CudaError(("cudaErrorSystemNotReady", "CUDA_ERROR_SYSTEM_NOT_READY"), ("system not yet initialized",),
+              HW, "the node's GPU system is not initialized (Fabric Manager not running on an NVSwitch node)",
+              in_nccl=True),
+    CudaError(("cudaErrorUnknown", "CUDA_ERROR_UNKNOWN"), ("unknown error",),
+              HW, "CUDA's \"unknown error\" (999) outside NCCL: the driver or the GPU is in a bad state"),
+    CudaError(("cudaErrorNoDevice", "CUDA_ERROR_NO_DEVICE"),
+              ("no CUDA-capable device is detected", "No CUDA GPUs are available"),
+              HW, "the pod was given GPUs but CUDA sees none (device plugin, runtime or driver on the node)",
+              in_nccl=True),
+    CudaError(("cudaErrorDevicesUnavailable",), ("CUDA-capable device(s) is/are busy or unavailable",),
+              HW, "the pod's GPU is busy or unavailable (held by another process or in a bad state)", in_nccl=True),
+    CudaError(("cudaErrorLaunchTimeout", "CUDA_ERROR_LAUNCH_TIMEOUT"), ("the launch timed out and was terminated",),
+              HW, "a kernel was stopped by the driver's watchdog: a node setting (display watchdog) or a hung GPU",
+              ambiguous=True),
+    CudaError(("cudaErrorInitializationError", "CUDA_ERROR_NOT_INITIALIZED"), ("initialization error",),
+              HW, "CUDA could not be initialized: the node's driver or GPU as a rule, though using CUDA in a "
+                  "forked child gives the same text", ambiguous=True),
+    CudaError(("cudaErrorLaunchFailure", "CUDA_ERROR_LAUNCH_FAILED"), ("unspecified launch failure",),
+              HW, "an exception on the device while a kernel ran: NVIDIA names bad pointers and system-specific "
+                  "(device) causes", ambiguous=True),
+    CudaError(("cudaErrorHardwareStackError", "CUDA_ERROR_HARDWARE_STACK_ERROR"), ("hardware stack error",),
+              HW, "the device's call stack failed: corruption or a stack overflow in a kernel, or the device",
+              ambiguous=True),
+    CudaError(("cudaErrorPeerAccessUnsupported", "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"),
+              ("peer access is not supported between these two devices",),
+              HW, "GPU peer access is unavailable on this node (its PCIe/IOMMU/virtualisation setup)", ambiguous=True),
+    # -- the job: its code, its configuration or its image --
+    CudaError(("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"), ("out of memory",),
+              INT, "out of GPU memory"),
+    CudaError(("cudaErrorIllegalAddress", "CUDA_ERROR_ILLEGAL_ADDRESS"), ("an illegal memory access was encountered",),
+              INT, "an illegal memory access in a kernel (out-of-bounds index or bad pointer: the code; a faulty "
+                   "device shows an Xid or an ECC error as well, and those outrank this)"),
+    CudaError(("cudaErrorIllegalInstruction", "CUDA_ERROR_ILLEGAL_INSTRUCTION"), ("an illegal instruction was encountered",),
+              INT, "an illegal instruction in a kernel (code compiled wrongly for the device)"),
+    CudaError(("cudaErrorMisalignedAddress", "CUDA_ERROR_MISALIGNED_ADDRESS"), ("misaligned address",),
+              INT, "a misaligned memory access in a kernel (the code)"),
+    CudaError(("cudaErrorInvalidPc", "CUDA_ERROR_INVALID_PC"), ("invalid program counter",),
+              INT, "a kernel jumped to an invalid address (the code)"),
+    CudaError(("cudaErrorAssert", "CUDA_ERROR_ASSERT"), ("device-side assert triggered",),
+              INT, "a CUDA device-side assertion failed in the script's kernels (e.g. an index out of range)"),
+    CudaError(("cudaErrorInvalidValue", "CUDA_ERROR_INVALID_VALUE"), ("invalid argument",),
+              INT, "a CUDA call got an invalid argument (the code)"),
+    CudaError(("cudaErrorInvalidDevice", "CUDA_ERROR_INVALID_DEVICE"), ("invalid device ordinal",),
+              INT, "the script asked for a GPU index beyond those it was given (the job's configuration)"),
+    CudaError(("cudaErrorLaunchOutOfResources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+              ("too many resources requested for launch",), INT, "a kernel launch asked for too many resources (the code)"),
+    CudaError(("cudaErrorPeerAccessAlreadyEnabled", "cudaErrorPeerAccessNotEnabled"),
+              ("peer access is already enabled", "peer access has not been enabled"),
+              INT, "misuse of the CUDA peer-access API (the code)"),
+    CudaError(("cudaErrorNoKernelImageForDevice", "CUDA_ERROR_NO_BINARY_FOR_GPU"),
+              ("no kernel image is available for execution on the device",),
+              INT, "the image was built without kernels for this GPU architecture (the image, on any such node)"),
+    CudaError(("cudaErrorUnsupportedPtxVersion", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"),
+              ("the provided PTX was compiled with an unsupported toolchain",),
+              INT, "the image's CUDA toolchain is newer than the fleet's driver (the image)"),
+    CudaError(("cudaErrorInsufficientDriver",), ("CUDA driver version is insufficient for CUDA runtime version",),
+              INT, "the image needs a newer NVIDIA driver than the node has; the fleet shares its driver, so "
+                   "another node fails the same way (the image)"),
+    CudaError(("cudaErrorCompatNotSupportedOnDevice", "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"),
+              ("forward compatibility was attempted on non supported HW",),
+              INT, "the image's CUDA forward-compatibility package does not support this GPU (the image)"),
+    CudaError(("cudaErrorSystemDriverMismatch", "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"),
+              ("system has unsupported display driver / cuda driver combination",),
+              INT, "the image's CUDA compat driver does not match the node's kernel driver (the image)"),
+)
+
+# How PyTorch ("CUDA error: ...", "CUDA driver error: ...", torch.AcceleratorError), Triton
+# ("Triton Error [CUDA]: ..."), NCCL ("Cuda failure 'text'"), legacy THC ("cuda runtime error
+# (30) : ..."), CuPy/JAX (the enum name) and CUDA samples or tools print a CUDA error: the
+# code's text counts only after such a prefix on the same line, never as a bare phrase.
+CUDA_ERROR_PREFIX = (
+    r"(?:\bCUDA (?:driver )?error\b|\bcuda runtime error\b|\bCuda failure\b|\bTriton Error \[CUDA\]"
+    r"|\bCUDA_ERROR_\w+|\bcudaError\w*|\bCUDA initialization\b|\bcudaGetDeviceCount\b"
+    r"|\b(?:failed to|couldn't|could not) init(?:ialize)? CUDA\b|\bcuInit\b|\bCUDA call failed\b)"
+)
+NCCL_CUDA_FAILURE = re.compile(r"\bCuda failure\b")
+# Where CUDA is being initialised: there an initialization error is the node's, not a fork.
+CUDA_ENUMERATION = re.compile(
+    r"cudaGetDeviceCount|cuInit|CUDA initialization|device enumeration|cudaSetDevice|(?:failed to|couldn't) init",
+    re.IGNORECASE,
+)
+
+
+def _cuda_text_pattern(error: CudaError) -> str:
+    names = "|".join(re.escape(name) for name in error.names)
+    texts = "|".join(re.escape(text) for text in error.texts)
+    return rf"\b(?:{names})\b|{CUDA_ERROR_PREFIX}[^\n]{{0,160}}?(?:{texts})"
+
+
+def _cuda_family(error: CudaError) -> str:
+    return f"cuda:{error.names[0]}"
+
+
+def cuda_rule(error: CudaError) -> TextRule:
+    kind = "ambiguous: " if error.ambiguous else ""
+    choice = (". Chose HARDWARE: a wrong failover costs at most three retries from the last checkpoint, a wrong "
+              "stop costs the job (ADR 0004)") if error.ambiguous else ""
+    return rule(_cuda_text_pattern(error), error.kind, f"{kind}{error.names[0]}: {error.reason}{choice}",
+                family=_cuda_family(error))
+
+
+CUDA_RULES: tuple[TextRule, ...] = tuple(cuda_rule(error) for error in CUDA_ERRORS if not error.ambiguous)
+CUDA_AMBIGUOUS_RULES: tuple[TextRule, ...] = tuple(cuda_rule(error) for error in CUDA_ERRORS if error.ambiguous)
+#: Families whose decision does not hold inside NCCL's own "Cuda failure 'text'" line.
+CUDA_OUTSIDE_NCCL_ONLY = frozenset(_cuda_family(error) for error in CUDA_ERRORS if not error.in_nccl)
+# An initialization error while CUDA enumerates the devices is the node's (decisive).
+CUDA_INIT_AT_ENUMERATION = rule(
+    r"(?:cudaGetDeviceCount|cuInit|CUDA initialization|cudaSetDevice|(?:failed to|couldn't) init(?:ialize)? CUDA)"
+    r"[^\n]{0,200}?(?:initialization error|CUDA_ERROR_NOT_INITIALIZED|cudaErrorInitializationError)",
+    HW, "cudaErrorInitializationError while CUDA enumerated the devices: the node's driver or GPU",
+    family="cuda:cudaErrorInitializationError@enumeration",
+)
+
+# ---- kernel-log families beyond Xid ---------------------------------------------------------
+
+KERNEL_RULES: tuple[TextRule, ...] = (
+    # PCIe Advanced Error Reporting. Corrected errors are retried by the link itself: no rule.
+    rule(r"AER: (?:Multiple )?Uncorrect(?:ed|able) \(Fatal\) error|severity=Uncorrect(?:ed|able) \(Fatal\)",
+         HW, "a fatal uncorrected PCIe error (AER) on the node", family="pcie-aer"),
+    rule(r"AER: (?:Multiple )?Uncorrect(?:ed|able) \(Non-Fatal\) error|severity=Uncorrect(?:ed|able) \(Non-Fatal\)",
+         HW, "an uncorrected PCIe error (AER, non-fatal) on the node", beats_success=False, family="pcie-aer"),
+    rule(r"AER: (?:device recovery failed|can't recover)|broadcast error_detected message|error_detected\(\) failed",
+         HW, "the kernel could not recover a PCIe device after an AER error", family="pcie-aer"),
+    rule(r"AER: (?:Root|Downstream) Port link has been reset|\bSurprise Down\b|pcieport .*\bLink Down\b"
+         r"|pciehp.*\bLink Down\b|Slot\(\S+\): Link Down",
+         HW, "a PCIe link of the node went down or was reset", beats_success=False, family="pcie-link"),
+    # Machine checks and memory errors (EDAC, MCE, APEI/GHES). Corrected ones alone are not faults.
+    rule(r"\[Hardware Error\].*(?:\buncorrected\b|\bfatal\b|severity: recoverable|Machine Check Exception)"
+         r"|EDAC .*\bUE\b|Uncorrected hardware memory error|Fatal [Mm]achine check|mce: .*\bUncorrected\b",
+         HW, "uncorrected machine check / memory error", family="edac-mce"),
+    rule(r"Memory failure: 0x[0-9a-f]+", HW, "host memory failure (hwpoison)", family="edac-mce"),
+    # InfiniBand / RoCE ports (mlx5 and the IB core). A port that comes up is not a fault.
+    rule(r"\b(?:IBV_EVENT_PORT_ERR|port state (?:changed to )?(?:DOWN|INIT)\b|Link (?:DOWN|down)\b.*mlx5"
+         r"|mlx5_\S+: .*Link DOWN|mlx5_core\b.*\blink down\b|NET/IB : Got async event : port error"
+         r"|Port module event(?:\[error\])?: module \d+, Cable (?:unplugged|error)|\blost carrier\b)",
+         HW, "InfiniBand/RoCE link down", beats_success=False, family="infiniband-link"),
+)
+
+# ---- collectives: timeouts are a peer's or the link's symptom, mismatches are the code's --------
+
+COLLECTIVE_OP = (r"(?:collective|all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast|barrier|all_?to_?all\w*"
+                 r"|i?send|i?recv|WorkNCCL|WorkGloo|WorkHCCL|WorkXCCL|NCCL work|ProcessGroup\w*)")
+COLLECTIVE_RULES: tuple[TextRule, ...] = (
+    rule(r"Detected mismatch between collectives on ranks|Rank \d+ is running (?:inconsistent )?collective"
+         r"|Mismatched collective detected|\bcollectives? (?:mismatch|desync)\b|Desync (?:debugging )?report",
+         INT, "the ranks ran different collectives (a code bug: every rank must call the same collectives in the "
+              "same order)", family="collective-mismatch"),
+    rule(r"Watchdog caught collective operation timeout|collective operation timeout|ProcessGroup\w*'s watchdog got "
+         r"stuck|Timeout at NCCL work", HW, "a collective operation hung (NCCL watchdog timeout)",
+         beats_success=False, peer_symptom=True, family="collective-timeout"),
+    rule(rf"\b{COLLECTIVE_OP}\b[^\n]{{0,160}}?(?:\btimed out\b|\btimeout (?:after|at|of|exceeded|expired|waiting)\b"
+         rf"|before timing out)|\b(?:timed out|timeout)\b(?: waiting)?[^\n]{{0,80}}?\bfor (?:the )?{COLLECTIVE_OP}\b"
+         r"|\bwait(?:ing)? timeout after \d+\s*(?:ms|milliseconds|s|seconds)\b",
+         HW, "a collective or peer operation timed out (a peer or the network stopped answering)",
+         beats_success=False, peer_symptom=True, family="collective-timeout"),
+    rule(r"\bSocket Timeout\b|client socket has timed out after \d+\s*ms while trying to connect"
+         r"|Timed out after \d+ seconds waiting for clients",
+         HW, "the rendezvous store timed out waiting for a peer (a peer or the network stopped answering)",
+         beats_success=False, peer_symptom=True, family="collective-timeout"),
+)
+
 #: Line rules applied to the container log, the node's kernel log and event messages.
 TEXT_RULES: tuple[TextRule, ...] = (
-    rule(r"fallen off the bus", HW, "GPU has fallen off the bus"),
-    rule(r"\bGPU is lost\b|NVML_ERROR_GPU_IS_LOST", HW, "GPU is lost"),
+    rule(r"fallen off the bus", HW, "GPU has fallen off the bus", family="gpu-lost"),
+    rule(r"\bGPU is lost\b|NVML_ERROR_GPU_IS_LOST|NVMLError_GpuIsLost", HW, "GPU is lost", family="gpu-lost"),
     rule(r"uncorrectable ECC error encountered|\buncorrectable\b.*\bECC\b|\bECC\b.*\buncorrectable\b"
-          r"|double bit error|\bDBE\b|uncontained ECC", HW, "uncorrectable ECC error"),
-    rule(r"\[Hardware Error\].*(uncorrected|fatal)|EDAC .*\bUE\b", HW, "uncorrected machine check / memory error"),
-    rule(r"Memory failure: 0x[0-9a-f]+", HW, "host memory failure (hwpoison)"),
-    rule(r"RmInitAdapter failed", HW, "GPU failed to initialize"),
-    rule(r"Driver/library version mismatch", HW, "NVIDIA driver/library mismatch on the node"),
-    rule(r"I/O error, dev \w+|Remounting filesystem read-only", HW, "node disk I/O error", beats_success=False),
+         r"|double bit error|\bDBE\b|uncontained ECC", HW, "uncorrectable ECC error", family="ecc"),
+    CUDA_INIT_AT_ENUMERATION,
+    *CUDA_RULES,
+    *KERNEL_RULES,
+    rule(r"RmInitAdapter failed", HW, "GPU failed to initialize", family="nvidia-driver"),
+    rule(r"Driver/library version mismatch", HW, "NVIDIA driver/library mismatch on the node", family="nvml"),
+    rule(r"Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: (?:Unknown Error|GPU is lost)"
+         r"|NVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b",
+         HW, "NVML cannot use a GPU of the node (unknown error from its device handle)", family="nvml"),
+    rule(r"I/O error, dev \w+|Remounting filesystem read-only", HW, "node disk I/O error", beats_success=False,
+         family="disk"),
+    *COLLECTIVE_RULES,
     rule(r"NCCL WARN NET/(IB|Socket|OFI|Plugin)\b(?!.*No device found)", HW, "NCCL network error",
-          beats_success=False),
+         beats_success=False, family="nccl-network"),
     rule(r"remote process exited or there was a network error|\bncclRemoteError\b", HW,
-          "NCCL remote error (a peer or the network failed)", beats_success=False, peer_symptom=True),
+         "NCCL remote error (a peer or the network failed)", beats_success=False, peer_symptom=True,
+         family="nccl-network"),
     rule(r"IBV_WC_RETRY_EXC_ERR|transport retry counter exceeded|ibv_poll_cq error", HW,
-          "InfiniBand transport error", beats_success=False),
+         "InfiniBand transport error", beats_success=False, family="infiniband-transport"),
     rule(r"gloo.*(Connection (reset|closed) by peer|Connection refused|Read error|Timed out)"
-          r"|Gloo connectFullMesh failed", HW, "gloo network error (a peer or the network failed)",
-          beats_success=False, peer_symptom=True),
-    rule(r"Watchdog caught collective operation timeout|collective operation timeout", HW,
-          "a collective operation hung (NCCL watchdog timeout)", beats_success=False, peer_symptom=True),
-    rule(r"CUDA out of memory|OutOfMemoryError", INT, "out of GPU memory"),
+         r"|Gloo connectFullMesh failed", HW, "gloo network error (a peer or the network failed)",
+         beats_success=False, peer_symptom=True, family="gloo-network"),
+    rule(r"CUDA out of memory|OutOfMemoryError", INT, "out of GPU memory", family="oom"),
     rule(r"Out of memory: Killed process|Memory cgroup out of memory|oom-kill:", INT,
-          "out of host memory (kernel OOM killer)"),
+         "out of host memory (kernel OOM killer)", family="oom"),
     rule(r"insufficient shared memory|Unexpected bus error encountered in worker", INT,
-          "shared memory (/dev/shm) too small for the data loader"),
+         "shared memory (/dev/shm) too small for the data loader", family="shm"),
     rule(r"error: (unrecognized arguments|the following arguments are required|argument \S+: invalid)", INT,
-          "bad command-line arguments"),
+         "bad command-line arguments", family="arguments"),
     rule(r"can't open file .*No such file or directory|command not found|executable file not found"
-          r"|exec format error", INT, "the command cannot be run"),
-    rule(r"\bncclInvalidUsage\b|\bncclInvalidArgument\b", INT, "invalid use of NCCL"),
+         r"|exec format error", INT, "the command cannot be run", family="command"),
+    rule(r"\bncclInvalidUsage\b|\bncclInvalidArgument\b", INT, "invalid use of NCCL", family="nccl-usage"),
     # The GPU is on the node and given to the pod, but cannot be used: the node's fault.
-    rule(NVIDIA_RUNTIME_PATTERN, HW, "the NVIDIA container runtime failed on the node"),
+    rule(NVIDIA_RUNTIME_PATTERN, HW, "the NVIDIA container runtime failed on the node", family="nvidia-runtime"),
     rule(r"CUDA-capable devices?(?:\(s\))? (?:is/)?(?:are|is) busy or unavailable|cudaErrorDevicesUnavailable", HW,
-          "the pod's GPU is busy or unavailable (held by another process or in a bad state)"),
+         "the pod's GPU is busy or unavailable (held by another process or in a bad state)", family="gpu-busy"),
     rule(r"Failed to initialize NVML|NVML_ERROR_(?:DRIVER_NOT_LOADED|LIB_RM_VERSION_MISMATCH|UNKNOWN)"
-          r"|nvmlInit\w* failed", HW, "NVML cannot be initialized (the node's GPU driver)"),
-    rule(r"\b(?:IBV_EVENT_PORT_ERR|port state (?:changed to )?(?:DOWN|INIT)|Link (?:DOWN|down)\b.*mlx5|mlx5_\S+: .*Link DOWN"
-          r"|NET/IB : Got async event : port error)", HW, "InfiniBand/RoCE link down", beats_success=False),
+         r"|nvmlInit\w* failed", HW, "NVML cannot be initialized (the node's GPU driver)", family="nvml"),
     rule(r"device-side assert(?:ion)? triggered|Assertion `[^`]*` failed", INT,
-          "a CUDA device-side assertion failed in the script's kernels (e.g. an index out of range)"),
+         "a CUDA device-side assertion failed in the script's kernels (e.g. an index out of range)",
+         family="device-assert"),
 )
 
 #: NCCL's "unhandled cuda error" with no other sign: a CUDA call inside NCCL failed, which is
 #: a driver or GPU fault as often as a CUDA/NCCL mismatch in the image. Ambiguous (ADR 0004).
 AMBIGUOUS_RULES: tuple[TextRule, ...] = (
+    *CUDA_AMBIGUOUS_RULES,
     rule(r"unhandled cuda error|ncclUnhandledCudaError", HW,
-          "ambiguous: NCCL's CUDA call failed (\"unhandled cuda error\") with no other sign; a driver or GPU "
-          "fault as often as a CUDA/NCCL mismatch in the image. Chose HARDWARE: a wrong failover costs at most "
-          "three retries from the last checkpoint, a wrong stop costs the job (ADR 0004)"),
+         "ambiguous: NCCL's CUDA call failed (\"unhandled cuda error\") with no other sign; a driver or GPU "
+         "fault as often as a CUDA/NCCL mismatch in the image. Chose HARDWARE: a wrong failover costs at most "
+         "three retries from the last checkpoint, a wrong stop costs the job (ADR 0004)", family="nccl-cuda"),
 )
 
 NCCL_SYSTEM_ERROR = re.compile(r"\bncclSystemError\b|unhandled system error", re.IGNORECASE)
@@ -215,6 +417,54 @@ PREEMPTED_TERMINATION_REASONS = frozenset({"Preempted", "Preempting", "Shutdown"
 SHUTDOWN_MESSAGE = re.compile(r"node shutdown|shutting down|imminent node shutdown", re.IGNORECASE)
 SPOT_WORDS = re.compile(r"\bspot\b|spot.?interrupt|preempt", re.IGNORECASE)
 PREEMPTING_DISRUPTIONS = frozenset({"PreemptionByScheduler", "PreemptionByKubeScheduler"})
+#: Kueue's pod condition when it evicts the pod's Workload (`WorkloadEvictedDueTo<reason>`, and
+#: the older `StoppedByKueue`): which eviction reasons are a preemption (wait for quota, resume),
+#: which the node's, and which are weighed only when nothing else is left (ADR 0004).
+KUEUE_TERMINATION_CONDITION = "TerminationTarget"
+KUEUE_PREEMPTING_EVICTIONS: dict[str, str] = {
+    "Preempted": "Kueue preempted the workload to admit another one (priority or fair sharing)",
+    "AdmissionCheck": "Kueue withdrew the workload's admission (an admission check such as a provisioning "
+                      "request was retried or lost its capacity)",
+    "ClusterQueueStopped": "the ClusterQueue was stopped by its operator: the quota went away, not the node",
+    "InactiveWorkload": "the workload was deactivated in Kueue: the quota went away, not the node",
+    "Deactivated": "the workload was deactivated in Kueue: the quota went away, not the node",
+    "StoppedByKueue": "Kueue stopped the workload (its quota was taken back)",
+}
+KUEUE_NODE_EVICTIONS: dict[str, str] = {
+    "NodeFailures": "Kueue evicted the workload because its node failed (topology-aware scheduling)",
+}
+#: PodsReadyTimeout: the gang did not become ready within Kueue's waitForPodsReady timeout. That
+#: is part of the gang waiting for capacity as a rule (Kueue requeues it), but a pod that
+#: crash-loops or cannot pull its image does the same, so it counts only when nothing else is
+#: left, and then as a preemption (wait for capacity, resume), never as a fault of the node.
+KUEUE_WEAK_EVICTIONS: dict[str, str] = {
+    "PodsReadyTimeout": "the gang did not become ready within Kueue's waitForPodsReady timeout and Kueue "
+                        "requeued it, with no sign of the pods' own failure: waiting for capacity",
+}
+KUEUE_EVICTION_REASON = re.compile(r"^(?:WorkloadEvictedDueTo|EvictedDueTo)(\w+)$")
+KUEUE_PREEMPTION_MESSAGE = re.compile(r"Preempted to accommodate|preempted by (?:rule|the scheduler)", re.IGNORECASE)
+#: Karpenter's voluntary disruption of a node (consolidation, drift, expiry): a reclaim by policy,
+#: not a fault. Events on the node/NodeClaim and the taints it puts on the node being disrupted
+#: (`karpenter.sh/disrupted` since v1, `karpenter.sh/disruption=disrupting` before).
+KARPENTER_DISRUPTION_EVENTS = frozenset({"DisruptionTerminating", "Disrupted", "DisruptionLaunching",
+                                         "DisruptionWaitingReadiness"})
+KARPENTER_DISRUPTION_TAINTS = frozenset({"karpenter.sh/disrupted", "karpenter.sh/disruption"})
+KARPENTER_DISRUPTION_REASON = re.compile(r"\b(?:Underutili[sz]ed|Empty|Emptiness|Drift(?:ed)?|Expir(?:ed|ation)"
+                                         r"|Consolidat\w*)\b", re.IGNORECASE)
+#: Karpenter's node repair (v1.1+) deletes unhealthy nodes: the node's fault.
+KARPENTER_UNHEALTHY = re.compile(r"\bUnhealthy\b|node repair|NodeRepair", re.IGNORECASE)
+#: Notices that a Spot/VM instance is at risk or scheduled for maintenance, but not a kill: a
+#: preemption only when the attempt was in fact killed from outside; alone they change nothing.
+#: AWS node-termination-handler (events and taints), Azure Scheduled Events via node-problem-detector.
+RISK_NOTICE_EVENTS = frozenset({"RebalanceRecommendation", "ScheduledEvent", "ASGLifecycle", "StateChange",
+                                "InstanceStopping", "InstanceTerminating", "TerminateScheduled"})
+RISK_NOTICE_TAINTS = re.compile(
+    r"aws-node-termination-handler/(?:rebalance-recommendation|scheduled-maintenance|asg-lifecycle-termination)",
+    re.IGNORECASE,
+)
+RISK_NOTICE_CONDITIONS = frozenset({"TerminateScheduled"})
+#: Azure Scheduled Events' Preempt (a Spot VM eviction notice), as node-problem-detector reports it.
+PREEMPT_CONDITIONS = frozenset({"PreemptScheduled"})
 IMAGE_EVENT_MESSAGE = re.compile(
     r"Failed to pull image|Back-off pulling image|ErrImagePull|ImagePullBackOff|InvalidImageName"
     r"|pull access denied|manifest unknown|\b(401|403|404)\b.*(Unauthorized|Forbidden|Not Found)",
