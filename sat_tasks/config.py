@@ -40,6 +40,15 @@ SAT_DEFAULTS = {
     # service), and an OTLP/HTTP endpoint to export them to ("": OTEL_EXPORTER_OTLP_ENDPOINT, if set).
     "metrics_interval_seconds": "300",
     "otlp_endpoint": "",
+    # The node health ledger (ADR 0004): every job's HARDWARE and SUSPECT_NODE verdicts against their
+    # node, in Object Storage under `node_ledger_uri` ("": `<results destination>/_node-health/` of each
+    # job; set it when jobs write their results to different places, so that they share one ledger).
+    # A node with faults of two different jobs within the window is quarantined until a person
+    # releases it (`sat nodes release NODE`); with `quarantine_cordon` the Kubernetes node is also
+    # cordoned and tainted `sat.io/quarantined` (SAT's account then needs get/patch on nodes).
+    "node_ledger_uri": "",
+    "node_quarantine_window_seconds": "86400",
+    "quarantine_cordon": "false",
 }
 
 _file_cache: dict[tuple[str, float], dict[str, str]] = {}

@@ -29,6 +29,9 @@ class VerdictKind(str, Enum):
     PREEMPTED = "PREEMPTED"
     INTERNAL = "INTERNAL"
     IMAGE_PULL = "IMAGE_PULL"
+    # An error one pod cannot pin on the node or the job (the classifier's "ambiguous:" HARDWARE):
+    # the job fails over once to tell them apart (`core.node_health`, ADR 0004).
+    SUSPECT_NODE = "SUSPECT_NODE"
 
 
 class Action(str, Enum):

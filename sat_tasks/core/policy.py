@@ -8,6 +8,7 @@ status history. ADR 0001 and ADR 0004 say why each verdict leads where it does.
 from __future__ import annotations
 
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict, VerdictKind
+from sat_tasks.core.node_health import ACROSS_NODES, RELOCATION
 from sat_tasks.core.status import JobStatus
 from sat_tasks.errors import NotApplicable
 from sat_tasks.spec import FaultKind, TrainingJob
@@ -64,6 +65,8 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
     if kind is VerdictKind.IMAGE_PULL:
         return stop(JobStatus.IMAGE_PULL_BACKOFF, f"image could not be pulled: {evidence}")
     if kind is VerdictKind.INTERNAL:
+        if verdict.reason.startswith((RELOCATION, ACROSS_NODES)):  # decided across nodes: say by which rule
+            evidence = verdict.reason
         return stop(JobStatus.INTERNAL_ERROR, f"internal error in attempt {attempt} (no retry): {evidence}")
     if kind is VerdictKind.PREEMPTED:
         if not job.is_spot:
@@ -77,19 +80,24 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
                             status=JobStatus.PREEMPTED,
                             why=f"attempt {attempt} pre-empted on {node}; waiting for capacity",
                             preempted_at=now, capacity_at=now + delay)
-    # HARDWARE
+    # HARDWARE, or SUSPECT_NODE: both move to another node; the suspect's move is the relocation test
     failed_nodes = exclude + ([node] if node else [])
+    suspect = kind is VerdictKind.SUSPECT_NODE
+    fault = f"suspect node {node}" if suspect else f"hardware fault on {node}"
     if not job.job_failover and not job.is_spot:
-        return stop(JobStatus.FAILED, f"hardware fault on {node} and job_failover is off: {evidence}")
+        return stop(JobStatus.FAILED, f"{fault} and job_failover is off"
+                    + (" (no relocation to tell the node from the job)" if suspect else "") + f": {evidence}")
     if job.is_spot:
         if plan.resumes >= job.spot.max_resumes:
-            return stop(JobStatus.FAILED, f"hardware fault after {plan.resumes} resumes: {evidence}")
+            return stop(JobStatus.FAILED, f"{fault} after {plan.resumes} resumes: {evidence}")
         return Decision(**{**base, "resumes": plan.resumes + 1, "exclude_nodes": failed_nodes},
-                        action=Action.RESUME, why="hardware fault on a spot node", preempted_at=now)
+                        action=Action.RESUME, preempted_at=now,
+                        why=f"{fault}: relocating to another node" if suspect else "hardware fault on a spot node")
     if plan.failovers >= job.max_failovers:
         return stop(JobStatus.MAX_RETRIES_EXCEEDED,
-                    f"hardware fault on {node} after {plan.failovers} failovers (max {job.max_failovers}): {evidence}")
+                    f"{fault} after {plan.failovers} failovers (max {job.max_failovers}): {evidence}")
+    move = ("relocating once to tell the node from the job: the same failure on another node is the job's"
+            if suspect else "failing over")
     return Decision(**{**base, "failovers": plan.failovers + 1, "exclude_nodes": failed_nodes},
                     action=Action.FAILOVER, status=JobStatus.FAILOVER_IN_PROGRESS,
-                    why=f"hardware fault on {node}: {evidence}; failing over "
-                        f"(failover {plan.failovers + 1} of {job.max_failovers})")
+                    why=f"{fault}: {evidence}; {move} (failover {plan.failovers + 1} of {job.max_failovers})")
