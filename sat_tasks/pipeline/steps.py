@@ -178,12 +178,13 @@ def validate_data(job: TrainingJob, run_id: str, staged: dict | None = None, log
 def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = print) -> dict:
     """Read what attempt `attempt` left behind and classify it; skipped when it never launched."""
     from sat_tasks.classify import classify
+    from sat_tasks.io.node_ledger import diagnose_attempt
 
     run = JobRun(job, run_id)
     record = backend_for(job).read_attempt_record(run, attempt, log)
     if record is None:
         raise NotApplicable(f"attempt {attempt} did not launch")
-    verdict = classify(record)
+    verdict = diagnose_attempt(run, classify(record), log)  # relocation, three nodes, the node ledger (ADR 0004)
     run.store_verdict(verdict)
     log(f"attempt {attempt} on {record.node}: {verdict.kind.value} — {verdict.reason}")
     for line in verdict.evidence:

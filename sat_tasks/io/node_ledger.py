@@ -1,0 +1,225 @@
+"""The node health ledger: every job's node faults in Object Storage, one object per event, read by every task.
+
+Layout under a ledger root (`[sat] node_ledger_uri`, else `<results destination>/_node-health/`
+of each job; `_` cannot start a job name, so no job's results collide with it):
+
+    nodes/<node>/events/<ms since epoch>-<run>-a<attempt>-<kind>.json   a FaultEvent
+    nodes/<node>/releases/<ms since epoch>.json                         a NodeRelease
+
+Each event and each release is its own object, written once: two tasks on two workers never
+update the same object, so no write is lost and no lock is needed. The rules that read them
+are `sat_tasks.core.node_health`. Call order: `diagnose_attempt` after each classify (the
+relocation and three-node rules, then the events recorded); `quarantined_nodes` before a
+placement; `NodeLedger.release` when a person lifts a quarantine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sat_tasks.config import safe_run_id, sat_setting
+from sat_tasks.core.contracts import Verdict
+from sat_tasks.core.node_health import (
+    RELOCATION,
+    FaultEvent,
+    NodeHealth,
+    NodeRelease,
+    diagnose,
+    fault_events,
+    fleet_health,
+    node_health,
+    suspect_node,
+)
+from sat_tasks.core.status import JobStatus
+from sat_tasks.io import object_storage as storage
+from sat_tasks.spec import TrainingJob, split_s3_uri
+
+Log = Callable[[str], None]
+LEDGER_PREFIX = "_node-health/"
+
+
+def ledger_root(job: TrainingJob) -> str:
+    """Where `job` records its faults: `[sat] node_ledger_uri`, else `<results destination>/_node-health/`."""
+    root = sat_setting("node_ledger_uri")
+    return (root.rstrip("/") + "/") if root else job.results.destination.rstrip("/") + "/" + LEDGER_PREFIX
+
+
+def ledger_roots() -> list[str]:
+    """Every root the deployment's jobs write to: `[sat] node_ledger_uri`, else those of the specs in `[sat] jobs_dir`."""
+    root = sat_setting("node_ledger_uri")
+    if root:
+        return [root.rstrip("/") + "/"]
+    from sat_tasks.spec import SpecError, load_spec
+
+    roots = set()
+    for path in sorted(Path(sat_setting("jobs_dir")).glob("*.y*ml")):
+        try:
+            roots.add(ledger_root(load_spec(path)))
+        except (SpecError, OSError):
+            continue
+    return sorted(roots)
+
+
+def window_seconds() -> float:
+    """`[sat] node_quarantine_window_seconds`: how far back faults count towards a quarantine."""
+    return float(sat_setting("node_quarantine_window_seconds"))
+
+
+def _stamp(at: float) -> str:
+    return f"{int(at * 1000):015d}"
+
+
+def _safe(name: str) -> str:
+    return safe_run_id(name)
+
+
+class NodeLedger:
+    """The ledger under one or more roots: events are written to the first, everything is read from all.
+
+    Call order: `record(event)` after a verdict; `events(since=...)`, `releases()`,
+    `health(...)`, `quarantined(...)` to read; `release(node, by=...)` to lift a quarantine
+    (written under every root, so every job sees it).
+    """
+
+    def __init__(self, hook: Any, roots: Sequence[str]) -> None:
+        self.hook = hook
+        self.roots = list(dict.fromkeys(r.rstrip("/") + "/" for r in roots))
+
+    @classmethod
+    def for_job(cls, job: TrainingJob, hook: Any) -> NodeLedger:
+        """The job's own root first (where it writes), then the deployment's other roots."""
+        return cls(hook, [ledger_root(job), *ledger_roots()])
+
+    @classmethod
+    def for_deployment(cls, hook: Any, roots: Sequence[str] | None = None) -> NodeLedger:
+        return cls(hook, list(roots) if roots else ledger_roots())
+
+    # ---- writing -----------------------------------------------------------------------------
+    def record(self, event: FaultEvent) -> str:
+        """Write one fault event (its own object); returns its URI."""
+        name = f"{_stamp(event.at)}-{_safe(event.run_id)}-a{event.attempt}-{event.kind.lower()}.json"
+        uri = f"{self.roots[0]}nodes/{_safe(event.node)}/events/{name}"
+        storage.write_json(self.hook, uri, event.model_dump(mode="json"))
+        return uri
+
+    def release(self, node: str, *, by: str, note: str = "", now: float | None = None) -> NodeRelease:
+        """Lift the node's quarantine: faults before now no longer count (a marker under every root)."""
+        marker = NodeRelease(node=node, at=time.time() if now is None else now, by=by, note=note)
+        for root in self.roots:
+            storage.write_json(self.hook, f"{root}nodes/{_safe(node)}/releases/{_stamp(marker.at)}.json",
+                               marker.model_dump(mode="json"))
+        return marker
+
+    # ---- reading -----------------------------------------------------------------------------
+    def _objects(self, part: str, since: float | None) -> list[dict[str, Any]]:
+        found = []
+        for root in self.roots:
+            bucket, prefix = split_s3_uri(root + "nodes/")
+            for key in self.hook.list_keys(bucket_name=bucket, prefix=prefix) or []:
+                parent, _, name = key.rpartition("/")
+                if not parent.endswith("/" + part) or not name.endswith(".json"):
+                    continue
+                stamp = name.split("-", 1)[0].removesuffix(".json")
+                if since is not None and stamp.isdigit() and int(stamp) / 1000 < since:
+                    continue  # older than the window: not read at all
+                data = storage.read_json(self.hook, f"s3://{bucket}/{key}")
+                if isinstance(data, dict):
+                    found.append(data)
+        return found
+
+    def events(self, *, since: float | None = None) -> list[FaultEvent]:
+        """Every fault event (at or after `since`, epoch seconds), oldest first."""
+        events = [FaultEvent.model_validate(d) for d in self._objects("events", since)]
+        unique = {(e.node, e.at, e.run_id, e.attempt, e.kind): e for e in events}  # a root may be listed twice
+        return sorted(unique.values(), key=lambda e: e.at)
+
+    def releases(self) -> list[NodeRelease]:
+        return sorted((NodeRelease.model_validate(d) for d in self._objects("releases", None)), key=lambda r: r.at)
+
+    def health(self, *, now: float | None = None, window: float | None = None) -> list[NodeHealth]:
+        """Every node the ledger knows: quarantined first, with the faults that count."""
+        now = time.time() if now is None else now
+        window = window_seconds() if window is None else window
+        return fleet_health(self.events(since=now - window), self.releases(), now=now, window=window)
+
+    def quarantined(self, *, now: float | None = None, window: float | None = None) -> list[str]:
+        return [h.node for h in self.health(now=now, window=window) if h.quarantined]
+
+
+# ---- what the pipeline and the backends call ------------------------------------------------------
+def diagnose_attempt(run: Any, verdict: Verdict, log: Log = print) -> Verdict:
+    """The verdict after the rules across attempts, nodes and jobs; records it in the ledger (best effort).
+
+    `run` is the attempt's `JobRun`. An ambiguous HARDWARE verdict becomes SUSPECT_NODE; the
+    relocation rule reads this run's earlier verdicts; the three-node rule and the quarantine
+    read the ledger. A ledger that cannot be read or written is logged, never fatal: the
+    relocation rule still holds within the run.
+    """
+    job, now, window = run.job, time.time(), window_seconds()
+    verdict = suspect_node(verdict)
+    earlier = [v for v in (run.load_verdict(k) for k in range(1, verdict.attempt or 1)) if v is not None]
+    ledger = NodeLedger.for_job(job, run.hook())
+    try:
+        events, releases = ledger.events(since=now - window), ledger.releases()
+    except Exception as exc:  # noqa: BLE001 - the job's verdict does not wait for the ledger
+        log(f"[sat] node health: could not read the ledger ({type(exc).__name__}: {exc}); this run's attempts only")
+        events, releases, ledger = [], [], None
+    diagnosis = diagnose(verdict, earlier, [e for e in events if e.job == job.name], job=job.name,
+                         run_id=run.run_id)
+    if diagnosis.rule:
+        log(f"[sat] node health: {diagnosis.note}")
+    if diagnosis.rule == RELOCATION and diagnosis.blamed:  # the verdict stands; the history says what was learnt
+        history = run.history(log)
+        history.record(JobStatus(history.current() or JobStatus.RUNNING.value), diagnosis.note,
+                       attempt=verdict.attempt, task="classify")
+    new = fault_events(diagnosis, job=job.name, run_id=run.run_id, now=now)
+    if ledger is not None and new:
+        try:
+            for event in new:
+                ledger.record(event)
+                log(f"[sat] node health: recorded {event.kind} on {event.node} ({event.signature})")
+        except Exception as exc:  # noqa: BLE001
+            log(f"[sat] node health: could not record in the ledger: {type(exc).__name__}: {exc}")
+        for node in dict.fromkeys(e.node for e in new):
+            health = node_health(node, [*events, *new], releases, now=now, window=window)
+            if health.quarantined:
+                log(f"[sat] node health: {node} is quarantined: {health.summary} within {window:.0f}s; "
+                    f"no job is placed there until a person releases it (`sat nodes release {node}`)")
+    return diagnosis.verdict
+
+
+def quarantined_nodes(job: TrainingJob, hook: Any, log: Log = print) -> list[str]:
+    """The nodes no attempt of `job` may be placed on; [] (logged) when the ledger cannot be read."""
+    try:
+        nodes = NodeLedger.for_job(job, hook).quarantined()
+    except Exception as exc:  # noqa: BLE001 - placement goes on without the ledger
+        log(f"[sat] node health: could not read the ledger ({type(exc).__name__}: {exc}); placing without it")
+        return []
+    if nodes:
+        log(f"[sat] node health: not placing on quarantined node(s) {', '.join(nodes)} "
+            "(`sat nodes ls` says why; `sat nodes release NODE` lifts it)")
+    return nodes
+
+
+def describe(health: NodeHealth) -> list[str]:
+    """The lines `sat nodes ls` and the Nodes page show for one node: its state, then each fault."""
+    lines = [f"{health.node}  {health.summary}"]
+    if health.released is not None:
+        lines.append(f"  released {_when(health.released.at)} by {health.released.by}"
+                     + (f": {health.released.note}" if health.released.note else ""))
+    for fault in health.faults:
+        lines.append(f"  {_when(fault.at)}  {fault.kind:<12} job {fault.job} run {fault.run_id} "
+                     f"attempt {fault.attempt}  {fault.signature}")
+    return lines
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
+
+
+def to_json(health: NodeHealth) -> dict[str, Any]:
+    return json.loads(health.model_dump_json())
