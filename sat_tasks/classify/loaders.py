@@ -2,7 +2,9 @@
 
 `record_from_pod` turns a Pod (a dict) with its log, events and node into an
 `AttemptRecord`; the Kubernetes backend and `sat classify POD.json` both use it.
-`load_record` reads a record or a pod (and optional side files) from disk.
+`load_record` reads a record or a pod (and optional side files) from disk: the node's
+events among them only within the attempt's window (`classify.window`), as the backend
+reads them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sat_tasks.classify.evidence import (
     is_spot_label,
     spot_capacity_labels,
 )
+from sat_tasks.classify.window import MAX_EVENTS_PER_OBJECT, AttemptWindow
 from sat_tasks.core.attempt import (
     LOG_TAIL_LINES,
     MAIN_CONTAINER_NAME,
@@ -34,6 +37,10 @@ _ATTEMPT_IN_TASK_ID = re.compile(r"attempt_(\d+)")
 LOG_READ_BYTES = 8 * 1024 * 1024
 #: Longer lines are cut (a binary log can hold megabytes without a newline).
 MAX_LINE_CHARS = 4096
+#: Pod annotations where the Kubernetes backend's `launch` keeps what it read of the node when
+#: the attempt started: its labels (JSON), and the Karpenter NodeClaim that owned it.
+NODE_LABELS_AT_START_ANNOTATION = "sat.ai/node-labels-at-start"
+NODECLAIM_AT_START_ANNOTATION = "sat.ai/nodeclaim-at-start"
 
 
 def _as_lines(text: list[str] | str | None, keep: int) -> list[str]:
@@ -94,6 +101,20 @@ def _text_labels(value: Any, what: str, notes: list[str] | None) -> dict[str, st
 def _node_labels(node: dict[str, Any], notes: list[str] | None) -> dict[str, str]:
     """The Node object's `metadata.labels` (empty when the node is gone)."""
     return _text_labels(as_dict(node.get("metadata")).get("labels"), "node metadata.labels", notes)
+
+
+def _labels_at_start(pod: dict[str, Any], notes: list[str] | None) -> dict[str, str]:
+    """The node labels `launch` kept on the pod when the attempt started (`NODE_LABELS_AT_START_ANNOTATION`)."""
+    text = as_dict(as_dict(pod.get("metadata")).get("annotations")).get(NODE_LABELS_AT_START_ANNOTATION)
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        if notes is not None:
+            notes.append(f"pod annotation {NODE_LABELS_AT_START_ANNOTATION} is not JSON: ignored")
+        return {}
+    return _text_labels(value, f"pod annotation {NODE_LABELS_AT_START_ANNOTATION}", notes)
 
 
 def _pod_capacity_markers(pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -162,6 +183,7 @@ def record_from_pod(
     progress: dict[str, Any] | None = None,
     container: str | None = None,
     notes: list[str] | None = None,
+    node_labels_at_start: dict[str, str] | None = None,
 ) -> AttemptRecord:
     """Build an `AttemptRecord` from a pod as `kubectl get pod NAME -o json` prints it.
 
@@ -177,6 +199,8 @@ def record_from_pod(
         progress: the engine's progress.json, when the launcher read it.
         container: the training container's name (default: `base`, else the first).
         notes: where to say what could not be read (malformed fields are skipped, never fatal).
+        node_labels_at_start: the node's labels when the attempt started; None: those the
+            Kubernetes backend kept on the pod (`NODE_LABELS_AT_START_ANNOTATION`), if any.
     """
     pod, node = as_dict(pod), as_dict(node)
     status = as_dict(pod.get("status"))
@@ -223,6 +247,8 @@ def record_from_pod(
         node_conditions=as_dicts(node_status.get("conditions")),
         node_taints=as_dicts(as_dict(node.get("spec")).get("taints")) + _pod_capacity_markers(pod),
         node_labels=_node_labels(node, notes),
+        node_labels_at_start=(_text_labels(node_labels_at_start, "node_labels_at_start", notes)
+                              if node_labels_at_start is not None else _labels_at_start(pod, notes)),
         log_tail=_as_lines(log, LOG_TAIL_LINES),
         node_log=_as_lines(node_log, NODE_LOG_LINES),
         started_at=_moment(terminated.get("startedAt") or running.get("startedAt"), "startedAt", notes),
@@ -314,14 +340,42 @@ def _is_pod(data: dict[str, Any]) -> bool:
 
 
 def load_record(path: str, *, log: str | None = None, node_log: str | None = None,
-                events: str | None = None, node: str | None = None) -> AttemptRecord:
+                events: str | None = None, node: str | None = None,
+                node_events: str | None = None) -> AttemptRecord:
     """Read an attempt record or a raw pod JSON (plus optional side files) from disk."""
-    return load_record_with_notes(path, log=log, node_log=node_log, events=events, node=node)[0]
+    return load_record_with_notes(path, log=log, node_log=node_log, events=events, node=node,
+                                  node_events=node_events)[0]
+
+
+def _read_events_file(path: str, what: str, notes: list[str]) -> list[dict[str, Any]] | None:
+    """An events file (`kubectl get events -o json`: an EventList, or a list of events); None when unusable."""
+    raw = _read_side_json(path, what, notes)
+    items = raw.get("items", []) if isinstance(raw, dict) else raw
+    if items is not None and not isinstance(items, list):
+        notes.append(f"{what}: not a list of events: skipped")
+        return None
+    return items
+
+
+def _node_events_in_window(items: list[Any], window: AttemptWindow, notes: list[str]) -> list[dict[str, Any]]:
+    """The node's events within the attempt's window, at most `MAX_EVENTS_PER_OBJECT` (the newest), as the backend reads them."""
+    events = as_dicts(items)
+    if len(events) < len(items):
+        notes.append(f"node events: {len(items) - len(events)} event(s) are not objects: skipped")
+    kept, _outside, over = window.select(events, MAX_EVENTS_PER_OBJECT)
+    if over:
+        notes.append(f"node events: {len(kept) + over} in the attempt's window, read only the newest {len(kept)}")
+    return kept
 
 
 def load_record_with_notes(path: str, *, log: str | None = None, node_log: str | None = None,
-                           events: str | None = None, node: str | None = None) -> tuple[AttemptRecord, list[str]]:
+                           events: str | None = None, node: str | None = None,
+                           node_events: str | None = None) -> tuple[AttemptRecord, list[str]]:
     """`load_record`, and what could not be read: malformed parts are skipped and named, never fatal.
+
+    `node_events` (the node's, NodeClaim's or Kueue Workload's events) are read only within
+    the attempt's window: the pod's start and end, else the record's `started_at` /
+    `finished_at` (`classify.window.AttemptWindow`); they join the pod's events.
 
     Raises `UnreadableInput` only when the main file is not JSON, not an object, or neither
     a pod nor (after dropping its malformed fields) an attempt record.
@@ -332,19 +386,17 @@ def load_record_with_notes(path: str, *, log: str | None = None, node_log: str |
         raise UnreadableInput(f"{path} holds a JSON {type(data).__name__}, not an attempt record or a pod")
     log_text = _read_text(log, limit=LOG_READ_BYTES, notes=notes) if log else None
     node_log_text = _read_text(node_log, limit=LOG_READ_BYTES, notes=notes) if node_log else None
-    event_items = None
-    if events:
-        raw = _read_side_json(events, "events", notes)
-        event_items = raw.get("items", []) if isinstance(raw, dict) else raw
-        if event_items is not None and not isinstance(event_items, list):
-            notes.append("events: not a list of events: skipped")
-            event_items = None
+    event_items = _read_events_file(events, "events", notes) if events else None
+    node_event_items = _read_events_file(node_events, "node events", notes) if node_events else None
     node_object = _read_side_json(node, "node", notes) if node else None
     if node_object is not None and not isinstance(node_object, dict):
         notes.append("node: not a Node object: skipped")
         node_object = None
     if _is_pod(data):
         job, attempt = job_and_attempt_of_pod(data)
+        if node_event_items is not None:
+            event_items = (event_items or []) + _node_events_in_window(node_event_items, AttemptWindow.of_pod(data),
+                                                                       notes)
         record = record_from_pod(data, job=job, attempt=attempt, log=log_text, node_log=node_log_text,
                                  events=event_items, node=node_object, notes=notes)
         return record, notes
@@ -356,6 +408,10 @@ def load_record_with_notes(path: str, *, log: str | None = None, node_log: str |
         updates["node_log"] = _as_lines(node_log_text, NODE_LOG_LINES)
     if event_items is not None:
         updates["events"] = as_dicts(event_items)
+    if node_event_items is not None:
+        window = AttemptWindow.around(record.started_at, record.finished_at)
+        updates["events"] = updates.get("events", record.events) + _node_events_in_window(node_event_items, window,
+                                                                                          notes)
     if node_object is not None:
         updates["node_conditions"] = as_dicts(as_dict(node_object.get("status")).get("conditions"))
         updates["node_taints"] = as_dicts(as_dict(node_object.get("spec")).get("taints"))
@@ -369,8 +425,9 @@ _REQUIRED_RECORD_FIELDS = ("job", "attempt", "backend")
 def _validate_record(path: str, data: dict[str, Any], notes: list[str]) -> AttemptRecord:
     """An AttemptRecord from `data`; malformed optional fields are dropped (and noted) and it is tried again."""
     data = dict(data)
-    if isinstance(data.get("node_labels"), dict):
-        data["node_labels"] = _text_labels(data["node_labels"], "record field 'node_labels'", notes)
+    for field in ("node_labels", "node_labels_at_start"):
+        if isinstance(data.get(field), dict):
+            data[field] = _text_labels(data[field], f"record field {field!r}", notes)
     for _ in range(len(data) + 1):
         try:
             return AttemptRecord.model_validate(data)

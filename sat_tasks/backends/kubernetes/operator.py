@@ -403,7 +403,30 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
             pool=pool, slots=job.nodes, deadline_seconds=float(sat_setting("workspace_wait_seconds")),
             rank0_ended=lambda: self.rank0_task_ended(context), log=self.log.info)
 
+    def record_node_at_start(self, name: str | None, namespace: str | None) -> None:
+        """Keep the labels of the node pod `name` runs on, on the pod (`evidence.record_node_at_start`).
+
+        A node deleted by the end of the attempt (a Spot shutdown) is still known to have been
+        Spot. Never fails the task: a line says what could not be read or written.
+        """
+        from sat_tasks.backends.kubernetes.evidence import record_node_at_start
+
+        name, namespace = name or self.name, namespace or self.target_namespace()
+        if name:
+            try:
+                record_node_at_start(self.client, namespace, name, self.log.info)
+            except Exception as exc:  # noqa: BLE001 - evidence for classify, never a reason to fail the attempt
+                self.log.warning("could not keep the labels of pod %s's node: %s", name, exc)
+
     # -- the provider's entry points ---------------------------------------------------------------
+    def await_pod_start(self, pod: Any) -> None:
+        """The provider's wait for the pod to start; then its node's labels are kept (also when it did not start)."""
+        try:
+            super().await_pod_start(pod)
+        finally:
+            metadata = getattr(pod, "metadata", None)
+            self.record_node_at_start(getattr(metadata, "name", None), getattr(metadata, "namespace", None))
+
     def execute(self, context: Context) -> Any:
         job, plan = self.prepare(context)
         self.await_workspace(job, context["run_id"], plan)
@@ -416,6 +439,9 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         # A deferred task resumes in a freshly parsed operator: rebuild what execute set.
         self.prepare(context)
+        # Deferred, the provider waits for the start in the triggerer: the node's labels are read
+        # now (a node already gone has none to keep).
+        self.record_node_at_start(event.get("name"), event.get("namespace"))
         return super().trigger_reentry(context, event)
 
 

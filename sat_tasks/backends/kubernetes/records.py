@@ -1,7 +1,8 @@
 """Reading what an attempt's pods left behind into one AttemptRecord, and the attempt's part of the job log.
 
 ``read_attempt_record(job, run_id, k)`` (the `classify` task, `trigger_rule=ALL_DONE`) reads
-the kept pod(s), their events, the node and the log tail through the Kubernetes API; the
+the kept pod(s), the node and the log tail through the Kubernetes API, with the events of
+the pod, its node, NodeClaim and Kueue Workload in the attempt's window (`evidence`); the
 training progress comes from the engine's progress.json as its mirror keeps it in Object
 Storage (structured data, never parsed from log text). It builds one record for the whole
 attempt (``classify.combine_rank_records``), stores it where classify and the report look
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from sat_tasks.backends.kubernetes import names
+from sat_tasks.backends.kubernetes.evidence import as_dict, attempt_events, read_node
 from sat_tasks.classify import combine_rank_records, record_from_pod
 from sat_tasks.core.attempt import MAIN_CONTAINER_NAME, AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc, parse_time
@@ -35,52 +36,6 @@ LOG_READ_LINES = 100_000
 LOG_READ_BYTES = 16 * 2**20
 
 _LOG_CHUNK = 1 << 16
-
-#: Node events older than this before the pod started are about an earlier workload.
-NODE_EVENT_SLACK = timedelta(seconds=60)
-
-#: Node objects' events live in this namespace (kubelet, node-problem-detector).
-NODE_EVENT_NAMESPACE = "default"
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    """A kubernetes client model as the API's JSON (camelCase keys, ISO timestamps)."""
-    from kubernetes.client import ApiClient
-
-    return ApiClient().sanitize_for_serialization(obj)
-
-
-def _event_time(event: dict[str, Any]) -> datetime | None:
-    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
-        moment = parse_time(event.get(key))
-        if moment:
-            return moment
-    return parse_time((event.get("metadata") or {}).get("creationTimestamp"))
-
-
-def _read_events(client: Any, namespace: str, field_selector: str, log: Log) -> list[dict[str, Any]]:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        items = client.list_namespaced_event(namespace, field_selector=field_selector).items
-    except ApiException as exc:
-        log(f"events {field_selector} in {namespace}: not readable ({exc.status} {exc.reason})")
-        return []
-    events = [_as_dict(item) for item in items]
-    events.sort(key=lambda e: (_event_time(e) is not None, _event_time(e) or datetime.min))
-    return events
-
-
-def _read_node(client: Any, name: str, log: Log) -> dict[str, Any] | None:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        return _as_dict(client.read_node(name))
-    except ApiException as exc:
-        log(f"node {name}: not readable ({exc.status} {exc.reason}); "
-            + ("it no longer exists" if exc.status == 404 else "no node conditions, taints or labels in the record"))
-        return None
-
 
 @dataclass(frozen=True)
 class PodLog:
@@ -159,21 +114,14 @@ def _rank_of(pod: dict[str, Any]) -> int:
 
 def _read_rank(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int, namespace: str,
                progress: dict[str, Any] | None, log: Log) -> tuple[AttemptRecord, PodLog]:
-    """The record of one pod (one node rank): pod, its events, its node (conditions, taints and
-    labels; none when the node is gone) and node events, log tail; and the container log it read
-    (for the run's job.log)."""
+    """The record of one pod (one node rank): pod, its node (conditions, taints and labels; none
+    when the node is gone), the events of the pod, node, NodeClaim and Kueue Workload
+    (`evidence.attempt_events`), the node's labels at start (kept on the pod by `launch`), log
+    tail; and the container log it read (for the run's job.log)."""
     name = pod["metadata"]["name"]
-    events = _read_events(client, namespace, f"involvedObject.name={name}", log)
     node_name = (pod.get("spec") or {}).get("nodeName")
-    node = None
-    if node_name:
-        node = _read_node(client, node_name, log)
-        started = parse_time((pod.get("status") or {}).get("startTime"))
-        node_events = _read_events(client, NODE_EVENT_NAMESPACE,
-                                   f"involvedObject.kind=Node,involvedObject.name={node_name}", log)
-        # Node events from before this pod are about an earlier workload (e.g. a stale Xid).
-        events += [e for e in node_events
-                   if started is None or _event_time(e) is None or _event_time(e) >= started - NODE_EVENT_SLACK]
+    node = read_node(client, node_name, log) if node_name else None
+    events = attempt_events(client, pod, namespace, node, log)
     pod_log = _read_log(client, name, namespace, log)
     record = record_from_pod(pod, job=job.name, attempt=attempt, log=pod_log.lines, events=events, node=node,
                              progress=progress, container=MAIN_CONTAINER_NAME)
@@ -217,7 +165,7 @@ def read_attempt_record(run: JobRun, attempt: int, *, client: Any, namespace: st
     """
     job = run.job
     selector = names.attempt_label_selector(job, run.run_id, attempt)
-    pods = [_as_dict(pod) for pod in client.list_namespaced_pod(namespace, label_selector=selector).items]
+    pods = [as_dict(pod) for pod in client.list_namespaced_pod(namespace, label_selector=selector).items]
     if not pods:
         log(f"attempt {attempt}: no pod matches {selector} in {namespace} (it never launched, or was cleaned up)")
         return None
