@@ -272,15 +272,15 @@ def _describe_event(event: dict[str, Any]) -> str:
 def _find_flags(record: AttemptRecord) -> Iterator[Finding]:
     if record.preemption_notice:
         yield Finding(VerdictKind.PREEMPTED, "preemption notice: Spot SIGTERM notice delivered to the attempt",
-                       "the Spot capacity was reclaimed (notice delivered)")
+                       "the Spot capacity was reclaimed (notice delivered)", rule="attempt-flags")
     if record.heartbeat_timeout:
         step = (record.progress or {}).get("step")
         where = f" at step {step}" if step is not None else ""
         yield Finding(VerdictKind.HARDWARE, f"heartbeat timeout: training stopped making progress{where}",
-                       "training hung (no progress before the heartbeat timeout)")
+                       "training hung (no progress before the heartbeat timeout)", rule="attempt-flags")
     if record.startup_timeout:
         yield Finding(INT, "start-up timeout: no training step before startup_timeout_seconds ran out",
-                      STARTUP_REASON)
+                      STARTUP_REASON, rule="attempt-flags")
 
 
 def _recovery_action_needed(line: str) -> bool:
@@ -349,10 +349,10 @@ def _find_nccl_system_errors(lines: list[str]) -> Iterator[Finding]:
     if sockets:
         for line in (system[0], sockets[0]):
             yield Finding(HW, line, "NCCL system error on a socket (network)", beats_success=False,
-                          peer_symptom=True)
+                          peer_symptom=True, rule="nccl-system-error")
     elif shm:
         for line in (system[0], shm[0]):
-            yield Finding(INT, line, "NCCL could not set up shared memory (/dev/shm too small)")
+            yield Finding(INT, line, "NCCL could not set up shared memory (/dev/shm too small)", rule="nccl-system-error")
 
 
 def _find_nccl_segfault(record: AttemptRecord, lines: list[str]) -> Iterator[Finding]:
@@ -362,7 +362,7 @@ def _find_nccl_segfault(record: AttemptRecord, lines: list[str]) -> Iterator[Fin
     if segfault and frames:
         seg_lines = [line for line in lines if SEGFAULT.search(line)]
         for line in (seg_lines[:1] + frames[:1]):
-            yield Finding(HW, line, "segmentation fault inside NCCL (network transport)")
+            yield Finding(HW, line, "segmentation fault inside NCCL (network transport)", rule="nccl-segfault")
 
 
 def _is_symptom(text: str) -> bool:
@@ -419,7 +419,7 @@ def _find_traceback(lines: list[str]) -> Iterator[Finding]:
     line = _last_exception(lines)
     if line is not None:
         name = _exception_name(strip(line)) or "an exception"
-        yield Finding(INT, line, f"the training script raised {name}")
+        yield Finding(INT, line, f"the training script raised {name}", rule="last-exception")
 
 
 def _runtime_or(kind: VerdictKind, state: dict[str, Any], why: str) -> tuple[VerdictKind, str]:
@@ -439,15 +439,15 @@ def _find_container_states(record: AttemptRecord) -> Iterator[Finding]:
                 reason = waiting.get("reason")
                 if reason in IMAGE_WAITING_REASONS:
                     yield Finding(VerdictKind.IMAGE_PULL, describe_state(name, "waiting", waiting),
-                                   f"the image could not be pulled ({reason})")
+                                   f"the image could not be pulled ({reason})", rule="container-state")
                 elif reason in INTERNAL_WAITING_REASONS:
                     kind, why = _runtime_or(INT, waiting, f"the container could not be created ({reason})")
-                    yield Finding(kind, describe_state(name, "waiting", waiting), why)
+                    yield Finding(kind, describe_state(name, "waiting", waiting), why, rule="container-state")
             if terminated and terminated.get("reason") in INTERNAL_TERMINATION_REASONS:
                 reason = terminated["reason"]
                 why = "out of memory (OOMKilled)" if reason == "OOMKilled" else f"the container failed ({reason})"
                 kind, why = _runtime_or(INT, terminated, why)
-                yield Finding(kind, describe_state(name, "terminated", terminated), why)
+                yield Finding(kind, describe_state(name, "terminated", terminated), why, rule="container-state")
 
 
 def _find_termination(record: AttemptRecord) -> Iterator[Finding]:
@@ -462,23 +462,23 @@ def _find_termination(record: AttemptRecord) -> Iterator[Finding]:
     line = f"termination reason {reason}" + (f": {message}" if message else "")
     if reason in PREEMPTED_TERMINATION_REASONS:
         if reason in {"Preempted", "Preempting", "NodeShutdown"} or SHUTDOWN_MESSAGE.search(message):
-            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node shut down ({reason})")
+            yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node shut down ({reason})", rule="pod-termination")
         else:
-            yield Finding(HW, line, f"the node terminated the pod ({reason})", node_loss=True)
+            yield Finding(HW, line, f"the node terminated the pod ({reason})", node_loss=True, rule="pod-termination")
     elif reason == "Evicted" and OWN_LIMIT_EVICTION.search(message):
-        yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)")
+        yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)", rule="pod-termination")
     elif reason in HARDWARE_TERMINATION_REASONS or reason.startswith("OutOf"):
         if SPOT_WORDS.search(message):
-            yield Finding(VerdictKind.PREEMPTED, line, f"the node was reclaimed ({reason})")
+            yield Finding(VerdictKind.PREEMPTED, line, f"the node was reclaimed ({reason})", rule="pod-termination")
         elif reason == "Evicted" and NODE_LOW_ON_RESOURCE.search(message):
-            yield Finding(HW, line, "the node ran short of a resource and evicted the pod (node pressure)")
+            yield Finding(HW, line, "the node ran short of a resource and evicted the pod (node pressure)", rule="pod-termination")
         else:
             yield Finding(HW, line, f"the node failed the pod ({reason})",
-                          node_loss=reason in {"NodeLost", "NodeAffinity", "Evicted"})
+                          node_loss=reason in {"NodeLost", "NodeAffinity", "Evicted"}, rule="pod-termination")
     elif reason in INTERNAL_TERMINATION_REASONS and reason not in seen:
         why = "out of memory (OOMKilled)" if reason == "OOMKilled" else f"the container failed ({reason})"
         kind, why = _runtime_or(INT, {"message": message}, why)
-        yield Finding(kind, line, why)
+        yield Finding(kind, line, why, rule="pod-termination")
 
 
 def _kueue_eviction(reason: str, message: str, line: str, rule: str) -> Finding | None:
@@ -613,7 +613,8 @@ def _find_events(record: AttemptRecord) -> Iterator[Finding]:
         elif KUEUE_PREEMPTION_MESSAGE.search(message):
             yield Finding(VerdictKind.PREEMPTED, line, f"the workload was preempted to admit another one ({reason})",
                           rule=rule)
-        elif reason in {"Preempted", "Preempting", "NodeShutdown", "Shutdown"} or SPOT_WORDS.search(reason):
+        elif reason in {"Preempted", "Preempting", "NodeShutdown", "Shutdown", "TerminatingOnInterruption",
+                        "PreemptScheduled"} or SPOT_WORDS.search(reason):
             yield Finding(VerdictKind.PREEMPTED, line, f"the pod was preempted or its node reclaimed ({reason})",
                           rule=rule)
         elif reason in KARPENTER_DISRUPTION_EVENTS or (reason in {"Evicted", "Evicting"}

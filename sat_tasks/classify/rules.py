@@ -144,10 +144,11 @@ CUDA_ERRORS: tuple[CudaError, ...] = (
     CudaError(("cudaErrorSystemNotReady", "CUDA_ERROR_SYSTEM_NOT_READY"), ("system not yet initialized",),
               HW, "the node's GPU system is not initialized (Fabric Manager not running on an NVSwitch node)",
               in_nccl=True),
-    CudaError(("cudaErrorUnknown", "CUDA_ERROR_UNKNOWN"), ("unknown error",),
+    CudaError(("cudaErrorUnknown", "CUDA_ERROR_UNKNOWN", "CUDA unknown error - this may be due to an incorrectly set up "
+               "environment"), ("unknown error",),
               HW, "CUDA's \"unknown error\" (999) outside NCCL: the driver or the GPU is in a bad state"),
-    CudaError(("cudaErrorNoDevice", "CUDA_ERROR_NO_DEVICE"),
-              ("no CUDA-capable device is detected", "No CUDA GPUs are available"),
+    CudaError(("cudaErrorNoDevice", "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected",
+               "No CUDA GPUs are available"), ("no CUDA-capable device is detected",),
               HW, "the pod was given GPUs but CUDA sees none (device plugin, runtime or driver on the node)",
               in_nccl=True),
     CudaError(("cudaErrorDevicesUnavailable",), ("CUDA-capable device(s) is/are busy or unavailable",),
@@ -284,8 +285,10 @@ KERNEL_RULES: tuple[TextRule, ...] = (
 COLLECTIVE_OP = (r"(?:collective|all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast|barrier|all_?to_?all\w*"
                  r"|i?send|i?recv|WorkNCCL|WorkGloo|WorkHCCL|WorkXCCL|NCCL work|ProcessGroup\w*)")
 COLLECTIVE_RULES: tuple[TextRule, ...] = (
+    # Not NCCL's "NET/IB : collective mismatch error": a transport-level size mismatch that NCCL's
+    # maintainers trace to the NIC's relaxed-ordering setting (the node), left to the network rule.
     rule(r"Detected mismatch between collectives on ranks|Rank \d+ is running (?:inconsistent )?collective"
-         r"|Mismatched collective detected|\bcollectives? (?:mismatch|desync)\b|Desync (?:debugging )?report",
+         r"|Mismatched collective detected|Desync (?:debugging )?report",
          INT, "the ranks ran different collectives (a code bug: every rank must call the same collectives in the "
               "same order)", family="collective-mismatch"),
     rule(r"Watchdog caught collective operation timeout|collective operation timeout|ProcessGroup\w*'s watchdog got "
@@ -456,8 +459,9 @@ KARPENTER_UNHEALTHY = re.compile(r"\bUnhealthy\b|node repair|NodeRepair", re.IGN
 #: Notices that a Spot/VM instance is at risk or scheduled for maintenance, but not a kill: a
 #: preemption only when the attempt was in fact killed from outside; alone they change nothing.
 #: AWS node-termination-handler (events and taints), Azure Scheduled Events via node-problem-detector.
-RISK_NOTICE_EVENTS = frozenset({"RebalanceRecommendation", "ScheduledEvent", "ASGLifecycle", "StateChange",
-                                "InstanceStopping", "InstanceTerminating", "TerminateScheduled"})
+RISK_NOTICE_EVENTS = frozenset({"RebalanceRecommendation", "SpotRebalanceRecommendation", "ScheduledEvent",
+                                "ASGLifecycle", "StateChange", "InstanceStopping", "InstanceTerminating",
+                                "TerminateScheduled"})
 RISK_NOTICE_TAINTS = re.compile(
     r"aws-node-termination-handler/(?:rebalance-recommendation|scheduled-maintenance|asg-lifecycle-termination)",
     re.IGNORECASE,
