@@ -97,6 +97,14 @@ def _shorter_dag_test_idle_turns():
     time.sleep = _sleep
 
 
+@pytest.fixture(autouse=True)
+def _own_node_health_ledger(monkeypatch):
+    """Each test its own node health ledger (ADR 0004): the session's S3 server is shared by every test
+    of a worker, and the hardware faults one test injects on `local-node-0` must not quarantine it for
+    the next. A test that needs two jobs to meet in one ledger runs them inside itself."""
+    monkeypatch.setenv("AIRFLOW__SAT__NODE_LEDGER_URI", f"s3://sat-demo/_node-health/{os.urandom(6).hex()}/")
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_HOME, ignore_errors=True)
 

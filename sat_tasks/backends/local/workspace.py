@@ -6,6 +6,8 @@ workspace queues on the workspace's slot board (`sat_tasks.io.workspaces.SlotBoa
 them while the attempt runs and gives them back when it ends. While it waits its status
 says why: `Pending` in the queue, `Pending - failoverinprogress` for a failover attempt
 (its excluded nodes count against the workspace), until `[sat] workspace_wait_seconds`.
+Either way, the nodes the node health ledger quarantined are skipped like excluded ones
+(`sat_tasks.io.node_ledger`, ADR 0004) until a person releases them.
 The attempt runs on the first node it holds (the local backend runs every rank of a
 multi-node job on one host; the others are held so no other job gets them).
 """
@@ -33,14 +35,28 @@ def node_pool(workspace_name: str | None) -> list[str]:
     return workspace_nodes(WorkspaceStore().get(workspace_name))
 
 
+def avoided_nodes(run: JobRun, plan: Plan, log: Log) -> list[str]:
+    """The plan's excluded nodes (earlier failed attempts) and the nodes the node health ledger quarantined."""
+    from sat_tasks.io.node_ledger import quarantined_nodes
+
+    try:
+        hook = run.hook()
+    except Exception as exc:  # noqa: BLE001 - placement goes on without the ledger
+        log(f"[sat] node health: no Object Storage connection ({type(exc).__name__}: {exc}); placing without it")
+        return list(plan.exclude_nodes)
+    quarantined = quarantined_nodes(run.job, hook, log)
+    return list(plan.exclude_nodes) + [n for n in quarantined if n not in plan.exclude_nodes]
+
+
 @contextlib.contextmanager
 def attempt_nodes(run: JobRun, plan: Plan, log: Log, *, poll_seconds: float = 1.0) -> Iterator[list[str]]:
     """The nodes attempt `plan.attempt` runs on (first = where its processes run), held until the block ends."""
     job = run.job
+    exclude = avoided_nodes(run, plan, log)
     if job.workspace is None:
         from sat_tasks.backends.local.warm import warm_node_first
 
-        yield [pick_node(warm_node_first(run, config.local_node_pool()), plan.exclude_nodes)]
+        yield [pick_node(warm_node_first(run, config.local_node_pool()), exclude)]
         return
     from sat_tasks.backends.local.warm import warm_node_first
 
@@ -56,7 +72,7 @@ def attempt_nodes(run: JobRun, plan: Plan, log: Log, *, poll_seconds: float = 1.
     deadline = float(config.sat_setting("workspace_wait_seconds"))
     try:
         ticket, nodes = board.acquire(lambda: store.get(job.workspace), job=job.name, run_id=run.run_id,
-                                      attempt=plan.attempt, slots=job.nodes, exclude=plan.exclude_nodes,
+                                      attempt=plan.attempt, slots=job.nodes, exclude=exclude,
                                       failover=failover, prefer=prefer, deadline_seconds=deadline, on_wait=on_wait,
                                       poll_seconds=poll_seconds)
     except WorkspaceWaitTimeout as exc:
