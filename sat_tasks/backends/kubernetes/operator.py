@@ -65,6 +65,7 @@ def build_pod_operator_kwargs(
     deferrable: bool = True,
     settings: KubernetesSettings | None = None,
     failovers: int = 0,
+    quarantined_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Keyword arguments (all but `task_id`) for `KubernetesPodOperator`, for one node rank.
 
@@ -79,7 +80,7 @@ def build_pod_operator_kwargs(
         raise ValueError(f"node_rank must be in [0, {job.nodes})")
     pod = build_attempt_pods(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
                              resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
-                             settings=settings, failovers=failovers)[node_rank]
+                             settings=settings, failovers=failovers, quarantined_nodes=quarantined_nodes)[node_rank]
     return {
         "kubernetes_conn_id": kubernetes_conn_id,
         "namespace": namespace,
@@ -281,7 +282,15 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
             pvc_name=self.pvc_name,
             deferrable=self.deferrable,
             failovers=plan.failovers,
+            quarantined_nodes=self.quarantined_nodes(job),
         )
+
+    def quarantined_nodes(self, job: TrainingJob) -> list[str]:
+        """The nodes the node health ledger quarantined (cordoned first with `[sat] quarantine_cordon`)."""
+        from sat_tasks.backends.kubernetes.quarantine import quarantined_for_launch
+        from sat_tasks.io.object_storage import object_storage_hook
+
+        return quarantined_for_launch(job, object_storage_hook(sat_setting("object_storage_conn_id")), self.log.info)
 
     def apply_pod_kwargs(self, kwargs: dict[str, Any]) -> None:
         """Set the attributes `KubernetesPodOperator.__init__` would derive from `kwargs`.

@@ -129,9 +129,14 @@ def _resources(job: TrainingJob, settings: KubernetesSettings) -> dict[str, Any]
 
 
 def _scheduling(
-    job: TrainingJob, exclude_nodes: Sequence[str], settings: KubernetesSettings
+    job: TrainingJob, exclude_nodes: Sequence[str], settings: KubernetesSettings,
+    quarantined_nodes: Sequence[str] = (),
 ) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any] | None]:
-    """Node selector, tolerations and node affinity for the server type, capacity and exclusions."""
+    """Node selector, tolerations and node affinity for the server type, capacity, exclusions and quarantine.
+
+    The nodes of failed attempts and the nodes the node health ledger quarantined
+    (`sat_tasks.io.node_ledger`) are one required `kubernetes.io/hostname NotIn` expression.
+    """
     selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
     expressions: list[dict[str, Any]] = []
@@ -151,7 +156,7 @@ def _scheduling(
     workspace_selector, workspace_tolerations = workspace_scheduling(job, settings)  # its reserved nodes only
     selector.update(workspace_selector)
     tolerations += workspace_tolerations
-    excluded = sorted(set(exclude_nodes))
+    excluded = sorted(set(exclude_nodes) | set(quarantined_nodes))
     if excluded:
         expressions.append({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": excluded})
     affinity = None
@@ -199,8 +204,11 @@ def attempt_pod_manifests(
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
     failovers: int = 0,
+    quarantined_nodes: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """The attempt's pods, one per node rank, as the API's JSON: the single source.
+
+    `quarantined_nodes`: nodes the node health ledger quarantined; the pods may not land there.
 
     `render_attempt_manifests` prints them (no kubernetes client needed, so `sat render` stays
     quick); `build_attempt_pods` turns them into client models for KubernetesPodOperator's
@@ -210,7 +218,7 @@ def attempt_pod_manifests(
         raise ValueError("attempt must be >= 1")
     settings = settings or KubernetesSettings.from_sat_config()
     service = names.attempt_name(job, run_id, attempt) if job.distributed else None
-    node_selector, tolerations, affinity = _scheduling(job, exclude_nodes, settings)
+    node_selector, tolerations, affinity = _scheduling(job, exclude_nodes, settings, quarantined_nodes)
     volumes, mounts = _volumes(job, run_id, pvc_name)
     script = supervisor_script(job, settings)
     command = launch_command(job)
@@ -311,6 +319,7 @@ def render_attempt_manifests(
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
     failovers: int = 0,
+    quarantined_nodes: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Plain-dict manifests of one attempt, in apply order (`kubectl apply --dry-run=server`-ready).
 
@@ -321,7 +330,7 @@ def render_attempt_manifests(
     settings = settings or KubernetesSettings.from_sat_config()
     manifests = attempt_pod_manifests(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
                                       resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
-                                      settings=settings, failovers=failovers)
+                                      settings=settings, failovers=failovers, quarantined_nodes=quarantined_nodes)
     if job.distributed:
         manifests.insert(0, rendezvous_service(job, run_id=run_id, attempt=attempt,
                                                 namespace=namespace, settings=settings))
