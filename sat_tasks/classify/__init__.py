@@ -25,7 +25,20 @@ from sat_tasks.classify.rules import (
 from sat_tasks.core.contracts import Verdict, VerdictKind
 
 __all__ = [
-    "APPLICATION_XIDS", "CUDA_ERRORS", "HARDWARE_XIDS", "NOT_A_NODE_FAULT_XIDS", "PEER_STOP_REASON", "Explanation",
-    "UnreadableInput", "Verdict", "VerdictKind", "classify", "explain", "combine_rank_records", "job_and_attempt_of_pod", "load_record",
-    "load_record_with_notes", "record_from_pod",
+    "APPLICATION_XIDS",
+    "CUDA_ERRORS",
+    "HARDWARE_XIDS",
+    "NOT_A_NODE_FAULT_XIDS",
+    "PEER_STOP_REASON",
+    "Explanation",
+    "UnreadableInput",
+    "Verdict",
+    "VerdictKind",
+    "classify",
+    "combine_rank_records",
+    "explain",
+    "job_and_attempt_of_pod",
+    "load_record",
+    "load_record_with_notes",
+    "record_from_pod",
 ]

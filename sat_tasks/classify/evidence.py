@@ -71,10 +71,10 @@ from sat_tasks.classify.rules import (
     STARTUP_REASON,
     TEXT_RULES,
     TORCHRUN_SIGNAL,
-    TextRule,
     WRAPPER_EXCEPTIONS,
     XID_LINE,
     XID_RECOVERY_ACTION,
+    TextRule,
 )
 from sat_tasks.config import sat_setting
 from sat_tasks.core.attempt import AttemptRecord

@@ -144,8 +144,8 @@ CUDA_ERRORS: tuple[CudaError, ...] = (
     CudaError(("cudaErrorSystemNotReady", "CUDA_ERROR_SYSTEM_NOT_READY"), ("system not yet initialized",),
               HW, "the node's GPU system is not initialized (Fabric Manager not running on an NVSwitch node)",
               in_nccl=True),
-    CudaError(("cudaErrorUnknown", "CUDA_ERROR_UNKNOWN", "CUDA unknown error - this may be due to an incorrectly set up "
-               "environment"), ("unknown error",),
+    CudaError(("cudaErrorUnknown", "CUDA_ERROR_UNKNOWN",
+               "CUDA unknown error - this may be due to an incorrectly set up environment"), ("unknown error",),
               HW, "CUDA's \"unknown error\" (999) outside NCCL: the driver or the GPU is in a bad state"),
     CudaError(("cudaErrorNoDevice", "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected",
                "No CUDA GPUs are available"), ("no CUDA-capable device is detected",),
@@ -357,7 +357,7 @@ TEXT_RULES: tuple[TextRule, ...] = (
 #: a driver or GPU fault as often as a CUDA/NCCL mismatch in the image. Ambiguous (ADR 0004).
 AMBIGUOUS_RULES: tuple[TextRule, ...] = (
     *CUDA_AMBIGUOUS_RULES,
-    rule(r"unhandled cuda error|ncclUnhandledCudaError", HW,
+    rule(r"unhandled cuda error|ncclUnhandledCudaError|NCCL WARN Cuda failure\b(?!.*out of memory)", HW,
          "ambiguous: NCCL's CUDA call failed (\"unhandled cuda error\") with no other sign; a driver or GPU "
          "fault as often as a CUDA/NCCL mismatch in the image. Chose HARDWARE: a wrong failover costs at most "
          "three retries from the last checkpoint, a wrong stop costs the job (ADR 0004)", family="nccl-cuda"),

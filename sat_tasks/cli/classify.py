@@ -8,7 +8,7 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `sat classify FILE [--log FILE] [--node-log FILE] [--json]`."""
+    """Add `sat classify FILE [--log FILE] [--node-log FILE] [--json] [--explain]`."""
     parser = subparsers.add_parser(
         "classify",
         help="classify a failed attempt as hardware, preempted, internal, image or succeeded",
@@ -21,6 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--events", metavar="FILE", help="events JSON (`kubectl get events -o json`)")
     parser.add_argument("--node", metavar="FILE", help="node JSON (`kubectl get node NAME -o json`)")
     parser.add_argument("--json", action="store_true", help='print {"kind": ..., "evidence": [...], "reason": ...}')
+    parser.add_argument("--explain", action="store_true",
+                        help="also print every rule that matched (family, kind, line) and each precedence step "
+                             "weighed, with the one that decided and why")
     parser.set_defaults(func=run_classify_cli)
     return parser
 
@@ -32,7 +35,7 @@ def run_classify_cli(args: argparse.Namespace) -> int:
     encodings, unreadable side files) are named on stderr, one line each, and the verdict
     is drawn from the rest.
     """
-    from sat_tasks.classify import UnreadableInput, classify, load_record_with_notes
+    from sat_tasks.classify import UnreadableInput, explain, load_record_with_notes
 
     try:
         record, notes = load_record_with_notes(
@@ -43,13 +46,45 @@ def run_classify_cli(args: argparse.Namespace) -> int:
         return 2
     for note in notes:
         print(f"sat classify: could not read everything: {note}", file=sys.stderr)
-    verdict = classify(record)
+    why = explain(record)
+    verdict = why.verdict
     if getattr(args, "json", False):
-        print(json.dumps(verdict.model_dump(mode="json", include={"kind", "evidence", "reason"}), indent=2))
+        data = verdict.model_dump(mode="json", include={"kind", "evidence", "reason"})
+        if getattr(args, "explain", False):
+            data["explain"] = {"findings": [_finding_json(f) for f in why.findings],
+                               "steps": [{"step": step, "outcome": outcome} for step, outcome in why.steps]}
+        print(json.dumps(data, indent=2))
         return 0
     print(f"{verdict.kind.value}: {verdict.reason}")
     print(f"  job {record.job}, attempt {record.attempt}, node {record.node or '-'}")
     print("evidence:")
     for line in verdict.evidence:
         print(f"  {line}")
+    if getattr(args, "explain", False):
+        print(render_explanation(why))
     return 0
+
+
+def _finding_json(finding) -> dict:
+    return {"rule": finding.rule or "-", "kind": finding.kind.value, "line": finding.evidence,
+            "reason": finding.reason, "ambiguous": finding.ambiguous, "peer_symptom": finding.peer_symptom,
+            "beats_success": finding.beats_success, "node_loss": finding.node_loss}
+
+
+def render_explanation(why) -> str:
+    """The --explain text: the rules that matched, then the precedence steps, the deciding one marked."""
+    out = ["", "rules that matched (rule family, kind, line):"]
+    if not why.findings:
+        out.append("  none: the verdict comes from how the process ended")
+    for finding in why.findings:
+        notes = [note for note, on in (("ambiguous: counts only when nothing decisive is left", finding.ambiguous),
+                                       ("peer symptom: yields to the job's own error", finding.peer_symptom),
+                                       ("cannot outrank a clean exit", not finding.beats_success),
+                                       ("the node went away", finding.node_loss)) if on]
+        out.append(f"  [{finding.rule or '-'}] {finding.kind.value}: {finding.evidence}")
+        out.append(f"      why: {finding.reason}" + (f" ({'; '.join(notes)})" if notes else ""))
+    out.append("precedence steps considered (ADR 0004), in order:")
+    for index, (step, outcome) in enumerate(why.steps):
+        marker = "=>" if index == len(why.steps) - 1 else "  "
+        out.append(f"  {marker} {step}: {outcome}")
+    return "\n".join(out)
