@@ -2,13 +2,15 @@
 
 from airflow.plugins_manager import AirflowPlugin
 
-from sat_tasks.ui.api import LazyApp, create_app
+from sat_tasks.ui.lazy import LazyApp
 
 
 class SatTrainingJobsPlugin(AirflowPlugin):
     name = "sat_training_jobs"
-    fastapi_apps = [{"app": LazyApp(create_app), "url_prefix": "/sat", "name": "SAT Training Jobs"}]
-    # In Airflow's navigation, shown inside the UI: the list (with its Create button), and the Create form.
+    # Built on its first request (sat_tasks.ui.app.create_app): task processes load this plugin too.
+    fastapi_apps = [{"app": LazyApp("sat_tasks.ui.app:create_app"), "url_prefix": "/sat", "name": "SAT Training Jobs"}]
+    # In Airflow's navigation, shown inside the UI: the list (with its Create button), the Create form,
+    # the Workspaces.
     external_views = [
         {"name": "Training Jobs", "href": "/sat/jobs", "destination": "nav", "url_route": "training-jobs",
          "nav_top_level": True},

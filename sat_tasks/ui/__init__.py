@@ -1,1 +1,1 @@
-"""The Training Jobs view: its data (`jobs`) and its API (`api`), mounted by the Airflow plugin in plugins/."""
+"""The Training Jobs view: its app (`app`, one router per resource in `routers`), data (`jobs`) and pages (`templates`)."""

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from sat_tasks.airflow.params import field_schema
 from sat_tasks.spec import (
     SERVER_TYPES,
     Framework,
@@ -120,8 +121,6 @@ def help_text(form: FormField) -> str:
     """The field's help: its own, else the spec model's description of the path it fills."""
     if form.help or form.spec_path is None:
         return form.help
-    from sat_tasks.airflow.params import field_schema
-
     try:
         return field_schema(form.spec_path).get("description", "")
     except KeyError:
@@ -253,3 +252,16 @@ def _check_object_storage(job: TrainingJob, exists: Exists, result: FormResult) 
             continue
         if not found:
             result.add(path, path, f"{uri} {rule}")
+
+
+def parse_tags(job: TrainingJob, text: str) -> tuple[dict[str, str] | None, list[str]]:
+    """Tags from `key=value` lines, checked with the spec model's tag rules: (tags, []) or (None, problems)."""
+    result = FormResult(values={})
+    tags = parse_tag_lines(text, result)
+    problems = [line for lines in result.errors.values() for line in lines]
+    if not problems:
+        try:
+            parse_spec({**job.to_dict(), "tags": tags}, source="tags")
+        except SpecError as exc:
+            problems = [str(p) for p in exc.problems if p.field.startswith("tags")]
+    return (None, problems) if problems else (tags, [])

@@ -13,10 +13,12 @@ in this view). Reading is injected (`read_json(uri) -> object | None`, `list_siz
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from sat_tasks.airflow.params import spec_from_params
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
@@ -49,8 +51,6 @@ def job_of(run: RunRef, jobs: dict[str, TrainingJob], generic_dag_id: str) -> Tr
         return jobs[run.dag_id]
     if run.dag_id != generic_dag_id or not run.conf:
         return None
-    from sat_tasks.airflow.params import spec_from_params
-
     try:
         return parse_spec(spec_from_params(run.conf), source=f"{run.dag_id}/{run.run_id}")
     except SpecError:
@@ -85,8 +85,6 @@ def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime
 def list_rows(runs: list[RunRef], jobs: dict[str, TrainingJob], read_json: ReadJson, generic_dag_id: str, *,
               status: str | None = None) -> list[dict[str, Any]]:
     """Rows for `runs` (queued ones first, then newest start first), SAT DAGs only, filtered by status word."""
-    from concurrent.futures import ThreadPoolExecutor
-
     known = [(run, job) for run in runs if (job := job_of(run, jobs, generic_dag_id)) is not None]
     with ThreadPoolExecutor(max_workers=LIST_READERS) as pool:
         every = list(pool.map(lambda pair: job_row(pair[0], pair[1], read_json), known))

@@ -160,7 +160,7 @@ def test_a_run_that_did_not_complete_or_was_stopped_keeps_nothing(warm_job, line
     stopped = warm_job.run_id()
     steps.stage_data(job, stopped, log=lines.append)
     run = warm_job.complete(job, stopped)
-    from sat_tasks.ui.actions import request_stop
+    from sat_tasks.pipeline.actions import request_stop
 
     request_stop(warm_job.hook, run, "alice")
     steps.cleanup_run(job, stopped, log=lines.append)
@@ -170,7 +170,7 @@ def test_a_run_that_did_not_complete_or_was_stopped_keeps_nothing(warm_job, line
 
 def test_a_stop_on_the_warm_run_releases_its_state(warm_job, lines):
     job, first = _first_run(warm_job, lines)
-    from sat_tasks.ui.actions import request_stop
+    from sat_tasks.pipeline.actions import request_stop
 
     request_stop(warm_job.hook, first, "bob")  # the person stops the warm pool of the finished run
     lines.clear()

@@ -1,0 +1,48 @@
+"""The Training Jobs view's FastAPI app, mounted in Airflow's API server under `/sat` by `plugins/sat_training_jobs.py`.
+
+Every endpoint sits behind Airflow's own authentication and permissions (the same
+dependencies the core REST API uses; `sat_tasks.ui.security`): no token or session cookie,
+401; a person without the permission on a job's DAG, 403 on its page and actions, and no
+row in the list. Reading needs GET on the DAG; Create needs POST on the generic DAG's runs
+(and on connections, when it stores a registry login); Stop and Tags need PUT, Delete
+DELETE on the DAG's runs. Forms post to the same origin: a post from another site is refused.
+
+One router per resource (`sat_tasks.ui.routers`):
+
+JSON (`/sat/api/...`):
+- `GET  /api/jobs[?status=<status word>]`: the list, newest first.
+- `POST /api/jobs`: create a job from `{"form": {<field>: <value>, ...}}` (the Create
+  form's fields): 201 with the run, or 422 with every problem as `{"field", "rule"}`.
+- `GET  /api/jobs/{dag_id}/runs/{run_id}`: the job page's data.
+- `GET  /api/jobs/{dag_id}/runs/{run_id}/log`: the job log (all attempts), a download;
+  404 until the run has uploaded it (at its end).
+- `POST /api/jobs/{dag_id}/runs/{run_id}/stop`: stop the job (202), naming who asked.
+- `PUT  /api/jobs/{dag_id}/runs/{run_id}/tags`: replace the run's tags (`{"tags": {...}}`).
+- `DELETE /api/jobs/{dag_id}/runs/{run_id}[?delete_results=true]`: delete the run; its
+  results stay in Object Storage unless asked; 409 while it runs.
+- Workspaces (ADR 0015): `GET|POST /api/workspaces`, `PUT|DELETE /api/workspaces/{name}`.
+
+HTML: `GET /jobs` (the "Training Jobs" menu entry), `GET|POST /jobs/new` (Create Training
+Job), `GET /jobs/{dag_id}/runs/{run_id}` (the job page), `GET .../report` (the job report's
+plots from the metrics series so far; the Monitoring tab embeds it), the forms
+`POST .../stop`, `POST .../tags`, `GET|POST .../delete`; `GET|POST /workspaces` (the
+"Workspaces" menu entry) and its forms.
+"""
+
+from __future__ import annotations
+
+from airflow.models.dagbag import DBDagBag
+from fastapi import FastAPI
+
+from sat_tasks.ui.routers import jobs, runs, workspaces
+
+ROUTERS = (jobs.router, runs.router, workspaces.router)
+
+
+def create_app() -> FastAPI:
+    """The FastAPI app the plugin mounts (imports the API server's modules: call it only there)."""
+    app = FastAPI(title="SAT Training Jobs", description=__doc__)
+    app.state.dag_bag = DBDagBag()  # what DagBagDep reads: the serialized DAGs, from the metadata DB
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

@@ -1,0 +1,99 @@
+"""Training Jobs: the list (JSON and the "Training Jobs" page) and Create (the form, and `POST /api/jobs`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.api_fastapi.common.dagbag import DagBagDep
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from starlette.concurrency import run_in_threadpool
+
+from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
+from sat_tasks.airflow.params import params_from_spec
+from sat_tasks.ui import dag_runs, pages
+from sat_tasks.ui.create import FormResult, validate_form
+from sat_tasks.ui.jobs import list_rows
+from sat_tasks.ui.security import (
+    CREATE_JOBS,
+    READ_JOBS,
+    SAME_ORIGIN,
+    may_store_connection,
+    readable_dag_ids,
+)
+from sat_tasks.ui.sources import job_specs, json_reader, object_storage, uri_exists
+
+LIST_LIMIT = 200  # runs in the list, newest first
+
+router = APIRouter(tags=["Training Jobs"])
+STATUS = Query(None, description="a status word, e.g. Running or Completed")
+
+
+@router.get("/api/jobs", dependencies=READ_JOBS)
+def list_jobs(user: GetUserDep, session: SessionDep, status: str | None = STATUS):
+    return {"jobs": job_rows(user, session, status)}
+
+
+@router.get("/jobs", dependencies=READ_JOBS, response_class=HTMLResponse)
+def jobs_view(user: GetUserDep, session: SessionDep, status: str | None = STATUS):
+    return pages.list_page(job_rows(user, session, status), status or None)
+
+
+@router.get("/jobs/new", dependencies=CREATE_JOBS, response_class=HTMLResponse)
+def create_form():
+    return pages.create_page()
+
+
+@router.post("/jobs/new", dependencies=CREATE_JOBS + SAME_ORIGIN, response_class=HTMLResponse)
+async def create_from_form(request: Request, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+    values = {key: str(value) for key, value in (await request.form()).items()}
+    # The writes (connection, DAG run) block on SQLite's lock: off the event loop, as a sync
+    # endpoint's are, or the loop waits out the busy timeout for a lock another request of this
+    # server holds and needs the loop to release ("database is locked", a 500, seen under load).
+    return await run_in_threadpool(_create_and_answer, values, user, session, dag_bag)
+
+
+def _create_and_answer(values: dict[str, str], user: Any, session: Any, dag_bag: Any):
+    result, run = create_job_run(values, user, session, dag_bag)
+    if run is None:
+        return HTMLResponse(pages.create_page(result.values, result.errors), status_code=422)
+    session.commit()
+    return RedirectResponse(f"/sat/{pages.job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}", status_code=303)
+
+
+@router.post("/api/jobs", dependencies=CREATE_JOBS, status_code=201)
+def create_job(body: dict[str, Any], user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+    form = body.get("form")
+    if not isinstance(form, dict):
+        raise HTTPException(422, "the body must be {\"form\": {<field>: <value>, ...}} (the Create form's fields)")
+    result, run = create_job_run({k: "" if v is None else str(v) for k, v in form.items()}, user, session, dag_bag)
+    if run is None:
+        return JSONResponse({"detail": "the job was not started", "errors": result.problems}, status_code=422)
+    return {"dag_id": run.dag_id, "run_id": run.run_id, "job": result.job.name,
+            "page": f"/sat/{pages.job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}"}
+
+
+def job_rows(user: Any, session: Any, status: str | None) -> list[dict[str, Any]]:
+    """The list's rows: the newest runs of the Training Job DAGs the person may read, filtered by status word."""
+    jobs = job_specs()
+    readable = readable_dag_ids(user, set(jobs) | {GENERIC_DAG_ID})
+    refs = dag_runs.latest_runs(session, readable, limit=LIST_LIMIT,
+                                scheduled={dag_id for dag_id, job in jobs.items() if job.schedule})
+    return list_rows(refs, jobs, json_reader(object_storage()), GENERIC_DAG_ID, status=status or None)
+
+
+def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any) -> tuple[FormResult, Any]:
+    """Validate the form; store the registry login as a connection; start the generic DAG's run (None: not started)."""
+    hook = object_storage()
+    result = validate_form(values, exists=lambda uri: uri_exists(hook, uri))
+    if result.job is None:
+        return result, None
+    if result.registry is not None:
+        if not may_store_connection(user, result.registry.conn_id):
+            raise HTTPException(403, "storing a registry login needs the permission to create connections")
+        dag_runs.store_registry_login(session, result.registry)
+    run = dag_runs.start_run(dag_bag, session, GENERIC_DAG_ID, params_from_spec(result.job), user_name=user.get_name(),
+                             note=f"created by {user.get_name()} in the Training Jobs view")
+    return result, run

@@ -1,0 +1,69 @@
+"""The view's pages as Jinja2 templates (`templates/`, autoescaped), their filters and the view's navigation.
+
+Every page extends `base.html` (the navigation, the style, a `body` block and a `scripts`
+block). A page is rendered with `render(name, **context)`; routes answer with the string,
+or with `templates.TemplateResponse`. Every value is escaped by the template engine: a
+template marks nothing safe that a person or a spec wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from starlette.templating import Jinja2Templates
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+# The view's own navigation, on top of every page: (label, path). A new page of the view is a
+# router in `sat_tasks.ui.app`, a template extending base.html and, when it is a place to go, a line here.
+NAVIGATION: list[tuple[str, str]] = [("Training Jobs", "/sat/jobs"), ("Workspaces", "/sat/workspaces")]
+
+
+def cell(value: Any) -> str:
+    """A table cell's text: nothing for None."""
+    return "" if value is None else str(value)
+
+
+def duration(seconds: float | None) -> str:
+    """`1h 02m 03s`, `2m 03s`; nothing for None."""
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def size(n: int | None) -> str:
+    """A byte count for people: `512 B`, `1.5 KiB`, ... `2.0 GiB`; nothing for None."""
+    if n is None:
+        return ""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def job_href(row: dict[str, Any]) -> str:
+    """A run's job page path relative to /sat/."""
+    return f"jobs/{quote(row['dag_id'], safe='')}/runs/{quote(row['run_id'], safe='')}"
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(TEMPLATES_DIR), autoescape=select_autoescape(["html"]),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(cell=cell, duration=duration, size=size, job_href=job_href)
+    env.globals["navigation"] = NAVIGATION
+    return env
+
+
+templates = Jinja2Templates(env=_environment())
+
+
+def render(name: str, **context: Any) -> str:
+    """The page `name` (a file under templates/) with `context`, as HTML text."""
+    return templates.get_template(name).render(**context)
