@@ -69,17 +69,25 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
             evidence = verdict.reason
         return stop(JobStatus.INTERNAL_ERROR, f"internal error in attempt {attempt} (no retry): {evidence}")
     if kind is VerdictKind.PREEMPTED:
+        delay = max([f.capacity_delay_seconds for f in job.faults
+                     if f.attempt == attempt and f.kind is FaultKind.PREEMPTION] or [0])
         if not job.is_spot:
-            kind = VerdictKind.HARDWARE  # an on-demand pod evicted by the platform: treat as a node problem
-        elif plan.resumes >= job.spot.max_resumes:
-            return stop(JobStatus.FAILED, f"pre-empted again after {plan.resumes} resumes (spot.max_resumes)")
-        else:
-            delay = max([f.capacity_delay_seconds for f in job.faults
-                         if f.attempt == attempt and f.kind is FaultKind.PREEMPTION] or [0])
+            # A queue (Kueue) or scheduler preemption, a node shutdown or Karpenter's consolidation of an
+            # on-demand job: nothing is wrong with the node or the job, so wait for quota/capacity and
+            # resume like a Spot job, without spending a failover or excluding the node (issue 27, ADR 0004).
+            if plan.attempt >= job.max_attempts():
+                return stop(JobStatus.FAILED, f"pre-empted on {node} and no attempt is left "
+                                              f"({job.max_attempts()} in all): {evidence}")
             return Decision(**{**base, "resumes": plan.resumes + 1}, action=Action.RESUME,
-                            status=JobStatus.PREEMPTED,
-                            why=f"attempt {attempt} pre-empted on {node}; waiting for capacity",
-                            preempted_at=now, capacity_at=now + delay)
+                            status=JobStatus.PREEMPTED, preempted_at=now, capacity_at=now + delay,
+                            why=f"attempt {attempt} pre-empted on {node} (not a node fault, no failover spent); "
+                                f"waiting for capacity: {evidence}")
+        if plan.resumes >= job.spot.max_resumes:
+            return stop(JobStatus.FAILED, f"pre-empted again after {plan.resumes} resumes (spot.max_resumes)")
+        return Decision(**{**base, "resumes": plan.resumes + 1}, action=Action.RESUME,
+                        status=JobStatus.PREEMPTED,
+                        why=f"attempt {attempt} pre-empted on {node}; waiting for capacity",
+                        preempted_at=now, capacity_at=now + delay)
     # HARDWARE, or SUSPECT_NODE: both move to another node; the suspect's move is the relocation test
     failed_nodes = exclude + ([node] if node else [])
     suspect = kind is VerdictKind.SUSPECT_NODE

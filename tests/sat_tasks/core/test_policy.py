@@ -38,8 +38,10 @@ SPOT = {"learning_type": "spot", "job_failover": False, "spot": {"max_resumes": 
                  JobStatus.MAX_RETRIES_EXCEEDED, id="hardware-after-3-failovers"),
     pytest.param({"job_failover": False}, Plan(attempt=1), VerdictKind.HARDWARE, Action.STOP, JobStatus.FAILED,
                  id="hardware-without-failover"),
-    pytest.param({}, Plan(attempt=1), VerdictKind.PREEMPTED, Action.FAILOVER, JobStatus.FAILOVER_IN_PROGRESS,
-                 id="on-demand-preempted-is-a-node-problem"),
+    pytest.param({}, Plan(attempt=1), VerdictKind.PREEMPTED, Action.RESUME, JobStatus.PREEMPTED,
+                 id="on-demand-preempted-waits-for-capacity"),
+    pytest.param({"job_failover": False}, Plan(attempt=1), VerdictKind.PREEMPTED, Action.STOP, JobStatus.FAILED,
+                 id="on-demand-preempted-without-attempts-left"),
     pytest.param(SPOT, Plan(attempt=1), VerdictKind.PREEMPTED, Action.RESUME, JobStatus.PREEMPTED, id="spot-resumes"),
     pytest.param(SPOT, Plan(attempt=3, resumes=2), VerdictKind.PREEMPTED, Action.STOP, JobStatus.FAILED,
                  id="spot-out-of-resumes"),
@@ -63,6 +65,17 @@ def test_a_job_that_finished_before_its_stop_took_effect_still_uploads():
     decision = decide_next(job(), Plan(attempt=1), verdict(VerdictKind.SUCCEEDED), now=NOW,
                            stop_request={"by": "alice"})
     assert decision.action is Action.UPLOAD
+
+
+def test_a_queue_preemption_of_an_on_demand_job_spends_no_failover_and_keeps_the_node():
+    """Kueue/scheduler preemption, node shutdown, Karpenter consolidation: wait for quota and resume (issue 27)."""
+    decision = decide_next(job(), Plan(attempt=2, exclude_nodes=["gpu-0"], failovers=1),
+                           verdict(VerdictKind.PREEMPTED, node="gpu-1", step=80, attempt=2), now=NOW)
+    assert decision.action is Action.RESUME and decision.status is JobStatus.PREEMPTED
+    assert decision.failovers == 1 and decision.exclude_nodes == ["gpu-0"] and decision.resume_step == 80
+    assert "no failover spent" in decision.why and decision.preempted_at == NOW
+    nxt = plan_attempt(job(), 3, decision)
+    assert nxt == Plan(attempt=3, exclude_nodes=["gpu-0"], resume_step=80, failovers=1, resumes=1)
 
 
 def test_a_failover_excludes_the_failed_node_and_resumes_from_the_last_commit():
