@@ -24,6 +24,7 @@ COMMAND_GROUPS = (
     ("sat_tasks.cli.test", "register"),
     ("sat_tasks.cli.workspace", "register"),
     ("sat_tasks.cli.warm_pool", "register"),
+    ("sat_tasks.cli.nodes", "register"),
     ("ckpt_engine.cli", "register_cli"),
     ("ckpt_engine.cli", "register_vendor_cli"),
 )
