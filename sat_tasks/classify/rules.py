@@ -274,6 +274,10 @@ KERNEL_RULES: tuple[TextRule, ...] = (
          HW, "uncorrected machine check / memory error", family="edac-mce"),
     rule(r"Memory failure: 0x[0-9a-f]+", HW, "host memory failure (hwpoison)", family="edac-mce"),
     # InfiniBand / RoCE ports (mlx5 and the IB core). A port that comes up is not a fault.
+    rule(r"mlx5_core\b.*(?:health compromised|mlx5_fw_fatal|device'?s? health|internal error state|fatal error)"
+         r"|NETDEV WATCHDOG: .*transmit queue \d+ timed out",
+         HW, "the node's network adapter failed (mlx5 firmware/health, a transmit queue hung)", family="nic"),
+    rule(r"\bSXid \([^)]*\): \d+, Fatal\b", HW, "a fatal NVSwitch error (SXid) on the node", family="nvswitch"),
     rule(r"\b(?:IBV_EVENT_PORT_ERR|port state (?:changed to )?(?:DOWN|INIT)\b|Link (?:DOWN|down)\b.*mlx5"
          r"|mlx5_\S+: .*Link DOWN|mlx5_core\b.*\blink down\b|NET/IB : Got async event : port error"
          r"|Port module event(?:\[error\])?: module \d+, Cable (?:unplugged|error)|\blost carrier\b)",
@@ -283,7 +287,7 @@ KERNEL_RULES: tuple[TextRule, ...] = (
 # ---- collectives: timeouts are a peer's or the link's symptom, mismatches are the code's --------
 
 COLLECTIVE_OP = (r"(?:collective|all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast|barrier|all_?to_?all\w*"
-                 r"|i?send|i?recv|WorkNCCL|WorkGloo|WorkHCCL|WorkXCCL|NCCL work|ProcessGroup\w*)")
+                 r"|i?send|i?recv|WorkNCCL|WorkGloo|WorkHCCL|WorkXCCL|NCCL work|NCCL operations?|ProcessGroup\w*)")
 COLLECTIVE_RULES: tuple[TextRule, ...] = (
     # Not NCCL's "NET/IB : collective mismatch error": a transport-level size mismatch that NCCL's
     # maintainers trace to the NIC's relaxed-ordering setting (the node), left to the network rule.
@@ -300,7 +304,7 @@ COLLECTIVE_RULES: tuple[TextRule, ...] = (
          HW, "a collective or peer operation timed out (a peer or the network stopped answering)",
          beats_success=False, peer_symptom=True, family="collective-timeout"),
     rule(r"\bSocket Timeout\b|client socket has timed out after \d+\s*ms while trying to connect"
-         r"|Timed out after \d+ seconds waiting for clients",
+         r"|Timed out after \d+ seconds waiting for clients|\bRendezvousTimeoutError\b",
          HW, "the rendezvous store timed out waiting for a peer (a peer or the network stopped answering)",
          beats_success=False, peer_symptom=True, family="collective-timeout"),
 )
@@ -316,6 +320,8 @@ TEXT_RULES: tuple[TextRule, ...] = (
     *KERNEL_RULES,
     rule(r"RmInitAdapter failed", HW, "GPU failed to initialize", family="nvidia-driver"),
     rule(r"Driver/library version mismatch", HW, "NVIDIA driver/library mismatch on the node", family="nvml"),
+    rule(r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", HW,
+         "nvidia-smi cannot reach the node's NVIDIA driver", family="nvml"),
     rule(r"Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: (?:Unknown Error|GPU is lost)"
          r"|NVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b",
          HW, "NVML cannot use a GPU of the node (unknown error from its device handle)", family="nvml"),

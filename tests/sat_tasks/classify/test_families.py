@@ -92,6 +92,13 @@ def test_a_user_error_outranks_an_ambiguous_cuda_error_but_not_a_decisive_one():
     pytest.param("mlx5_core 0000:3b:00.0 ens1f0np0: Link down", HW, id="mlx5-link-down"),
     pytest.param("mlx5_core 0000:3b:00.0: Port module event: module 0, Cable unplugged", HW, id="mlx5-cable"),
     pytest.param("ib0: lost carrier", HW, id="ipoib-carrier"),
+    pytest.param("mlx5_core 0000:ca:00.0: mlx5_health_try_recover:106:(pid 8): health compromised - reached miss count",
+                 HW, id="mlx5-health"),
+    pytest.param("NETDEV WATCHDOG: ens1f0np0 (mlx5_core): transmit queue 7 timed out", HW, id="nic-tx-timeout"),
+    pytest.param("nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 44 sourcetrack timeout error", HW,
+                 id="nvswitch-fatal"),
+    pytest.param("nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Non-fatal, Link 30 LTSSM Fault Up", INT,
+                 id="nvswitch-non-fatal-is-not-a-fault"),
     pytest.param("EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0", HW, id="edac-ue"),
     pytest.param("mce: Uncorrected hardware memory error in user-access at 3e8c9b000", HW, id="mce-uncorrected"),
     pytest.param("{1}[Hardware Error]: event severity: fatal", HW, id="ghes-fatal"),
@@ -115,6 +122,9 @@ def test_kernel_log_families(line, kind):
     pytest.param("WorkHCCL(SeqNum=4, OpType=ALLGATHER) timed out after 1800000 ms", id="other-backend"),
     pytest.param("torch.distributed.DistStoreError: Socket Timeout", id="store"),
     pytest.param("wait timeout after 300000ms, keys: /rdzv/key", id="wait-timeout"),
+    pytest.param("[Rank 0] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA "
+                 "kernels, subsequent GPU operations might run on corrupted/incomplete data.", id="nccl-operations"),
+    pytest.param("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", id="rendezvous"),
 ])
 def test_collective_timeouts_are_peer_symptoms_whatever_the_backend(line):
     assert classify(record(exit_code=1, log_tail=[line])).kind is HW
