@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckpt_engine.vendor import write_vendor_dir
-from sat_tasks.backends.local.runner import LocalAttempt
+from sat_tasks.backends.local.runner import LocalAttempt, local_node_labels
 from sat_tasks.backends.local.warm import warm_command
 from sat_tasks.backends.local.workspace import attempt_nodes
 from sat_tasks.core.attempt import AttemptRecord
@@ -65,6 +65,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
         # SIGKILL only after the engine's own grace period (CKPT_GRACE_SECONDS) has run out
         grace_seconds=float(env["CKPT_GRACE_SECONDS"]) + LAUNCHER_GRACE_MARGIN_S,
         stop_requested=run.stop_request,
+        node_labels=local_node_labels(node, job.workspace),
     )
     record = runner.run(log)
     run.store_record(record)

@@ -50,6 +50,22 @@ def pick_node(pool: Sequence[str], exclude: Sequence[str]) -> str:
     raise NoHealthyNodeError(f"no healthy node left: pool {list(pool)}, excluded {list(exclude)}")
 
 
+#: The label a node of a Training Workspace carries on Kubernetes (`KubernetesSettings.workspace_label`).
+WORKSPACE_LABEL = "sat.ai/workspace"
+
+
+def local_node_labels(node: str, workspace: str | None = None) -> dict[str, str]:
+    """The labels of a local node, as a Kubernetes node's read: its hostname, and its workspace when it has one.
+
+    A local node has no Spot or instance-type labels (a Spot notice is injected as a fault);
+    these go into `AttemptRecord.node_labels_at_start` as the Kubernetes backend's do.
+    """
+    labels = {"kubernetes.io/hostname": node}
+    if workspace:
+        labels[WORKSPACE_LABEL] = workspace
+    return labels
+
+
 def xid_line(node: str, xid: int, pid: int) -> str:
     """A kernel-log line like the NVIDIA driver writes for an Xid event."""
     messages = {
@@ -96,6 +112,8 @@ class LocalAttempt:
     # SIGTERM as on a Spot notice, so the engine takes its final checkpoint within the grace period.
     stop_requested: Callable[[], dict[str, Any] | None] | None = field(default=None, repr=False)
     stop_poll_seconds: float = 2.0
+    # The node's labels when the attempt starts (`local_node_labels`): the record's `node_labels_at_start`.
+    node_labels: dict[str, str] = field(default_factory=dict)
 
     def run(self, log: Log = print) -> AttemptRecord:
         """Start the command, stream its output, inject faults, watch for hangs; return the record."""
@@ -331,6 +349,7 @@ class LocalAttempt:
             startup_timeout=state.startup_timeout,
             image=self.image,
             stopped_by=state.stopped_by,
+            node_labels_at_start=dict(self.node_labels),
         )
 
 
