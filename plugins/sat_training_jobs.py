@@ -10,7 +10,7 @@ class SatTrainingJobsPlugin(AirflowPlugin):
     # Built on its first request (sat_tasks.ui.app.create_app): task processes load this plugin too.
     fastapi_apps = [{"app": LazyApp("sat_tasks.ui.app:create_app"), "url_prefix": "/sat", "name": "SAT Training Jobs"}]
     # In Airflow's navigation, shown inside the UI: the list (with its Create button), the Create form,
-    # the Workspaces.
+    # the Workspaces and the Nodes.
     external_views = [
         {"name": "Training Jobs", "href": "/sat/jobs", "destination": "nav", "url_route": "training-jobs",
          "nav_top_level": True},
@@ -18,4 +18,5 @@ class SatTrainingJobsPlugin(AirflowPlugin):
          "url_route": "create-training-job", "nav_top_level": True},
         {"name": "Workspaces", "href": "/sat/workspaces", "destination": "nav", "url_route": "workspaces",
          "nav_top_level": True},
+        {"name": "Nodes", "href": "/sat/nodes", "destination": "nav", "url_route": "nodes", "nav_top_level": True},
     ]

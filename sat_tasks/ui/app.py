@@ -7,7 +7,7 @@ row in the list. Reading needs GET on the DAG; Create needs POST on the generic 
 (and on connections, when it stores a registry login); Stop and Tags need PUT, Delete
 DELETE on the DAG's runs. Forms post to the same origin: a post from another site is refused.
 
-One router per resource (`sat_tasks.ui.routers`):
+One router per resource (`sat_tasks.ui.routers`, and `sat_tasks.ui.nodes`):
 
 JSON (`/sat/api/...`):
 - `GET  /api/jobs[?status=<status word>]`: the list, newest first.
@@ -21,12 +21,13 @@ JSON (`/sat/api/...`):
 - `DELETE /api/jobs/{dag_id}/runs/{run_id}[?delete_results=true]`: delete the run; its
   results stay in Object Storage unless asked; 409 while it runs.
 - Workspaces (ADR 0015): `GET|POST /api/workspaces`, `PUT|DELETE /api/workspaces/{name}`.
+- Nodes: `GET /api/nodes`, `POST /api/nodes/{node}/release`.
 
 HTML: `GET /jobs` (the "Training Jobs" menu entry), `GET|POST /jobs/new` (Create Training
 Job), `GET /jobs/{dag_id}/runs/{run_id}` (the job page), `GET .../report` (the job report's
 plots from the metrics series so far; the Monitoring tab embeds it), the forms
 `POST .../stop`, `POST .../tags`, `GET|POST .../delete`; `GET|POST /workspaces` (the
-"Workspaces" menu entry) and its forms.
+"Workspaces" menu entry) and its forms; `GET /nodes` and its Release form.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from __future__ import annotations
 from airflow.models.dagbag import DBDagBag
 from fastapi import FastAPI
 
+from sat_tasks.ui import nodes
 from sat_tasks.ui.routers import jobs, runs, workspaces
 
-ROUTERS = (jobs.router, runs.router, workspaces.router)
+ROUTERS = (jobs.router, runs.router, workspaces.router, nodes.router)
 
 
 def create_app() -> FastAPI:

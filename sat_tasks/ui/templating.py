@@ -19,7 +19,8 @@ TEMPLATES_DIR = Path(__file__).parent / "templates"
 
 # The view's own navigation, on top of every page: (label, path). A new page of the view is a
 # router in `sat_tasks.ui.app`, a template extending base.html and, when it is a place to go, a line here.
-NAVIGATION: list[tuple[str, str]] = [("Training Jobs", "/sat/jobs"), ("Workspaces", "/sat/workspaces")]
+NAVIGATION: list[tuple[str, str]] = [("Training Jobs", "/sat/jobs"), ("Workspaces", "/sat/workspaces"),
+                                     ("Nodes", "/sat/nodes")]
 
 
 def cell(value: Any) -> str:

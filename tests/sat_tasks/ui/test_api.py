@@ -414,3 +414,11 @@ def test_the_workspaces_page_creates_edits_and_shows_refusals(client, admin, wor
     bad_warm = client.post("/sat/workspaces", headers=admin, data={**WORKSPACE_FORM, "warm_pool.keep_alive_seconds": "0"})
     assert bad_warm.status_code == 422 and "warm_pool.keep_alive_seconds: must be between 1 and 3600" in bad_warm.text
     assert WorkspaceStore().find("team-ui") is None
+
+
+# ---- Nodes (sat_tasks.ui.nodes, mounted beside the view's own routers) ----------------------------------
+@pytest.mark.parametrize(("method", "path"), [("GET", "/sat/nodes"), ("GET", "/sat/api/nodes"),
+                                              ("POST", "/sat/api/nodes/gpu-1/release")])
+def test_the_nodes_page_is_mounted_behind_the_login_and_in_the_views_navigation(client, admin, method, path):
+    assert client.request(method, path, json={}).status_code == 401, (method, path)
+    assert "<a href='/sat/nodes'>Nodes</a>" in client.get("/sat/jobs", headers=admin).text
