@@ -20,6 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--node-log", metavar="FILE", help="kernel-log lines of the node (dmesg, journalctl -k)")
     parser.add_argument("--events", metavar="FILE", help="events JSON (`kubectl get events -o json`)")
     parser.add_argument("--node", metavar="FILE", help="node JSON (`kubectl get node NAME -o json`)")
+    parser.add_argument("--node-events", metavar="FILE",
+                        help="the node's (or its NodeClaim's, or the Kueue Workload's) events JSON (`kubectl get "
+                             "events -n default -o json --field-selector involvedObject.name=NODE`); only those "
+                             "within the attempt's window are read, as the Kubernetes backend reads them")
     parser.add_argument("--json", action="store_true", help='print {"kind": ..., "evidence": [...], "reason": ...}')
     parser.add_argument("--explain", action="store_true",
                         help="also print every rule that matched (family, kind, line) and each precedence step "
@@ -40,7 +44,8 @@ def run_classify_cli(args: argparse.Namespace) -> int:
     try:
         record, notes = load_record_with_notes(
             args.file, log=getattr(args, "log", None), node_log=getattr(args, "node_log", None),
-            events=getattr(args, "events", None), node=getattr(args, "node", None))
+            events=getattr(args, "events", None), node=getattr(args, "node", None),
+            node_events=getattr(args, "node_events", None))
     except UnreadableInput as error:
         print(f"sat classify: error: {error}", file=sys.stderr)
         return 2
