@@ -286,8 +286,10 @@ KERNEL_RULES: tuple[TextRule, ...] = (
 
 # ---- collectives: timeouts are a peer's or the link's symptom, mismatches are the code's --------
 
+# Send/recv count only as "<send|recv> operation": "failed to send request ... timed out" is an HTTP client's.
 COLLECTIVE_OP = (r"(?:collective|all_?reduce|all_?gather\w*|reduce_?scatter\w*|broadcast|barrier|all_?to_?all\w*"
-                 r"|i?send|i?recv|WorkNCCL|WorkGloo|WorkHCCL|WorkXCCL|NCCL work|NCCL operations?|ProcessGroup\w*)")
+                 r"|i?send operation|i?recv operation|WorkNCCL|WorkGloo|WorkHCCL|WorkXCCL|NCCL work|NCCL operations?"
+                 r"|ProcessGroup\w*)")
 COLLECTIVE_RULES: tuple[TextRule, ...] = (
     # Not NCCL's "NET/IB : collective mismatch error": a transport-level size mismatch that NCCL's
     # maintainers trace to the NIC's relaxed-ordering setting (the node), left to the network rule.
@@ -303,7 +305,7 @@ COLLECTIVE_RULES: tuple[TextRule, ...] = (
          r"|\bwait(?:ing)? timeout after \d+\s*(?:ms|milliseconds|s|seconds)\b",
          HW, "a collective or peer operation timed out (a peer or the network stopped answering)",
          beats_success=False, peer_symptom=True, family="collective-timeout"),
-    rule(r"\bSocket Timeout\b|client socket has timed out after \d+\s*ms while trying to connect"
+    rule(r"(?-i:\bSocket Timeout\b)|client socket has timed out after \d+\s*ms while trying to connect"
          r"|Timed out after \d+ seconds waiting for clients|\bRendezvousTimeoutError\b",
          HW, "the rendezvous store timed out waiting for a peer (a peer or the network stopped answering)",
          beats_success=False, peer_symptom=True, family="collective-timeout"),

@@ -133,6 +133,16 @@ def test_collective_timeouts_are_peer_symptoms_whatever_the_backend(line):
     assert classify(record(exit_code=0, log_tail=[line])).kind is VerdictKind.SUCCEEDED
 
 
+@pytest.mark.parametrize("line", [
+    pytest.param("requests.exceptions.ConnectionError: Failed to send request to huggingface.co: timed out after 10 s",
+                 id="http-send"),
+    pytest.param("pymongo.errors.NetworkTimeout: localhost:27017: socket timeout", id="db-socket-timeout"),
+    pytest.param("barrier_timeout set to 1800 seconds", id="config-print"),
+])
+def test_a_users_timeout_is_not_a_collective_timeout(line):
+    assert classify(record(exit_code=1, log_tail=[line])).kind is INT
+
+
 def test_a_collective_mismatch_is_the_code_even_with_peer_timeouts():
     mismatch = ("RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective: "
                 "CollectiveFingerPrint(OpType=ALLREDUCE), but Rank 1 is running collective: REDUCE.")
