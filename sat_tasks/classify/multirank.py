@@ -19,6 +19,7 @@ Log = Callable[[str], None]
 PEER_SYMPTOM_REASONS = re.compile(
     r"NCCL network error|NCCL remote error|InfiniBand transport error|gloo network error"
     r"|collective operation hung|collective or peer operation timed out|rendezvous store timed out"
+    r"|did not reach the barrier or its communicator was aborted"
     r"|NCCL system error on a socket|killed by SIG(?:TERM|KILL|HUP) from outside"
 )
 

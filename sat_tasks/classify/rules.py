@@ -197,7 +197,8 @@ CUDA_ERRORS: tuple[CudaError, ...] = (
     CudaError(("cudaErrorUnsupportedPtxVersion", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"),
               ("the provided PTX was compiled with an unsupported toolchain",),
               INT, "the image's CUDA toolchain is newer than the fleet's driver (the image)"),
-    CudaError(("cudaErrorInsufficientDriver",), ("CUDA driver version is insufficient for CUDA runtime version",),
+    CudaError(("cudaErrorInsufficientDriver", "The NVIDIA driver on your system is too old"),
+              ("CUDA driver version is insufficient for CUDA runtime version",),
               INT, "the image needs a newer NVIDIA driver than the node has; the fleet shares its driver, so "
                    "another node fails the same way (the image)"),
     CudaError(("cudaErrorCompatNotSupportedOnDevice", "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"),
@@ -249,7 +250,8 @@ CUDA_AMBIGUOUS_RULES: tuple[TextRule, ...] = tuple(cuda_rule(error) for error in
 CUDA_OUTSIDE_NCCL_ONLY = frozenset(_cuda_family(error) for error in CUDA_ERRORS if not error.in_nccl)
 # An initialization error while CUDA enumerates the devices is the node's (decisive).
 CUDA_INIT_AT_ENUMERATION = rule(
-    r"(?:cudaGetDeviceCount|cuInit|CUDA initialization|cudaSetDevice|(?:failed to|couldn't) init(?:ialize)? CUDA)"
+    r"(?:cudaGetDeviceCount|cuInit|cuDeviceGet\w*|CUDA initialization|cudaSetDevice|CUDA device count"
+    r"|(?:failed to|couldn't) init(?:ialize)? CUDA)"
     r"[^\n]{0,200}?(?:initialization error|CUDA_ERROR_NOT_INITIALIZED|cudaErrorInitializationError)",
     HW, "cudaErrorInitializationError while CUDA enumerated the devices: the node's driver or GPU",
     family="cuda:cudaErrorInitializationError@enumeration",
@@ -304,6 +306,9 @@ COLLECTIVE_RULES: tuple[TextRule, ...] = (
          rf"|before timing out)|\b(?:timed out|timeout)\b(?: waiting)?[^\n]{{0,80}}?\bfor (?:the )?{COLLECTIVE_OP}\b"
          r"|\bwait(?:ing)? timeout after \d+\s*(?:ms|milliseconds|s|seconds)\b",
          HW, "a collective or peer operation timed out (a peer or the network stopped answering)",
+         beats_success=False, peer_symptom=True, family="collective-timeout"),
+    rule(r"failed to pass monitoredBarrier|monitoredBarrier, but received errors|NCCL communicator was aborted", HW,
+         "a rank did not reach the barrier or its communicator was aborted (a peer failed or hung)",
          beats_success=False, peer_symptom=True, family="collective-timeout"),
     rule(r"(?-i:\bSocket Timeout\b)|client socket has timed out after \d+\s*ms while trying to connect"
          r"|Timed out after \d+ seconds waiting for clients|\bRendezvousTimeoutError\b",

@@ -65,6 +65,8 @@ def test_the_enum_name_alone_decides_too(error):
     # At device enumeration an initialization error is the node's, decisively.
     pytest.param("UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 3: "
                  "initialization error", HW, False, id="init-at-enumeration"),
+    pytest.param("E0213 cuda_driver.cc:1368] could not retrieve CUDA device count: CUDA_ERROR_NOT_INITIALIZED: "
+                 "initialization error", HW, False, id="jax-init-at-enumeration"),
     # Words of the family without a CUDA prefix are not CUDA errors.
     pytest.param("ValueError: unknown error while parsing row 12", INT, False, id="bare-unknown-error"),
     pytest.param("RuntimeError: invalid argument to the device map", INT, False, id="bare-device"),
@@ -125,6 +127,8 @@ def test_kernel_log_families(line, kind):
     pytest.param("[Rank 0] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA "
                  "kernels, subsequent GPU operations might run on corrupted/incomplete data.", id="nccl-operations"),
     pytest.param("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", id="rendezvous"),
+    pytest.param("RuntimeError: Rank 0 failed to pass monitoredBarrier in 1800000 ms", id="monitored-barrier"),
+    pytest.param("RuntimeError: NCCL communicator was aborted on rank 3.", id="communicator-aborted"),
 ])
 def test_collective_timeouts_are_peer_symptoms_whatever_the_backend(line):
     assert classify(record(exit_code=1, log_tail=[line])).kind is HW
