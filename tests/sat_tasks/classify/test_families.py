@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from sat_tasks.classify import CUDA_ERRORS, VerdictKind, classify, explain
+from sat_tasks.classify import CUDA_ERRORS, VerdictKind, classify, explain, load_record
 from sat_tasks.classify.rules import (
     CUDA_AMBIGUOUS_RULES,
     CUDA_RULES,
@@ -288,9 +288,10 @@ def test_explain_as_json_and_without_any_rule(tmp_path, capsys):
 
 @pytest.mark.parametrize("case", ["k8s-xid79-fallen-off-bus", "k8s-preemption-by-scheduler", "local-completed"])
 def test_explain_agrees_with_classify(case):
-    from tests.sat_tasks.classify.test_classifier import load_case
-
-    rec = load_case(case)
+    folder = SAT_FIXTURES / "attempts" / case
+    main = folder / "pod.json" if (folder / "pod.json").exists() else folder / "record.json"
+    side = {"log": "container.log", "node_log": "node.log", "events": "events.json", "node": "node.json"}
+    rec = load_record(str(main), **{key: str(folder / name) for key, name in side.items() if (folder / name).exists()})
     why = explain(rec)
     assert why.verdict == classify(rec) and why.steps[-1][1].startswith("decided")
     assert json.loads((SAT_FIXTURES / "attempts" / case / "expected.json").read_text())["kind"] == why.verdict.kind.value
