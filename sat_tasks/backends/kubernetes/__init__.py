@@ -5,7 +5,9 @@ the launch command, probes), `pods` (the attempt's pods, Service and the run's c
 one source `sat render` prints), `operator` (the `launch` task), `records` (reading the
 kept pods into an AttemptRecord), `staging` (helper pods: staging and upload),
 `capacity` (Spot capacity), `cleanup` (deleting what SAT created), `client` (the API
-client from the Airflow connection). ADR 0007 explains the choices.
+client from the Airflow connection), `evidence` (what classify reads besides the pod: the
+events of its node, NodeClaim and Kueue Workload in the attempt's window, and the node's
+labels kept at start). ADR 0007 explains the choices.
 """
 
 from __future__ import annotations
