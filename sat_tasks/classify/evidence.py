@@ -35,6 +35,7 @@ from sat_tasks.classify.rules import (
     KARPENTER_DISRUPTION_TAINTS,
     KARPENTER_UNHEALTHY,
     KUEUE_EVICTION_REASON,
+    KUEUE_MESSAGE_CAUSES,
     KUEUE_NODE_EVICTIONS,
     KUEUE_PREEMPTING_EVICTIONS,
     KUEUE_PREEMPTION_MESSAGE,
@@ -485,6 +486,11 @@ def _kueue_eviction(reason: str, message: str, line: str, rule: str) -> Finding 
     """Kueue's eviction of the pod's Workload, by its eviction reason (`rules.KUEUE_*`)."""
     match = KUEUE_EVICTION_REASON.match(reason)
     cause = match.group(1) if match else reason
+    known = {*KUEUE_PREEMPTING_EVICTIONS, *KUEUE_NODE_EVICTIONS, *KUEUE_WEAK_EVICTIONS}
+    if cause not in known:
+        cause = next((name for pattern, name in KUEUE_MESSAGE_CAUSES if pattern.search(message)), cause)
+    if cause not in known and reason in {"Evicted", "Stopped"}:
+        cause = "StoppedByKueue"  # Kueue took the quota back without saying why: not the node, not the job
     if cause in KUEUE_PREEMPTING_EVICTIONS or KUEUE_PREEMPTION_MESSAGE.search(message):
         why = KUEUE_PREEMPTING_EVICTIONS.get(cause) or KUEUE_PREEMPTING_EVICTIONS["Preempted"]
         return Finding(VerdictKind.PREEMPTED, line, f"{why} ({reason}): wait for quota and resume", rule=rule)
@@ -604,7 +610,9 @@ def _find_events(record: AttemptRecord) -> Iterator[Finding]:
         message = str(event.get("message") or event.get("note") or "")
         line = _describe_event(event)
         rule = f"event:{reason or '-'}"
-        kueue = "kueue" in _event_source(event).lower() or KUEUE_EVICTION_REASON.match(reason)
+        involved = as_dict(event.get("involvedObject") or event.get("regarding"))
+        kueue = ("kueue" in _event_source(event).lower() or involved.get("kind") == "Workload"
+                 or KUEUE_EVICTION_REASON.match(reason))
         if reason in IMAGE_WAITING_REASONS or (reason in {"Failed", "BackOff", "InspectFailed"}
                                                 and IMAGE_EVENT_MESSAGE.search(message)):
             yield Finding(VerdictKind.IMAGE_PULL, line, "the image could not be pulled", rule=rule)

@@ -458,6 +458,16 @@ KUEUE_WEAK_EVICTIONS: dict[str, str] = {
                         "requeued it, with no sign of the pods' own failure: waiting for capacity",
 }
 KUEUE_EVICTION_REASON = re.compile(r"^(?:WorkloadEvictedDueTo|EvictedDueTo)(\w+)$")
+#: Older Kueue events say only `Evicted`/`Stopped`; the message names the cause.
+KUEUE_MESSAGE_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), cause) for pattern, cause in (
+        (r"PodsReady timeout", "PodsReadyTimeout"),
+        (r"no replacement for a failed node|node failures?", "NodeFailures"),
+        (r"ClusterQueue\b.*\bstopped|stopped ClusterQueue", "ClusterQueueStopped"),
+        (r"deactivated|inactive workload", "Deactivated"),
+        (r"admission check", "AdmissionCheck"),
+        (r"preempted", "Preempted"),
+    ))
 KUEUE_PREEMPTION_MESSAGE = re.compile(r"Preempted to accommodate|preempted by (?:rule|the scheduler)", re.IGNORECASE)
 #: Karpenter's voluntary disruption of a node (consolidation, drift, expiry): a reclaim by policy,
 #: not a fault. Events on the node/NodeClaim and the taints it puts on the node being disrupted

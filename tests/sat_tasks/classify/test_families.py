@@ -224,6 +224,15 @@ def test_a_node_disruption_on_spot_capacity_is_a_reclaim_also_from_the_labels_at
                  id="kueue-event"),
     pytest.param({"reason": "Evicted", "message": "Preempted to accommodate a higher priority Workload",
                   "source": {"component": "kueue"}}, 143, PRE, id="kueue-evicted-event"),
+    pytest.param({"reason": "Evicted", "message": "The ClusterQueue is stopped",
+                  "involvedObject": {"kind": "Workload", "name": "job-train"}}, 143, PRE,
+                 id="kueue-workload-evicted-cause-in-message"),
+    pytest.param({"reason": "Evicted", "message": "Workload was evicted as there was no replacement for a failed node: "
+                  "gpu-1", "source": {"component": "kueue"}}, 143, VerdictKind.HARDWARE,
+                 id="kueue-evicted-for-a-failed-node"),
+    pytest.param({"reason": "EvictedDueToClusterQueueStopped", "message": "The ClusterQueue is stopped",
+                  "involvedObject": {"kind": "Workload", "name": "job-train"}}, 143, PRE,
+                 id="kueue-workload-cluster-queue-stopped"),
 ])
 def test_preemption_events(event, exit_code, kind):
     assert classify(record(exit_code=exit_code, events=[event])).kind is kind
