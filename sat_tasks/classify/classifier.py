@@ -1,22 +1,25 @@
 """The classifier: weigh an attempt's evidence into one Verdict (hardware, preempted, image, internal, succeeded).
 
 Call order: build an `AttemptRecord` (local backend, or `record_from_pod`), then
-`classify(record) -> Verdict`. The rules and their precedence are in
+`classify(record) -> Verdict` (or `explain(record)` for the findings and steps behind it). The rules and their precedence are in
 docs/adr/0004-failure-classification.md; in short:
 
-1. PREEMPTED  — a Spot notice, scheduler preemption, graceful node shutdown, or a
-   Spot interruption taint/event; or, on Spot/preemptible capacity (node labels,
-   taints, the pod's node selector, `[sat] spot_node_labels`), a node that went away
-   with no device fault. Outranks everything (a preempted peer makes the other ranks
-   log network errors).
-2. HARDWARE   — hardware Xids, "fallen off the bus", uncorrectable ECC, machine
-   checks, NCCL/gloo network errors, a hang (heartbeat timeout, collective
-   timeout), node NotReady / problem conditions, evictions and other pod
+1. PREEMPTED  — a Spot notice, scheduler or Kueue preemption, graceful node shutdown,
+   a Spot interruption taint/event, Karpenter's disruption or a cloud notice of an
+   attempt killed from outside; or, on Spot/preemptible capacity (node labels, the
+   labels at the attempt's start, taints, the pod's node selector, `[sat]
+   spot_node_labels`), a node that went away with no device fault. Outranks everything
+   (a preempted peer makes the other ranks log network errors).
+2. HARDWARE   — hardware Xids, "fallen off the bus", CUDA errors that name the device
+   or the node (`rules.CUDA_ERRORS`), uncorrectable ECC, PCIe AER, machine checks,
+   NIC/IB link loss, NCCL/gloo network errors, a hang (heartbeat timeout, a collective
+   or peer timeout), node NotReady / problem conditions, evictions and other pod
    disruptions. Outranks exit codes and tracebacks.
 3. IMAGE_PULL — the container never ran and its image could not be pulled.
 4. SUCCEEDED  — exit code 0 and no evidence of kinds 1-2 that can outrank a clean
    exit (network noise at shutdown and node snapshots cannot).
-5. INTERNAL   — OOM, tracebacks, bad arguments, application Xids, exit codes 1-127.
+5. INTERNAL   — OOM, tracebacks, bad arguments, application Xids, CUDA errors of the
+   job's code or image, a collective mismatch between ranks, exit codes 1-127.
    Peer symptoms (NCCL watchdog timeouts, remote errors) yield to any INTERNAL
    evidence: a rank's own exception outranks its peers' timeouts.
    Ambiguous evidence (NCCL "unhandled cuda error", Xid 68) counts only when nothing
