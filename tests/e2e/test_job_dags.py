@@ -86,7 +86,8 @@ def test_hardware_fault_fails_over_and_resumes_from_last_commit(scripts_in_bucke
 
 
 def test_four_hardware_faults_end_in_max_retries(scripts_in_bucket):
-    faults = [{"kind": "hardware", "attempt": n, "at_step": 3, "xid": 48} for n in range(1, 5)]
+    # A different Xid each time: one signature on three nodes would be the job's own fault (INTERNAL, ADR 0004).
+    faults = [{"kind": "hardware", "attempt": n, "at_step": 3, "xid": xid} for n, xid in enumerate((48, 79, 74, 95), 1)]
     # 400 steps: on a loaded machine the launcher's poll may come late; the fault must still find training running.
     report, attempts = run(make_job("e2e-maxretries", faults=faults,
                                     env={"FAKE_STEPS": "400", "FAKE_SAVE_EVERY": "5", "FAKE_STEP_SECONDS": "0.05"}))
