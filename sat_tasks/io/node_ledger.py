@@ -15,7 +15,6 @@ placement; `NodeLedger.release` when a person lifts a quarantine.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -222,4 +221,5 @@ def _when(at: float) -> str:
 
 
 def to_json(health: NodeHealth) -> dict[str, Any]:
-    return json.loads(health.model_dump_json())
+    """One node as `sat nodes ls --json` and `GET /sat/api/nodes` give it (with its one-line summary)."""
+    return {**health.model_dump(mode="json"), "summary": health.summary}
