@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sat_tasks.config import PROJECT_ROOT
@@ -29,12 +30,12 @@ def configure_airflow_env() -> None:
     Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
 
 
-def ensure_metadata_db() -> None:
+def ensure_metadata_db(say: Callable[[str], None] = print) -> None:
     """Create or migrate the Airflow metadata DB (SQLite by default); quick when up to date."""
     db = Path(os.environ["AIRFLOW_HOME"]) / "airflow.db"
     stamp = Path(os.environ["AIRFLOW_HOME"]) / ".migrated"
     if db.exists() and stamp.exists():
         return
-    print("[sat] preparing the Airflow metadata DB (first run only) ...", flush=True)
+    say("[sat] preparing the Airflow metadata DB (first run only) ...")
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
     stamp.touch()

@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from sat_tasks.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, configure_airflow_env, ensure_metadata_db
 from sat_tasks.config import PROJECT_ROOT
 
+LOG_TAIL_LINES = 30
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run one job spec end to end on the local backend")
     p.add_argument("file")
-    p.add_argument("-q", "--quiet", action="store_true")
+    _output_options(p)
     p.set_defaults(func=cmd_run)
     p = subparsers.add_parser("demo", help="run the demo Training Job end to end")
-    p.add_argument("-q", "--quiet", action="store_true")
+    _output_options(p)
     p.set_defaults(func=cmd_demo)
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true",
+                          help="print only the summary (Airflow's logs still go to their file)")
+    loudness.add_argument("-v", "--verbose", action="store_true",
+                          help="show Airflow's logs here too, instead of in a file")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -32,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"{args.file}: {problem.field}: {problem.rule}")
         return EXIT_INVALID
-    report = run_job(job, Path(args.file), quiet=args.quiet)
+    report = run_job(job, Path(args.file), quiet=args.quiet, verbose=args.verbose)
     return EXIT_OK if report and report.get("status") == "Completed" else EXIT_FAILED
 
 
@@ -42,35 +54,67 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_run(args)
 
 
-def run_job(job, spec_path: Path | None, *, quiet: bool = False) -> dict | None:
+def default_log_path(job) -> Path:
+    """Where a run's Airflow logs go: `logs/<job>-<UTC time>.log` beside the work dir (`.sat/logs/` here)."""
+    from sat_tasks.config import work_dir
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return work_dir().resolve().parent / "logs" / f"{job.name}-{stamp}.log"
+
+
+def run_job(job, spec_path: Path | None, *, quiet: bool = False, verbose: bool = False,
+            airflow_log: Path | None = None) -> dict | None:
     """Run `job` through its DAG with dag.test(), on an embedded S3 server unless one is configured.
 
-    `quiet` keeps the task logs off the console (only warnings, errors and the summary).
+    Prints one line per DAG step and status change and the training progress
+    (`sat_tasks.cli.progress`), then the summary; Airflow's logs (and everything else written
+    to stdout and stderr meanwhile) go to `airflow_log` (default: `default_log_path`), which
+    the summary names. `quiet`: the summary only. `verbose`: Airflow's logs on the console
+    as they come, and no file.
     """
+    from sat_tasks.cli.console import Console, output_to_file
+
     configure_airflow_env()
-    if quiet and "airflow" not in sys.modules:
-        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # read when Airflow configures logging
     os.environ.setdefault("AIRFLOW__SAT__BACKEND", "local")
-    ensure_metadata_db()
+    log_path = None if verbose else (airflow_log or default_log_path(job))
+    output = contextlib.nullcontext(sys.stdout) if log_path is None else output_to_file(log_path)
+    with output as stream:
+        console = Console(stream, quiet=quiet, live=False if verbose else None)
+        try:
+            return _run_job(job, spec_path, console, log_path)
+        except BaseException:
+            if log_path is not None:
+                console.summary(f"[sat] the run stopped with an error; Airflow's logs: {log_path}")
+            raise
+
+
+def _run_job(job, spec_path: Path | None, console, log_path: Path | None) -> dict | None:
+    ensure_metadata_db(say=console.line)
+    from sat_tasks.cli.progress import RunWatcher
     from sat_tasks.io.local_s3 import LocalS3Server, seed_demo_bucket
 
     server = None
     if "AIRFLOW_CONN_SAT_OBJECT_STORAGE" not in os.environ:
         server = LocalS3Server().start()
         os.environ.update(server.connection_env())
-        print(f"[sat] embedded Object Storage (moto S3) on {server.endpoint_url}", flush=True)
+        console.line(f"[sat] embedded Object Storage (moto S3) on {server.endpoint_url}")
     try:
         from sat_tasks.io.object_storage import object_storage_hook, read_json
         from sat_tasks.io.run_layout import JobRun
 
         hook = object_storage_hook()
         seeded = seed_demo_bucket(hook)
-        print(f"[sat] seeded s3://sat-demo with {len(seeded)} objects (corpus and scripts)", flush=True)
+        console.line(f"[sat] seeded s3://sat-demo with {len(seeded)} objects (corpus and scripts)")
         dag, conf = _dag_for(job, spec_path)
+        console.line(f"[sat] job {job.name}: running DAG {dag.dag_id} with dag.test()"
+                     + (f"; Airflow's logs: {log_path}" if log_path else ""))
+        watcher_hook = object_storage_hook()  # the watcher's thread has its own
+        watcher_hook.get_conn()
         started = time.monotonic()
-        dag_run = dag.test(run_conf=conf)
+        with RunWatcher(job, watcher_hook, console).watching():
+            dag_run = dag.test(run_conf=conf)
         report = read_json(hook, JobRun(job, dag_run.run_id).report_uri)
-        _print_summary(report, dag_run.run_id, time.monotonic() - started)
+        _print_summary(console, report, dag_run.run_id, time.monotonic() - started, log_path)
         return report
     finally:
         if server is not None:
@@ -93,16 +137,29 @@ def _dag_for(job, spec_path: Path | None):
     return bag.dags[GENERIC_DAG_ID], params_from_spec(job)
 
 
-def _print_summary(report: dict | None, run_id: str, seconds: float) -> None:
+def _print_summary(console, report: dict | None, run_id: str, seconds: float, log_path: Path | None) -> None:
     from sat_tasks.pipeline.report import format_report
 
-    print("")
-    print("=" * 78)
+    console.summary("")
+    console.summary("=" * 78)
     if report is None:
-        print(f"run {run_id}: no job report was written (the spec or Object Storage failed early)")
-        print("=" * 78)
-        return
-    for line in format_report(report):
-        print(line)
-    print(f"  wall time: {seconds:.0f}s")
-    print("=" * 78)
+        console.summary(f"run {run_id}: no job report was written (the spec or Object Storage failed early)")
+        tail = _log_tail(log_path)
+        if tail:
+            console.summary(f"  the last {len(tail)} lines of Airflow's logs:")
+        for line in tail:
+            console.summary(f"    | {line}")
+    else:
+        for line in format_report(report):
+            console.summary(line)
+        console.summary(f"  wall time: {seconds:.0f}s")
+    if log_path is not None:
+        console.summary(f"  Airflow's logs: {log_path}")
+    console.summary("=" * 78)
+
+
+def _log_tail(log_path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The end of Airflow's logs (a run without a report: where it broke)."""
+    if log_path is None or not log_path.is_file():
+        return []
+    return log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
