@@ -101,11 +101,13 @@ def run_spec(session: HarnessSession, spec_path: Path, job: TrainingJob, overrid
         # The job's own DAG, as `sat run` builds it for a spec in the jobs dir (the session's, empty otherwise).
         staged_spec = session.jobs_dir / f"{short.name}.yaml"
         staged_spec.write_text(yaml.safe_dump(short.to_dict(), sort_keys=False), encoding="utf-8")
-        try:
-            report = run_job(short, staged_spec, quiet=True)
+        airflow_log = session.log_path(short.name, label)
+        try:  # as `sat run` prints it: steps, status changes, the summary; Airflow's logs in their file
+            report = run_job(short, staged_spec, airflow_log=airflow_log)
         finally:
             staged_spec.unlink(missing_ok=True)
-        return FinishedRun(spec_path=spec_path, label=label, job=short, overrides=resolved, report=report, hook=hook)
+        return FinishedRun(spec_path=spec_path, label=label, job=short, overrides=resolved, report=report, hook=hook,
+                           airflow_log=airflow_log)
 
     return session.run(spec_path, label, start)
 
@@ -117,7 +119,8 @@ class FinishedRun:
     `status` is the final job status; `statuses` the status history in order; `attempts` one
     dict per attempt (`verdict`, `node`, `evidence`, `resumed_from`, `last_committed_step`,
     `step_at_end`, `exit_code`); `checkpoints` the committed steps; `job_log` the log all
-    attempts appended to; `metrics()` the run's metrics series (`sat_tasks.io.metrics`).
+    attempts appended to; `metrics()` the run's metrics series (`sat_tasks.io.metrics`);
+    `airflow_log` the file that holds Airflow's logs of the run (the task runner's, every task's).
     """
 
     spec_path: Path
@@ -126,6 +129,7 @@ class FinishedRun:
     overrides: Overrides
     report: dict[str, Any] | None
     hook: Any = field(repr=False, default=None)
+    airflow_log: Path | None = None
 
     @property
     def run_id(self) -> str | None:
@@ -189,7 +193,7 @@ class FinishedRun:
         lines = [(f"job {self.job.name} ({self.spec_path}), {self.label} run {self.run_id or '(none)'}: "
                  f"final status {self.status!r}")]
         if self.report is None:
-            lines.append("  no job report was written: the run stopped before `finalize` (see the task log above)")
+            lines.append("  no job report was written: the run stopped before `finalize` (see Airflow's logs)")
         for entry in self.history:
             lines.append(f"  status {entry.get('status')!r} at {entry.get('at')}: {entry.get('reason')}")
         for attempt in self.attempts:
@@ -201,4 +205,6 @@ class FinishedRun:
         if tail:
             lines.append(f"  last {len(tail)} lines of the job log:")
             lines.extend(f"    | {line}" for line in tail)
+        if self.airflow_log is not None:
+            lines.append(f"  Airflow's logs: {self.airflow_log}")
         return lines

@@ -15,8 +15,10 @@ first use) -> `close()`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +56,19 @@ class HarnessSession:
         self._db_ready = False
         self._seeded: set[str] = set()
         self.runs: dict[tuple[str, str], FinishedRun | BaseException] = {}
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where the runs' Airflow logs go: `$SAT_TEST_LOG_DIR`, else `sat-logs/` beside the session's directory.
+
+        Not inside it: `close()` removes that, and a failed test's message names the log of its run.
+        """
+        return Path(os.environ.get("SAT_TEST_LOG_DIR") or self.dir.parent / "sat-logs")
+
+    def log_path(self, job_name: str, label: str) -> Path:
+        """The file for the Airflow logs of one run (`<job>-<label>-<UTC time>-<pid>.log`)."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return self.logs_dir / f"{job_name}-{re.sub(r'[^A-Za-z0-9_.@-]+', '_', label)}-{stamp}-{os.getpid()}.log"
 
     @property
     def jobs_dir(self) -> Path:

@@ -63,3 +63,18 @@ def test_a_session_copies_the_cached_fresh_metadata_db_instead_of_migrating(tmp_
         session.close()
     monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://db/airflow")
     assert db_template() is None  # only SQLite is copied
+
+
+def test_the_runs_airflow_logs_go_beside_the_sessions_directory_so_that_they_outlive_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("SAT_TEST_LOG_DIR", raising=False)
+    session = HarnessSession(tmp_path)
+    path = session.log_path("tiny-lm", "hardware_fault@15")
+    assert path.parent == tmp_path / "sat-logs" and not path.parent.exists()  # made by the run that writes it
+    assert path.name.startswith("tiny-lm-hardware_fault@15-") and path.suffix == ".log"
+    session.close()
+    monkeypatch.setenv("SAT_TEST_LOG_DIR", str(tmp_path / "ci-artifacts"))
+    other = HarnessSession(tmp_path)
+    try:
+        assert other.log_path("tiny-lm", "smoke").parent == tmp_path / "ci-artifacts"
+    finally:
+        other.close()

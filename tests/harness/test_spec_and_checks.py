@@ -153,3 +153,14 @@ def test_a_smoke_run_that_ignored_the_step_overrides_fails():
     assert "trained to step 2000, expected SAT_MAX_STEPS=20" in str(caught.value)
     assert "checkpoints at steps [200, 400], expected one every SAT_SAVE_STEPS=5 steps" in str(caught.value)
     check_smoke(finished(report("Completed", {**attempt, "step_at_end": 20})))
+
+
+def test_a_failed_check_names_the_file_with_the_runs_airflow_logs(tmp_path):
+    attempt = {"attempt": 1, "node": "node-a", "verdict": "SUCCEEDED", "step_at_end": 2000}
+    run = finished(report("Completed", attempt, checkpoints=(200, 400), global_step=2000))
+    run.airflow_log = tmp_path / "sat-logs" / "harness-job-smoke-20261202T040656Z-1.log"
+    with pytest.raises(JobCheckFailed) as caught:
+        check_smoke(run)
+    assert str(caught.value).splitlines()[-1] == f"  Airflow's logs: {run.airflow_log}"
+    run.report = None
+    assert "  no job report was written: the run stopped before `finalize` (see Airflow's logs)" in run.describe()
