@@ -2,14 +2,16 @@
 
 Who calls it: the Workspaces page (`sat_tasks.ui.api`, in the API server's session) and
 `sat workspace create|edit|delete` (`sync_workspace_pool`, its own session). The pool queues
-a workspace's job DAGs' `launch` tasks on Kubernetes where Kueue does not (ADR 0015).
+a workspace's job DAGs' `launch` tasks on a backend whose `capabilities.workspace_pool` says
+so, where nothing else queues them (on Kubernetes: without Kueue; ADR 0015). It is kept for
+every workspace whichever backend a job picks: a spec chooses its backend, the workspace does not.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sat_tasks.backends.kubernetes.workspace import pool_name
+from sat_tasks.backends.base import workspace_pool_name as pool_name
 
 
 class MetadataDBUnreachable(Exception):

@@ -1,26 +1,40 @@
-"""Backends: where training runs. One subpackage per `BackendKind` value, each exporting `BACKEND` (a Backend).
+"""Backends: where training runs. Each is a package exporting `BACKEND` (a Backend), named by a `sat.backends` entry point.
 
-`get_backend("kubernetes")` imports `sat_tasks.backends.kubernetes` only when asked, so a
-DAG on the local backend never imports the Kubernetes provider. A third backend is a
-third subpackage (and a `BackendKind` value): nothing above this package changes.
+`get_backend("kubernetes")` imports the Kubernetes backend only when asked, so a DAG on the
+local backend never imports the Kubernetes provider. Adding a backend (ADR 0010): a
+package with `BACKEND` and its `capabilities`, an entry point in the `sat.backends` group,
+and the conformance suite (`tests/sat_tasks/backends/test_conformance.py`) green; nothing
+above this package changes. A subpackage of this one is found without its entry point too
+(a checkout whose install predates the entry point).
 """
 
 from __future__ import annotations
 
 import importlib
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
 
-from sat_tasks.backends.base import Backend, Capacity, DataCheck
+from sat_tasks.backends.base import Backend, BackendCapabilities, Capacity, DataCheck
 from sat_tasks.config import sat_setting
-from sat_tasks.spec import BackendKind, TrainingJob
+from sat_tasks.spec import TrainingJob
+from sat_tasks.spec.model import BACKENDS_ENTRY_POINTS, BackendKind, installed_backends
 
-__all__ = ["Backend", "Capacity", "DataCheck", "backend_for", "get_backend"]
+__all__ = ["Backend", "BackendCapabilities", "Capacity", "DataCheck", "backend_for", "get_backend",
+           "installed_backends"]
+
+
+@cache
+def _entry_points() -> dict[str, EntryPoint]:
+    return {entry.name: entry for entry in entry_points(group=BACKENDS_ENTRY_POINTS)}
 
 
 def get_backend(kind: BackendKind | str) -> Backend:
-    """The backend serving `kind` (`local`, `kubernetes`)."""
-    kind = BackendKind(kind)
-    module = importlib.import_module(f"{__name__}.{kind.value}")
-    return module.BACKEND
+    """The backend installed as `kind` (`local`, `kubernetes`, ...): its entry point's object, else `<this package>.<kind>.BACKEND`."""
+    name = BackendKind(kind).value  # ValueError for a name nothing installs
+    entry = _entry_points().get(name)
+    if entry is not None:
+        return entry.load()
+    return importlib.import_module(f"{__name__}.{name}").BACKEND
 
 
 def backend_for(job: TrainingJob | None) -> Backend:

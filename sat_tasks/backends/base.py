@@ -1,9 +1,11 @@
 """The Backend protocol: everything a Training Job's tasks need from the place where training runs.
 
-A backend is one subpackage of `sat_tasks.backends` (`local`, `kubernetes`) with a class
-that has these methods; `sat_tasks.backends.get_backend(kind)` finds it. The task
-functions (`sat_tasks.pipeline`) and the DAG factory call only these, so they never ask
-which backend they are on. Call order for one run:
+A backend is a package (`sat_tasks.backends.local`, `...kubernetes`, or another
+distribution's) whose `BACKEND` has these methods and declares its `capabilities`; a
+`sat.backends` entry point names it and `sat_tasks.backends.get_backend(name)` finds it.
+Code outside `backends/` calls only these and asks the capabilities, so it never asks
+which backend it is on; `tests/sat_tasks/backends/test_conformance.py` holds every
+backend to the same contract. Call order for one run:
 
     stage(run)                      -> staging report (XCom-sized)
     check_staged_data(run, staged)  -> DataCheck (the Great Expectations result)
@@ -29,7 +31,7 @@ from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.warm_pool import Claim, WarmState
-from sat_tasks.spec import BackendKind, TrainingJob
+from sat_tasks.spec import TrainingJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import BaseOperator
@@ -54,25 +56,69 @@ class Capacity:
     summary: str
 
 
+# The prefix of a workspace's Airflow pool (`workspace_pool_name`).
+WORKSPACE_POOL_PREFIX = "sat-workspace-"
+
+
+def workspace_pool_name(workspace: str) -> str:
+    """The Airflow pool `sat-workspace-<name>` (a slot per node) that can queue a workspace's `launch` tasks.
+
+    The service keeps it in step with the workspace's definition (`sat_tasks.airflow.workspace_pools`);
+    a backend whose `capabilities.workspace_pool` is True puts its rank-0 `launch` task in it.
+    """
+    return f"{WORKSPACE_POOL_PREFIX}{workspace}"
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend does differently, as it declares it: code outside `backends/` asks these, never its name.
+
+    Attributes:
+        pulls_images: attempts run in the job's container image. False (the command runs
+            on the worker's host): the image check only parses the reference unless the job
+            names a registry connection.
+        watches_stop_request: a running attempt's launch task reads the run's stop request
+            (`JobRun.stop_uri`) and stops the training itself (SIGTERM, a final checkpoint;
+            `decide` then ends the job as Stopped). False: Stop ends the DAG run and the
+            launch task's on_kill gives the training its grace period.
+        injects_faults: the launcher injects a spec's `faults` (tests, the demo); the spec
+            refuses faults on any other backend (`spec.model.FAULT_INJECTING_BACKENDS`, kept
+            in step with this flag by the conformance suite).
+        workspace_pool: a workspace job's rank-0 `launch` task queues in the workspace's
+            Airflow pool (`workspace_pool_name`) where nothing else queues it (Kueue). False:
+            the backend queues workspace jobs itself (the local slot board), never in the pool.
+    """
+
+    pulls_images: bool
+    watches_stop_request: bool
+    injects_faults: bool = False
+    workspace_pool: bool = False
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Where `launch` runs the training. See the module doc for the call order.
 
+    An implementation subclasses this class (for the two shorthands below) or defines them.
+
     Attributes:
-        kind: the spec's `backend` value this class serves.
-        pulls_images: whether attempts run in the job's container image. When False (the
-            local backend runs the command on this host) the image check only parses the
-            reference unless the job names a registry connection.
-        watches_stop_request: whether a running attempt's launch task reads the run's stop
-            request (`JobRun.stop_uri`) and stops the training itself (SIGTERM, a final
-            checkpoint; `decide` then ends the job as Stopped). When False, Stop ends the DAG
-            run and the launch task's on_kill gives the training its grace period
-            (`sat_tasks.pipeline.actions.stop_job`).
+        kind: the name it is installed under (its `sat.backends` entry point; the spec's
+            `backend` value it serves).
+        capabilities: what it does differently (`BackendCapabilities`).
     """
 
-    kind: BackendKind
-    pulls_images: bool
-    watches_stop_request: bool
+    kind: str
+    capabilities: BackendCapabilities
+
+    @property
+    def pulls_images(self) -> bool:
+        """Shorthand for `capabilities.pulls_images` (the image check)."""
+        return self.capabilities.pulls_images
+
+    @property
+    def watches_stop_request(self) -> bool:
+        """Shorthand for `capabilities.watches_stop_request` (Stop)."""
+        return self.capabilities.watches_stop_request
 
     def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
         """Copy the script and data from Object Storage to where the attempts read them.

@@ -10,9 +10,12 @@ quantity's value, spot without failover, GPUs of a server type) stays a validato
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import pkgutil
 import re
 from enum import Enum
+from importlib.metadata import entry_points
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -83,11 +86,28 @@ class Framework(str, Enum):
     DEEPSPEED = "deepspeed"
 
 
-class BackendKind(str, Enum):
-    """Where `launch` runs the training (`sat_tasks.backends` has one subpackage each)."""
+# Backends are found by name, never listed here: each is a Python entry point in this group
+# (`[project.entry-points."sat.backends"]` in pyproject.toml, `<name> = "<module>:BACKEND"`), and, so
+# that a checkout without its entry points installed keeps working, each subpackage of
+# `sat_tasks.backends` (found on disk, not imported: the spec sits below the backends).
+BACKENDS_ENTRY_POINTS = "sat.backends"
 
-    LOCAL = "local"
-    KUBERNETES = "kubernetes"
+
+def installed_backends() -> tuple[str, ...]:
+    """The names a spec's `backend` may take: every `sat.backends` entry point and built-in subpackage, sorted."""
+    names = {entry.name for entry in entry_points(group=BACKENDS_ENTRY_POINTS)}
+    builtin = importlib.util.find_spec("sat_tasks.backends")
+    if builtin is not None and builtin.submodule_search_locations:
+        names |= {m.name for m in pkgutil.iter_modules(builtin.submodule_search_locations) if m.ispkg}
+    return tuple(sorted(names))
+
+
+# Where `launch` runs the training: one member per installed backend (`BackendKind("local")`,
+# `.value`). What a backend does differently is its `capabilities` (`sat_tasks.backends.base`),
+# never a comparison with one of these.
+BackendKind = Enum("BackendKind", [(name.upper().replace("-", "_").replace(".", "_"), name)
+                                   for name in installed_backends()], type=str, module=__name__)
+BackendKind.__doc__ = "Where `launch` runs the training: an installed backend (`installed_backends`)."
 
 
 class FaultKind(str, Enum):
@@ -97,6 +117,12 @@ class FaultKind(str, Enum):
     NODE_LOSS = "node_loss"
     PREEMPTION = "preemption"
     HANG = "hang"
+
+
+# The backends whose launcher injects a spec's `faults` (`capabilities.injects_faults`; the
+# conformance suite keeps the two in step): a spec naming another backend is refused. The
+# spec keeps its own copy because it validates without loading a backend.
+FAULT_INJECTING_BACKENDS = ("local",)
 
 
 class _Model(BaseModel):
@@ -258,7 +284,8 @@ class TrainingJob(_Model):
                            "additionalProperties": {"type": "string", "maxLength": 256}},
     )
     schedule: str | None = Field(None, description="cron, a preset such as @daily, or asset:<s3 uri>")
-    backend: BackendKind | None = Field(None, description="local or kubernetes; default from airflow.cfg [sat] backend")
+    backend: BackendKind | None = Field(
+        None, description=f"{' or '.join(installed_backends())}; default from airflow.cfg [sat] backend")
     env: dict[str, str] = Field(
         default_factory=dict,
         description="extra environment for the training process "
@@ -377,6 +404,8 @@ def cross_field_problems(data: dict[str, Any]) -> list[str]:
         problems.append("job_failover: not allowed with learning_type spot (Spot jobs resume instead)")
     if data.get("warm_pool") and data.get("learning_type") == LearningType.SPOT.value:
         problems.append("warm_pool: not allowed with learning_type spot (Spot capacity cannot be held between runs)")
-    if data.get("faults") and data.get("backend") == BackendKind.KUBERNETES.value:
-        problems.append("faults: fault injection is only allowed on the local backend")
+    backend = data.get("backend")
+    if data.get("faults") and backend in {b.value for b in BackendKind} and backend not in FAULT_INJECTING_BACKENDS:
+        problems.append(f"faults: fault injection is only allowed on the {' or '.join(FAULT_INJECTING_BACKENDS)} "
+                        "backend")
     return problems

@@ -13,19 +13,23 @@ labels kept at start). ADR 0007 explains the choices.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from sat_tasks.backends.base import Capacity, DataCheck
+from sat_tasks.backends.base import Backend, BackendCapabilities, Capacity, Claim, DataCheck, WarmState
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
-from sat_tasks.spec import BackendKind, TrainingJob
+from sat_tasks.spec import TrainingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import BaseOperator
+    from kubernetes.client import CoreV1Api, SchedulingV1Api
 
 Log = Callable[[str], None]
 
 
-class KubernetesBackend:
+class KubernetesBackend(Backend):
     """The Backend protocol on a cluster (see `sat_tasks.backends.base` for the call order).
 
     `client` is a CoreV1Api; by default the provider's KubernetesHook on `[sat]
@@ -34,17 +38,22 @@ class KubernetesBackend:
     connection when one was passed, else on the same Airflow connection.
     """
 
-    kind = BackendKind.KUBERNETES
-    pulls_images = True
-    watches_stop_request = False  # Stop ends the DAG run; the launch task's on_kill deletes the pods with their grace
+    kind = "kubernetes"
+    capabilities = BackendCapabilities(
+        pulls_images=True,
+        watches_stop_request=False,  # Stop ends the DAG run; the launch task's on_kill deletes the pods with their grace
+        injects_faults=False,
+        workspace_pool=True,  # without Kueue, rank 0's launch takes a slot per node (`workspace.launch_pool`)
+    )
 
-    def __init__(self, client: Any = None, namespace: str | None = None, scheduling: Any = None) -> None:
+    def __init__(self, client: CoreV1Api | None = None, namespace: str | None = None,
+                 scheduling: SchedulingV1Api | None = None) -> None:
         self._client = client
         self._namespace = namespace
         self._scheduling = scheduling
 
     @property
-    def client(self) -> Any:
+    def client(self) -> CoreV1Api:
         if self._client is None:
             from sat_tasks.backends.kubernetes.client import core_v1_client
 
@@ -52,7 +61,7 @@ class KubernetesBackend:
         return self._client
 
     @property
-    def scheduling(self) -> Any:
+    def scheduling(self) -> SchedulingV1Api:
         if self._scheduling is None:
             from sat_tasks.backends.kubernetes.client import scheduling_v1_client
 
@@ -66,7 +75,7 @@ class KubernetesBackend:
         return self._namespace or namespace()
 
     # ---- before training -----------------------------------------------------------------------
-    def stage(self, run: JobRun, log: Log, reuse: Any = None) -> dict[str, Any]:
+    def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
         """Create the run's claim (once), then fill it with the staging pod; its report.
 
         `reuse` (a warm-pool Claim) with a kept volume claim: the staging pod copies the
@@ -90,7 +99,7 @@ class KubernetesBackend:
 
     # ---- attempts ------------------------------------------------------------------------------
     def launch_operators(self, *, attempt: int, previous_decide_task_id: str | None,
-                         job: TrainingJob | None) -> list:
+                         job: TrainingJob | None) -> list[BaseOperator]:
         from sat_tasks.backends.kubernetes.operator import make_launch_operators
         from sat_tasks.backends.kubernetes.settings import KubernetesSettings
         from sat_tasks.backends.kubernetes.workspace import launch_pool
@@ -150,7 +159,7 @@ class KubernetesBackend:
         return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace, keep_claim=keep_claim)
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
-    def keep_warm(self, run: JobRun, state: Any, log: Log) -> Any:
+    def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
         """Placeholder pods on the run's nodes (PriorityClass ensured) and the run's claim, which `cleanup_run` kept."""
         from sat_tasks.backends.kubernetes import names
         from sat_tasks.backends.kubernetes.settings import KubernetesSettings
@@ -160,7 +169,7 @@ class KubernetesBackend:
                          KubernetesSettings.from_sat_config(), log, scheduling=self.scheduling,
                          claim=names.run_volume_claim_name(run.job, run.run_id))
 
-    def release_warm(self, state: Any, log: Log) -> list[str]:
+    def release_warm(self, state: WarmState, log: Log) -> list[str]:
         from sat_tasks.backends.kubernetes.warm import release_warm
 
         return release_warm(self.client, self.namespace, state, log)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sat_tasks.backends.base import WORKSPACE_POOL_PREFIX, workspace_pool_name
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
 from sat_tasks.spec import SERVER_TYPES, TrainingJob
@@ -37,7 +38,7 @@ KUEUE_API = "kueue.x-k8s.io/v1beta1"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_POD_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
-POOL_PREFIX = "sat-workspace-"
+POOL_PREFIX = WORKSPACE_POOL_PREFIX
 
 
 def cluster_queue_name(workspace: str) -> str:
@@ -52,7 +53,7 @@ def local_queue_name(workspace: str) -> str:
 
 def pool_name(workspace: str) -> str:
     """The Airflow pool that queues a workspace's `launch` tasks where Kueue is not configured."""
-    return f"{POOL_PREFIX}{workspace}"
+    return workspace_pool_name(workspace)
 
 
 def workspace_scheduling(job: TrainingJob, settings: KubernetesSettings) -> tuple[dict[str, str], list[dict]]:

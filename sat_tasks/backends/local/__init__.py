@@ -13,27 +13,34 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sat_tasks.backends.base import Capacity, DataCheck
+from sat_tasks.backends.base import Backend, BackendCapabilities, Capacity, Claim, DataCheck, WarmState
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Action, Decision
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
-from sat_tasks.spec import BackendKind, TrainingJob
+from sat_tasks.spec import TrainingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import BaseOperator
 
 Log = Callable[[str], None]
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """The Backend protocol on this host (see `sat_tasks.backends.base` for the call order)."""
 
-    kind = BackendKind.LOCAL
-    pulls_images = False  # the command runs on this host, not in the image
-    watches_stop_request = True  # the runner polls the stop request and passes it on as SIGTERM
+    kind = "local"
+    capabilities = BackendCapabilities(
+        pulls_images=False,  # the command runs on this host, not in the image
+        watches_stop_request=True,  # the runner polls the stop request and passes it on as SIGTERM
+        injects_faults=True,  # the runner injects the spec's faults (tests, the demo)
+        workspace_pool=False,  # the slot board (`io.workspaces.SlotBoard`) queues workspace jobs
+    )
 
     # ---- before training -----------------------------------------------------------------------
-    def stage(self, run: JobRun, log: Log, reuse: Any = None) -> dict[str, Any]:
+    def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
         from sat_tasks.io.staging import stage_job_files
 
         reuse_dir = reuse.data_dir if reuse is not None and reuse.data_dir and Path(reuse.data_dir).is_dir() else None
@@ -58,7 +65,8 @@ class LocalBackend:
         return DataCheck(report.success, report.summary_lines(), report.to_dict())
 
     # ---- attempts ------------------------------------------------------------------------------
-    def launch_operators(self, *, attempt: int, previous_decide_task_id: str | None, job: Any) -> list:
+    def launch_operators(self, *, attempt: int, previous_decide_task_id: str | None,
+                         job: TrainingJob | None) -> list[BaseOperator]:
         from sat_tasks.backends.local.operator import LocalLaunchOperator
 
         return [LocalLaunchOperator(task_id="launch", attempt=attempt,
@@ -90,12 +98,12 @@ class LocalBackend:
         return []  # the work directory is this host's disk: kept, like a node's local disk
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
-    def keep_warm(self, run: JobRun, state: Any, log: Log) -> Any:
+    def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
         from sat_tasks.backends.local.warm import keep_warm
 
         return keep_warm(run, state, log)
 
-    def release_warm(self, state: Any, log: Log) -> list[str]:
+    def release_warm(self, state: WarmState, log: Log) -> list[str]:
         from sat_tasks.backends.local.warm import release_warm
 
         return release_warm(state, log)
