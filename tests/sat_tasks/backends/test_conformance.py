@@ -1,0 +1,158 @@
+"""The Backend contract, one suite for every installed backend (ADR 0010): a new backend passes or fails these same tests.
+
+Each test runs once per `sat.backends` entry point (and built-in subpackage). A backend
+that needs a stand-in for what it talks to gets it from `_DOUBLES` (Kubernetes: the
+in-memory API server of `tests.support.k8s_api`); any other runs as installed. Nothing
+here trains: the checks are the protocol's shape, what the declared capabilities promise,
+and what each method returns for a run that has not launched yet.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import pytest
+from airflow.sdk import DAG, BaseOperator, TaskGroup
+
+from sat_tasks.backends import Backend, BackendCapabilities, Capacity, get_backend
+from sat_tasks.backends.base import workspace_pool_name
+from sat_tasks.core.contracts import Action, Decision
+from sat_tasks.io.run_layout import JobRun
+from sat_tasks.spec import SpecError, TrainingJob, parse_spec
+from sat_tasks.spec.model import FAULT_INJECTING_BACKENDS, BackendKind, installed_backends
+
+BACKENDS = installed_backends()
+BUCKET = "sat-conformance"
+NAMESPACE = "sat-conformance"
+RUN_ID = "manual__2026-12-02T05:00:00+00:00"
+WORKSPACE = "team-a"
+# The protocol's methods (the shorthand properties aside), in the order the module doc calls them.
+METHODS = [name for name, member in vars(Backend).items() if inspect.isfunction(member) and not name.startswith("_")]
+
+
+def _kubernetes() -> Backend:
+    from sat_tasks.backends.kubernetes import KubernetesBackend
+    from tests.support.k8s_api import RecordedCluster
+
+    return KubernetesBackend(client=RecordedCluster().client(), namespace=NAMESPACE)
+
+
+# Backends that reach outside this process, each on a double of what it talks to.
+_DOUBLES: dict[str, Callable[[], Backend]] = {"kubernetes": _kubernetes}
+
+
+@pytest.fixture(params=[pytest.param(name, id=name) for name in BACKENDS])
+def backend(request, monkeypatch, tmp_path) -> Backend:
+    monkeypatch.setenv("AIRFLOW__SAT__BACKEND", request.param)
+    monkeypatch.setenv("AIRFLOW__SAT__WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("AIRFLOW__SAT__WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    monkeypatch.delenv("AIRFLOW__SAT__K8S_KUEUE", raising=False)
+    double = _DOUBLES.get(request.param)
+    return double() if double else get_backend(request.param)
+
+
+def _spec(backend: Backend, **overrides) -> dict:
+    spec = {
+        "name": "conformance-job",
+        "nodes": 1,
+        "resources": {"gpus_per_node": 8, "server_type": "g2", "memory": "512Gi", "shared_memory": "64Gi"},
+        "image": {"url": "registry.example.com/team/train:1.0"},
+        "data": {"source": f"s3://{BUCKET}/datasets/corpus/"},
+        "results": {"destination": f"s3://{BUCKET}/results/"},
+        "command": "python train.py",
+        "backend": backend.kind,
+    }
+    spec.update(overrides)
+    return spec
+
+
+def _job(backend: Backend, **overrides) -> TrainingJob:
+    return parse_spec(_spec(backend, **overrides))
+
+
+@pytest.fixture
+def bucket(s3_hook):
+    if not s3_hook.check_for_bucket(BUCKET):
+        s3_hook.create_bucket(bucket_name=BUCKET)
+    return BUCKET
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+# ---- the protocol's shape ------------------------------------------------------------------------
+def test_the_protocol_has_the_methods_the_module_doc_lists():
+    assert METHODS == ["stage", "check_staged_data", "launch_operators", "read_attempt_record", "cleanup_attempt",
+                       "capacity", "upload_outputs", "job_log", "cleanup_run", "keep_warm", "release_warm",
+                       "workspace_queue_problem"]
+
+
+def test_it_is_installed_under_its_name_and_declares_its_capabilities(backend):
+    installed = get_backend(backend.kind)
+    assert type(installed) is type(backend)  # the double is the installed class, only wired to a stand-in
+    assert isinstance(backend, Backend)
+    assert BackendKind(backend.kind).value == backend.kind
+    assert type(backend.capabilities) is BackendCapabilities
+    assert (backend.pulls_images, backend.watches_stop_request) == (
+        backend.capabilities.pulls_images, backend.capabilities.watches_stop_request)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_has_the_protocols_signature_and_types(backend, method):
+    """Parameters, their kinds, defaults and annotations as the protocol writes them (no `Any` in their place)."""
+    wanted, found = inspect.signature(getattr(Backend, method)), inspect.signature(getattr(type(backend), method))
+    shape = lambda signature: ([(p.name, p.kind, p.default, p.annotation) for p in signature.parameters.values()],  # noqa: E731
+                               signature.return_annotation)
+    assert shape(found) == shape(wanted)
+
+
+# ---- what the capabilities promise ---------------------------------------------------------------
+def test_the_spec_accepts_faults_exactly_where_the_backend_injects_them(backend):
+    spec = _spec(backend, faults=[{"kind": "hardware", "at_step": 3}])
+    assert (backend.kind in FAULT_INJECTING_BACKENDS) == backend.capabilities.injects_faults
+    if backend.capabilities.injects_faults:
+        assert parse_spec(spec).faults[0].at_step == 3
+    else:
+        with pytest.raises(SpecError) as refused:
+            parse_spec(spec)
+        assert [p.field for p in refused.value.problems] == ["faults"]
+
+
+@pytest.mark.parametrize("job_in_dag", [pytest.param(True, id="job-dag"), pytest.param(False, id="generic-dag")])
+def test_launch_operators_are_airflow_tasks_and_use_the_workspace_pool_as_declared(backend, job_in_dag):
+    job = _job(backend, workspace=WORKSPACE, nodes=2)
+    with DAG(dag_id=f"conformance_{backend.kind}", schedule=None), TaskGroup("attempt_1"):
+        operators = backend.launch_operators(attempt=1, previous_decide_task_id=None, job=job if job_in_dag else None)
+    assert operators and all(isinstance(op, BaseOperator) for op in operators)
+    assert operators[0].task_id == "attempt_1.launch"  # what the DAG factory and the UI look for
+    pools = [op.pool for op in operators]
+    assert (workspace_pool_name(WORKSPACE) in pools) == (backend.capabilities.workspace_pool and job_in_dag)
+
+
+def test_a_job_without_a_workspace_has_no_queue_problem(backend):
+    job = _job(backend)
+    assert backend.workspace_queue_problem(job, spec_with_run=False, log=_quiet) is None
+    assert backend.workspace_queue_problem(job, spec_with_run=True, log=_quiet) is None
+
+
+# ---- a run that has not launched -----------------------------------------------------------------
+def test_an_attempt_that_never_launched_has_no_record_and_nothing_to_clean(backend, bucket):
+    run = JobRun(_job(backend), RUN_ID)
+    assert backend.read_attempt_record(run, 1, _quiet) is None
+    assert backend.cleanup_attempt(run, 1, _quiet) == []
+
+
+def test_a_run_that_never_launched_has_no_job_log_and_cleans_up_to_a_list_of_names(backend, bucket):
+    run = JobRun(_job(backend), RUN_ID)
+    assert backend.job_log(run, _quiet) is None
+    deleted = backend.cleanup_run(run, _quiet)
+    assert isinstance(deleted, list) and all(isinstance(name, str) and "/" in name for name in deleted)
+
+
+def test_capacity_answers_with_a_reason(backend):
+    run = JobRun(_job(backend, learning_type="spot", job_failover=False), RUN_ID)
+    decision = Decision(attempt=1, verdict="PREEMPTED", action=Action.RESUME, why="resume (conformance)")
+    capacity = backend.capacity(run, decision, _quiet)
+    assert type(capacity) is Capacity and isinstance(capacity.available, bool) and capacity.summary
