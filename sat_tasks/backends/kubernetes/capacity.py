@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sat_tasks.backends.kubernetes.client import core_v1_client
 from sat_tasks.backends.kubernetes.client import namespace as default_namespace
@@ -30,6 +30,9 @@ from sat_tasks.backends.kubernetes.pods import render_attempt_manifests
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.errors import SatError
 from sat_tasks.spec import TrainingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kubernetes.client import CoreV1Api
 
 __all__ = [
     "CapacityAssessment",
@@ -271,7 +274,7 @@ def rank_pod_manifest(
     return next(m for m in manifests if m.get("kind") == "Pod")
 
 
-def list_nodes_and_pods(client: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def list_nodes_and_pods(client: CoreV1Api) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The cluster's nodes and its non-terminated pods (all namespaces), as API-shaped dicts.
 
     `client` is a CoreV1Api. Needs RBAC to list nodes and pods cluster-wide.
@@ -290,7 +293,7 @@ def cluster_capacity(
     attempt: int,
     *,
     exclude_nodes: Sequence[str] = (),
-    client: Any = None,
+    client: CoreV1Api | None = None,
     kubernetes_conn_id: str | None = None,
     log: Log = print,
 ) -> CapacityAssessment | None:

@@ -7,13 +7,16 @@ deleted. What is created and deleted is exactly what `sat render` prints (tested
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.spec import TrainingJob
 
+if TYPE_CHECKING:  # pragma: no cover
+    from kubernetes.client import CoreV1Api, V1Pod
 
-def teardown_peers(pod: Any, client: Any) -> list[str]:
+
+def teardown_peers(pod: V1Pod, client: CoreV1Api) -> list[str]:
     """When `pod` (one rank) failed, delete the attempt's other ranks that still run.
 
     They get SIGTERM and their grace period, so they write a final checkpoint, instead of
@@ -56,7 +59,7 @@ def _delete_all(kinds: Iterable[tuple[str, Callable, Callable]], namespace: str,
     return deleted
 
 
-def cleanup_attempt(client: Any, job: TrainingJob, *, run_id: str, attempt: int, namespace: str) -> list[str]:
+def cleanup_attempt(client: CoreV1Api, job: TrainingJob, *, run_id: str, attempt: int, namespace: str) -> list[str]:
     """Delete an attempt's pods and rendezvous Service (after classify has read them).
 
     The run's claim stays: the next attempt resumes from it (`cleanup_run` deletes it).
@@ -67,7 +70,7 @@ def cleanup_attempt(client: Any, job: TrainingJob, *, run_id: str, attempt: int,
         namespace, names.attempt_label_selector(job, run_id, attempt))
 
 
-def cleanup_run(client: Any, job: TrainingJob, *, run_id: str, namespace: str, keep_claim: bool = False) -> list[str]:
+def cleanup_run(client: CoreV1Api, job: TrainingJob, *, run_id: str, namespace: str, keep_claim: bool = False) -> list[str]:
     """Delete everything the run still has: pods and Services of any attempt, helper pods, the claim.
 
     Runs once the outputs are uploaded (the claim holds them until then). A claim named by

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pods import object_storage_key_env, render_run_volume_claim
@@ -34,6 +34,9 @@ from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.staging import REPORT_PREFIX
 from sat_tasks.spec import TrainingJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kubernetes.client import CoreV1Api
 
 Log = Callable[[str], None]
 HELPER_CONTAINER = "stage"
@@ -59,7 +62,7 @@ class WarmSource:
     objects: dict[str, str] = field(default_factory=dict)
 
 
-def warm_claim_usable(client: Any, namespace: str, claim: str) -> bool:
+def warm_claim_usable(client: CoreV1Api, namespace: str, claim: str) -> bool:
     """Whether the kept claim is still there (not deleted by hand, not terminating)."""
     from kubernetes.client.exceptions import ApiException
 
@@ -75,7 +78,7 @@ def warm_claim_usable(client: Any, namespace: str, claim: str) -> bool:
 
 
 def ensure_run_volume(
-    job: TrainingJob, run_id: str, *, client: Any, namespace: str, settings: KubernetesSettings | None = None,
+    job: TrainingJob, run_id: str, *, client: CoreV1Api, namespace: str, settings: KubernetesSettings | None = None,
 ) -> bool:
     """Create the run's claim; True when created, False when it existed already (a rerun)."""
     from kubernetes.client.exceptions import ApiException
@@ -178,7 +181,7 @@ def build_upload_pod(
                        mounts={"output": POD_OUTPUT_DIR}, namespace=namespace, settings=settings, pvc_name=pvc_name)
 
 
-def stage_into_volume(job: TrainingJob, run_id: str, *, client: Any, namespace: str, log: Log = print,
+def stage_into_volume(job: TrainingJob, run_id: str, *, client: CoreV1Api, namespace: str, log: Log = print,
                       settings: KubernetesSettings | None = None, pvc_name: str | None = None,
                       warm: WarmSource | None = None, **wait: Any) -> dict[str, Any]:
     """Run the staging pod to completion and return its report (what `stage_data` returns).
@@ -199,7 +202,7 @@ def stage_into_volume(job: TrainingJob, run_id: str, *, client: Any, namespace: 
     return run_helper_pod(pod, client=client, log=log, settings=settings, **wait)
 
 
-def upload_from_volume(job: TrainingJob, run_id: str, *, client: Any, namespace: str, log: Log = print,
+def upload_from_volume(job: TrainingJob, run_id: str, *, client: CoreV1Api, namespace: str, log: Log = print,
                        settings: KubernetesSettings | None = None, pvc_name: str | None = None,
                        **wait: Any) -> dict[str, Any]:
     """Run the upload pod to completion and return its transfer report (what `upload_results` returns)."""
@@ -212,7 +215,7 @@ def upload_from_volume(job: TrainingJob, run_id: str, *, client: Any, namespace:
 def run_helper_pod(
     pod: dict[str, Any],
     *,
-    client: Any,
+    client: CoreV1Api,
     log: Log = print,
     settings: KubernetesSettings,
     timeout_seconds: float = 6 * 3600,
@@ -255,7 +258,7 @@ def run_helper_pod(
 
 
 # ---- steps -------------------------------------------------------------------------------------
-def _await_pod(client: Any, name: str, namespace: str, *, deadline: float, poll_seconds: float,
+def _await_pod(client: CoreV1Api, name: str, namespace: str, *, deadline: float, poll_seconds: float,
                sleep: Callable[[float], None], clock: Callable[[], float]) -> tuple[str, str | None]:
     """Poll until the pod ends, cannot start, or the deadline passes: (phase, stuck reason or None)."""
     phase = "Pending"
@@ -280,7 +283,7 @@ def _stuck_reason(status: Any) -> str | None:
     return None
 
 
-def _exit_detail(client: Any, name: str, namespace: str) -> str:
+def _exit_detail(client: CoreV1Api, name: str, namespace: str) -> str:
     status = client.read_namespaced_pod(name, namespace).status
     for container in (status.container_statuses or []) if status else []:
         terminated = container.state.terminated if container.state else None
@@ -289,7 +292,7 @@ def _exit_detail(client: Any, name: str, namespace: str) -> str:
     return ""
 
 
-def _read_log(client: Any, name: str, namespace: str) -> list[str]:
+def _read_log(client: CoreV1Api, name: str, namespace: str) -> list[str]:
     """The helper pod's log lines. Raw bytes, decoded here: with content preloading the
     kubernetes client (36) returns the repr of the bytes ("b'...'"), kubernetes-client/python#2596,
     and the report line would never be found."""
@@ -310,7 +313,7 @@ def _read_log(client: Any, name: str, namespace: str) -> list[str]:
     return text.splitlines()
 
 
-def _delete(client: Any, name: str, namespace: str) -> bool:
+def _delete(client: CoreV1Api, name: str, namespace: str) -> bool:
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -322,7 +325,7 @@ def _delete(client: Any, name: str, namespace: str) -> bool:
     return True
 
 
-def _delete_leftover(client: Any, name: str, namespace: str, *, deadline: float, poll_seconds: float,
+def _delete_leftover(client: CoreV1Api, name: str, namespace: str, *, deadline: float, poll_seconds: float,
                      sleep: Callable[[float], None], clock: Callable[[], float]) -> None:
     """Delete a staging pod left by an earlier try and wait until it is gone (its name is fixed)."""
     from kubernetes.client.exceptions import ApiException

@@ -20,7 +20,11 @@ from sat_tasks.backends.base import workspace_pool_name
 from sat_tasks.core.contracts import Action, Decision
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
-from sat_tasks.spec.model import FAULT_INJECTING_BACKENDS, BackendKind, installed_backends
+from sat_tasks.spec.model import (
+    FAULT_INJECTING_BACKENDS,
+    BackendKind,
+    installed_backends,
+)
 
 BACKENDS = installed_backends()
 BUCKET = "sat-conformance"
@@ -103,7 +107,7 @@ def test_it_is_installed_under_its_name_and_declares_its_capabilities(backend):
 def test_each_method_has_the_protocols_signature_and_types(backend, method):
     """Parameters, their kinds, defaults and annotations as the protocol writes them (no `Any` in their place)."""
     wanted, found = inspect.signature(getattr(Backend, method)), inspect.signature(getattr(type(backend), method))
-    shape = lambda signature: ([(p.name, p.kind, p.default, p.annotation) for p in signature.parameters.values()],  # noqa: E731
+    shape = lambda signature: ([(p.name, p.kind, p.default, p.annotation) for p in signature.parameters.values()],
                                signature.return_annotation)
     assert shape(found) == shape(wanted)
 
