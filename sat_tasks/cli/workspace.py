@@ -94,7 +94,7 @@ def _sync_pool(name: str, nodes: int | None) -> None:
     The file is written first: without a reachable metadata DB the command still succeeds and says so.
     """
     from sat_tasks.airflow.workspace_pools import MetadataDBUnreachable, sync_workspace_pool
-    from sat_tasks.backends.kubernetes.workspace import pool_name
+    from sat_tasks.backends.base import workspace_pool_name as pool_name
 
     try:
         print(sync_workspace_pool(name, nodes))
