@@ -2,21 +2,25 @@
 
 Each test runs once per `sat.backends` entry point (and built-in subpackage). A backend
 that needs a stand-in for what it talks to gets it from `_DOUBLES` (Kubernetes: the
-in-memory API server of `tests.support.k8s_api`); any other runs as installed. Nothing
-here trains: the checks are the protocol's shape, what the declared capabilities promise,
-and what each method returns for a run that has not launched yet.
+in-memory API server of `tests.support.k8s_api`, with a kubelet for the one launch); any
+other runs as installed. Nothing here trains: the checks are the protocol's shape, what the
+declared capabilities promise, what each method returns for a run that has not launched
+yet, and the record of one attempt of `python -c 'print(1)'` launched by the backend's own
+operators and read back.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import DAG, BaseOperator, TaskGroup
 
 from sat_tasks.backends import Backend, BackendCapabilities, Capacity, get_backend
 from sat_tasks.backends.base import workspace_pool_name
+from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Action, Decision
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
@@ -160,3 +164,50 @@ def test_capacity_answers_with_a_reason(backend):
     decision = Decision(attempt=1, verdict="PREEMPTED", action=Action.RESUME, why="resume (conformance)")
     capacity = backend.capacity(run, decision, _quiet)
     assert type(capacity) is Capacity and isinstance(capacity.available, bool) and capacity.summary
+
+
+# ---- one attempt, launched by the backend's own operators ----------------------------------------
+def _kubernetes_launch(monkeypatch) -> Backend:
+    """The API server in memory with a kubelet that runs each pod at once, behind the backend and the provider's hook."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    from sat_tasks.backends.kubernetes import KubernetesBackend
+    from tests.support.k8s_api import RecordedCluster
+
+    cluster = RecordedCluster(kubelet=lambda pod: (0, "trained\n"))
+    monkeypatch.setattr(KubernetesHook, "get_conn", lambda self: cluster.api_client())
+    monkeypatch.setattr(KubernetesHook, "core_v1_client", property(lambda self: cluster.client()))
+    monkeypatch.setenv("AIRFLOW__SAT__KUBERNETES_NAMESPACE", NAMESPACE)
+    return KubernetesBackend(client=cluster.client(), namespace=NAMESPACE)
+
+
+_LAUNCH_DOUBLES: dict[str, Callable] = {"kubernetes": _kubernetes_launch}
+
+
+class _TI:
+    def __init__(self, task_id: str, spec: dict):
+        self.dag_id, self.task_id, self.map_index, self.try_number = "conformance-job", task_id, -1, 1
+        self._spec = spec
+
+    def xcom_pull(self, task_ids=None, key="return_value"):
+        return self._spec if task_ids == "validate_spec" else None
+
+    def xcom_push(self, key, value):
+        pass
+
+
+def test_a_launched_attempt_leaves_a_record_read_back_in_the_same_shape(backend, bucket, monkeypatch):
+    launching = _LAUNCH_DOUBLES.get(backend.kind)
+    backend = launching(monkeypatch) if launching else backend
+    job = _job(backend, name=f"conformance-{backend.kind}", command="python -c 'print(1)'", startup_timeout_seconds=0)
+    run = JobRun(job, RUN_ID)
+    run.code_dir.mkdir(parents=True, exist_ok=True)
+    with DAG(dag_id=f"conformance_launch_{backend.kind}", schedule=None), TaskGroup("attempt_1"):
+        operators = backend.launch_operators(attempt=1, previous_decide_task_id=None, job=job)
+    for operator in operators:
+        ti = _TI(operator.task_id, job.to_dict())
+        operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
+    record = backend.read_attempt_record(run, 1, _quiet)
+    assert type(record) is AttemptRecord
+    assert (record.job, record.attempt, record.backend, record.exit_code) == (job.name, 1, backend.kind, 0)
+    assert record.node and record.finished_at is not None
