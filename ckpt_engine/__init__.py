@@ -1,7 +1,7 @@
 """ckpt_engine: concurrent (asynchronous) checkpointing for PyTorch, the HF Trainer and DeepSpeed.
 
-Layout: `layout` (names every part shares), `storage` (where files go, by URL scheme),
-`manifest` (checksums, verification), `formats` and `pool` (planning and staging
+Layout: `contract` (the names, environment and records SAT and the engine share, ADR
+0018), `storage` (where files go, by URL scheme), `manifest` (checksums, verification), `formats` and `pool` (planning and staging
 tensors), `engine` (stage, persist, commit), `multirank`, `mirror`, `signals`,
 `integrations` (HF Trainer, DeepSpeed, the DataStates surface), `cli`, `vendor`, `launch`.
 
@@ -16,12 +16,12 @@ from typing import Any
 
 _EXPORTS = {
     "CheckpointEngine": "ckpt_engine.engine", "CommitRecord": "ckpt_engine.engine",
-    "ProgressRecord": "ckpt_engine.engine", "SaveHandle": "ckpt_engine.engine",
+    "ProgressRecord": "ckpt_engine.contract", "SaveHandle": "ckpt_engine.engine",
     "CheckpointError": "ckpt_engine.errors", "CheckpointNotFoundError": "ckpt_engine.errors",
     "ConfigError": "ckpt_engine.errors", "CorruptCheckpointError": "ckpt_engine.errors",
     "PersistError": "ckpt_engine.errors", "StorageError": "ckpt_engine.errors",
     "UnsupportedSchemeError": "ckpt_engine.errors",
-    "Manifest": "ckpt_engine.manifest", "VerifyReport": "ckpt_engine.manifest",
+    "Manifest": "ckpt_engine.contract", "VerifyReport": "ckpt_engine.manifest",
     "verify_checkpoint": "ckpt_engine.manifest",
     "Storage": "ckpt_engine.storage", "FileStorage": "ckpt_engine.storage", "MemoryStorage": "ckpt_engine.storage",
     "FaultyStorage": "ckpt_engine.storage", "open_storage": "ckpt_engine.storage",

@@ -12,7 +12,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckpt_engine.layout import CONCURRENT_DIR, PROGRESS_NAME, parse_step
+from ckpt_engine.contract import (
+    CONCURRENT_DIR,
+    PROGRESS_NAME,
+    ProgressRecord,
+    checkpoint_dir,
+    parse_step,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_engine.storage.file import FileStorage
@@ -31,7 +37,7 @@ def _locate(directory: str) -> tuple[FileStorage, list[str]]:
     if (path / CONCURRENT_DIR).is_dir() and not list_checkpoint_steps(FileStorage(path)):
         path = path / CONCURRENT_DIR
     storage = FileStorage(path)
-    return storage, [f"checkpoint-{step}" for step in list_checkpoint_steps(storage)]
+    return storage, [checkpoint_dir(step) for step in list_checkpoint_steps(storage)]
 
 
 def list_checkpoints(args: argparse.Namespace) -> int:
@@ -44,7 +50,7 @@ def list_checkpoints(args: argparse.Namespace) -> int:
         report = verify_checkpoint(storage, name, deep=False)
         manifest = report.manifest
         rows.append({"name": name, "step": report.step, "status": "complete" if report.ok else "incomplete",
-                     "bytes": sum(f.size for f in manifest.files.values()) if manifest else None,
+                     "bytes": manifest.total_bytes if manifest else None,
                      "files": len(manifest.files) if manifest else None,
                      "created_at": manifest.created_at if manifest else None, "problems": report.problems})
     if args.json:
@@ -56,9 +62,9 @@ def list_checkpoints(args: argparse.Namespace) -> int:
             print(f"{row['name']:<22} {row['status']:<11} {size:>9} {row['files'] or '-':>5}  {row['created_at'] or '-'}")
         progress = Path(storage.root) / PROGRESS_NAME
         if progress.exists():
-            data = json.loads(progress.read_text())
-            print(f"progress: step={data.get('step')} last_committed_step={data.get('last_committed_step')} "
-                  f"updated_at={data.get('updated_at')}")
+            data = ProgressRecord.from_json(progress.read_bytes())
+            print(f"progress: step={data.step} last_committed_step={data.last_committed_step} "
+                  f"updated_at={data.updated_at}")
     return EXIT_OK if rows else EXIT_NOTHING
 
 

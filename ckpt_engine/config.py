@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ckpt_engine.contract import GRACE_ENV, MIRROR_URL_ENV
 from ckpt_engine.errors import ConfigError
 
 DEFAULT_GRACE_SECONDS = 30.0
-GRACE_ENV = "CKPT_GRACE_SECONDS"
-MIRROR_URL_ENV = "CKPT_MIRROR_URL"
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,23 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from ckpt_engine.contract import (
+    MANIFEST_NAME,
+    PROGRESS_NAME,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    FileEntry,
+    Manifest,
+    ProgressRecord,
+    checkpoint_dir,
+    utc_now,
+)
 from ckpt_engine.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -38,22 +49,12 @@ from ckpt_engine.formats import (
     plan_safetensors,
     plan_torch_file,
 )
-from ckpt_engine.layout import (
-    MANIFEST_NAME,
-    PROGRESS_NAME,
-    TMP_PREFIX,
-    TRASH_PREFIX,
-    checkpoint_dir,
-)
 from ckpt_engine.manifest import (
-    FileEntry,
-    Manifest,
     checksum_buffer,
     format_checksum,
     hash_pool,
     list_checkpoint_steps,
     new_hasher,
-    utc_now,
     verify_checkpoint,
 )
 from ckpt_engine.metrics import recorder as metrics_recorder
@@ -71,9 +72,6 @@ PROGRESS_EVERY_S = 0.25
 # A step-only progress update reaches the mirror (Object Storage) at most this often; commits,
 # resumes and errors go at once. The orchestrator reads the mirrored file on Kubernetes.
 PROGRESS_MIRROR_EVERY_S = 30.0
-# The attempt number SAT gives each (re)start; progress.json carries it so a reader can tell
-# this attempt's step from an earlier attempt's (the file outlives attempts).
-ATTEMPT_ENV = "SAT_ATTEMPT"
 ON_ERROR_CHOICES = ("continue", "raise")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _GIB = 1 << 30
@@ -106,31 +104,6 @@ class CommitRecord:
     persist_s: float
     commit_s: float
     waited_for_previous_s: float
-
-
-def _attempt_from_env() -> int | None:
-    raw = os.environ.get(ATTEMPT_ENV, "").strip()
-    return int(raw) if raw.isdigit() else None
-
-
-@dataclass
-class ProgressRecord:
-    """Contents of ``progress.json`` (read by the orchestrator and the UI).
-
-    ``step`` is the training step (None until training runs); ``resumed_from_step`` the
-    checkpoint this process resumed from; ``attempt`` the ``SAT_ATTEMPT`` it ran as.
-    """
-
-    step: int | None = None
-    last_committed_step: int | None = None
-    committed_steps: list[int] = field(default_factory=list)
-    in_flight_step: int | None = None
-    last_mirrored_step: int | None = None
-    updated_at: str = field(default_factory=utc_now)
-    last_error: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    resumed_from_step: int | None = None
-    attempt: int | None = field(default_factory=_attempt_from_env)
 
 
 class SaveHandle:
@@ -562,7 +535,7 @@ class CheckpointEngine:
                 for key, value in changes.items():
                     setattr(self.progress, key, value)
                 self.progress.updated_at = utc_now()
-                raw = json.dumps(asdict(self.progress), indent=1).encode()
+                raw = self.progress.to_json()
             if self.rank > 0:  # progress.json is rank 0's
                 return
             if self.metrics is not None and set(changes) & {"last_committed_step", "last_mirrored_step"}:

@@ -1,31 +1,24 @@
-"""The manifest written last into every checkpoint, and verification against it."""
+"""Checksums of checkpoint files, and verification against the manifest (its schema: ``ckpt_engine.contract``)."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
-import json
 import mmap
 import os
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from ckpt_engine.contract import MANIFEST_NAME, FileEntry, Manifest, parse_step
 from ckpt_engine.errors import CorruptCheckpointError
-from ckpt_engine.layout import (
-    MANIFEST_NAME,
-    parse_step,
-)
-from ckpt_engine.sniff import check_manifest_format
 from ckpt_engine.storage.base import Storage
 
-FORMAT = "ckpt_engine/1"
 _READ_BLOCK = 8 << 20
 
 
@@ -145,47 +138,6 @@ def checksum_buffer(data: bytes | memoryview | Any, like: str | None = None) -> 
 
     digests = hash_pool().map(chunk_digest, offsets)
     return f"{CHECKSUM_PREFIX}{xxhash.xxh3_64(b''.join(digests)).hexdigest()}"
-
-
-def utc_now() -> str:
-    """Current time as ISO 8601 with a UTC offset."""
-    return datetime.now(timezone.utc).isoformat()
-
-
-@dataclass
-class FileEntry:
-    """One file of a checkpoint as committed."""
-
-    size: int
-    checksum: str
-
-
-@dataclass
-class Manifest:
-    """What a committed checkpoint contains; its presence means the checkpoint is complete."""
-
-    step: int
-    files: dict[str, FileEntry]
-    layout: str = "state"
-    created_at: str = field(default_factory=utc_now)
-    format: str = FORMAT
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> bytes:
-        """Serialized form."""
-        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> Manifest:
-        """Parse a manifest; raises CorruptCheckpointError on bad content."""
-        try:
-            data = json.loads(raw)
-            check_manifest_format(MANIFEST_NAME, data.get("format"), FORMAT)
-            files = {name: FileEntry(**entry) for name, entry in data["files"].items()}
-            return cls(step=int(data["step"]), files=files, layout=data.get("layout", "state"),
-                       created_at=data.get("created_at", ""), metadata=data.get("metadata", {}))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptCheckpointError(f"unreadable manifest: {exc}") from exc
 
 
 @dataclass

@@ -17,11 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from ckpt_engine.errors import CorruptCheckpointError
-from ckpt_engine.layout import MANIFEST_NAME, PROGRESS_NAME, TMP_PREFIX, TRASH_PREFIX, checkpoint_dir
-from ckpt_engine.manifest import (
+from ckpt_engine.contract import (
+    MANIFEST_NAME,
+    PROGRESS_NAME,
+    TMP_PREFIX,
+    TRASH_PREFIX,
     FileEntry,
     Manifest,
+    checkpoint_dir,
+)
+from ckpt_engine.errors import CorruptCheckpointError
+from ckpt_engine.manifest import (
     format_checksum,
     list_checkpoint_steps,
     new_hasher,

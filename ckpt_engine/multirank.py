@@ -45,9 +45,8 @@ from typing import Any
 
 import xxhash
 
+from ckpt_engine.contract import TMP_PREFIX, FileEntry
 from ckpt_engine.errors import CorruptCheckpointError, PersistError
-from ckpt_engine.layout import TMP_PREFIX
-from ckpt_engine.manifest import FileEntry
 from ckpt_engine.storage.base import Storage
 from ckpt_engine.storage.file import fsync_dir
 

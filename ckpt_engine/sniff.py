@@ -5,8 +5,7 @@ DeepSpeed and DataStates adapters) turn a ``torch.save`` file into objects; when
 fails, :func:`explain_unreadable` looks at the file's first bytes and names what it
 looks like: DataStates-LLM's own format (an 8-byte little-endian header length, then a
 JSON header with ``datastates_metadata``), safetensors, a truncated zip, a bare pickle,
-an empty file. :func:`check_manifest_format` does the same for a ``manifest.json`` from
-a newer SAT.
+an empty file. (A ``manifest.json`` from a newer SAT: ``ckpt_engine.contract.check_manifest_format``.)
 """
 
 from __future__ import annotations
@@ -111,19 +110,3 @@ def load_torch_file(source: str | bytes | memoryview, *, name: str | None = None
             raise explain_unreadable(source, exc) from exc
         data = bytes(source[:_HEAD_BYTES])
         raise explain_bytes(str(label), data, len(source), exc) from exc
-
-
-def check_manifest_format(name: str, found: Any, supported: str) -> None:
-    """Raise UnreadableCheckpointError when a manifest's ``format`` is not ``supported`` (e.g. a newer SAT's)."""
-    if found == supported:
-        return
-    family, _, version = str(found).partition("/")
-    ours = supported.partition("/")[2]
-    if family == supported.partition("/")[0] and version.isdigit() and ours.isdigit() and int(version) > int(ours):
-        raise UnreadableCheckpointError(
-            f"{name}: written by a newer SAT (checkpoint format {found!r}; this engine reads {supported!r}). "
-            "What to do: run the job with the newer SAT's engine (refresh CHECKPOINT_VENDOR with `sat vendor`), "
-            "or resume from a checkpoint this version wrote.")
-    raise UnreadableCheckpointError(
-        f"{name}: unknown checkpoint format {found!r} (this engine reads {supported!r}); it was not written by "
-        "SAT's engine. What to do: check the path, or resume from a checkpoint SAT wrote.")

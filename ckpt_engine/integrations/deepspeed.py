@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 
+from ckpt_engine.contract import MANIFEST_NAME, TMP_PREFIX, FileEntry, Manifest
 from ckpt_engine.errors import CorruptCheckpointError, NotCommittedError, PersistError
 from ckpt_engine.formats import BytesFile, FilePlan, plan_torch_file
 from ckpt_engine.integrations.state_files import BaseCheckpointEngine
-from ckpt_engine.layout import MANIFEST_NAME, TMP_PREFIX
-from ckpt_engine.manifest import FileEntry, Manifest
 from ckpt_engine.multirank import (
     DEFAULT_POLL_S,
     DEFAULT_TIMEOUT_S,

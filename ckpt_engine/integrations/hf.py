@@ -31,6 +31,13 @@ import torch
 from transformers import TrainerCallback
 
 from ckpt_engine.config import RuntimeConfig
+from ckpt_engine.contract import (
+    CONCURRENT_DIR,
+    LAST_STEP_ENV,
+    attempt_from_env,
+    checkpoint_dir,
+    parse_step,
+)
 from ckpt_engine.engine import CheckpointEngine, SaveHandle
 from ckpt_engine.errors import ConfigError
 from ckpt_engine.formats import (
@@ -40,14 +47,12 @@ from ckpt_engine.formats import (
     plan_safetensors,
     plan_torch_file,
 )
-from ckpt_engine.layout import CONCURRENT_DIR, checkpoint_dir, parse_step
 from ckpt_engine.manifest import list_checkpoint_steps, verify_checkpoint
 from ckpt_engine.metrics import recorder as metrics_recorder
 from ckpt_engine.signals import GracefulTermination, StopVote
 
 log = logging.getLogger("ckpt_engine")
 
-CKPT_LAST_STEP_ENV = "CKPT_LAST_STEP"
 MIRROR_EXIT_MARGIN_S = 2.0  # after SIGTERM, stop waiting for the mirror this long before the grace period ends
 
 
@@ -108,9 +113,9 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         """
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].setdefault("sat_time", round(time.time(), 3))
-            attempt = os.environ.get("SAT_ATTEMPT", "")
-            if attempt.isdigit():
-                state.log_history[-1].setdefault("sat_attempt", int(attempt))
+            attempt = attempt_from_env()
+            if attempt is not None:
+                state.log_history[-1].setdefault("sat_attempt", attempt)
         if logs and self.owner.engine.metrics is not None:
             self.owner.engine.metrics.note_log(logs, state.global_step, _samples_per_step(args),
                                                getattr(state, "num_input_tokens_seen", None))
@@ -274,11 +279,11 @@ class DecoratedCheckpointing:
     @staticmethod
     def requested_step() -> int:
         """Step asked for by ``CKPT_LAST_STEP`` (-1, the newest, when unset)."""
-        raw = os.environ.get(CKPT_LAST_STEP_ENV, "-1").strip() or "-1"
+        raw = os.environ.get(LAST_STEP_ENV, "-1").strip() or "-1"
         try:
             return int(raw)
         except ValueError:
-            raise ConfigError(f"{CKPT_LAST_STEP_ENV}={raw!r} is not an integer step") from None
+            raise ConfigError(f"{LAST_STEP_ENV}={raw!r} is not an integer step") from None
 
     def resolve_resume(self, step: int = -1) -> str | None:
         """Path of the checkpoint to resume from, or None (logged) to start fresh.

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckpt_engine.config import DataStatesConfig
+from ckpt_engine.contract import FileEntry
 from ckpt_engine.engine import CheckpointEngine as _Engine
 from ckpt_engine.errors import PersistError
 from ckpt_engine.formats import plan_torch_file
-from ckpt_engine.manifest import FileEntry
 from ckpt_engine.sniff import load_torch_file
 from ckpt_engine.storage.file import FileStorage, fsync_dir
 

@@ -24,11 +24,10 @@ import threading
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
+from ckpt_engine.contract import MANIFEST_NAME, S3_ENDPOINT_ENV
 from ckpt_engine.errors import StorageError
-from ckpt_engine.layout import MANIFEST_NAME
 from ckpt_engine.storage.base import Storage, StorageWriter
 
-ENDPOINT_ENV = "CKPT_S3_ENDPOINT_URL"
 _ENDPOINT_FALLBACK_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 DEFAULT_REGION = "us-east-1"
 PART_BYTES = 16 << 20
@@ -39,7 +38,7 @@ _DELETE_BATCH = 1000
 
 def endpoint_from_env() -> str | None:
     """The S3 endpoint URL the environment names, or None for AWS's own endpoints."""
-    for name in (ENDPOINT_ENV, *_ENDPOINT_FALLBACK_ENVS):
+    for name in (S3_ENDPOINT_ENV, *_ENDPOINT_FALLBACK_ENVS):
         value = os.environ.get(name, "").strip()
         if value:
             return value

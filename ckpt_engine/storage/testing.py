@@ -14,6 +14,7 @@ import os
 import threading
 from typing import BinaryIO
 
+from ckpt_engine.contract import PROGRESS_NAME
 from ckpt_engine.storage.base import Storage, StorageWriter
 
 
@@ -158,7 +159,7 @@ class FaultyStorage(Storage):
         return self.inner.open_reader(key)
 
     def write_atomic(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        if not key.endswith("progress.json"):
+        if not key.endswith(PROGRESS_NAME):
             self._account(len(data))
         self.inner.write_atomic(key, data, durable=durable)
 

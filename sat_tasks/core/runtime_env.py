@@ -1,12 +1,13 @@
-"""The environment contract between SAT and a training process, the same on every backend."""
+"""The environment SAT gives a training process, the same on every backend (the names: `ckpt_engine.contract`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from ckpt_engine import contract
 from sat_tasks.config import sat_setting
-from sat_tasks.spec import GRACE_ENV, TrainingJob
+from sat_tasks.spec import TrainingJob
 
 # Where the training image carries the vendored checkpoint engine (docker/training.Dockerfile).
 IMAGE_VENDOR_DIR = "/opt/sat/checkpoint_vendor"
@@ -30,7 +31,7 @@ def final_checkpoint_grace_seconds(job: TrainingJob) -> float:
     The job's `env.CKPT_GRACE_SECONDS` (validated by the spec), else
     `[sat] final_checkpoint_grace_seconds`.
     """
-    return float(job.env.get(GRACE_ENV) or sat_setting("final_checkpoint_grace_seconds"))
+    return float(job.env.get(contract.GRACE_ENV) or sat_setting("final_checkpoint_grace_seconds"))
 
 
 def pod_grace_seconds(job: TrainingJob, configured: int) -> int:
@@ -83,40 +84,40 @@ def training_environment(
     env = dict(job.env)
     env.update(
         {
-            "CHECKPOINT_VENDOR": paths.vendor_dir,
+            contract.VENDOR_ENV: paths.vendor_dir,
             "PYTHONPATH": paths.vendor_dir,
             "HF_DATASETS_OFFLINE": "1",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
-            "SAT_JOB_NAME": job.name,
-            "SAT_ATTEMPT": str(attempt),
-            "SAT_NODE": node,
-            "SAT_DATA_DIR": paths.data_dir,
-            "SAT_OUTPUT_DIR": paths.output_dir,
-            "SAT_CODE_DIR": paths.code_dir,
-            "SAT_FRAMEWORK": job.framework.value,
-            "SAT_NODES": str(job.nodes),
+            contract.JOB_NAME_ENV: job.name,
+            contract.ATTEMPT_ENV: str(attempt),
+            contract.NODE_ENV: node,
+            contract.DATA_DIR_ENV: paths.data_dir,
+            contract.OUTPUT_DIR_ENV: paths.output_dir,
+            contract.CODE_DIR_ENV: paths.code_dir,
+            contract.FRAMEWORK_ENV: job.framework.value,
+            contract.NODES_ENV: str(job.nodes),
         }
     )
     grace = final_checkpoint_grace_seconds(job)
-    env.setdefault(GRACE_ENV, f"{grace:g}")
+    env.setdefault(contract.GRACE_ENV, f"{grace:g}")
     if job.distributed:
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(math.ceil(grace) + LAUNCHER_GRACE_MARGIN_S))
     if resume_step is not None:
-        env["CKPT_LAST_STEP"] = str(resume_step)
+        env[contract.LAST_STEP_ENV] = str(resume_step)
     if mirror_url:
-        env["CKPT_MIRROR_URL"] = mirror_url
+        env[contract.MIRROR_URL_ENV] = mirror_url
     if s3_endpoint_url:
-        env["CKPT_S3_ENDPOINT_URL"] = s3_endpoint_url
+        env[contract.S3_ENDPOINT_ENV] = s3_endpoint_url
     if metrics_dir:
-        env["SAT_METRICS_DIR"] = metrics_dir
-        env.setdefault("SAT_METRICS_INTERVAL_SECONDS", sat_setting("metrics_interval_seconds"))
+        env[contract.METRICS_DIR_ENV] = metrics_dir
+        env.setdefault(contract.METRICS_INTERVAL_ENV, sat_setting("metrics_interval_seconds"))
         if failovers is not None:
-            env["SAT_FAILOVERS_USED"] = str(failovers)
+            env[contract.FAILOVERS_USED_ENV] = str(failovers)
         if metrics_url:
-            env["SAT_METRICS_URL"] = metrics_url
+            env[contract.METRICS_URL_ENV] = metrics_url
         otlp = sat_setting("otlp_endpoint")
         if otlp:
-            env.setdefault("SAT_OTLP_ENDPOINT", otlp)
+            env.setdefault(contract.OTLP_ENV, otlp)
     return env

@@ -2,7 +2,8 @@
 
 Object Storage holds everything a later task (on any worker) needs: the status history,
 each attempt's record, verdict and log section, the engine's mirrored progress and
-checkpoints, the outputs, the job log and the report:
+checkpoints, the outputs, the job log and the report. The names are the runtime contract's
+(`ckpt_engine.contract`, ADR 0018); this module turns them into URIs:
 
     <results>/<job>/<run_id>/
         status.json                      the status history (StatusHistory)
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ckpt_engine import contract
 from sat_tasks import config
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Plan, Verdict
@@ -32,9 +34,6 @@ from sat_tasks.io import object_storage as storage
 from sat_tasks.spec import TrainingJob, split_s3_uri
 
 Log = Callable[[str], None]
-# The engine's progress file, in its checkpoint root (local) and in its mirror (Object Storage).
-PROGRESS_NAME = "progress.json"
-CHECKPOINT_ROOT = "concurrent_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class JobRun:
 
     @property
     def job_log(self) -> Path:
-        return self.run_dir / "job.log"
+        return self.run_dir / contract.JOB_LOG_NAME
 
     @property
     def vendor_dir(self) -> Path:
@@ -87,57 +86,57 @@ class JobRun:
     @property
     def mirror_uri(self) -> str:
         """Where the engine mirrors committed checkpoints and its progress (`CKPT_MIRROR_URL`)."""
-        return self.results_uri + "checkpoints/"
+        return self.results_uri + contract.MIRROR_DIR
 
     @property
     def progress_uri(self) -> str:
         """The engine's progress.json as its mirror keeps it (read by the Kubernetes backend)."""
-        return self.mirror_uri + PROGRESS_NAME
+        return self.mirror_uri + contract.PROGRESS_NAME
 
     @property
     def metrics_uri(self) -> str:
         """The job's metrics series (`SAT_METRICS_URL`): `attempt-<k>/<node>/<series>.jsonl`."""
-        return self.results_uri + "metrics/"
+        return self.results_uri + contract.METRICS_DIR
 
     @property
     def report_html_uri(self) -> str:
-        return self.results_uri + "report.html"
+        return self.results_uri + contract.REPORT_HTML_NAME
 
     @property
     def output_uri(self) -> str:
-        return self.results_uri + "output/"
+        return self.results_uri + contract.OUTPUT_DIR
 
     def attempt_uri(self, attempt: int) -> str:
-        return f"{self.results_uri}attempts/attempt-{attempt}.json"
+        return self.results_uri + contract.attempt_record_name(attempt)
 
     def verdict_uri(self, attempt: int) -> str:
-        return f"{self.results_uri}attempts/attempt-{attempt}.verdict.json"
+        return self.results_uri + contract.verdict_name(attempt)
 
     def attempt_log_uri(self, attempt: int) -> str:
         """Kubernetes: the attempt's section of job.log (its pods' logs), kept by classify."""
-        return f"{self.results_uri}attempts/attempt-{attempt}.log"
+        return self.results_uri + contract.attempt_log_name(attempt)
 
     def task_failure_uri(self, task_id: str) -> str:
         """Why a task failed, as it noted it (what `finalize` quotes)."""
-        return f"{self.results_uri}task-failures/{task_id}.json"
+        return self.results_uri + contract.task_failure_name(task_id)
 
     @property
     def status_uri(self) -> str:
-        return f"{self.results_uri}status.json"
+        return self.results_uri + contract.STATUS_NAME
 
     @property
     def report_uri(self) -> str:
-        return f"{self.results_uri}report.json"
+        return self.results_uri + contract.REPORT_NAME
 
     @property
     def stop_uri(self) -> str:
         """A person's request to stop the run: `{"by": user, "at": iso time, "via": ...}`."""
-        return f"{self.results_uri}stop.json"
+        return self.results_uri + contract.STOP_NAME
 
     @property
     def tags_uri(self) -> str:
         """The run's tags as edited after it started (the spec's tags until then)."""
-        return f"{self.results_uri}tags.json"
+        return self.results_uri + contract.TAGS_NAME
 
     def stop_request(self) -> dict[str, Any] | None:
         """The stop request of this run, or None (nobody asked)."""
@@ -173,7 +172,7 @@ class JobRun:
         if plan.exclude_nodes:
             log(f"avoiding nodes of failed attempts: {', '.join(plan.exclude_nodes)}")
         if plan.resume_step is not None:
-            log(f"resuming with CKPT_LAST_STEP={plan.resume_step}")
+            log(f"resuming with {contract.LAST_STEP_ENV}={plan.resume_step}")
 
     # ---- records -------------------------------------------------------------------------------
     def store_record(self, record: AttemptRecord) -> None:

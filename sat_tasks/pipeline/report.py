@@ -9,27 +9,38 @@ checkpoint), and the committed checkpoints (uploaded, else mirrored).
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from sat_tasks.io.run_layout import CHECKPOINT_ROOT, JobRun
+from ckpt_engine.contract import (
+    CONCURRENT_DIR,
+    MANIFEST_NAME,
+    TRAINER_STATE_NAME,
+    ProgressRecord,
+    checkpoint_dir,
+    parse_step,
+)
+from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import split_s3_uri
-
-_CHECKPOINT = re.compile(r"(?:^|/)checkpoint-(\d+)/manifest\.json$")
 
 
 def committed_checkpoints(hook: Any, prefix_uri: str) -> list[int]:
     """Steps of the `checkpoint-<step>/` directories under `prefix_uri` that have their manifest."""
     bucket, prefix = split_s3_uri(prefix_uri)
     keys = hook.list_keys(bucket_name=bucket, prefix=prefix) or []
-    return sorted({int(m.group(1)) for key in keys if (m := _CHECKPOINT.search(key[len(prefix):]))})
+    return sorted({step for key in keys if (step := _manifest_step(key[len(prefix):])) is not None})
+
+
+def _manifest_step(key: str) -> int | None:
+    """The step of a `[.../]checkpoint-<step>/manifest.json` key, else None."""
+    parts = key.split("/")
+    return parse_step(parts[-2]) if len(parts) >= 2 and parts[-1] == MANIFEST_NAME else None
 
 
 def _trainer_state(run: JobRun, hook: Any, mirrored: list[int]) -> dict[str, Any]:
     from sat_tasks.io.object_storage import read_json
 
-    candidates = [run.output_uri + "trainer_state.json"]
-    candidates += [f"{run.mirror_uri}checkpoint-{step}/trainer_state.json" for step in reversed(mirrored)]
+    candidates = [run.output_uri + TRAINER_STATE_NAME]
+    candidates += [f"{run.mirror_uri}{checkpoint_dir(step)}/{TRAINER_STATE_NAME}" for step in reversed(mirrored)]
     for uri in candidates:
         try:
             state = read_json(hook, uri)
@@ -49,20 +60,20 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
         if record is None:
             continue
         verdict = run.load_verdict(n)
-        progress = record.progress or {}
+        progress = ProgressRecord.from_dict(record.progress)
         attempts.append({
             "attempt": n,
             "node": record.node,
             "exit_code": record.exit_code,
             "verdict": verdict.kind.value if verdict else None,
             "evidence": verdict.evidence[:3] if verdict else [],
-            "resumed_from": progress.get("resumed_from_step"),
-            "last_committed_step": progress.get("last_committed_step"),
-            "step_at_end": progress.get("step"),
+            "resumed_from": progress.resumed_from_step,
+            "last_committed_step": progress.last_committed_step,
+            "step_at_end": progress.step,
             "started_at": record.started_at.isoformat() if record.started_at else None,
             "finished_at": record.finished_at.isoformat() if record.finished_at else None,
         })
-    uploaded = committed_checkpoints(hook, f"{run.output_uri}{CHECKPOINT_ROOT}/")
+    uploaded = committed_checkpoints(hook, f"{run.output_uri}{CONCURRENT_DIR}/")
     mirrored = committed_checkpoints(hook, run.mirror_uri)
     state = _trainer_state(run, hook, mirrored)
     losses = [(e["step"], e["loss"]) for e in state.get("log_history", []) if "loss" in e]
@@ -75,7 +86,7 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
         "global_step": state.get("global_step"),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
-        "checkpoints": [f"checkpoint-{step}" for step in (uploaded or mirrored)],
+        "checkpoints": [checkpoint_dir(step) for step in (uploaded or mirrored)],
         "results": run.results_uri,
         **_warm_section(run, hook),
     }

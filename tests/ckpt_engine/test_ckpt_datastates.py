@@ -213,7 +213,7 @@ def test_unreadable_files_name_the_file_what_it_looks_like_and_what_to_do(tmp_pa
 
 
 def test_a_manifest_from_a_newer_sat_says_so() -> None:
-    from ckpt_engine.manifest import Manifest
+    from ckpt_engine.contract import Manifest
 
     with pytest.raises(UnreadableCheckpointError, match="newer SAT.*ckpt_engine/2"):
         Manifest.from_json(b'{"format": "ckpt_engine/2", "step": 1, "files": {}}')

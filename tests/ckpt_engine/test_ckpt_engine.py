@@ -12,7 +12,7 @@ import torch
 
 import ckpt_engine.engine as engine_module
 from ckpt_engine import CheckpointEngine, MemoryStorage, verify_checkpoint
-from ckpt_engine.engine import PROGRESS_NAME
+from ckpt_engine.contract import PROGRESS_NAME
 from ckpt_engine.errors import CheckpointNotFoundError
 
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from ckpt_engine import CheckpointEngine, FaultyStorage
+from ckpt_engine.contract import FileEntry
 from ckpt_engine.formats import BytesFile, plan_torch_file
-from ckpt_engine.manifest import CHECKSUM_PREFIX, FileEntry, split_for_ranks
+from ckpt_engine.manifest import CHECKSUM_PREFIX, split_for_ranks
 from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
 from ckpt_helpers import flip_byte, read_progress, seed_env, write_ds_config
 from sat_tasks.io.local_s3 import free_port

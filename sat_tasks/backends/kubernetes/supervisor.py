@@ -6,10 +6,10 @@ import math
 import re
 from typing import Any
 
+from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_NAME
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.core.joblog import START_MARKER
 from sat_tasks.core.runtime_env import POD_OUTPUT_DIR
-from sat_tasks.io.run_layout import CHECKPOINT_ROOT, PROGRESS_NAME
 from sat_tasks.spec import Framework, TrainingJob
 
 # `python [-u|-B|-O...] script.py ...` or `python ... -m module ...`: what a launcher can take over.
@@ -128,7 +128,7 @@ def supervisor_script(job: TrainingJob, settings: KubernetesSettings) -> str:
 
 
 # ---- probes: start-up, then liveness (ADR 0010) -----------------------------------------------
-PROGRESS_FILE = f"{POD_OUTPUT_DIR}/{CHECKPOINT_ROOT}/{PROGRESS_NAME}"
+PROGRESS_FILE = f"{POD_OUTPUT_DIR}/{CONCURRENT_DIR}/{PROGRESS_NAME}"
 PROBE_PERIOD_SECONDS = 10
 # The engine stamps progress.json with its attempt (SAT_ATTEMPT) and the step once training
 # runs; written by json.dumps, so with the whitespace removed the keys read `"step":<n>`.

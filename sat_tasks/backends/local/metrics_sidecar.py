@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ckpt_engine.metrics import SIDECAR_ENV
+from ckpt_engine.contract import METRICS_SIDECAR_ENV as SIDECAR_ENV
 
 __all__ = ["SIDECAR_ENV", "MetricsSidecar"]
 

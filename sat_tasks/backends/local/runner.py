@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_NAME
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.core.procs import carries, state_of
 from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, MetricsSidecar
 from sat_tasks.errors import SatError
-from sat_tasks.io.run_layout import CHECKPOINT_ROOT, PROGRESS_NAME
 from sat_tasks.spec import Fault, FaultKind
 
 Log = Callable[[str], None]
 LOG_TAIL_LINES = 200
-PROGRESS_RELATIVE = Path(CHECKPOINT_ROOT) / PROGRESS_NAME
+PROGRESS_RELATIVE = Path(CONCURRENT_DIR) / PROGRESS_NAME
 # Every process of an attempt inherits this variable, with a value of its own: how the
 # runner finds the processes a launcher started in other sessions (torchrun's workers).
 ATTEMPT_TAG_ENV = "SAT_ATTEMPT_TAG"

@@ -13,20 +13,22 @@ interrupts the main thread through a signal handler:
   the engine takes its final checkpoint), at most SAT_REHEARSE_HOLD_SECONDS. A tiny test
   model trains faster than the launcher polls; without the hold it could finish first.
 
-Without SAT_REHEARSE_AT_STEP, or in another attempt, this module does nothing.
+Without SAT_REHEARSE_AT_STEP, or in another attempt, this module does nothing. The names
+are the runtime contract's (`ckpt_engine.contract`: the vendored engine is on PYTHONPATH).
 """
 
-import json
 import os
 import signal
 import sys
 import threading
 import time
 
-_AT = os.environ.get("SAT_REHEARSE_AT_STEP")
-_ACTION = os.environ.get("SAT_REHEARSE_ACTION", "raise")
-_ATTEMPT = os.environ.get("SAT_REHEARSE_ATTEMPT", "1")
-_HOLD_SECONDS = float(os.environ.get("SAT_REHEARSE_HOLD_SECONDS", "120"))
+from ckpt_engine import contract
+
+_AT = os.environ.get(contract.REHEARSE_AT_STEP_ENV)
+_ACTION = os.environ.get(contract.REHEARSE_ACTION_ENV, "raise")
+_ATTEMPT = os.environ.get(contract.REHEARSE_ATTEMPT_ENV, "1")
+_HOLD_SECONDS = float(os.environ.get(contract.REHEARSE_HOLD_SECONDS_ENV, "120"))
 _LAUNCHERS = ("torchrun", "deepspeed")
 
 
@@ -67,18 +69,19 @@ def _watch(path, at_step, attempt):
     while True:
         time.sleep(0.05)
         try:
-            with open(path, encoding="utf-8") as handle:
-                progress = json.load(handle)
-        except (OSError, ValueError):
+            with open(path, "rb") as handle:
+                progress = contract.ProgressRecord.from_json(handle.read())
+        except OSError:
             continue
-        mine = progress.get("attempt") in (None, attempt)
-        if mine and int(progress.get("step") or 0) >= at_step:
+        mine = progress.attempt in (None, attempt)
+        if mine and int(progress.step or 0) >= at_step:
             os.kill(os.getpid(), signal.SIGUSR2)
             return
 
 
-if _AT and os.environ.get("SAT_ATTEMPT", "1") == _ATTEMPT:
+if _AT and os.environ.get(contract.ATTEMPT_ENV, "1") == _ATTEMPT:
     signal.signal(signal.SIGUSR2, _hold if _ACTION == "hold" else _raise)
-    _progress = os.path.join(os.environ.get("SAT_OUTPUT_DIR", "."), "concurrent_checkpoint", "progress.json")
+    _progress = os.path.join(os.environ.get(contract.OUTPUT_DIR_ENV, "."), contract.CONCURRENT_DIR,
+                             contract.PROGRESS_NAME)
     threading.Thread(target=_watch, args=(_progress, int(_AT), int(_ATTEMPT)), daemon=True,
                      name="sat-rehearsal").start()
