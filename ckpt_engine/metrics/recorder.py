@@ -1,27 +1,10 @@
-"""Per-job metrics of a training process: JSON lines per series, mirrored to Object Storage, optional OTLP export.
+"""One process's metrics series: what the training thread notes, what the sampler thread writes and uploads.
 
-Four series, each a file of JSON lines (one record per sample) under ``SAT_METRICS_DIR``
-(``attempt-<k>/<node>/<series>.jsonl``), copied every interval to ``SAT_METRICS_URL``
-(SAT sets it to ``<results>/<job>/<run_id>/metrics/``) so they survive a failover:
-
-- ``training`` (global rank 0): global step, loss, learning rate, epoch, steps/s,
-  samples/s and tokens/s over the interval (tokens only where the Trainer counts them);
-- ``checkpoint`` (global rank 0): one ``save`` record per committed checkpoint (blocking,
-  stage, persist seconds, bytes) and a ``state`` record per interval (last committed and
-  mirrored step, mirror lag);
-- ``system`` (local rank 0, one per node): CPU % and memory of the node (device
-  ``host``), and per GPU (device ``gpu<i>``) utilization, memory, temperature, power and
-  ECC counts through NVML; without NVML or a GPU there are no GPU records at all;
-- ``job`` (global rank 0): status, attempt, failovers used, goodput so far.
-
-Every record carries ``time`` (Unix seconds), ``series``, ``job``, ``run``, ``attempt``,
-``node`` and ``device``. Call order: ``recorder()`` (one per process, from the
-environment; None when ``SAT_METRICS_DIR`` is unset) -> ``note_*`` from the training
-thread (an append to a list, nothing else) -> the sampler thread samples, writes and
-uploads every ``SAT_METRICS_INTERVAL_SECONDS`` -> ``close()`` (also at exit) flushes the
-rest. With ``SAT_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` the same values go
-out as OTLP/HTTP gauges (``sat.<series>.<field>``, units in ``OTLP_FIELDS``), resource
-attributes ``job``, ``run``, ``attempt``, ``node``, data point attribute ``device``.
+``training`` (global rank 0): global step, loss, learning rate, epoch, steps/s, samples/s and
+tokens/s over the interval; ``checkpoint`` (global rank 0): one ``save`` record per committed
+checkpoint and a ``state`` record per interval; ``system`` (local rank 0): the node's CPU and
+memory (psutil) and its GPUs (``gpu.GpuReader``); ``job`` (global rank 0): status, attempt,
+failovers used, goodput so far. Files and names: ``ckpt_engine.contract`` (``series_path``).
 """
 
 from __future__ import annotations
@@ -37,64 +20,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_engine.contract import (
+    ATTEMPT_ENV,
+    FAILOVERS_USED_ENV,
+    HOST_DEVICE,
+    JOB_NAME_ENV,
+    METRICS_INTERVAL_ENV,
+    METRICS_URL_ENV,
+    NODE_ENV,
+    OTLP_ENV,
+    RUN_ID_ENV,
+    SERIES,
+    env_int,
+    series_path,
+)
+from ckpt_engine.metrics.gpu import GpuReader
+from ckpt_engine.metrics.otlp import OtlpExport
+
 log = logging.getLogger("ckpt_engine")
 
-DIR_ENV = "SAT_METRICS_DIR"
-URL_ENV = "SAT_METRICS_URL"
-INTERVAL_ENV = "SAT_METRICS_INTERVAL_SECONDS"
-OTLP_ENV = "SAT_OTLP_ENDPOINT"
-# Set by the launcher when the node's sidecar sampler (`python -m ckpt_engine.metrics`) runs
-# beside the command: the sidecar writes the system and job series, the training process
-# only training and checkpoint.
-SIDECAR_ENV = "SAT_METRICS_SIDECAR"
-# The engine's progress.json, which the sidecar watches for the attempt's first training step.
-PROGRESS_ENV = "SAT_PROGRESS_FILE"
 DEFAULT_INTERVAL_S = 300.0
-SERIES = ("training", "checkpoint", "system", "job")
-HOST_DEVICE = "host"
-
-# field -> (OTLP unit, description); the OTLP name is sat.<series>.<field>.
-OTLP_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
-    "training": {
-        "global_step": ("{step}", "the Trainer's global step"),
-        "loss": ("1", "mean training loss logged in the interval"),
-        "learning_rate": ("1", "learning rate"),
-        "epoch": ("1", "epoch (fractional)"),
-        "steps_per_second": ("{step}/s", "optimizer steps per second over the interval"),
-        "samples_per_second": ("{sample}/s", "samples per second over the interval"),
-        "tokens_per_second": ("{token}/s", "input tokens per second over the interval"),
-    },
-    "checkpoint": {
-        "blocking_s": ("s", "seconds the training loop waited for a save"),
-        "stage_s": ("s", "seconds to stage a save into host memory"),
-        "persist_s": ("s", "seconds from save to all files written"),
-        "bytes": ("By", "bytes of the committed checkpoint"),
-        "last_committed_step": ("{step}", "newest committed checkpoint"),
-        "last_mirrored_step": ("{step}", "newest checkpoint in Object Storage"),
-        "mirror_lag_steps": ("{step}", "steps between the newest committed and the newest mirrored checkpoint"),
-    },
-    "system": {
-        "cpu_percent": ("%", "CPU utilization of the node"),
-        "memory_used_bytes": ("By", "memory used on the node or GPU"),
-        "memory_total_bytes": ("By", "memory of the node or GPU"),
-        "gpu_utilization_percent": ("%", "GPU utilization"),
-        "temperature_c": ("Cel", "GPU temperature"),
-        "power_w": ("W", "GPU power draw"),
-        "ecc_corrected": ("{error}", "corrected ECC errors (volatile)"),
-        "ecc_uncorrected": ("{error}", "uncorrected ECC errors (volatile)"),
-    },
-    "job": {
-        "attempt": ("{attempt}", "attempt number"),
-        "failovers_used": ("{failover}", "hardware failovers used before this attempt"),
-        "goodput": ("1", "training time / wall time of the job so far"),
-        "running": ("1", "1 while the job is in the status given by the status attribute"),
-    },
-}
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw.lstrip("-").isdigit() else None
 
 
 def _env_float(name: str) -> float | None:
@@ -104,118 +49,6 @@ def _env_float(name: str) -> float | None:
         return None
 
 
-def series_path(attempt: int | None, node: str, series: str, node_rank: int | None = None) -> str:
-    """Relative path of one series file: ``attempt-<k>/<node>[-r<node rank>]/<series>.jsonl``."""
-    where = node + (f"-r{node_rank}" if node_rank else "")
-    return f"attempt-{attempt if attempt is not None else 0}/{where}/{series}.jsonl"
-
-
-# ---- the GPU reader (NVML) -----------------------------------------------------------------------
-class GpuReader:
-    """Per-device readings through NVML (``nvidia-ml-py``); ``devices() == 0`` without a GPU or NVML.
-
-    Anything NVML cannot read is said once in the log (``say``) and left out; a field that
-    fails on one device does not stop the others.
-    """
-
-    def __init__(self, say: Callable[[str], None], nvml: Any = None) -> None:
-        self.say = say
-        self._said: set[str] = set()
-        self._nvml = nvml
-        self._handles: list[Any] = []
-        try:
-            if self._nvml is None:
-                import pynvml as nvml_module
-
-                self._nvml = nvml_module
-            self._nvml.nvmlInit()
-            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount())]
-        except Exception as exc:  # noqa: BLE001 - no library, no driver, no device: no GPU series
-            self._handles = []
-            self._once("init", f"[sat metrics] no GPU series: NVML cannot be read ({type(exc).__name__}: {exc})")
-
-    def _once(self, key: str, message: str) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            self.say(message)
-
-    def devices(self) -> int:
-        return len(self._handles)
-
-    @staticmethod
-    def _reads(nvml: Any, handle: Any) -> list[tuple[str, Callable[[], dict[str, float]]]]:
-        def memory() -> dict[str, float]:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            return {"memory_used_bytes": float(info.used), "memory_total_bytes": float(info.total)}
-
-        return [
-            ("utilization", lambda: {"gpu_utilization_percent": float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)}),
-            ("memory", memory),
-            ("temperature", lambda: {"temperature_c": float(nvml.nvmlDeviceGetTemperature(handle, 0))}),
-            ("power", lambda: {"power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}),
-            ("ecc", lambda: {"ecc_corrected": float(nvml.nvmlDeviceGetTotalEccErrors(handle, 0, 1)),
-                             "ecc_uncorrected": float(nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 1))}),
-        ]
-
-    def read(self) -> list[tuple[str, dict[str, float]]]:
-        """``[(device, values)]`` for every GPU; values NVML could not read are absent."""
-        out = []
-        nvml = self._nvml
-        for index, handle in enumerate(self._handles):
-            values: dict[str, float] = {}
-            for name, read in self._reads(nvml, handle):
-                try:
-                    values.update(read())
-                except Exception as exc:  # noqa: BLE001 - e.g. ECC or power not supported on this board
-                    self._once(f"{index}:{name}", f"[sat metrics] gpu{index}: {name} not readable through NVML "
-                                                  f"({type(exc).__name__}: {exc}); left out")
-            out.append((f"gpu{index}", values))
-        return out
-
-
-# ---- OTLP ----------------------------------------------------------------------------------------
-class OtlpExport:
-    """The series as OTLP/HTTP gauges, exported by the OpenTelemetry SDK every interval."""
-
-    def __init__(self, endpoint: str, interval_s: float, resource: dict[str, str]) -> None:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-            OTLPMetricExporter,
-        )
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-        from opentelemetry.sdk.resources import Resource
-
-        url = endpoint.rstrip("/")
-        if not url.endswith("/v1/metrics"):
-            url += "/v1/metrics"
-        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=url),
-                                               export_interval_millis=max(interval_s, 0.1) * 1000)
-        self.provider = MeterProvider(resource=Resource.create({"service.name": "sat-training", **resource}),
-                                      metric_readers=[reader])
-        meter = self.provider.get_meter("sat")
-        self.gauges = {
-            (series, name): meter.create_gauge(f"sat.{series}.{name}", unit=unit, description=text)
-            for series, fields in OTLP_FIELDS.items() for name, (unit, text) in fields.items()
-        }
-
-    def record(self, record: dict[str, Any]) -> None:
-        series = record["series"]
-        attributes = {"device": record.get("device") or HOST_DEVICE}
-        if series == "job" and record.get("status"):
-            attributes["status"] = str(record["status"])
-        for name, value in record.items():
-            gauge = self.gauges.get((series, name))
-            if gauge is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
-                gauge.set(value, attributes)
-
-    def close(self) -> None:
-        try:
-            self.provider.shutdown()  # a last export of what was set
-        except Exception as exc:  # noqa: BLE001 - the collector is gone: the JSON lines still have it
-            log.warning("[sat metrics] OTLP shutdown failed: %r", exc)
-
-
-# ---- the recorder --------------------------------------------------------------------------------
 @dataclass
 class _Training:
     losses: list[float] = field(default_factory=list)
@@ -230,7 +63,7 @@ class _Training:
 
 
 class MetricsRecorder:
-    """Writes this process's series; see the module docstring for the call order.
+    """Writes this process's series; the call order is in ``ckpt_engine.metrics``'s docstring.
 
     ``global_rank`` 0 writes training, checkpoint and job; ``local_rank`` 0 writes system;
     ``series`` overrides that choice (the sidecar: system and job; a training process beside
@@ -279,6 +112,25 @@ class MetricsRecorder:
                     k: str(v) for k, v in self.identity.items() if v not in (None, "")} | {"run": run})
             except Exception as exc:  # noqa: BLE001 - no SDK in the image: the JSON lines still go on
                 self.say(f"[sat metrics] OTLP export off: {type(exc).__name__}: {exc}")
+
+    @classmethod
+    def from_env(cls, directory: str | os.PathLike[str], series: tuple[str, ...] | None = None) -> MetricsRecorder:
+        """A recorder (not started) for this process, from the environment SAT sets (``ckpt_engine.contract``)."""
+        return cls(
+            directory,
+            interval_s=_env_float(METRICS_INTERVAL_ENV) or DEFAULT_INTERVAL_S,
+            url=os.environ.get(METRICS_URL_ENV) or None,
+            job=os.environ.get(JOB_NAME_ENV, ""),
+            run=os.environ.get(RUN_ID_ENV, ""),
+            attempt=env_int(ATTEMPT_ENV),
+            node=os.environ.get(NODE_ENV, "") or os.environ.get("HOSTNAME", ""),
+            node_rank=env_int("NODE_RANK") or env_int("GROUP_RANK"),
+            global_rank=env_int("RANK") or 0,
+            local_rank=env_int("LOCAL_RANK") or 0,
+            failovers_used=env_int(FAILOVERS_USED_ENV),
+            otlp_endpoint=os.environ.get(OTLP_ENV) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+            series=series,
+        )
 
     @property
     def writes_any(self) -> bool:
@@ -502,51 +354,6 @@ class MetricsRecorder:
             self.otlp.close()
 
 
-_recorder: MetricsRecorder | None = None
-_recorder_lock = threading.Lock()
-
-
-def _from_env(directory: str, series: tuple[str, ...] | None) -> MetricsRecorder:
-    return MetricsRecorder(
-        directory,
-        interval_s=_env_float(INTERVAL_ENV) or DEFAULT_INTERVAL_S,
-        url=os.environ.get(URL_ENV) or None,
-        job=os.environ.get("SAT_JOB_NAME", ""),
-        run=os.environ.get("SAT_RUN_ID", ""),
-        attempt=_env_int("SAT_ATTEMPT"),
-        node=os.environ.get("SAT_NODE", "") or os.environ.get("HOSTNAME", ""),
-        node_rank=_env_int("NODE_RANK") or _env_int("GROUP_RANK"),
-        global_rank=_env_int("RANK") or 0,
-        local_rank=_env_int("LOCAL_RANK") or 0,
-        failovers_used=_env_int("SAT_FAILOVERS_USED"),
-        otlp_endpoint=os.environ.get(OTLP_ENV) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
-        series=series,
-    )
-
-
-def recorder() -> MetricsRecorder | None:
-    """This process's recorder from the environment SAT sets (started), or None without ``SAT_METRICS_DIR``.
-
-    Beside a sidecar (``SAT_METRICS_SIDECAR=1``) it writes only the training and checkpoint series.
-    """
-    global _recorder
-    directory = os.environ.get(DIR_ENV, "").strip()
-    if not directory:
-        return None
-    with _recorder_lock:
-        if _recorder is None:
-            series = None
-            if os.environ.get(SIDECAR_ENV) == "1":
-                rank0 = (_env_int("RANK") or 0) == 0
-                series = ("training", "checkpoint") if rank0 else ()
-            _recorder = _from_env(directory, series).start()
-        return _recorder
-
-
-# ---- the node's sidecar sampler ---------------------------------------------------------------------
-PARENT_CHECK_S = 5.0  # after the first step the sidecar's main thread wakes only to see whether its launcher lives
-
-
 def yield_cpu(tid: int = 0, *, idle: bool = False) -> str:
     """Lower a thread's CPU priority (``tid`` 0: the calling one); returns what was set.
 
@@ -565,76 +372,3 @@ def yield_cpu(tid: int = 0, *, idle: bool = False) -> str:
         return "nice 19"
     except (AttributeError, OSError):  # pragma: no cover - not allowed
         return "unchanged"
-
-
-def _first_step(progress_file: str, attempt: int | None) -> int | None:
-    """The step in progress.json when the engine stamped it with ``attempt`` (None before the first step)."""
-    try:
-        with open(progress_file, encoding="utf-8") as handle:
-            progress = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(progress, dict) or not isinstance(progress.get("step"), int):
-        return None
-    if attempt is not None and progress.get("attempt") not in (None, attempt):
-        return None
-    return progress["step"]
-
-
-def run_sidecar(stop: threading.Event, *, poll_s: float = 1.0, parent_pid: int | None = None,
-                rec: MetricsRecorder | None = None) -> MetricsRecorder:
-    """The node's system and job series for one attempt, whatever the command is, until ``stop`` or the parent ends.
-
-    The launcher (the local runner; the pod's PID 1 supervisor) starts it beside the command,
-    so every attempt has them, also one whose script does not use SAT's engine and one that
-    dies before its first interval: a sample at once (status ``Starting``), a ``first_step``
-    job record (uploaded at once) when progress.json shows the attempt's first training step,
-    a sample every interval, and a last one (status ``Ended``) when stopped (SIGTERM).
-    """
-    if rec is None:
-        rec = _from_env(os.environ.get(DIR_ENV, "").strip() or ".", ("system", "job"))
-    progress_file = os.environ.get(PROGRESS_ENV, "").strip()
-    attempt = rec.identity["attempt"]
-    yield_cpu()  # the main thread (and the threads it starts) at nice 19: yields the CPU to training
-    rec.status = "Starting"
-    rec.sample()
-    # The periodic samples come from a SCHED_IDLE thread: it never preempts a training thread
-    # when it wakes, which nice 19 alone does (ADR 0017: +2-3% step time at a 1 s interval on
-    # two busy cores). This thread keeps the prompt ones: the first_step record and the last sample.
-    rec.start(idle=True)
-    seen_step = not progress_file
-    while not stop.wait(min(poll_s, rec.interval_s) if not seen_step else max(poll_s, PARENT_CHECK_S)):
-        if parent_pid is not None and os.getppid() != parent_pid:
-            break  # the launcher is gone (the pod's supervisor, the local runner): the attempt ended
-        if seen_step:
-            continue
-        try:
-            step = _first_step(progress_file, attempt)
-            if step is not None:
-                seen_step = True
-                rec.note_first_step(step)
-                rec.sample()
-        except Exception as exc:  # noqa: BLE001 - metrics never stop an attempt
-            rec.say(f"[sat metrics] sample failed: {type(exc).__name__}: {exc}")
-    rec.close("Ended")
-    return rec
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ckpt_engine.metrics``: the sidecar (``--check``: only whether it can run here)."""
-    import signal
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    if "--check" in args:
-        return 0 if os.environ.get(DIR_ENV, "").strip() else 1
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    run_sidecar(stop, parent_pid=os.getppid())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
