@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision
 from sat_tasks.io.run_layout import JobRun
-from sat_tasks.io.warm_pool import Claim, WarmState
+from sat_tasks.core.warm_pool import Claim, WarmState
 from sat_tasks.spec import TrainingJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -155,8 +155,12 @@ class Backend(Protocol):
     def job_log(self, run: JobRun, log: Log) -> Path | None:
         """The run's job log (all attempts) as a local file, None when there is none yet."""
 
-    def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
-        """Delete what the run kept between attempts (volume, staging pods); `kind/name` of each."""
+    def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
+        """Delete what the run kept between attempts (volume, staging pods); `kind/name` of each.
+
+        `keep_warm`: the warm pool keeps this run (decided once, by `pipeline.warm_pool`): spare
+        what `keep_warm` will hold (the Kubernetes run's claim).
+        """
 
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
         """Hold what the finished run leaves warm (staged directory, placeholder pods); the completed state."""

@@ -1,15 +1,10 @@
-"""The warm pool: what a finished run keeps warm for its job's next run, and the rules for reusing it (ADR 0015).
+"""The warm pool's store: the states runs keep warm in Object Storage, claiming and releasing them (ADR 0015).
 
-A job with `warm_pool.keep_alive_seconds` leaves, when a run Completed, one `WarmState`
-in Object Storage (`<root>/<workspace or ->/<job>.json`; root: `[sat] warm_pool_uri`,
-else `<results destination>/_warm-pool/`, a name no job can take). Its keys say what each
-part depends on:
-
-    staged data   (object key, ETag) of every staged object, and the directory (local) or the
-                  volume claim (Kubernetes) holding them
-    validation    the suite file's hash + the data's keys and ETags -> the result it had
-    image         the reference and the digest the registry check saw
-    node          the spec hash (everything but tags, schedule, warm_pool) -> the node(s)
+The rules (what a state holds, what may be reused and why) are pure functions in
+`sat_tasks.core.warm_pool`; the task functions reach all of this through one hook,
+`sat_tasks.pipeline.warm_pool`. A job with `warm_pool.keep_alive_seconds` leaves, when a run
+Completed, one `WarmState` at `<root>/<workspace or ->/<job>.json` (root: `[sat] warm_pool_uri`,
+else `<results destination>/_warm-pool/`, a name no job can take).
 
 Call order for one run: `check_image` notes the digest (`note_run`), `stage_data` takes
 the job's state (`claim`: expired -> released, a changed spec -> no node, else the whole
@@ -24,7 +19,6 @@ What the run reused is `<results>/<job>/<run_id>/warm.json`, quoted by the job l
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -32,10 +26,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from sat_tasks.config import sat_setting
-from sat_tasks.core.status import JobStatus
+from sat_tasks.core.warm_pool import (  # the records and rules, re-exported for the store's callers
+    Claim,
+    WarmState,
+    claim_parts,
+    image_reuse,
+    same_backend,
+    spec_hash,
+    validation_reuse,
+)
+from sat_tasks.core.warm_pool import not_kept_because as kept_rule
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, split_s3_uri
@@ -44,45 +45,6 @@ Log = Callable[[str], None]
 Release = Callable[["WarmState", Log], list[str]]
 WARM_PREFIX = "_warm-pool/"  # '_' cannot start a job name: no job's results collide with it
 NO_WORKSPACE = "-"
-# Spec fields that change neither the node a run needs nor what runs on it.
-_SPEC_HASH_IGNORES = ("tags", "schedule", "warm_pool")
-
-
-class WarmState(BaseModel):
-    """What one finished run keeps warm for the next run of its job (see the module doc)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    job: str
-    workspace: str | None = None
-    backend: str
-    run_id: str
-    kept_at: float
-    expires_at: float
-    spec_hash: str
-    data_source: str
-    data_dir: str = ""  # the local backend's staged directory; "" where it is not kept
-    claim: str | None = None  # Kubernetes: the run's volume claim, kept with the staged data in it
-    objects: dict[str, str] = Field(default_factory=dict)  # object key -> ETag
-    suite_hash: str | None = None
-    validation: dict[str, Any] | None = None  # the result the data passed (success only)
-    image: dict[str, Any] = Field(default_factory=dict)  # {"reference", "digest"}
-    nodes: list[str] = Field(default_factory=list)
-    placeholders: list[str] = Field(default_factory=list)  # Kubernetes: placeholder pods holding the nodes
-    namespace: str | None = None
-    interpreter_pid: int | None = None  # local: the warm interpreter (framework imported) on the node
-    interpreter_socket: str | None = None
-    resources: dict[str, Any] = Field(default_factory=dict)  # what a placeholder asks for (for release logs)
-
-    def expired(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= self.expires_at
-
-
-# ---- keys ------------------------------------------------------------------------------------
-def spec_hash(job: TrainingJob) -> str:
-    """A digest of everything in the spec the node and the training process depend on."""
-    data = {k: v for k, v in job.to_dict().items() if k not in _SPEC_HASH_IGNORES}
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def suite_hash(job: TrainingJob) -> str | None:
@@ -187,18 +149,6 @@ def note_run(hook: Any, results_uri: str, *, record: dict[str, Any] | None = Non
 
 
 # ---- claiming and reusing -------------------------------------------------------------------------
-class Claim(BaseModel):
-    """What a run takes over from the warm state of its job, part by part (None: that part is cold)."""
-
-    state: WarmState
-    data_dir: str | None = None  # reuse staged files from here (unchanged ETags only)
-    volume: str | None = None  # Kubernetes: the warm run's claim to copy the unchanged files from
-    objects: dict[str, str] = Field(default_factory=dict)
-    current: dict[str, str] | None = None  # the data's listing now, when the caller listed it (one LIST less)
-    node: list[str] = Field(default_factory=list)
-    lines: list[str] = Field(default_factory=list)  # why a part is not reused
-
-
 def claim(job: TrainingJob, run_id: str, hook: Any, release: Release, *, log: Log = print,
           now: float | None = None) -> Claim | None:
     """Take the job's warm state for run `run_id`, or None when there is none (or it expired: then released).
@@ -219,18 +169,9 @@ def claim(job: TrainingJob, run_id: str, hook: Any, release: Release, *, log: Lo
         log(f"warm pool: the state run {state.run_id} kept expired {when - state.expires_at:.0f}s ago: released")
         _release(state, release, log)
         return None
-    result = Claim(state=state)
-    if state.backend != (job.backend.value if job.backend else state.backend):
-        result.lines.append(f"backend changed ({state.backend} -> {job.backend.value}): nothing reused")
+    result = claim_parts(state, job)
+    if not same_backend(state, job):
         return result
-    if state.data_source == job.data.source and (state.data_dir or state.claim):
-        result.data_dir, result.volume, result.objects = state.data_dir or None, state.claim, dict(state.objects)
-    elif state.data_source != job.data.source:
-        result.lines.append(f"data source changed ({state.data_source} -> {job.data.source}): staged again")
-    if state.spec_hash == spec_hash(job):
-        result.node = list(state.nodes)
-    else:
-        result.lines.append("spec changed: the node is not reused (it was held for the old spec)")
     log(f"warm pool: run {run_id} takes over what run {state.run_id} kept warm "
         f"({state.expires_at - when:.0f}s of keep-alive left)")
     return result
@@ -291,36 +232,10 @@ def link_unchanged(previous_dir: str | Path, dest_dir: str | Path, previous: dic
     return linked
 
 
-def image_reuse(state: WarmState, image: dict[str, Any]) -> tuple[bool, str]:
-    """Whether the node kept warm still has the image the run needs, and the line that says so."""
-    reference, digest = image.get("reference"), image.get("digest")
-    before = state.image.get("digest")
-    if not digest:
-        return False, f"image {reference or '?'}: no registry digest (not pulled on this backend)"
-    if state.image.get("reference") == reference and before == digest:
-        return True, f"image check (digest unchanged: {digest[:19]})"
-    return False, f"image changed ({(before or 'none')[:19]} -> {digest[:19]}): pulled again"
-
-
-def validation_reuse(state: WarmState, objects: dict[str, str], suite: str | None) -> dict[str, Any] | None:
-    """The validation result the data passed, when neither the data nor the suite changed; else None."""
-    if state.validation is None or suite is None or state.suite_hash != suite or state.objects != objects:
-        return None
-    return dict(state.validation)
-
-
 def not_kept_because(run: JobRun, log: Log = print) -> str | None:
-    """Why the run is not kept warm (it did not end Completed, or a person stopped it); None: it is kept.
-
-    `cleanup_run` asks twice: the backend, to spare what a kept run leaves (the Kubernetes
-    run's claim), then `pipeline.warm_pool.keep_or_release`.
-    """
+    """Why the run is not kept warm, read from its status history and stop request (`core.warm_pool`'s rule)."""
     entries = run.history(log).entries()
-    status = entries[-1]["status"] if entries else None
-    request = storage.read_json(run.hook(), run.stop_uri)
-    if request is not None:
-        return f"stopped by {request.get('by', 'someone') if isinstance(request, dict) else 'someone'}"
-    return None if status == JobStatus.COMPLETED.value else f"ended as {status}"
+    return kept_rule(entries[-1]["status"] if entries else None, storage.read_json(run.hook(), run.stop_uri))
 
 
 def keep(job: TrainingJob, run_id: str, hook: Any, state: WarmState, log: Log = print) -> WarmState:

@@ -20,6 +20,7 @@ from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.pipeline.report import build_report, format_report
+from sat_tasks.pipeline.warm_pool import hook_for as warm_pool_hook
 from sat_tasks.spec import TrainingJob, load_spec, parse_spec, split_s3_uri
 
 Log = Callable[[str], None]
@@ -113,10 +114,7 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
                 registry.ImageCheckOutcome.MALFORMED, job.image.url, f"malformed: {exc}"), log)
         log(f"image {ref}: reference is well-formed; the {job.backend.value} backend runs the command on this "
             "host, so no pull happens (set image.registry_conn_id to check the registry anyway)")
-        if job.warm_pool is not None:
-            from sat_tasks.pipeline.warm_pool import note_image
-
-            note_image(run, {"reference": str(ref), "digest": None})
+        warm_pool_hook(job).image_checked(run, {"reference": str(ref), "digest": None})
         return {"outcome": "skipped-local", "reference": str(ref), "pulls_fail": False}
     result = registry.check_image(
         job.image.url, username=access.username, password=access.password, insecure=access.insecure
@@ -126,10 +124,7 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
     if not result.ok:
         raise registry.ImageCheckInconclusive(f"image check inconclusive: {result.message}")  # retried by Airflow
     log(f"image ok: {result.reference} {result.digest} ({result.media_type})")
-    if job.warm_pool is not None:
-        from sat_tasks.pipeline.warm_pool import note_image
-
-        note_image(run, {"reference": job.image.url, "digest": result.digest})
+    warm_pool_hook(job).image_checked(run, {"reference": job.image.url, "digest": result.digest})
     return result.to_dict()
 
 
@@ -143,30 +138,20 @@ def stage_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
     """Copy the training script and the data from Object Storage to where the attempts read them.
 
     With `warm_pool`, what the job's previous run kept warm is reused where nothing changed
-    (`pipeline.warm_pool.stage`).
+    (`pipeline.warm_pool.WarmPool.stage`).
     """
-    if job.warm_pool is not None:
-        from sat_tasks.pipeline.warm_pool import stage
-
-        return stage(JobRun(job, run_id), backend_for(job), log)
-    return backend_for(job).stage(JobRun(job, run_id), log)
+    return warm_pool_hook(job).stage(JobRun(job, run_id), backend_for(job), log)
 
 
 def validate_data(job: TrainingJob, run_id: str, staged: dict | None = None, log: Log = print) -> dict:
     """Run the Great Expectations suite on the staged data; a failure stops the job before training."""
-    run = JobRun(job, run_id)
-    reused = ((staged or {}).get("warm") or {}).get("validation")
+    run, warm = JobRun(job, run_id), warm_pool_hook(job)
+    reused = warm.reused_validation(run, staged, log)
     if reused is not None:  # the warm run's data passed this suite, and neither changed
-        log("warm pool: data validation reused (data and suite unchanged since the warm run)")
-        from sat_tasks.pipeline.warm_pool import note_validation
-
-        note_validation(run, reused)  # kept for the run after this one too
         return reused
     check = backend_for(job).check_staged_data(run, staged, log)
-    if check.success and job.warm_pool is not None:
-        from sat_tasks.pipeline.warm_pool import note_validation
-
-        note_validation(run, check.result)
+    if check.success:
+        warm.data_validated(run, check.result)
     if not check.success:
         run.history(log).record(JobStatus.INTERNAL_ERROR, "data validation failed: " + "; ".join(check.summary_lines),
                                 task="validate_data")
@@ -398,11 +383,7 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
 
 def cleanup_run(job: TrainingJob, run_id: str, log: Log = print) -> list[str]:
     """Delete what the run kept on its backend (its volume, helper pods); after the outputs are uploaded."""
-    deleted = backend_for(job).cleanup_run(JobRun(job, run_id), log)
-    if job.warm_pool is not None:  # keep the Completed run warm for the next one (or nothing)
-        from sat_tasks.pipeline.warm_pool import keep_or_release
-
-        deleted += keep_or_release(JobRun(job, run_id), log)
+    deleted = warm_pool_hook(job).cleanup(JobRun(job, run_id), backend_for(job), log)  # a warm run: kept or not
     for name in deleted:
         log(f"deleted {name}")
     return deleted

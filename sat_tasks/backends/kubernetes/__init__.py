@@ -147,16 +147,14 @@ class KubernetesBackend(Backend):
 
         return assemble_job_log(run)
 
-    def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
+    def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
         """Delete the run's claim, helper pods and anything an attempt left (once the outputs are uploaded).
 
         A run that is kept warm (ADR 0015) keeps its claim: `keep_warm` records it for the next run.
         """
         from sat_tasks.backends.kubernetes.cleanup import cleanup_run
-        from sat_tasks.io.warm_pool import not_kept_because
 
-        keep_claim = run.job.warm_pool is not None and not_kept_because(run, log) is None
-        return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace, keep_claim=keep_claim)
+        return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace, keep_claim=keep_warm)
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:

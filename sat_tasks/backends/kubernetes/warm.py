@@ -28,7 +28,7 @@ from typing import Any
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pods import pod_memory
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-from sat_tasks.io.warm_pool import WarmState
+from sat_tasks.core.warm_pool import WarmState
 from sat_tasks.spec import SERVER_TYPES, TrainingJob
 
 Log = Callable[[str], None]

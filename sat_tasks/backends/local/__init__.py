@@ -94,7 +94,7 @@ class LocalBackend(Backend):
     def job_log(self, run: JobRun, log: Log) -> Path | None:
         return run.job_log if run.job_log.exists() else None
 
-    def cleanup_run(self, run: JobRun, log: Log) -> list[str]:
+    def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
         return []  # the work directory is this host's disk: kept, like a node's local disk
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 from sat_tasks import config
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io import warm_pool
-from sat_tasks.io.warm_pool import WarmState
+from sat_tasks.core.warm_pool import WarmState
 
 Log = Callable[[str], None]
 
