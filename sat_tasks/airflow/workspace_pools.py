@@ -1,6 +1,6 @@
 """A Training Workspace's Airflow pool, `sat-workspace-<name>` (a slot per node), kept in step with its definition.
 
-Who calls it: the Workspaces page (`sat_tasks.ui.api`, in the API server's session) and
+Who calls it: the Workspaces page (`sat_tasks.ui.routers.workspaces`, in the API server's session) and
 `sat workspace create|edit|delete` (`sync_workspace_pool`, its own session). The pool queues
 a workspace's job DAGs' `launch` tasks on a backend whose `capabilities.workspace_pool` says
 so, where nothing else queues them (on Kubernetes: without Kueue; ADR 0015). It is kept for
