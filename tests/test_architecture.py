@@ -35,10 +35,6 @@ _NAMED_IMPORT = re.compile(rf"^\s*(from|import)\s+sat_tasks\.backends\.({_INSTAL
 # Commands whose output is one backend's own format: `sat render` prints a Kubernetes job's
 # manifests, `sat workspace render` a workspace's Kueue objects and the warm pool's PriorityClass.
 _RENDERS_FOR_ONE_BACKEND = {"sat_tasks/cli/render.py", "sat_tasks/cli/workspace.py"}
-# Not yet behind the protocol (issue 27, node quarantine): `sat nodes release` and the Nodes
-# page's Release uncordon the node on Kubernetes by importing that backend; a Backend method
-# for releasing a node would take both out of this set.
-_NOT_YET_BEHIND_THE_PROTOCOL = {"sat_tasks/cli/nodes.py", "sat_tasks/ui/nodes.py"}
 _OUTSIDE_BACKENDS = [
     *sorted(f"sat_tasks/{p.name}" for p in (REPO / "sat_tasks").iterdir()
             if (p / "__init__.py").exists() and p.name != "backends"),
@@ -68,7 +64,7 @@ def test_nothing_outside_the_backends_branches_on_one(package):
 def test_nothing_outside_the_backends_imports_one_by_name(package):
     """The backends are reached through `get_backend`/`backend_for`; only the renderers of one backend's format import it."""
     found = [f"{path}:{number}: {line.strip()}" for path, number, line in _lines(package)
-             if _NAMED_IMPORT.search(line) and path not in _RENDERS_FOR_ONE_BACKEND | _NOT_YET_BEHIND_THE_PROTOCOL]
+             if _NAMED_IMPORT.search(line) and path not in _RENDERS_FOR_ONE_BACKEND]
     assert found == []
 
 

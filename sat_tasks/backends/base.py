@@ -19,6 +19,7 @@ backend to the same contract. Call order for one run:
     cleanup_run(run)                -> what was deleted (the run's volume, ...)
     warm pool (ADR 0015): stage(run, reuse=claim) reuses a warm run's staged data where it can;
     keep_warm(run, state) holds what the run leaves warm, release_warm(state) lets it go
+    node health ledger (ADR 0004): release_node(node) after a person lifts a node's quarantine
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ class Backend(Protocol):
 
     def release_warm(self, state: WarmState, log: Log) -> list[str]:
         """Let a warm state go: delete its staged directory or placeholder pods; `kind/name` of each."""
+
+    def release_node(self, node: str, log: Log) -> bool:
+        """A person lifted `node`'s quarantine (node health ledger, ADR 0004): undo what this backend did to
+        the node itself (Kubernetes: uncordon a node SAT cordoned); True when it changed something."""
 
     def workspace_queue_problem(self, job: TrainingJob, *, spec_with_run: bool, log: Log) -> str | None:
         """Why nothing would queue this workspace job for its nodes (refused at validation), or None.

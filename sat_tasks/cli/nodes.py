@@ -56,12 +56,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """Write a release marker (every job sees it at its next placement); 1 when the node was not quarantined."""
-    from sat_tasks.backends.kubernetes.quarantine import uncordon_released
+    from sat_tasks.pipeline.actions import release_node
 
     ledger = _ledger(args)
     was = args.node in ledger.quarantined()
-    marker = ledger.release(args.node, by=getpass.getuser(), note=args.note)
-    uncordon_released(args.node, print)
+    marker = release_node(ledger, args.node, by=getpass.getuser(), note=args.note, log=print)
     if not was:
         print(f"sat nodes release: {args.node} was not quarantined (a release was recorded anyway)")
         return EXIT_FAILED

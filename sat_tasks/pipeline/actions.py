@@ -1,4 +1,4 @@
-"""What a person's actions in the Training Jobs view do to a run's records: Stop, Tags, Delete (its results).
+"""What a person's actions do: Stop, Tags, Delete (a run's records and results), and releasing a quarantined node.
 
 The Airflow side (who may, the DAG run's state, the metadata DB) is the view's
 (`sat_tasks.ui`): these functions take the run's layout (and an S3Hook-like object where
@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sat_tasks.backends import backend_for
+from sat_tasks.backends import backend_for, get_backend
+from sat_tasks.config import sat_setting
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.policy import stop_reason
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io import object_storage as storage
+from sat_tasks.io.node_ledger import NodeLedger, NodeRelease
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import split_s3_uri
 
@@ -78,3 +80,11 @@ def delete_results(hook: Any, run: JobRun) -> int:
         hook.delete_objects(bucket=bucket, keys=keys[start:start + DELETE_BATCH])
     return len(keys)
 
+
+
+def release_node(ledger: NodeLedger, node: str, *, by: str, note: str = "", log=print) -> NodeRelease:
+    """Lift `node`'s quarantine (`sat nodes release`, the Nodes page): a release marker that every job's next
+    placement reads, then the deployment's backend undoes what it did to the node itself (an uncordon)."""
+    marker = ledger.release(node, by=by, note=note)
+    get_backend(sat_setting("backend")).release_node(node, log)
+    return marker

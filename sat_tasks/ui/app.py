@@ -7,7 +7,7 @@ row in the list. Reading needs GET on the DAG; Create needs POST on the generic 
 (and on connections, when it stores a registry login); Stop and Tags need PUT, Delete
 DELETE on the DAG's runs. Forms post to the same origin: a post from another site is refused.
 
-One router per resource (`sat_tasks.ui.routers`, and `sat_tasks.ui.nodes`):
+One router per resource (`sat_tasks.ui.routers`: jobs, runs, workspaces, nodes):
 
 JSON (`/sat/api/...`):
 - `GET  /api/jobs[?status=<status word>]`: the list, newest first.
@@ -35,8 +35,8 @@ from __future__ import annotations
 from airflow.models.dagbag import DBDagBag
 from fastapi import FastAPI
 
-from sat_tasks.ui import nodes
-from sat_tasks.ui.routers import jobs, runs, workspaces
+
+from sat_tasks.ui.routers import jobs, nodes, runs, workspaces
 
 ROUTERS = (jobs.router, runs.router, workspaces.router, nodes.router)
 

@@ -156,6 +156,12 @@ class KubernetesBackend(Backend):
 
         return cleanup_run(self.client, run.job, run_id=run.run_id, namespace=self.namespace, keep_claim=keep_warm)
 
+    def release_node(self, node: str, log: Log) -> bool:
+        """Uncordon the node when `[sat] quarantine_cordon` is on and SAT's taint is on it (RBAC: patch nodes)."""
+        from sat_tasks.backends.kubernetes.quarantine import uncordon_released
+
+        return uncordon_released(node, log)
+
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
         """Placeholder pods on the run's nodes (PriorityClass ensured) and the run's claim, which `cleanup_run` kept."""

@@ -97,6 +97,9 @@ class LocalBackend(Backend):
     def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
         return []  # the work directory is this host's disk: kept, like a node's local disk
 
+    def release_node(self, node: str, log: Log) -> bool:
+        return False  # placement reads the ledger at each attempt: nothing was done to the node itself
+
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
         from sat_tasks.backends.local.warm import keep_warm

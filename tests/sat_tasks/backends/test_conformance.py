@@ -94,7 +94,7 @@ def _quiet(_line: str) -> None:
 def test_the_protocol_has_the_methods_the_module_doc_lists():
     assert METHODS == ["stage", "check_staged_data", "launch_operators", "read_attempt_record", "cleanup_attempt",
                        "capacity", "upload_outputs", "job_log", "cleanup_run", "keep_warm", "release_warm",
-                       "workspace_queue_problem"]
+                       "release_node", "workspace_queue_problem"]
 
 
 def test_it_is_installed_under_its_name_and_declares_its_capabilities(backend):
@@ -157,6 +157,12 @@ def test_a_run_that_never_launched_has_no_job_log_and_cleans_up_to_a_list_of_nam
     assert backend.job_log(run, _quiet) is None
     deleted = backend.cleanup_run(run, _quiet)
     assert isinstance(deleted, list) and all(isinstance(name, str) and "/" in name for name in deleted)
+
+
+def test_releasing_a_node_it_did_nothing_to_changes_nothing(backend):
+    """With `[sat] quarantine_cordon` off (the default) no backend has touched a node: a release is a no-op."""
+    lines: list[str] = []
+    assert backend.release_node("node-never-cordoned", lines.append) is False
 
 
 def test_capacity_answers_with_a_reason(backend):

@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from sat_tasks.core.node_health import FaultEvent
 from sat_tasks.io.node_ledger import NodeLedger
-from sat_tasks.ui import nodes
+from sat_tasks.ui.routers import nodes
+from sat_tasks.ui.security import CHANGE_POOLS, READ_POOLS, SAME_ORIGIN
 
 BUCKET = "nodes-page-tests"
 HOST = "http://testserver"
@@ -33,21 +34,23 @@ def ledger(s3_hook) -> NodeLedger:
 def client(ledger) -> TestClient:
     app = FastAPI()
     app.include_router(nodes.router, prefix="/sat")
-    app.dependency_overrides.update({nodes.can_read: lambda: None, nodes.can_release: lambda: None,
-                                     nodes.user_name: lambda: "admin", nodes.node_ledger: lambda: ledger})
+    allowed = {depends.dependency: (lambda: None) for depends in READ_POOLS + CHANGE_POOLS}
+    app.dependency_overrides.update({**allowed, nodes.user_name: lambda: "admin", nodes.node_ledger: lambda: ledger})
     return TestClient(app, base_url=HOST)
 
 
 def test_every_route_asks_airflows_pool_permission():
     needs = {route.path: {d.dependency for d in route.dependencies} for route in nodes.router.routes}
-    assert needs["/nodes"] == needs["/api/nodes"] == {nodes.can_read}
-    assert needs["/api/nodes/{node}/release"] == {nodes.can_release}
-    assert needs["/nodes/{node}/release"] == {nodes.can_release, nodes.refuse_other_sites}
+    can_read, can_change, same_origin = READ_POOLS[0].dependency, CHANGE_POOLS[0].dependency, SAME_ORIGIN[0].dependency
+    assert needs["/nodes"] == needs["/api/nodes"] == {can_read}
+    assert needs["/api/nodes/{node}/release"] == {can_change}
+    assert needs["/nodes/{node}/release"] == {can_change, same_origin}
 
 
 def test_the_page_lists_a_quarantined_node_with_its_evidence_escaped(client):
     page = client.get("/sat/nodes")
     assert page.status_code == 200
+    assert "<nav class='views'>" in page.text and "href='/sat/jobs'" in page.text  # the view's navigation
     assert 'data-node="gpu-1"' in page.text and "quarantined" in page.text and "job-a, job-b" in page.text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text and "<script>alert" not in page.text
     assert 'action="http://testserver/sat/nodes/gpu-1/release"' in page.text

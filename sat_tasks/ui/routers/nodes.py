@@ -10,27 +10,23 @@ pools are: reading needs Airflow's pool GET permission, releasing its PUT.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_pool
+from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
-from fastapi.templating import Jinja2Templates
 
+from sat_tasks.config import sat_setting
 from sat_tasks.io.node_ledger import NodeLedger, describe, to_json, window_seconds
-
-TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
-can_read = requires_access_pool("GET")
-can_release = requires_access_pool("PUT")
+from sat_tasks.io.object_storage import object_storage_hook
+from sat_tasks.pipeline import actions
+from sat_tasks.ui.security import CHANGE_POOLS, READ_POOLS, SAME_ORIGIN
+from sat_tasks.ui.templating import templates
 
 
 def node_ledger() -> NodeLedger:
     """The deployment's ledger on SAT's Object Storage connection (a dependency: tests give their own)."""
-    from sat_tasks.config import sat_setting
-    from sat_tasks.io.object_storage import object_storage_hook
-
     return NodeLedger.for_deployment(object_storage_hook(sat_setting("object_storage_conn_id")))
 
 
@@ -39,52 +35,41 @@ def user_name(user: GetUserDep) -> str:
     return str(user.get_name() or user.get_id() or "unknown")
 
 
-def refuse_other_sites(request: Request) -> None:
-    """Refuse a form post that another site's page sent (the session cookie would come with it)."""
-    own = f"{request.url.scheme}://{request.url.netloc}"
-    origin, referer = request.headers.get("origin"), request.headers.get("referer")
-    if (origin and origin != own) or (not origin and referer and not referer.startswith(own + "/")):
-        raise HTTPException(403, "a form of another site cannot act on Training Jobs")
-
-
 Ledger = Annotated[NodeLedger, Depends(node_ledger)]
 UserName = Annotated[str, Depends(user_name)]
 router = APIRouter(tags=["nodes"])
 
 
 def _release(ledger: NodeLedger, node: str, by: str, note: str) -> dict[str, Any]:
-    from sat_tasks.backends.kubernetes.quarantine import uncordon_released
-
     if node not in {h.node for h in ledger.health()}:
         raise HTTPException(404, f"the node health ledger has no faults of node {node!r} in the window")
     lines: list[str] = []
-    marker = ledger.release(node, by=by, note=note)
-    uncordon_released(node, lines.append)
+    marker = actions.release_node(ledger, node, by=by, note=note, log=lines.append)
     return {"released": marker.model_dump(mode="json"), "lines": lines}
 
 
-@router.get("/api/nodes", dependencies=[Depends(can_read)])
+@router.get("/api/nodes", dependencies=READ_POOLS)
 def list_nodes(ledger: Ledger) -> dict[str, Any]:
     return {"window_seconds": window_seconds(), "nodes": [to_json(h) for h in ledger.health()]}
 
 
-@router.post("/api/nodes/{node}/release", dependencies=[Depends(can_release)])
+@router.post("/api/nodes/{node}/release", dependencies=CHANGE_POOLS)
 def release_node(node: str, ledger: Ledger, by: UserName, body: dict | None = None) -> dict[str, Any]:
     return _release(ledger, node, by, str((body or {}).get("note") or ""))
 
 
-@router.get("/nodes", response_class=HTMLResponse, dependencies=[Depends(can_read)])
+@router.get("/nodes", response_class=HTMLResponse, dependencies=READ_POOLS)
 def nodes_page(request: Request, ledger: Ledger, released: str | None = None) -> HTMLResponse:
     fleet = ledger.health()
     rows = [{"health": h, "lines": describe(h)[1:],
              "since": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(h.since)) if h.since else ""}
             for h in fleet]
-    return TEMPLATES.TemplateResponse(request, "nodes.html", {
+    return templates.TemplateResponse(request, "nodes.html", {
         "rows": rows, "window_hours": window_seconds() / 3600, "released": released,
         "quarantined": sum(h.quarantined for h in fleet)})
 
 
-@router.post("/nodes/{node}/release", dependencies=[Depends(can_release), Depends(refuse_other_sites)])
+@router.post("/nodes/{node}/release", dependencies=CHANGE_POOLS + SAME_ORIGIN)
 def release_node_form(request: Request, node: str, ledger: Ledger, by: UserName,
                       note: Annotated[str, Form()] = "") -> RedirectResponse:
     _release(ledger, node, by, note)
