@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -56,8 +57,8 @@ class Console:
         if self.quiet:
             return
         with self._lock:
-            if self.live:
-                self.stream.write(CLEAR_LINE + text)
+            if self.live:  # cut to the terminal's width: a wrapped line would not be rewritten in place
+                self.stream.write(CLEAR_LINE + text[:_columns(self.stream) - 1])
                 self._progress_shown = True
             else:
                 now = self._clock()
@@ -74,6 +75,13 @@ class Console:
                 self._progress_shown = False
             self.stream.write(text + "\n")
             self.stream.flush()
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return shutil.get_terminal_size().columns
 
 
 def _is_terminal(stream: TextIO) -> bool:

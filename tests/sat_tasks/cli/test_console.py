@@ -46,14 +46,15 @@ def test_off_a_terminal_progress_is_a_line_every_few_seconds():
     assert stream.getvalue().splitlines() == ["step 1", "step 4", "step 6"]
 
 
-def test_on_a_terminal_progress_is_one_line_rewritten_in_place_and_cleared_before_the_next_line():
+def test_on_a_terminal_progress_is_one_line_rewritten_in_place_and_cleared_before_the_next_line(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "12")  # a StringIO has no terminal: the width comes from COLUMNS
     stream = io.StringIO()
     console = Console(stream, live=True)
     console.progress("step 1")
-    console.progress("step 2")
+    console.progress("step 2, loss 0.7742")  # cut to the width: a wrapped line would not be rewritten
     console.line("attempt_1.launch done")
     console.line("attempt_1.classify done")
-    assert stream.getvalue() == (f"{CLEAR_LINE}step 1{CLEAR_LINE}step 2{CLEAR_LINE}attempt_1.launch done\n"
+    assert stream.getvalue() == (f"{CLEAR_LINE}step 1{CLEAR_LINE}step 2, los{CLEAR_LINE}attempt_1.launch done\n"
                                  "attempt_1.classify done\n")
 
 
