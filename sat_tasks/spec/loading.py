@@ -22,6 +22,11 @@ _CONSTRAINT_ERRORS = frozenset({
 })
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.]*): (.+)$", re.DOTALL)
 
+# Deepest nesting of mappings and lists a spec may have: real specs use 4 levels; a file nested
+# thousands deep would exhaust the recursion of the YAML composer and pydantic (RecursionError).
+MAX_NESTING = 64
+NESTING_RULE = f"is nested deeper than {MAX_NESTING} levels (mappings and lists)"
+
 
 class SpecProblem(BaseModel):
     """One problem in a spec: the field path and the rule it breaks."""
@@ -109,10 +114,28 @@ def problems_from(exc: ValidationError, model: type[BaseModel] = TrainingJob) ->
     return problems
 
 
+def nesting_depth(data: Any, limit: int = MAX_NESTING) -> int:
+    """How deeply `data`'s dicts and lists nest (a scalar is 0), counted without recursion up to `limit + 1`."""
+    deepest = 0
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if not isinstance(value, (dict, list, tuple)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def parse_spec(data: Any, source: str = "<spec>") -> TrainingJob:
     """Validate a mapping into a TrainingJob or raise SpecError listing every problem."""
     if not isinstance(data, dict):
         raise SpecError(source, [SpecProblem(field="<spec>", rule="must be a mapping of fields")])
+    if nesting_depth(data) > MAX_NESTING:
+        raise SpecError(source, [SpecProblem(field="<spec>", rule=NESTING_RULE)])
     try:
         return TrainingJob.model_validate(data)
     except ValidationError as exc:
@@ -125,13 +148,32 @@ def parse_spec(data: Any, source: str = "<spec>") -> TrainingJob:
         raise SpecError(source, problems) from None
 
 
+def _yaml_depth(text: str, limit: int = MAX_NESTING) -> int:
+    """How deeply the YAML text nests, from the parser's events (the parser keeps a stack, it does not recurse)."""
+    depth = deepest = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                break
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return deepest
+
+
 def read_yaml_file(path: str | Path) -> Any:
-    """A YAML file's data; a file that cannot be read or parsed is a SpecError on `<file>`."""
+    """A YAML file's data; a file that cannot be read or parsed, or nests too deeply, is a SpecError on `<file>`."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if _yaml_depth(text) > MAX_NESTING:
+            raise SpecError(str(path), [SpecProblem(field="<file>", rule=NESTING_RULE)])
+        return yaml.safe_load(text)
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"cannot be read: {exc}")]) from None
+    except RecursionError:  # aliases can still build a deep value; one bad file stays one error
+        raise SpecError(str(path), [SpecProblem(field="<file>", rule=NESTING_RULE)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
