@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from sat_tasks.errors import SatError
 from sat_tasks.spec import split_s3_uri
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 DEFAULT_CONN_ID = "sat_object_storage"
 DEFAULT_WORKERS = 8
 SMALL_OBJECT_BYTES = 8 << 20  # below boto3's multipart threshold
+STREAM_CHUNK_BYTES = 1 << 20  # what a streamed read holds in memory at once
 Log = Callable[[str], None]
 
 
@@ -340,6 +341,36 @@ def read_json(hook: S3Hook, uri: str) -> Any | None:
     if not hook.check_for_key(key, bucket_name=bucket):
         return None
     return json.loads(hook.read_key(key, bucket_name=bucket))
+
+
+@dataclass(frozen=True)
+class ObjectStream:
+    """An object opened for reading: its size and its bytes in chunks of at most `STREAM_CHUNK_BYTES`.
+
+    Iterate `chunks` once (it closes the object's body at its end, or when the iterator is closed).
+    """
+
+    size: int
+    chunks: Iterator[bytes]
+
+
+def open_object_stream(hook: S3Hook, uri: str, chunk_size: int = STREAM_CHUNK_BYTES) -> ObjectStream | None:
+    """Open the object at `uri` for a streamed read (a download of any size in bounded memory); None when missing."""
+    bucket, key = split_s3_uri(uri)
+    client = hook.get_conn()
+    try:
+        answer = client.get_object(Bucket=bucket, Key=key)
+    except client.exceptions.NoSuchKey:
+        return None
+    return ObjectStream(size=int(answer.get("ContentLength") or 0), chunks=_chunks(answer["Body"], chunk_size))
+
+
+def _chunks(body: Any, chunk_size: int) -> Iterator[bytes]:
+    try:
+        while chunk := body.read(chunk_size):
+            yield chunk
+    finally:
+        body.close()
 
 
 def download_object(hook: S3Hook, uri: str, dest: str | Path) -> Path:

@@ -14,7 +14,7 @@ from fastapi import HTTPException
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.airflow.job_dags import load_job_dags
 from sat_tasks.config import sat_setting
-from sat_tasks.io.object_storage import object_storage_hook, read_json
+from sat_tasks.io.object_storage import ObjectStream, object_storage_hook, open_object_stream, read_json
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, split_s3_uri
 from sat_tasks.ui import dag_runs
@@ -29,6 +29,11 @@ def job_specs() -> dict[str, TrainingJob]:
 def object_storage() -> Any:
     """The S3Hook of SAT's Object Storage connection."""
     return object_storage_hook(sat_setting("object_storage_conn_id"))
+
+
+def object_stream(uri: str) -> ObjectStream | None:
+    """The Object Storage object at `uri` opened for a streamed download (the job log); None when missing."""
+    return open_object_stream(object_storage(), uri)
 
 
 def json_reader(hook: Any) -> ReadJson:

@@ -17,17 +17,17 @@ from fastapi.responses import (
     JSONResponse,
     PlainTextResponse,
     RedirectResponse,
+    StreamingResponse,
 )
 
 from sat_tasks.io.metrics import read_object_storage
 from sat_tasks.pipeline import actions
 from sat_tasks.pipeline.report_html import render_report_html
-from sat_tasks.spec import split_s3_uri
 from sat_tasks.ui import dag_runs, pages
 from sat_tasks.ui.create import parse_tags
 from sat_tasks.ui.jobs import job_log_uri
 from sat_tasks.ui.security import CHANGE_RUNS, DELETE_RUNS, READ_JOBS, SAME_ORIGIN
-from sat_tasks.ui.sources import find_job_run, object_storage, page_data
+from sat_tasks.ui.sources import find_job_run, object_storage, object_stream, page_data
 
 router = APIRouter(tags=["Training Job runs"])
 RUN = "/jobs/{dag_id}/runs/{run_id}"  # a run's page; its JSON under /api
@@ -50,15 +50,15 @@ def job_view(dag_id: str, run_id: str, session: SessionDep):
 
 @router.get("/api" + RUN + "/log", dependencies=READ_JOBS, response_class=PlainTextResponse)
 def job_log(dag_id: str, run_id: str, session: SessionDep):
-    """The job log (all attempts) as a download; 404 until the run has uploaded it (at its end)."""
+    """The job log (all attempts) as a download, streamed in chunks; 404 until the run has uploaded it (at its end)."""
     found = find_job_run(session, dag_id, run_id)
-    bucket, key = split_s3_uri(job_log_uri(found.job, run_id))
-    hook = object_storage()
-    if not hook.check_for_key(key, bucket_name=bucket):
+    stream = object_stream(job_log_uri(found.job, run_id))
+    if stream is None:
         raise HTTPException(404, "the job log is uploaded when the run ends; until then, read the task logs")
     filename = f"{found.job.name}-{run_id}.log".replace(":", "_").replace("+", "_")
-    return PlainTextResponse(hook.read_key(key, bucket_name=bucket),
-                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return StreamingResponse(stream.chunks, media_type="text/plain; charset=utf-8",
+                             headers={"Content-Disposition": f'attachment; filename="{filename}"',
+                                      "Content-Length": str(stream.size)})
 
 
 @router.get(RUN + "/report", dependencies=READ_JOBS, response_class=HTMLResponse)
