@@ -5,6 +5,7 @@ This is what `make demo` runs, through the job's own DAG (include/jobs/tiny-llam
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from sat_tasks.cli.run import run_job
@@ -15,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "include" / "jobs" / "tiny-llama-demo.yaml"
 
 
-def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, airflow_db):
+def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, airflow_db, capfd):
     job = load_spec(SPEC)
     report = run_job(job, SPEC)
+    out = capfd.readouterr().out
     assert report is not None
     assert report["status"] == "Completed", report["history"]
     statuses = [e["status"] for e in report["history"]]
@@ -49,6 +51,37 @@ def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, ai
     assert f"Resuming from checkpoint-{committed}" in log
     assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
     assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix)
+    assert_the_output_is_what_a_person_follows(out, report, committed)
+
+
+def assert_the_output_is_what_a_person_follows(out, report, committed):
+    """What `make demo` prints: a line per DAG step and status change, training progress, the summary; no more."""
+    first, second = report["attempts"]
+    lines = out.splitlines()
+    assert len(lines) < 60, out
+    steps = [line.split("] ", 1)[1] for line in lines if re.match(r"^\[\d+:\d\d\] ", line)]
+    ran = [step.split()[0] for step in steps if not step.startswith(("status ", "training: "))]
+    assert ran[:4] == ["validate_spec", "check_image", "stage_data", "validate_data"], out
+    assert set(ran[4:]) == {"attempt_1.launch", "attempt_1.classify", "attempt_1.cleanup", "attempt_1.decide",
+                            "attempt_2.launch", "attempt_2.classify", "attempt_2.cleanup", "attempt_2.decide",
+                            "upload_results", "finalize", "cleanup_run"}, out
+    statuses = [step for step in steps if step.startswith("status ")]
+    assert [s.split(":")[0] for s in statuses] == [f"status {e['status']}" for e in report["history"]], out
+    assert f"status Running: attempt 1 started on {first['node']}" in statuses
+    assert any(s.startswith("attempt_1.launch     failed") and "exit status 137" in s for s in steps), out
+    assert any(s.startswith(f"attempt_1.classify   HARDWARE on {first['node']}, last checkpoint {committed}")
+               for s in steps), out
+    assert any(s.startswith(f"attempt_1.decide     HARDWARE -> failover from checkpoint {committed}")
+               for s in steps), out
+    assert any(s.startswith(f"attempt_2.classify   SUCCEEDED on {second['node']}") for s in steps), out
+    training = [s for s in steps if s.startswith("training: ")]
+    assert any(s.startswith(f"training: attempt 2 on {second['node']}, step ") and " loss " in s
+               and " steps/s" in s for s in training), out
+    assert f"job {report['job']} run {report['run_id']}: Completed" in lines  # the summary
+    (named,) = [line.split("Airflow's logs: ", 1)[1] for line in lines if line.startswith("  Airflow's logs: ")]
+    airflow_log = Path(named).read_text()
+    assert "Pushing xcom" in airflow_log and "[DAG TEST] end task task_id=finalize" in airflow_log
+    assert "Pushing xcom" not in out and "Traceback" not in out  # Airflow's lines in their file only
 
 
 def assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix):
