@@ -6,8 +6,10 @@ import dataclasses
 import email.utils
 import enum
 import hashlib
+import json
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -21,12 +23,14 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MANIFEST_MEDIA_TYPES",
+    "MAX_MANIFEST_BYTES",
     "ImageCheckInconclusive",
     "ImageCheckOutcome",
     "ImageCheckResult",
     "ImageReference",
     "MalformedReference",
     "RegistryAccess",
+    "RegistryLoginRefused",
     "check_image",
     "parse_image_reference",
     "registry_access_from_connection",
@@ -57,9 +61,23 @@ _NAME_MAX_LENGTH = 255
 
 RETRIABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 
+# What the check reads from a registry it does not trust, at most: a manifest (4 MiB, the limit
+# of the distribution spec and of containerd), a token answer, and the /v2/ ping's body.
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_TOKEN_BYTES = 1 << 20
+MAX_PING_BYTES = 64 << 10
+_READ_CHUNK = 64 << 10
+# Every distribution-API answer carries this header (registry, Harbor, ECR, GAR, Quay, Docker Hub).
+API_VERSION_HEADER = "Docker-Distribution-API-Version"
+DEFAULT_DEADLINE = 120.0  # seconds for the whole check: every request, retry, backoff and read
+
 
 class ImageCheckInconclusive(SatError):
     """The registry could not say whether the image can be pulled (unreachable, 5xx, rate limited): the task retries."""
+
+
+class RegistryLoginRefused(SatError):
+    """The job's registry connection may not be used for this image; no credential was sent anywhere."""
 
 
 class MalformedReference(SatError, ValueError):
@@ -68,6 +86,10 @@ class MalformedReference(SatError, ValueError):
 
 class _RetriesExhausted(Exception):
     """A request kept failing transiently (429, 5xx, timeout, connection) after all retries."""
+
+
+class _TooLarge(Exception):
+    """A body is larger than what the check reads from a registry."""
 
 
 class ImageCheckOutcome(str, enum.Enum):
@@ -252,14 +274,20 @@ class RegistryAccess:
     insecure: bool = False
 
 
-def registry_access_from_connection(conn: Any, ref: str | ImageReference) -> RegistryAccess:
+def registry_access_from_connection(
+    conn: Any, ref: str | ImageReference, conn_id: str = "image.registry_conn_id"
+) -> RegistryAccess:
     """Read login, password and scheme from a connection-like object for the image ``ref``.
 
     ``conn`` needs Airflow ``Connection`` attributes (``host``, ``login``, ``password``,
     ``schema``, ``extra_dejson``); none is imported here. Plain http is chosen only
     explicitly: a ``http://`` host, ``schema == "http"`` or ``{"insecure": true}`` in the
-    extra. When the connection names a host that is not the image's registry, its
-    credentials are withheld (never sent to another registry).
+    extra. Credentials go only to the registry the connection names: a connection for
+    another host gets its credentials withheld, and one without a host is refused.
+
+    Raises:
+        RegistryLoginRefused: the connection names no host (its credentials would go to
+            whatever registry an image names, e.g. another connection's key pair).
     """
     image = ref if isinstance(ref, ImageReference) else parse_image_reference(ref)
     raw_host = (getattr(conn, "host", None) or "").strip()
@@ -273,7 +301,12 @@ def registry_access_from_connection(conn: Any, ref: str | ImageReference) -> Reg
         insecure = insecure or parts.scheme == "http"
         host = parts.netloc
     host = host.split("/", 1)[0]
-    if host and not _same_registry(host, image):
+    if not host:
+        raise RegistryLoginRefused(
+            f"registry connection {conn_id!r} (image.registry_conn_id) has no host: set its Host "
+            "to the registry it logs in to; its credentials are sent only to that registry"
+        )
+    if not _same_registry(host, image):
         log.warning(
             "registry connection is for %s, image %s is on %s: checking without credentials",
             host,
@@ -311,6 +344,7 @@ def check_image(
     retries: int = 3,
     backoff: float = 1.0,
     max_backoff: float = 30.0,
+    deadline: float = DEFAULT_DEADLINE,
 ) -> ImageCheckResult:
     """Tell whether ``ref`` could be pulled, without pulling it.
 
@@ -328,6 +362,14 @@ def check_image(
             connection errors; still failing means UNREACHABLE, never a bad image.
         backoff: first wait in seconds; it doubles per retry. A ``Retry-After`` header
             replaces it. Every wait is capped at ``max_backoff``.
+        deadline: seconds for the whole check (requests, retries, waits and reads; a
+            server that drips its answer byte by byte never resets it). Past it the
+            answer is UNREACHABLE, like any registry that does not answer.
+
+    Bodies are read only up to a bound: a manifest over ``MAX_MANIFEST_BYTES`` is
+    refused (MALFORMED), and ``/v2/`` must answer as the distribution API does (the
+    ``Docker-Distribution-API-Version`` header or an OCI error body), else the host is
+    "not an OCI distribution registry" (UNREACHABLE).
     """
     try:
         image = parse_image_reference(ref)
@@ -343,11 +385,9 @@ def check_image(
             retries=max(0, retries),
             backoff=max(0.0, backoff),
             max_backoff=max(0.0, max_backoff),
+            deadline=max(0.0, deadline),
         )
-        try:
-            result = checker.run()
-        finally:
-            checker.close()
+        result = checker.run_within_deadline()
     if password:  # e.g. a reference written as user:password@host/repo
         result = dataclasses.replace(
             result,
@@ -388,6 +428,7 @@ class _ImageChecker:
         retries: int,
         backoff: float,
         max_backoff: float,
+        deadline: float = DEFAULT_DEADLINE,
     ) -> None:
         self.image = image
         self.username = username
@@ -399,6 +440,9 @@ class _ImageChecker:
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.deadline = deadline
+        self.ends_at = time.monotonic() + deadline
+        self.cancelled = threading.Event()
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "sat-image-check/1"
 
@@ -420,6 +464,35 @@ class _ImageChecker:
     ) -> ImageCheckResult:
         return ImageCheckResult(outcome, str(self.image), f"{outcome.value}: {message}", **fields)
 
+    def _remaining(self) -> float:
+        return self.ends_at - time.monotonic()
+
+    def _past_deadline(self) -> ImageCheckResult:
+        return self._result(
+            ImageCheckOutcome.UNREACHABLE,
+            f"{self.base_url} gave no complete answer within the check's deadline of "
+            f"{self.deadline:g}s",
+        )
+
+    def run_within_deadline(self) -> ImageCheckResult:
+        """``run`` on a daemon thread, given up at the deadline (a drip-fed answer keeps the
+        per-read timeout from ever firing); the abandoned thread stops at its next read or retry."""
+        outcome: list[ImageCheckResult] = []
+
+        def work() -> None:
+            try:
+                outcome.append(self.run())
+            finally:
+                self.close()
+
+        worker = threading.Thread(target=work, name="sat-image-check", daemon=True)
+        worker.start()
+        worker.join(max(0.0, self._remaining()))
+        if outcome:
+            return outcome[0]
+        self.cancelled.set()
+        return self._past_deadline()
+
     def run(self) -> ImageCheckResult:
         try:
             return self._check()
@@ -438,6 +511,14 @@ class _ImageChecker:
 
     def _check(self) -> ImageCheckResult:
         ping = self._request("GET", f"{self.base_url}/v2/")
+        if ping.status_code in (200, 401, 403) and not self._answers_as_registry(ping):
+            return self._result(
+                ImageCheckOutcome.UNREACHABLE,
+                f"{self.base_url}/v2/ answered {ping.status_code} without the "
+                f"{API_VERSION_HEADER} header or an OCI error body: not an OCI distribution "
+                "registry",
+                status_code=ping.status_code,
+            )
         credentials: _Credentials | ImageCheckResult = _Credentials()
         challenged = ping.status_code in (401, 403)
         if challenged:
@@ -459,6 +540,16 @@ class _ImageChecker:
                 return credentials
             response = self._head_manifest(credentials)
         return self._classify_manifest(response, credentials)
+
+    def _answers_as_registry(self, response: requests.Response) -> bool:
+        """The distribution API's header, or its JSON error body (``{"errors": [...]}``)."""
+        if response.headers.get(API_VERSION_HEADER):
+            return True
+        try:
+            body = json.loads(_read_capped(response, MAX_PING_BYTES, self.cancelled))
+        except (_TooLarge, ValueError):
+            return False
+        return isinstance(body, dict) and isinstance(body.get("errors"), list)
 
     def _answer_challenge(self, response: requests.Response) -> _Credentials | ImageCheckResult:
         """Turn a 401's ``WWW-Authenticate`` into what the manifest request sends."""
@@ -514,8 +605,8 @@ class _ImageChecker:
         token = None
         if response.status_code == 200:
             try:
-                body = response.json()
-            except ValueError:
+                body = json.loads(_read_capped(response, MAX_TOKEN_BYTES, self.cancelled))
+            except (_TooLarge, ValueError):
                 body = None
             if isinstance(body, dict):
                 token = body.get("token") or body.get("access_token")
@@ -551,8 +642,13 @@ class _ImageChecker:
         if status == 200:
             digest = response.headers.get("Docker-Content-Digest")
             media_type = _media_type(response)
+            if _content_length(response) > MAX_MANIFEST_BYTES:
+                return self._manifest_too_large(status)
             if not digest:
-                digest, media_type = self._digest_by_get(credentials, media_type)
+                try:
+                    digest, media_type = self._digest_by_get(credentials, media_type)
+                except _TooLarge:
+                    return self._manifest_too_large(status)
             return self._result(
                 ImageCheckOutcome.OK,
                 f"{self.image} resolves to {digest} ({media_type or 'unknown media type'})",
@@ -580,6 +676,14 @@ class _ImageChecker:
             status_code=status,
         )
 
+    def _manifest_too_large(self, status: int) -> ImageCheckResult:
+        return self._result(
+            ImageCheckOutcome.MALFORMED,
+            f"the manifest of {self.image} is larger than {MAX_MANIFEST_BYTES >> 20} MiB, the "
+            "distribution spec's limit: refused (a pull would refuse it too)",
+            status_code=status,
+        )
+
     def _digest_by_get(
         self, credentials: _Credentials, media_type: str
     ) -> tuple[str | None, str]:
@@ -593,8 +697,10 @@ class _ImageChecker:
             auth=credentials.auth,
         )
         if response.status_code != 200:
+            response.close()
             return None, media_type
-        return "sha256:" + hashlib.sha256(response.content).hexdigest(), _media_type(response)
+        body = _read_capped(response, MAX_MANIFEST_BYTES, self.cancelled)
+        return "sha256:" + hashlib.sha256(body).hexdigest(), _media_type(response)
 
     def _explain_not_found(self, credentials: _Credentials) -> str:
         """A 404 HEAD says nothing more: the tag list tells a missing repository apart."""
@@ -606,8 +712,10 @@ class _ImageChecker:
                 f"{self.base_url}/v2/{self.image.repository}/tags/list",
                 headers=credentials.headers,
                 auth=credentials.auth,
-                timeout=self.timeout,
+                timeout=max(0.001, min(self.timeout, self._remaining())),
+                stream=True,  # only the status is read
             )
+            response.close()
         except requests.RequestException:
             response = None
         if response is not None and response.status_code == 404:
@@ -617,14 +725,24 @@ class _ImageChecker:
         return f"{missing} of {self.image.repository} not found"
 
     def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
-        """Send with retries on 408, 429, 5xx, timeouts and connection errors."""
-        kwargs.setdefault("timeout", self.timeout)
+        """Send with retries on 408, 429, 5xx, timeouts and connection errors, within the deadline.
+
+        The body is not read (``stream=True``): callers read what they need, bounded.
+        """
         target = urlsplit(url).netloc + urlsplit(url).path
         problem = ""
         for attempt in range(self.retries + 1):
             retry_after: float | None = None
+            remaining = self._remaining()
+            if remaining <= 0 or self.cancelled.is_set():
+                raise _RetriesExhausted(
+                    f"{problem + '; ' if problem else ''}no answer within the check's deadline "
+                    f"of {self.deadline:g}s"
+                )
             try:
-                response = self.session.request(method, url, **kwargs)
+                response = self.session.request(
+                    method, url, stream=True, timeout=min(self.timeout, remaining), **kwargs
+                )
             except requests.exceptions.SSLError:
                 raise
             except requests.exceptions.Timeout:
@@ -641,12 +759,39 @@ class _ImageChecker:
                 break
             delay = self.backoff * (2**attempt) if retry_after is None else retry_after
             delay = min(delay, self.max_backoff)
+            if delay >= self._remaining():
+                raise _RetriesExhausted(
+                    f"{problem}; the next retry would pass the check's deadline of {self.deadline:g}s"
+                )
             log.info(
                 "image check: %s; retry %d/%d in %.2fs", problem, attempt + 1, self.retries, delay
             )
             time.sleep(delay)
         tries = self.retries + 1
         raise _RetriesExhausted(f"{problem} ({tries} {'try' if tries == 1 else 'tries'})")
+
+
+def _content_length(response: requests.Response) -> int:
+    try:
+        return int(response.headers.get("Content-Length") or 0)
+    except ValueError:
+        return 0
+
+
+def _read_capped(response: requests.Response, limit: int, cancelled: threading.Event) -> bytes:
+    """The body, read in chunks and given up past ``limit`` bytes (or when the check is cancelled)."""
+    if _content_length(response) > limit:
+        response.close()
+        raise _TooLarge(limit)
+    body = bytearray()
+    try:
+        for chunk in response.iter_content(_READ_CHUNK):
+            body += chunk
+            if len(body) > limit or cancelled.is_set():
+                raise _TooLarge(limit)
+    finally:
+        response.close()
+    return bytes(body)
 
 
 def _parse_retry_after(value: str | None) -> float | None:

@@ -198,6 +198,7 @@ class StubRegistry:
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.routes: dict[tuple[str, str], Route | list[Reply]] = {}
         self.seen: list[Seen] = []
+        self.api_version_header = True
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -211,6 +212,8 @@ class StubRegistry:
                 time.sleep(reply.delay)
                 try:
                     self.send_response(reply.status)
+                    if stub.api_version_header:  # as every distribution-API answer carries it
+                        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
                     self.send_header("Content-Length", str(len(reply.body)))
@@ -594,7 +597,9 @@ def test_result_to_dict_is_json() -> None:
             id="http-url-host",
         ),
         pytest.param(
-            SimpleNamespace(host="", login="u", password="p", extra_dejson={"insecure": "true"}),
+            SimpleNamespace(
+                host="r.example.com", login="u", password="p", extra_dejson={"insecure": "true"}
+            ),
             RegistryAccess("u", "p", insecure=True),
             id="insecure-extra",
         ),
