@@ -58,7 +58,10 @@ def assert_the_output_is_what_a_person_follows(out, report, committed):
     """What `make demo` prints: a line per DAG step and status change, training progress, the summary; no more."""
     first, second = report["attempts"]
     lines = out.splitlines()
-    assert len(lines) < 60, out
+    # ~54 lines on an idle machine (601 before issue 28); a loaded one prints a training line more every 120 s
+    assert len(lines) < 90, out
+    assert not any(noise in out for noise in ("Pushing xcom", "Task instance state updated", "DeprecationWarning",
+                                              "Filling up the DagBag")), out  # Airflow's own logs go to the file
     steps = [line.split("] ", 1)[1] for line in lines if re.match(r"^\[\d+:\d\d\] ", line)]
     ran = [step.split()[0] for step in steps if not step.startswith(("status ", "training: "))]
     assert ran[:4] == ["validate_spec", "check_image", "stage_data", "validate_data"], out
