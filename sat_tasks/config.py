@@ -49,6 +49,11 @@ SAT_DEFAULTS = {
     "node_ledger_uri": "",
     "node_quarantine_window_seconds": "86400",
     "quarantine_cordon": "false",
+    # Registry logins (issue 29.3): a job may name only its own registry connection,
+    # `sat_registry_<job name>` (what the Create form writes), or one listed here
+    # (comma-separated connection ids an operator shares with every job, e.g. a team's robot
+    # account). Anyone who may create a job may use a listed one, so list pull-only logins.
+    "shared_registry_connections": "",
 }
 
 _file_cache: dict[tuple[str, float], dict[str, str]] = {}
@@ -103,6 +108,11 @@ def sat_setting(key: str, default: str | None = None) -> str:
 def local_node_pool() -> list[str]:
     """The local backend's named nodes, from `[sat] local_nodes` (comma-separated)."""
     return [n.strip() for n in (sat_setting("local_nodes") or "").split(",") if n.strip()]
+
+
+def shared_registry_connections() -> frozenset[str]:
+    """The registry connection ids every job may name, from `[sat] shared_registry_connections`."""
+    return frozenset(c.strip() for c in sat_setting("shared_registry_connections").split(",") if c.strip())
 
 
 def include_dir() -> Path:

@@ -40,6 +40,11 @@ DEFAULT_ARGS = {
 }
 
 
+# One try of check_image at most: the registry check's own deadline (io.registry.DEFAULT_DEADLINE,
+# 120 s) plus the connection lookup and the status write; a hung try is killed and retried.
+CHECK_IMAGE_TIMEOUT = timedelta(minutes=5)
+
+
 def _say(message: str) -> None:
     log.info("%s", message)
 
@@ -125,7 +130,7 @@ def build_job_dag(
             spec = baked if baked is not None else spec_from_params(dict(context["params"]))
             return _run(steps.validate_spec, spec, None, context["run_id"], spec_with_run=baked is None)
 
-        @task(task_id="check_image")
+        @task(task_id="check_image", execution_timeout=CHECK_IMAGE_TIMEOUT)
         def check_image(spec: dict) -> dict:
             from airflow.sdk import BaseHook
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from sat_tasks.backends import backend_for
+from sat_tasks.config import shared_registry_connections
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import decide_next, stop_reason
 from sat_tasks.core.status import TERMINAL, JobStatus
@@ -22,6 +23,7 @@ from sat_tasks.io.run_layout import JobRun
 from sat_tasks.pipeline.report import build_report, format_report
 from sat_tasks.pipeline.warm_pool import hook_for as warm_pool_hook
 from sat_tasks.spec import TrainingJob, load_spec, parse_spec, split_s3_uri
+from sat_tasks.spec.model import registry_conn_id_problem
 
 Log = Callable[[str], None]
 
@@ -103,8 +105,15 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
     run = JobRun(job, run_id)
     access = registry.RegistryAccess(insecure=job.image.insecure)
     if job.image.registry_conn_id:
-        conn = get_connection(job.image.registry_conn_id)
-        access = registry.registry_access_from_connection(conn, job.image.url)
+        try:  # only the job's own login or a shared one, and only for the host it names (issue 29.3)
+            problem = registry_conn_id_problem(job, shared_registry_connections())
+            if problem:
+                raise registry.RegistryLoginRefused(problem)
+            conn = get_connection(job.image.registry_conn_id)
+            access = registry.registry_access_from_connection(conn, job.image.url, job.image.registry_conn_id)
+        except registry.RegistryLoginRefused as exc:
+            return _image_failed(run, registry.ImageCheckResult(
+                registry.ImageCheckOutcome.UNAUTHORIZED, job.image.url, f"unauthorized: {exc}"), log)
         access = registry.RegistryAccess(access.username, access.password, access.insecure or job.image.insecure)
     elif not backend_for(job).pulls_images:
         try:

@@ -409,3 +409,27 @@ def cross_field_problems(data: dict[str, Any]) -> list[str]:
         problems.append(f"faults: fault injection is only allowed on the {' or '.join(FAULT_INJECTING_BACKENDS)} "
                         "backend")
     return problems
+
+
+# ---- registry logins (issue 29.3) -----------------------------------------------------------------
+REGISTRY_CONN_PREFIX = "sat_registry_"
+
+
+def own_registry_conn_id(job_name: str) -> str:
+    """The registry connection a job owns: `sat_registry_<job name>` (the Create form writes it)."""
+    return f"{REGISTRY_CONN_PREFIX}{job_name}"
+
+
+def registry_conn_id_problem(job: TrainingJob, shared: frozenset[str] | set[str] = frozenset()) -> str | None:
+    """`image.registry_conn_id: <rule>` when the job names a registry login that is neither its own nor shared.
+
+    A connection is someone's credentials: a job may use only `sat_registry_<its name>` or one the
+    deployment lists in `[sat] shared_registry_connections` (`shared`). The rule needs the
+    deployment's list, so it is checked when the job runs (the image check), not when a spec parses.
+    """
+    conn_id = job.image.registry_conn_id
+    if conn_id is None or conn_id == own_registry_conn_id(job.name) or conn_id in shared:
+        return None
+    return (f"image.registry_conn_id: must be the job's own {own_registry_conn_id(job.name)!r} or a connection "
+            f"listed in [sat] shared_registry_connections, not {conn_id!r}")
+

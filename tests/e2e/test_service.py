@@ -81,6 +81,8 @@ def deployment(tmp_path_factory):
                          extra_env={"AIRFLOW__SAT__WORKSPACES_DIR": str(root / "workspaces"),  # not the repo's
                                     "AIRFLOW__SAT__DATA_WATCH_INTERVAL_SECONDS": "10",
                                     "AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS": "20",
+                                    # the generic run's login is shared, not sat_registry_<its name>
+                                    "AIRFLOW__SAT__SHARED_REGISTRY_CONNECTIONS": "sat_registry_svc",
                                     "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
                                     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10"},
                          log=lambda _line: None)

@@ -207,3 +207,16 @@ def test_the_real_registry_passes_the_api_check_within_a_short_deadline(tmp_path
         digest = push_test_image(server, "team/model", "v1", "u", "p")
         result = _check(server.host, username="u", password="p", deadline=10)
     assert result.outcome is ImageCheckOutcome.OK and result.digest == digest
+
+
+def test_the_check_image_task_has_an_execution_timeout_above_the_checks_deadline() -> None:
+    from datetime import timedelta
+
+    from sat_tasks.airflow.dag_factory import build_job_dag
+    from sat_tasks.io.registry import DEFAULT_DEADLINE
+    from sat_tasks.spec import load_spec
+    from tests.conftest import ROOT
+
+    job = load_spec(ROOT / "include" / "jobs" / "tiny-llama-demo.yaml")
+    timeout = build_job_dag(job, dag_id=job.name).get_task("check_image").execution_timeout
+    assert timeout is not None and timedelta(seconds=DEFAULT_DEADLINE) < timeout <= timedelta(minutes=10)
