@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ckpt_engine import contract
@@ -20,6 +21,25 @@ POD_METRICS_DIR = "/tmp/sat-metrics"
 # After SIGTERM a launcher (torchrun, the local runner) waits this much longer than the
 # engine's final-checkpoint grace period before it SIGKILLs: the engine exits first.
 LAUNCHER_GRACE_MARGIN_S = 15
+# What a training process keeps of the environment of the process that starts it (issue 29): that
+# environment is the service's (under `make up` the JWT secret, the Fernet key, the metadata DB URL,
+# the Object Storage connection), so everything else is dropped. Each name, and why it is kept:
+HOST_ENV_ALLOWED = frozenset({
+    "PATH",  # bash, python, torchrun (the local runner puts the service's interpreter first)
+    "HOME", "USER", "LOGNAME",  # ~/.cache (the offline models), getpass.getuser() (torch's compile caches)
+    "LANG", "LANGUAGE", "TZ",  # the encoding of the job's output, its timestamps (LC_*: below)
+    "TMPDIR",  # where tempfile writes: operators point it at a large disk
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS",  # the host's CPU sizing (a job's `env` may set its own)
+    "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",  # the GPUs this host lends SAT, its CUDA/NCCL libraries
+    # where the offline models and data sets are (HF_*_OFFLINE=1: the cache is the only source; not HF_TOKEN)
+    "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "TORCH_HOME", "XDG_CACHE_HOME",
+    # trust anchors (paths) for an Object Storage behind a private CA: the engine's mirror speaks TLS to it
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "AWS_CA_BUNDLE",
+    # the deployment's mark (`sat_tasks.service.stack.SERVICE_MARK_ENV`, a path): `make down` finds
+    # the training processes a deployment left behind by it
+    "SAT_SERVICE_HOME",
+})
+HOST_ENV_ALLOWED_PREFIXES = ("LC_",)
 # A pod's grace period (SIGTERM -> SIGKILL by the kubelet) is this much longer than the
 # engine's: the launcher's margin and the process's exit fit in it.
 POD_GRACE_MARGIN_S = 60
@@ -121,3 +141,24 @@ def training_environment(
         if otlp:
             env.setdefault(contract.OTLP_ENV, otlp)
     return env
+
+
+def host_environment(host: Mapping[str, str]) -> dict[str, str]:
+    """What a training process keeps of `host` (the starting process's environment): `HOST_ENV_ALLOWED` only.
+
+    Not kept, among the rest: every `AIRFLOW__*` setting and `AIRFLOW_CONN_*` connection (the
+    service's secrets), the host's `AWS_*` credentials and profile (the launcher passes the keys
+    the engine's mirror needs, and nothing else), proxies (their URLs may carry credentials).
+    """
+    return {name: value for name, value in host.items()
+            if name in HOST_ENV_ALLOWED or name.startswith(HOST_ENV_ALLOWED_PREFIXES)}
+
+
+def process_environment(training: Mapping[str, str], host: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment of a training process: `host_environment(host)`, then `training`.
+
+    `training` is what SAT means the process to have: `training_environment` (the contract
+    and the job's `env`) and the Object Storage keys its launcher adds; nothing else of
+    `host` reaches the process. Every launcher builds its process's environment here.
+    """
+    return {**host_environment(host), **training}

@@ -26,6 +26,7 @@ from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.core.procs import carries, state_of
+from sat_tasks.core.runtime_env import process_environment
 from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, MetricsSidecar
 from sat_tasks.errors import SatError
 from sat_tasks.spec import Fault, FaultKind
@@ -97,7 +98,9 @@ class LocalAttempt:
     attempt: int
     node: str
     command: str
-    env: dict[str, str] = field(repr=False)  # may hold object-storage keys: never in a repr
+    # The training environment (the contract, the job's env, the Object Storage keys: never in a repr);
+    # the process gets it and the few variables of this host `runtime_env.HOST_ENV_ALLOWED` names, no others.
+    env: dict[str, str] = field(repr=False)
     cwd: Path
     output_dir: Path
     job_log: Path
@@ -123,7 +126,7 @@ class LocalAttempt:
         kern_offset = kern_log.stat().st_size if kern_log.exists() else 0
         tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         state = _WatchState()
-        env = {**os.environ, **self.env}
+        env = process_environment(self.env, os.environ)  # not the service's environment (its secrets)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("SAT_PROGRESS_FILE", str(self.output_dir / PROGRESS_RELATIVE))
         sidecar = MetricsSidecar(dict(env), self.node_dir / f"metrics-sidecar-attempt-{self.attempt}.log").start()

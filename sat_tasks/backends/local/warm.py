@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sat_tasks import config
+from sat_tasks.core.runtime_env import process_environment
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io import warm_pool
 from sat_tasks.core.warm_pool import WarmState
@@ -102,16 +103,23 @@ def _reused(run: JobRun) -> dict:
 
 
 def socket_path(job) -> str:
-    """A short Unix socket path (108 bytes at most) per work dir, workspace and job."""
+    """A short Unix socket path (108 bytes at most) per work dir, workspace and job.
+
+    In `sat-wi-<uid>/` under the temporary directory: the server makes it 0700 (and refuses
+    one another user made first), its socket 0600 (`warm_interpreter.bind_private`).
+    """
     key = f"{config.work_dir()}/{getattr(job, 'workspace', None) or '-'}/{job.name}"
-    return os.path.join(tempfile.gettempdir(), f"sat-wi-{hashlib.sha256(key.encode()).hexdigest()[:16]}.sock")
+    return os.path.join(tempfile.gettempdir(), f"sat-wi-{os.getuid()}",
+                        f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.sock")
 
 
 def _start_interpreter(run: JobRun, until: float) -> dict:
     from sat_tasks.backends.local import warm_interpreter
 
     path = socket_path(run.job)
-    env = {**os.environ, **run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    # Not the service's environment: a run's child keeps the server's in /proc/<pid>/environ (its
+    # os.environ is replaced by the run's, the memory the kernel shows is not).
+    env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
     proc = subprocess.Popen(
         [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
          "--until", str(until)],

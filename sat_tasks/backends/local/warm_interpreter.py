@@ -15,6 +15,10 @@ that way). Without a server on the socket the client runs the script itself, col
 A SIGSTOP of the client does not stop the child: jobs with injected faults never get a
 warm interpreter (`warm.interpreter_eligible`).
 
+The socket is this user's alone: 0600 in a 0700 directory of theirs (`serve` refuses any other),
+and each side checks the other's uid (SO_PEERCRED) before a byte of a request passes: a request
+carries the run's environment (its Object Storage keys) and is run as this user.
+
 `serve` exits at `--until` (the keep-alive deadline; `until` requests move it) once no
 child runs, or on SIGTERM (`warm.release_warm`).
 """
@@ -31,6 +35,8 @@ import runpy
 import select
 import signal
 import socket
+import stat
+import struct
 import sys
 import threading
 import time
@@ -44,10 +50,7 @@ BANNER = "[sat] warm pool: warm interpreter"
 # ---- the server ------------------------------------------------------------------------------
 def serve(socket_path: str, preload: Sequence[str], until: float) -> int:
     """Bind the socket first (early clients queue), import `preload`, then fork a child per request."""
-    if os.path.exists(socket_path):
-        os.unlink(socket_path)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(socket_path)
+    server = bind_private(socket_path)
     server.listen(8)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
@@ -79,6 +82,44 @@ def serve(socket_path: str, preload: Sequence[str], until: float) -> int:
     return 0
 
 
+def bind_private(socket_path: str) -> socket.socket:
+    """A Unix socket at `socket_path`, mode 0600, in a directory only this user may enter (0700, created so).
+
+    An existing directory that is another user's, a link, or open to others is refused
+    (PermissionError): whoever can write there could put their own socket in its place.
+    """
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{directory} is not a private directory of uid {os.getuid()} (0700): "
+                              "the warm interpreter does not serve there")
+    if os.path.lexists(socket_path):
+        os.unlink(socket_path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    umask = os.umask(0o177)  # no moment at which the socket is open to others
+    try:
+        server.bind(socket_path)
+    finally:
+        os.umask(umask)
+    os.chmod(socket_path, 0o600)
+    return server
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED), None when unknown."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", creds)[1]
+
+
+def same_user(conn: socket.socket) -> bool:
+    """Whether the peer runs as this process's user (root's peers too: root may do anything anyway)."""
+    return peer_uid(conn) == os.getuid()
+
+
 def _set_policy(policy: int | None) -> None:
     """Switch this process's scheduling policy (SCHED_IDLE <-> SCHED_OTHER needs no privilege on Linux)."""
     if policy is None:
@@ -90,6 +131,9 @@ def _set_policy(policy: int | None) -> None:
 
 
 def _handle(server: socket.socket, conn: socket.socket, children: dict, loaded: list[str], until: float) -> float:
+    if not same_user(conn):  # another user's process: not one byte read, nothing run for it
+        conn.close()
+        return until
     header, fds = _recv_request(conn)
     if header.get("op") == "until":
         _send(conn, {"ok": True, "until": header["until"]})
@@ -213,6 +257,8 @@ def extend(socket_path: str, until: float, timeout: float = 5.0) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
             conn.connect(socket_path)
+            if not same_user(conn):
+                return False
             conn.sendall(json.dumps({"op": "until", "until": until}).encode() + b"\n")
             return bool((_recv_line(conn) or {}).get("ok"))
     except OSError:
@@ -225,9 +271,12 @@ def run_client(socket_path: str, argv: list[str]) -> int:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(socket_path)
-    except OSError:
+        if not same_user(conn):  # the run's environment (its keys) goes to this user's server only
+            raise PermissionError(f"the server on {socket_path} is another user's")
+    except OSError as exc:
         conn.close()
-        print(f"{BANNER}: none on {socket_path}; starting cold", file=sys.stderr, flush=True)
+        why = str(exc) if isinstance(exc, PermissionError) else f"none on {socket_path}"
+        print(f"{BANNER}: {why}; starting cold", file=sys.stderr, flush=True)
         os.execv(sys.executable, [sys.executable, *argv])
     header = {"op": "run", "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(conn, [json.dumps(header).encode() + b"\n"], [0, 1, 2])
