@@ -4,7 +4,8 @@ The runner starts it before the command and stops it (SIGTERM, a last sample, th
 after the attempt's processes are gone, so every attempt has its system and job series,
 whatever the command is and however soon it dies (ADR 0015). It runs outside the attempt's
 process group and without the attempt's tag: a fault injected into the attempt does not
-touch it, and the runner's "processes left running" sweep does not count it.
+touch it, and the runner's "processes left running" sweep does not count it. Its environment is
+the attempt's (`runtime_env.process_environment`: the allow-list, not the service's secrets).
 """
 
 from __future__ import annotations
