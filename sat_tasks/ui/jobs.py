@@ -8,6 +8,11 @@ and `.verdict.json` (node, exit status, verdict, evidence), the mirrored `progre
 Trainer's `log_history` for the Monitoring tab), `tags.json` and `stop.json` (what people did
 in this view). Reading is injected (`read_json(uri) -> object | None`, `list_sizes(prefix) ->
 {name: size}`), so this module needs neither a DB nor a bucket to be tested.
+
+The names and record models are the runtime contract's (`ckpt_engine.contract`, ADR 0018)
+and the tasks' (`AttemptRecord`, `Verdict`). What is read is untrusted: a record that does
+not validate shows as unreadable and the page still renders; how many attempts the page
+reads is bounded by the job (`max_attempts`), not by what the records claim.
 """
 
 from __future__ import annotations
@@ -18,7 +23,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
+from ckpt_engine.contract import (
+    JOB_LOG_NAME,
+    MANIFEST_NAME,
+    TRAINER_STATE_NAME,
+    Manifest,
+    ProgressRecord,
+    checkpoint_dir,
+)
+from ckpt_engine.errors import CheckpointError
 from sat_tasks.airflow.params import spec_from_params
+from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.contracts import Verdict
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
@@ -61,12 +79,42 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def _int(value: Any) -> int | None:
+    """``value`` when it is an integer (not a bool), else None: a wrongly typed field reads as absent."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: Any) -> float | None:
+    """``value`` when it is a number (not a bool), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def read_progress(read_json: ReadJson, uri: str) -> ProgressRecord:
+    """The mirrored progress.json, its wrongly typed fields read as absent (an unreadable file: an empty record)."""
+    progress = ProgressRecord.from_dict(read_json(uri))
+    return ProgressRecord(
+        step=_int(progress.step), last_committed_step=_int(progress.last_committed_step),
+        committed_steps=[s for s in progress.committed_steps if _int(s) is not None]
+        if isinstance(progress.committed_steps, list) else [],
+        in_flight_step=_int(progress.in_flight_step), last_mirrored_step=_int(progress.last_mirrored_step),
+        updated_at=progress.updated_at if isinstance(progress.updated_at, str) else "",
+        resumed_from_step=_int(progress.resumed_from_step), attempt=_int(progress.attempt))
+
+
+def read_history(read_json: ReadJson, uri: str) -> list[dict[str, Any]]:
+    """status.json's entries that are objects with a status word (anything else is left out)."""
+    history = read_json(uri)
+    if not isinstance(history, list):
+        return []
+    return [entry for entry in history if isinstance(entry, dict) and isinstance(entry.get("status"), str)]
+
+
 def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime | None = None) -> dict[str, Any]:
     """The list's row for one run: name, type, framework, nodes, status, attempt, checkpoint, times, tags."""
     layout = JobRun(job, run.run_id)
-    history = read_json(layout.status_uri) or []
-    progress = read_json(layout.progress_uri) or {}
-    attempts = [entry["attempt"] for entry in history if entry.get("attempt")]
+    history = read_history(read_json, layout.status_uri)
+    progress = read_progress(read_json, layout.progress_uri)
+    attempts = [number for entry in history if (number := _int(entry.get("attempt")))]
     edited_tags = read_json(layout.tags_uri)
     status = history[-1]["status"] if history else _STATUS_BEFORE_HISTORY.get(run.state, JobStatus.PENDING.value)
     end = run.end_date or (now or datetime.now(timezone.utc))
@@ -74,7 +122,7 @@ def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime
         "job": job.name, "dag_id": run.dag_id, "run_id": run.run_id, "run_state": run.state,
         "learning_type": job.learning_type.value, "framework": job.framework.value, "nodes": job.nodes,
         "status": status, "attempt": max(attempts) if attempts else None,
-        "last_checkpoint_step": progress.get("last_committed_step"),
+        "last_checkpoint_step": progress.last_committed_step,
         "started": _iso(run.start_date),
         "duration_s": round((end - run.start_date).total_seconds(), 1) if run.start_date else None,
         "tags": dict(edited_tags) if isinstance(edited_tags, dict) else dict(job.tags), "schedule": job.schedule, "next_run": _iso(run.next_run),
@@ -96,37 +144,65 @@ def list_rows(runs: list[RunRef], jobs: dict[str, TrainingJob], read_json: ReadJ
 
 def job_log_uri(job: TrainingJob, run_id: str) -> str:
     """Where the run's single job log (every attempt, with the "Starting dataset initialization" markers) lands."""
-    return JobRun(job, run_id).results_uri + "job.log"
+    return JobRun(job, run_id).results_uri + JOB_LOG_NAME
 
 
 def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: ListSizes | None = None
              ) -> dict[str, Any]:
-    """The job page of one run: its row, the spec, the status history, attempts, checkpoints and monitoring."""
+    """The job page of one run: its row, the spec, the status history, attempts, checkpoints and monitoring.
+
+    The attempts read are those the status history names, at most the job's `max_attempts()`
+    (a status.json claiming 400 attempts does not make the page read 800 objects).
+    """
     read_json = functools.lru_cache(maxsize=None)(read_json)  # the row and the page read status and progress once
     layout = JobRun(job, run.run_id)
     row = job_row(run, job, read_json)
-    attempts = []
-    for number in range(1, (row["attempt"] or 0) + 1):
-        record = read_json(layout.attempt_uri(number)) or {}
-        verdict = read_json(layout.verdict_uri(number)) or {}
-        progress = record.get("progress") or {}
-        attempts.append({
-            "attempt": number, "node": record.get("node"), "exit_code": record.get("exit_code"),
-            "started_at": record.get("started_at"), "finished_at": record.get("finished_at"),
-            "duration_s": _seconds_between(record.get("started_at"), record.get("finished_at")),
-            "verdict": verdict.get("kind"), "reason": verdict.get("reason"), "evidence": verdict.get("evidence", []),
-            "resumed_from_step": progress.get("resumed_from_step"),
-            "last_committed_step": progress.get("last_committed_step"), "stopped_by": record.get("stopped_by"),
-        })
-    progress = read_json(layout.progress_uri) or {}
+    attempts = [attempt_row(number, read_json(layout.attempt_uri(number)), read_json(layout.verdict_uri(number)))
+                for number in range(1, min(row["attempt"] or 0, job.max_attempts()) + 1)]
+    progress = read_progress(read_json, layout.progress_uri)
     stop = read_json(layout.stop_uri)
     return {**row, "spec": job.to_dict(), "log": job_log_uri(job, run.run_id),
-            "history": read_json(layout.status_uri) or [], "attempts": attempts,
+            "history": read_history(read_json, layout.status_uri), "attempts": attempts,
             "stop_requested": stop if isinstance(stop, dict) else None,
-            "checkpoints": {"committed_steps": progress.get("committed_steps", []),
-                            "last_mirrored_step": progress.get("last_mirrored_step"),
+            "checkpoints": {"committed_steps": progress.committed_steps,
+                            "last_mirrored_step": progress.last_mirrored_step,
                             "steps": checkpoint_rows(layout, progress, read_json, list_sizes)},
             "monitoring": monitoring(layout, progress, attempts, read_json)}
+
+
+def attempt_row(number: int, raw_record: Any, raw_verdict: Any) -> dict[str, Any]:
+    """The Attempts tab's row for attempt `number`, from its record and verdict as read (None: not written yet).
+
+    A record or verdict that does not validate shows as unreadable; the rest of the row stays.
+    """
+    unreadable: list[str] = []
+    record: AttemptRecord | None = None
+    verdict: Verdict | None = None
+    if raw_record is not None:
+        try:
+            record = AttemptRecord.model_validate(raw_record)
+        except ValidationError:
+            unreadable.append("attempt record")
+    if raw_verdict is not None:
+        try:
+            verdict = Verdict.model_validate(raw_verdict)
+        except ValidationError:
+            unreadable.append("verdict")
+    progress = ProgressRecord.from_dict(record.progress if record else None)
+    started = record.started_at.isoformat() if record and record.started_at else None
+    finished = record.finished_at.isoformat() if record and record.finished_at else None
+    reason = verdict.reason if verdict else None
+    if unreadable:
+        reason = f"{' and '.join(unreadable)} unreadable (not in the shape this SAT writes)"
+    return {
+        "attempt": number, "node": record.node if record else None, "exit_code": record.exit_code if record else None,
+        "started_at": started, "finished_at": finished, "duration_s": _seconds_between(started, finished),
+        "verdict": verdict.kind.value if verdict else None, "reason": reason,
+        "evidence": list(verdict.evidence) if verdict else [],
+        "resumed_from_step": _int(progress.resumed_from_step),
+        "last_committed_step": _int(progress.last_committed_step),
+        "stopped_by": record.stopped_by if record else None, "unreadable": unreadable,
+    }
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:
@@ -136,27 +212,33 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
         return None
 
 
-def checkpoint_rows(layout: JobRun, progress: dict[str, Any], read_json: ReadJson,
+def checkpoint_rows(layout: JobRun, progress: ProgressRecord, read_json: ReadJson,
                     list_sizes: ListSizes | None) -> list[dict[str, Any]]:
     """One row per committed checkpoint, newest first: step, size, mirrored, verified.
 
     Mirrored: its manifest is in Object Storage (the engine's mirror copies every file,
     checking its checksum on the way, and writes the manifest last). Verified: every file
-    the manifest names is there with the manifest's size.
+    the manifest names is there with the manifest's size. A manifest that does not
+    validate (`Manifest.from_dict`) is not a mirrored checkpoint; the row says why.
     """
     rows = []
-    for step in sorted({int(s) for s in progress.get("committed_steps") or []}, reverse=True):
-        prefix = f"{layout.mirror_uri}checkpoint-{step}/"
-        manifest = read_json(prefix + "manifest.json")
+    for step in sorted(set(progress.committed_steps), reverse=True):
+        prefix = f"{layout.mirror_uri}{checkpoint_dir(step)}/"
+        raw = read_json(prefix + MANIFEST_NAME)
         row: dict[str, Any] = {"step": step, "size_bytes": None, "files": None, "mirrored": False,
                                "verified": None, "note": "committed on the node; not in Object Storage (yet)"}
-        files = manifest.get("files") if isinstance(manifest, dict) else None
-        if isinstance(files, dict):
-            row.update(size_bytes=sum(int(entry.get("size") or 0) for entry in files.values()), files=len(files),
+        manifest: Manifest | None = None
+        if raw is not None:
+            try:
+                manifest = Manifest.from_dict(raw)
+            except CheckpointError as exc:
+                row["note"] = f"its manifest in Object Storage is unreadable: {exc}"
+        if manifest is not None:
+            row.update(size_bytes=manifest.total_bytes, files=len(manifest.files),
                        mirrored=True, note="in Object Storage; checksums checked on the copy")
             if list_sizes is not None:
                 stored = list_sizes(prefix)
-                wrong = sorted(name for name, entry in files.items() if stored.get(name) != entry.get("size"))
+                wrong = sorted(name for name, entry in manifest.files.items() if stored.get(name) != entry.size)
                 row["verified"] = not wrong
                 if wrong:
                     row["note"] = f"{len(wrong)} file(s) missing or of another size: {', '.join(wrong[:3])}"
@@ -171,7 +253,7 @@ def _epoch(value: str | None) -> float | None:
         return None
 
 
-def monitoring(layout: JobRun, progress: dict[str, Any], attempts: list[dict[str, Any]],
+def monitoring(layout: JobRun, progress: ProgressRecord, attempts: list[dict[str, Any]],
                read_json: ReadJson) -> dict[str, Any]:
     """Loss by step and steps/s over time, from the Trainer's log in the newest mirrored checkpoint.
 
@@ -179,13 +261,14 @@ def monitoring(layout: JobRun, progress: dict[str, Any], attempts: list[dict[str
     the step difference over the time difference of consecutive entries of one attempt.
     Markers: where each later attempt started (time) and the step it resumed from.
     """
-    step = progress.get("last_mirrored_step")
-    source = f"{layout.mirror_uri}checkpoint-{step}/trainer_state.json" if step is not None else None
+    step = progress.last_mirrored_step
+    source = f"{layout.mirror_uri}{checkpoint_dir(step)}/{TRAINER_STATE_NAME}" if step is not None else None
     state = read_json(source) if source else None
     history = state.get("log_history") if isinstance(state, dict) else None
-    loss = [{"step": int(e["step"]), "loss": float(e["loss"]), "t": e.get("sat_time"), "attempt": e.get("sat_attempt")}
-            for e in history or [] if isinstance(e, dict) and isinstance(e.get("loss"), (int, float))
-            and isinstance(e.get("step"), int)]
+    loss = [{"step": e["step"], "loss": _number(e["loss"]), "t": _number(e.get("sat_time")),
+             "attempt": e.get("sat_attempt") if isinstance(e.get("sat_attempt"), (int, str)) else None}
+            for e in (history if isinstance(history, list) else [])
+            if isinstance(e, dict) and _number(e.get("loss")) is not None and _int(e.get("step")) is not None]
     rate = [{"t": b["t"], "step": b["step"], "attempt": b["attempt"],
              "steps_per_second": round((b["step"] - a["step"]) / (b["t"] - a["t"]), 3)}
             for a, b in zip(loss, loss[1:])

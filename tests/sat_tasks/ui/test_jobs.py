@@ -5,6 +5,14 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
+from ckpt_engine.contract import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    TRAINER_STATE_NAME,
+    checkpoint_dir,
+)
 from sat_tasks.airflow.params import params_from_spec
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec
@@ -34,9 +42,10 @@ def _written(job, run_id: str) -> dict:
         ],
         layout.progress_uri: {"step": 120, "last_committed_step": 100, "committed_steps": [100, 80, 60],
                               "last_mirrored_step": 100},
-        layout.attempt_uri(1): {"node": "node-0", "exit_code": -9, "progress": {"last_committed_step": 60}},
+        layout.attempt_uri(1): {"job": job.name, "attempt": 1, "backend": "local", "node": "node-0", "exit_code": -9,
+                                "progress": {"last_committed_step": 60}},
         layout.verdict_uri(1): {"kind": "HARDWARE", "reason": "Xid 79", "evidence": [xid]},
-        layout.attempt_uri(2): {"node": "node-1", "exit_code": None,
+        layout.attempt_uri(2): {"job": job.name, "attempt": 2, "backend": "local", "node": "node-1", "exit_code": None,
                                 "progress": {"resumed_from_step": 60, "last_committed_step": 100}},
     }
 
@@ -95,11 +104,11 @@ def test_job_page_has_the_spec_history_attempts_with_evidence_and_checkpoints():
 
 def _mirrored(job, run_id: str, store: dict, step: int, log_history: list[dict]) -> dict:
     """A mirrored checkpoint: its manifest and trainer_state.json, and the objects' sizes."""
-    prefix = f"{JobRun(job, run_id).mirror_uri}checkpoint-{step}/"
+    prefix = f"{JobRun(job, run_id).mirror_uri}{checkpoint_dir(step)}/"
     files = {"model.safetensors": {"size": 2000, "checksum": "xxh3_64/16MiB:1"},
-             "trainer_state.json": {"size": 300, "checksum": "xxh3_64/16MiB:2"}}
-    store[prefix + "manifest.json"] = {"step": step, "files": files}
-    store[prefix + "trainer_state.json"] = {"global_step": step, "log_history": log_history}
+             TRAINER_STATE_NAME: {"size": 300, "checksum": "xxh3_64/16MiB:2"}}
+    store[prefix + MANIFEST_NAME] = {"step": step, "files": files, "format": MANIFEST_FORMAT}
+    store[prefix + TRAINER_STATE_NAME] = {"global_step": step, "log_history": log_history}
     return {prefix: {name: entry["size"] for name, entry in files.items()}}
 
 
@@ -202,3 +211,85 @@ def test_the_monitoring_tab_draws_loss_and_rate_with_the_failover_marker():
     assert "id='stop'" not in job_page_html(stopped)  # an ended run has nothing to stop
     empty = job_page_html(job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, {}.get))
     assert "no checkpoint mirrored yet" in empty and "Loss by step: no data yet." in empty
+
+
+def test_the_attempts_read_are_bounded_by_the_job_not_by_what_status_json_claims():
+    job = _job("demo-job")
+    layout = JobRun(job, "manual__1")
+    store = _written(job, "manual__1")
+    store[layout.status_uri].append({"status": "Running", "at": "t4", "attempt": 400})
+    reads: list[str] = []
+
+    def read(uri):
+        reads.append(uri)
+        return store.get(uri)
+
+    page = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, read)
+    attempt_reads = [uri for uri in reads if uri.startswith(layout.results_uri + "attempts/")]
+    assert len(attempt_reads) == 2 * job.max_attempts() < 400
+    assert [a["attempt"] for a in page["attempts"]] == list(range(1, job.max_attempts() + 1))
+
+
+def _wrongly_typed(job, run_id: str, what: str) -> dict:
+    layout = JobRun(job, run_id)
+    store = _written(job, run_id)
+    mirror = f"{layout.mirror_uri}{checkpoint_dir(100)}/"
+    store[mirror + MANIFEST_NAME] = {"step": 100, "files": {"x": {"size": 1, "checksum": "c"}}, "format": MANIFEST_FORMAT}
+    if what == "status":
+        store[layout.status_uri] = [{"status": 7, "attempt": "2"}, "Running", {"attempt": [1]}, None]
+    elif what == "status-not-a-list":
+        store[layout.status_uri] = {"attempt": 400}
+    elif what == "progress":
+        store[layout.progress_uri] = {"committed_steps": ["100", None, {}], "last_mirrored_step": "100",
+                                      "last_committed_step": [1]}
+    elif what == "progress-not-a-list":
+        store[layout.progress_uri] = {"committed_steps": 100, "last_mirrored_step": 100}
+    elif what == "trainer-state":
+        store[mirror + TRAINER_STATE_NAME] = {"log_history": [{"step": "10", "loss": 1.0}, {"step": 20, "loss": "x"},
+                                                              {"step": 30, "loss": 1.0, "sat_time": "soon"},
+                                                              {"step": 40, "loss": 0.5, "sat_time": 3.0}, 5]}
+    elif what == "trainer-state-history":
+        store[mirror + TRAINER_STATE_NAME] = {"log_history": "not a list"}
+    elif what == "attempt-record":
+        store[layout.attempt_uri(1)] = {"node": ["node-0"], "exit_code": "nine"}
+        store[layout.verdict_uri(1)] = {"kind": "NOT_A_KIND"}
+    elif what == "manifest":
+        store[mirror + MANIFEST_NAME] = {"step": "x", "files": [], "format": MANIFEST_FORMAT}
+    return store
+
+
+@pytest.mark.parametrize("what", [
+    pytest.param("status", id="status-entries"),
+    pytest.param("status-not-a-list", id="status-not-a-list"),
+    pytest.param("progress", id="progress-fields"),
+    pytest.param("progress-not-a-list", id="progress-committed-steps"),
+    pytest.param("trainer-state", id="trainer-state-entries"),
+    pytest.param("trainer-state-history", id="trainer-state-log-history"),
+    pytest.param("attempt-record", id="attempt-record-and-verdict"),
+    pytest.param("manifest", id="manifest"),
+])
+def test_wrongly_typed_records_give_a_page_not_an_exception(what):
+    from sat_tasks.ui.pages import job_page_html
+
+    job = _job("demo-job")
+    store = _wrongly_typed(job, "manual__1", what)
+    ref = RunRef("demo-job", "manual__1", "running", start_date=T0)
+    page = job_page(ref, job, store.get)
+    assert "demo-job" in job_page_html(page)
+    assert list_rows([ref], {"demo-job": job}, store.get, GENERIC)[0]["job"] == "demo-job"
+
+
+def test_what_does_not_validate_is_shown_as_unreadable():
+    job = _job("demo-job")
+    page = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job,
+                    _wrongly_typed(job, "manual__1", "attempt-record").get)
+    first = page["attempts"][0]
+    assert first["unreadable"] == ["attempt record", "verdict"] and "unreadable" in first["reason"]
+    assert first["node"] is None and first["verdict"] is None
+    assert page["attempts"][1]["node"] == "node-1"  # the readable one is shown as before
+    torn = _wrongly_typed(job, "manual__1", "manifest")
+    newest = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job, torn.get)["checkpoints"]["steps"][0]
+    assert newest["mirrored"] is False and "unreadable" in newest["note"]
+    typed = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job,
+                     _wrongly_typed(job, "manual__1", "trainer-state").get)["monitoring"]
+    assert [(p["step"], p["t"]) for p in typed["loss"]] == [(30, None), (40, 3.0)]
