@@ -54,6 +54,9 @@ SAT_DEFAULTS = {
     # (comma-separated connection ids an operator shares with every job, e.g. a team's robot
     # account). Anyone who may create a job may use a listed one, so list pull-only logins.
     "shared_registry_connections": "",
+    # The backends a job spec may name (comma-separated; ADR 0019). "": the deployment's `backend`
+    # only, so `{"backend": "local"}` cannot stage a job's data onto a Kubernetes deployment's workers.
+    "allowed_backends": "",
 }
 
 _file_cache: dict[tuple[str, float], dict[str, str]] = {}
@@ -113,6 +116,12 @@ def local_node_pool() -> list[str]:
 def shared_registry_connections() -> frozenset[str]:
     """The registry connection ids every job may name, from `[sat] shared_registry_connections`."""
     return frozenset(c.strip() for c in sat_setting("shared_registry_connections").split(",") if c.strip())
+
+
+def allowed_backends() -> tuple[str, ...]:
+    """The backends a job may run on, from `[sat] allowed_backends` (default: `[sat] backend` only)."""
+    listed = tuple(b.strip() for b in sat_setting("allowed_backends").split(",") if b.strip())
+    return listed or (sat_setting("backend"),)
 
 
 def include_dir() -> Path:

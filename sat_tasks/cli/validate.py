@@ -35,7 +35,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"{path}: {problem.field}: {problem.rule}")
             status = EXIT_INVALID
         else:
-            refused = _workspace_problems(job)
+            refused = _backend_problems(job) + _workspace_problems(job)
             for problem in refused:
                 print(f"{path}: {problem.field}: {problem.rule}")
             if refused:
@@ -43,6 +43,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
             elif not args.quiet:
                 print(f"{path}: ok ({job.name}, {job.learning_type.value}, {job.framework.value})")
     return status
+
+
+def _backend_problems(job) -> list:
+    """The spec's backend when this deployment does not allow it (`[sat] allowed_backends`, ADR 0019)."""
+    from sat_tasks.config import allowed_backends
+    from sat_tasks.spec import SpecProblem
+    from sat_tasks.spec.model import backend_problem
+
+    problem = backend_problem(job, allowed_backends())
+    return [] if problem is None else [SpecProblem(field="backend", rule=problem.split(": ", 1)[1])]
 
 
 def _workspace_problems(job) -> list:

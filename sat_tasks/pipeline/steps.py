@@ -22,23 +22,37 @@ from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.pipeline.report import build_report, format_report
 from sat_tasks.pipeline.warm_pool import hook_for as warm_pool_hook
-from sat_tasks.spec import TrainingJob, load_spec, parse_spec, split_s3_uri
-from sat_tasks.spec.model import registry_conn_id_problem
+from sat_tasks.spec import (
+    SpecError,
+    SpecProblem,
+    TrainingJob,
+    load_spec,
+    parse_spec,
+    split_s3_uri,
+)
+from sat_tasks.spec.model import backend_problem, registry_conn_id_problem
 
 Log = Callable[[str], None]
 
 
 # ---- validate_spec ----------------------------------------------------------------------------
 def resolve_job(spec: dict[str, Any] | None, spec_path: str | None, source: str = "<spec>") -> TrainingJob:
-    """The job to run: the spec file as it is now (when given), else the spec mapping; backend resolved."""
+    """The job to run: the spec file as it is now (when given), else the spec mapping; backend resolved.
+
+    A spec naming a backend outside `[sat] allowed_backends` is a SpecError on `backend` (ADR 0019).
+    """
     from pathlib import Path
 
-    from sat_tasks.config import sat_setting
+    from sat_tasks.config import allowed_backends, sat_setting
 
     if spec_path and Path(spec_path).exists():
         job = load_spec(spec_path)
     else:
         job = parse_spec(spec or {}, source=source)
+    problem = backend_problem(job, allowed_backends())
+    if problem is not None:
+        field, rule = problem.split(": ", 1)
+        raise SpecError(spec_path or source, [SpecProblem(field=field, rule=rule)])
     return job.with_backend(sat_setting("backend"))
 
 

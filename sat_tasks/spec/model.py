@@ -433,3 +433,11 @@ def registry_conn_id_problem(job: TrainingJob, shared: frozenset[str] | set[str]
     return (f"image.registry_conn_id: must be the job's own {own_registry_conn_id(job.name)!r} or a connection "
             f"listed in [sat] shared_registry_connections, not {conn_id!r}")
 
+
+# ---- allowed backends (issue 29.7, ADR 0019) ------------------------------------------------------
+def backend_problem(job: TrainingJob, allowed: tuple[str, ...]) -> str | None:
+    """`backend: <rule>` when the spec names a backend this deployment does not allow (`[sat] allowed_backends`)."""
+    if job.backend is None or job.backend.value in allowed:
+        return None
+    return (f"backend: {job.backend.value} is not allowed on this deployment: a job may run on "
+            f"{' or '.join(allowed)} only ([sat] allowed_backends)")
