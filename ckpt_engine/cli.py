@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ckpt_engine.contract import (
     CONCURRENT_DIR,
     PROGRESS_NAME,
+    VENDOR_ENV,
     ProgressRecord,
     checkpoint_dir,
     parse_step,
@@ -112,7 +113,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
 
 def register_vendor_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Add ``vendor DIR``, which lays out a CHECKPOINT_VENDOR directory."""
-    vendor = subparsers.add_parser("vendor", help="lay out a CHECKPOINT_VENDOR directory (PYTHONPATH=DIR)")
+    vendor = subparsers.add_parser("vendor", help=f"lay out a {VENDOR_ENV} directory (PYTHONPATH=DIR)")
     vendor.add_argument("dir", help="destination directory")
     vendor.set_defaults(func=write_vendor)
     return vendor

@@ -34,6 +34,7 @@ from ckpt_engine.config import RuntimeConfig
 from ckpt_engine.contract import (
     CONCURRENT_DIR,
     LAST_STEP_ENV,
+    TRAINER_STATE_NAME,
     attempt_from_env,
     checkpoint_dir,
     parse_step,
@@ -335,8 +336,8 @@ class DecoratedCheckpointing:
                          sum(files[name].size for name in report.hashed) / 1e6,
                          sum(entry.size for entry in files.values()) / 1e6)
             return None if report.ok else "; ".join(report.problems)
-        if not os.path.isfile(os.path.join(path, "trainer_state.json")):
-            return "no trainer_state.json (incomplete Trainer checkpoint)"
+        if not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+            return f"no {TRAINER_STATE_NAME} (incomplete Trainer checkpoint)"
         return None
 
     # ---- save ---------------------------------------------------------------------------------
@@ -429,7 +430,7 @@ class DecoratedCheckpointing:
                 files.append(plan_torch_file("scaler.pt", scaler.state_dict()))
             rng_name = "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
             files.append(plan_torch_file(rng_name, collect_rng_state()))
-        files.append(BytesFile(name="trainer_state.json", data=self._trainer_state_json()))
+        files.append(BytesFile(name=TRAINER_STATE_NAME, data=self._trainer_state_json()))
         files.append(BytesFile(name="training_args.bin", data=_torch_bytes(args)))
         return files
 

@@ -275,7 +275,7 @@ def _find_flags(record: AttemptRecord) -> Iterator[Finding]:
         yield Finding(VerdictKind.PREEMPTED, "preemption notice: Spot SIGTERM notice delivered to the attempt",
                        "the Spot capacity was reclaimed (notice delivered)", rule="attempt-flags")
     if record.heartbeat_timeout:
-        step = (record.progress or {}).get("step")
+        step = record.progress_record.step
         where = f" at step {step}" if step is not None else ""
         yield Finding(VerdictKind.HARDWARE, f"heartbeat timeout: training stopped making progress{where}",
                        "training hung (no progress before the heartbeat timeout)", rule="attempt-flags")

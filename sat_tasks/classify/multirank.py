@@ -53,7 +53,6 @@ def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> 
         log(f"rank {rank} on {records[rank].node}: {verdict.kind.value} — {verdict.reason}")
     log(f"rank {chosen} decides the attempt")
     committed = [r.last_committed_step for r in records if r.last_committed_step is not None]
-    progress = dict(records[chosen].progress or {})
     if committed:
-        progress["last_committed_step"] = min(committed)
-    return records[chosen].model_copy(update={"progress": progress or None})
+        return records[chosen].with_progress(last_committed_step=min(committed))
+    return records[chosen]

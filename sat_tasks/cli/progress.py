@@ -26,6 +26,7 @@ from typing import Any
 
 import pluggy
 
+from ckpt_engine.contract import PROGRESS_NAME, ProgressRecord
 from sat_tasks.cli.console import Console
 
 # Airflow's own marker (`airflow.listeners.hookimpl` is this, for the project "airflow"): no Airflow import here.
@@ -106,23 +107,23 @@ def read_training(output_dir: Path, metrics_dir: Path, attempt: int) -> Training
     newest training metrics (`<metrics_dir>/attempt-<k>/<node>/training.jsonl`). None when
     neither has anything of this attempt yet.
     """
-    progress = next((found for found in map(_read_json, sorted(output_dir.glob("*/progress.json")))
-                     if isinstance(found, dict)), {})
-    if progress.get("attempt") not in (None, attempt):
-        progress = {}
+    progress = next((ProgressRecord.from_dict(found) for found in map(_read_json, sorted(
+        output_dir.glob(f"*/{PROGRESS_NAME}"))) if isinstance(found, dict) and found), None)
+    if progress is not None and progress.attempt not in (None, attempt):
+        progress = None
     node, records = None, []
     nodes = sorted((metrics_dir / f"attempt-{attempt}").glob("*/training.jsonl"))
     if nodes:
         node_file = next((p for p in nodes if not re.search(r"-r\d+$", p.parent.name)), nodes[0])  # node rank 0
         node, records = node_file.parent.name, _tail_records(node_file)
-    if not progress and not records:
+    if progress is None and not records:
         return None
     newest = records[-1] if records else {}
     loss = next((r["loss"] for r in reversed(records) if r.get("loss") is not None), None)
-    steps = [s for s in (progress.get("step"), newest.get("global_step")) if s is not None]
+    steps = [s for s in (progress.step if progress else None, newest.get("global_step")) if s is not None]
     return TrainingProgress(attempt=attempt, node=node, step=max(steps) if steps else None, loss=loss,
                             steps_per_second=newest.get("steps_per_second"),
-                            last_committed_step=progress.get("last_committed_step"))
+                            last_committed_step=progress.last_committed_step if progress else None)
 
 
 def _read_json(path: Path) -> Any:

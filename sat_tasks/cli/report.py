@@ -6,19 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
+from ckpt_engine.contract import REPORT_HTML_NAME
+
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `sat report RUN [-o FILE]`."""
     parser = subparsers.add_parser(
         "report",
-        help="render report.html with plots of a run's metrics",
+        help=f"render {REPORT_HTML_NAME} with plots of a run's metrics",
         description="Render a job run's report page (loss across attempts with failover and resume markers, "
                     "throughput, checkpoint stalls, CPU/GPU, goodput and recovery per fault). RUN is a local "
                     "run directory (holding metrics/) or an s3:// results URI (<results>/<job>/<run_id>/).",
     )
     parser.add_argument("run", metavar="RUN", help="local run directory or s3:// results URI")
     parser.add_argument("-o", "--output", metavar="FILE",
-                        help="where to write the page (default: RUN/report.html, or ./report.html for s3://)")
+                        help=f"where to write the page (default: RUN/{REPORT_HTML_NAME}, or ./{REPORT_HTML_NAME} for s3://)")
     parser.set_defaults(func=run_report_cli)
     return parser
 
@@ -34,7 +36,7 @@ def run_report_cli(args: argparse.Namespace) -> int:
         print(f"sat report: error: {source}: no such directory", file=sys.stderr)
         return 2
     metrics = read_metrics(source)
-    output = Path(args.output) if args.output else (Path("report.html") if remote else Path(source) / "report.html")
+    output = Path(args.output) if args.output else (Path(REPORT_HTML_NAME) if remote else Path(source) / REPORT_HTML_NAME)
     title = "SAT job report: " + source.rstrip("/").split("/")[-2] + " / " + source.rstrip("/").split("/")[-1] \
         if source.count("/") >= 2 else "SAT job report"
     output.write_text(render_report_html(metrics, title=title), encoding="utf-8")

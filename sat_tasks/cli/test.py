@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ckpt_engine.contract import MAX_STEPS_ENV, SAVE_STEPS_ENV
+
 PLUGIN = "sat_tasks.testing.plugin"
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -27,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-m", dest="markexpr", metavar="MARKEXPR",
                    help="only tests with these markers: sat_integrity, sat_smoke, sat_rehearsal")
     p.add_argument("--junitxml", metavar="FILE", help="write a JUnit XML report for CI")
-    p.add_argument("--max-steps", type=int, metavar="N", help="SAT_MAX_STEPS for every run (wins over test.max_steps)")
-    p.add_argument("--save-steps", type=int, metavar="K", help="a checkpoint every K steps (SAT_SAVE_STEPS)")
+    p.add_argument("--max-steps", type=int, metavar="N", help=f"{MAX_STEPS_ENV} for every run (wins over test.max_steps)")
+    p.add_argument("--save-steps", type=int, metavar="K", help=f"a checkpoint every K steps ({SAVE_STEPS_ENV})")
     p.add_argument("--data-sample", type=int, metavar="N", help="runs read only the first N data objects")
     p.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-q", "--quiet", action="store_true", help="less output")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
+
+from ckpt_engine.contract import ProgressRecord
 
 __all__ = ["AttemptRecord", "MAIN_CONTAINER_NAME", "LOG_TAIL_LINES", "NODE_LOG_LINES"]
 
@@ -49,9 +52,9 @@ class AttemptRecord(BaseModel):
         log_tail: the last lines of the container log.
         node_log: kernel-log lines of the node (e.g. NVRM Xid lines).
         started_at / finished_at: when the main process started and ended.
-        progress: the engine's progress.json (`step`, `last_committed_step`,
-            `resumed_from_step`, `attempt`): structured data the engine writes, never
-            parsed from log text.
+        progress: the engine's progress.json as read (`ckpt_engine.contract.ProgressRecord`'s
+            fields; `progress_record` is the typed view): structured data the engine
+            writes, never parsed from log text.
         preemption_notice: the local backend delivered a Spot SIGTERM notice.
         heartbeat_timeout: the launcher saw training stop making progress after it started.
         startup_timeout: the attempt never reached its first training step within the
@@ -98,17 +101,25 @@ class AttemptRecord(BaseModel):
         return value
 
     @property
+    def progress_record(self) -> ProgressRecord:
+        """The engine's progress.json as the contract's record (an empty one when there is none)."""
+        return ProgressRecord.from_dict(self.progress)
+
+    @property
     def last_committed_step(self) -> int | None:
         """The last step the checkpoint engine committed, from progress.json, or None."""
-        if not self.progress:
-            return None
-        step = self.progress.get("last_committed_step")
+        step: Any = self.progress_record.last_committed_step
         if step is None or isinstance(step, bool):
             return None
         try:
             return int(step)
         except (TypeError, ValueError):
             return None
+
+    def with_progress(self, **changes: Any) -> AttemptRecord:
+        """A copy whose progress.json has ``changes`` (ProgressRecord's field names: another name raises TypeError)."""
+        dataclasses.replace(self.progress_record, **changes)  # checks the names against the contract
+        return self.model_copy(update={"progress": {**(self.progress or {}), **changes}})
 
 
 # progress.json keys that belong to the attempt that wrote them (the rest outlives it).
@@ -125,6 +136,6 @@ def progress_of_attempt(progress: dict[str, Any] | None, attempt: int) -> dict[s
     """
     if not progress:
         return progress
-    if progress.get("attempt") not in (None, attempt):
+    if ProgressRecord.from_dict(progress).attempt not in (None, attempt):
         return {k: v for k, v in progress.items() if k not in _ATTEMPT_OWN_PROGRESS}
     return progress

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ckpt_engine.contract import LAST_STEP_ENV
 from sat_tasks.core.status import JobStatus
 
 C = TypeVar("C", bound="Contract")
@@ -65,7 +66,7 @@ class Plan(Contract):
 
     attempt: int = Field(ge=1)
     exclude_nodes: list[str] = Field(default_factory=list, description="nodes of failed attempts")
-    resume_step: int | None = Field(None, description="CKPT_LAST_STEP; -1 = newest complete; None = fresh start")
+    resume_step: int | None = Field(None, description=f"{LAST_STEP_ENV}; -1 = newest complete; None = fresh start")
     failovers: int = Field(0, ge=0, description="hardware failovers used before this attempt")
     resumes: int = Field(0, ge=0, description="Spot resumes used before this attempt")
 

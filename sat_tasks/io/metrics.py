@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SERIES = ("training", "checkpoint", "system", "job")
-METRICS_DIR = "metrics"
+from ckpt_engine.contract import (
+    HOST_DEVICE,
+    METRICS_DIR,
+    REPORT_NAME,
+    SERIES,
+    STATUS_NAME,
+)
 
 
 @dataclass
@@ -65,10 +70,10 @@ def read_local(directory: str | Path) -> RunMetrics:
     metrics_root = root / METRICS_DIR if (root / METRICS_DIR).is_dir() else root
     found = RunMetrics(source=str(root))
     for path in sorted(metrics_root.rglob("*.jsonl")):
-        name = f"{METRICS_DIR}/{path.relative_to(metrics_root).as_posix()}"
+        name = f"{METRICS_DIR}{path.relative_to(metrics_root).as_posix()}"
         if _is_series_file(name):
             found.add_file(name, path.read_text(encoding="utf-8", errors="replace"))
-    for extra, attribute in (("status.json", "history"), ("report.json", "report")):
+    for extra, attribute in ((STATUS_NAME, "history"), (REPORT_NAME, "report")):
         path = root / extra
         if path.is_file():
             try:
@@ -88,13 +93,13 @@ def read_object_storage(results_uri: str, hook: Any = None) -> RunMetrics:
 
         hook = storage.object_storage_hook(sat_setting("object_storage_conn_id"))
     base = results_uri if results_uri.endswith("/") else results_uri + "/"
-    bucket, prefix = split_s3_uri(base + METRICS_DIR + "/")
+    bucket, prefix = split_s3_uri(base + METRICS_DIR)
     found = RunMetrics(source=base)
     for key in sorted(hook.list_keys(bucket_name=bucket, prefix=prefix) or []):
-        name = f"{METRICS_DIR}/{key[len(prefix):]}"
+        name = f"{METRICS_DIR}{key[len(prefix):]}"
         if _is_series_file(name):
             found.add_file(name, hook.read_key(key=key, bucket_name=bucket))
-    for extra, attribute in (("status.json", "history"), ("report.json", "report")):
+    for extra, attribute in ((STATUS_NAME, "history"), (REPORT_NAME, "report")):
         try:
             value = storage.read_json(hook, base + extra)
         except ValueError as exc:
@@ -116,7 +121,7 @@ def read_metrics(source: str | Path, hook: Any = None) -> RunMetrics:
 # SAT itself (decide, finalize) appends to this file: one `attempt_end` record per attempt
 # and a `final` one, so a job's series say how each attempt ended even when the attempt's
 # own processes died before their first interval (ADR 0015).
-ORCHESTRATOR_SERIES = f"{METRICS_DIR}/sat/job.jsonl"
+ORCHESTRATOR_SERIES = f"{METRICS_DIR}sat/job.jsonl"
 
 
 def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +134,7 @@ def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> di
     base = results_uri if results_uri.endswith("/") else results_uri + "/"
     bucket, key = split_s3_uri(base + ORCHESTRATOR_SERIES)
     text = hook.read_key(key=key, bucket_name=bucket) if hook.check_for_key(key=key, bucket_name=bucket) else ""
-    written = {"series": "job", "device": "host", **record}
+    written = {"series": "job", "device": HOST_DEVICE, **record}
     hook.load_string(text + json.dumps(written, separators=(",", ":"), default=str) + "\n", key=key,
                      bucket_name=bucket, replace=True)
     return written
@@ -274,7 +279,7 @@ def monitoring_series(metrics: RunMetrics) -> dict[str, Any]:
         "checkpoints": [{k: r.get(k) for k in (*keep, "step", "blocking_s", "persist_s", "bytes")}
                         for r in metrics.records["checkpoint"] if r.get("event") == "save"],
         "system": [{k: r.get(k) for k in (*keep, "cpu_percent", "memory_used_bytes", "memory_total_bytes")}
-                   for r in metrics.records["system"] if r.get("device") == "host"],
+                   for r in metrics.records["system"] if r.get("device") == HOST_DEVICE],
         "gpus": gpus,
         "attempts": attempt_spans(metrics),
         "faults": summary["faults"],

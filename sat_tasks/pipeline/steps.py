@@ -13,6 +13,7 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
+from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
 from sat_tasks.config import shared_registry_connections
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
@@ -224,7 +225,7 @@ def _note_attempt_end(run: JobRun, plan: Plan, verdict: Verdict, decision: Decis
 
     try:
         record = run.load_record(plan.attempt)
-        progress = (record.progress if record else None) or {}
+        progress = record.progress_record if record else ProgressRecord.from_dict(None)
         append_job_record(run.hook(), run.results_uri, {
             "time": round(time.time(), 3), "job": run.job.name, "run": run.run_id, "attempt": plan.attempt,
             "node": record.node if record else None, "event": "attempt_end", "verdict": verdict.kind.value,
@@ -232,8 +233,8 @@ def _note_attempt_end(run: JobRun, plan: Plan, verdict: Verdict, decision: Decis
             "failovers_used": decision.failovers, "exit_code": record.exit_code if record else None,
             "started_at": stamp(record.started_at) if record else None,
             "ended_at": stamp(record.finished_at) if record else None,
-            "last_step": progress.get("step"), "last_committed_step": progress.get("last_committed_step"),
-            "resumed_from_step": progress.get("resumed_from_step"),
+            "last_step": progress.step, "last_committed_step": progress.last_committed_step,
+            "resumed_from_step": progress.resumed_from_step,
         })
     except Exception as error:  # noqa: BLE001 - a missing metrics record must not stop the job's decision
         log(f"could not write the attempt's job record to the metrics: {type(error).__name__}: {error}")
@@ -319,18 +320,18 @@ def write_report_html(run: JobRun, metrics: Any, log: Log = print) -> None:
         bucket, key = split_s3_uri(run.report_html_uri)
         run.hook().load_string(page, key=key, bucket_name=bucket, replace=True)
     except Exception as error:  # noqa: BLE001 - the report page must not fail the job's final task
-        log(f"could not render report.html: {type(error).__name__}: {error}")
+        log(f"could not render {REPORT_HTML_NAME}: {type(error).__name__}: {error}")
         return
     for problem in metrics.problems:
-        log(f"report.html: metrics line not read: {problem}")
-    log(f"report.html: {run.report_html_uri} ({len(metrics.files)} series file(s))")
+        log(f"{REPORT_HTML_NAME}: metrics line not read: {problem}")
+    log(f"{REPORT_HTML_NAME}: {run.report_html_uri} ({len(metrics.files)} series file(s))")
 
 
 def upload_job_log(run: JobRun, log: Log = print) -> None:
     """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one."""
     path = backend_for(run.job).job_log(run, log)
     if path is not None:
-        run.upload_file(path, run.results_uri + "job.log")
+        run.upload_file(path, run.results_uri + JOB_LOG_NAME)
 
 
 def record_task_failure(job: TrainingJob, run_id: str, task_id: str, try_number: int, exc: BaseException,
@@ -392,7 +393,7 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
     try:  # read once: the final record's goodput and the report page both come from it
         metrics = read_object_storage(run.results_uri, run.hook())
     except Exception as error:  # noqa: BLE001 - the report page must not fail the job's final task
-        log(f"could not read the run's metrics (no final record, no report.html): {type(error).__name__}: {error}")
+        log(f"could not read the run's metrics (no final record, no {REPORT_HTML_NAME}): {type(error).__name__}: {error}")
     else:
         _note_final(run, status, metrics, log)
         write_report_html(run, metrics, log)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ckpt_engine.contract import GRACE_ENV, PROGRESS_NAME
 from sat_tasks.spec.quantities import QUANTITY_PATTERN, parse_quantity
 from sat_tasks.spec.testing import JobTest
 from sat_tasks.spec.uris import S3_URI_PATTERN, S3_URI_RULE, check_s3_uri
@@ -35,9 +36,8 @@ QUANTITY_RULE = "must be a Kubernetes quantity such as 512Mi, 8Gi, 500m or 2"
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 MAX_TAGS = 50
 MAX_KEEP_ALIVE_SECONDS = 3600  # the warm pool's keep-alive at most (SageMaker's limit too)
-# The engine's final-checkpoint grace period after SIGTERM; a job's env may set it
-# (the default is `[sat] final_checkpoint_grace_seconds`).
-GRACE_ENV = "CKPT_GRACE_SECONDS"
+# The engine's final-checkpoint grace period after SIGTERM (GRACE_ENV, the runtime contract's);
+# a job's env may set it (the default is `[sat] final_checkpoint_grace_seconds`).
 MAX_GRACE_SECONDS = 3600
 
 # Server types a job can ask for; the Kubernetes backend maps them to GPU models.
@@ -244,7 +244,7 @@ class Fault(_Model):
 
     kind: FaultKind
     attempt: int = ruled(1, rule="attempt must be >= 1", ge=1, description="1-based attempt the fault hits")
-    at_step: int | None = Field(None, description="training step (from progress.json) at which to strike")
+    at_step: int | None = Field(None, description=f"training step (from {PROGRESS_NAME}) at which to strike")
     after_seconds: float | None = Field(None, description="seconds after launch at which to strike")
     xid: int = Field(79, description="NVIDIA Xid written to the node's kernel log (hardware faults)")
     capacity_delay_seconds: float = Field(

@@ -16,10 +16,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ckpt_engine.contract import MAX_STEPS_ENV, SAVE_STEPS_ENV
 from sat_tasks.spec.uris import S3_URI_PATTERN, S3_URI_RULE
-
-ENV_MAX_STEPS = "SAT_MAX_STEPS"
-ENV_SAVE_STEPS = "SAT_SAVE_STEPS"
 
 
 class Scenario(str, Enum):
@@ -60,8 +58,8 @@ class SeedObject(_Model):
 class JobTest(_Model):
     """The `test:` section of a spec (read by `sat test` and the pytest plugin only)."""
 
-    max_steps: int | None = Field(None, ge=1, description="SAT_MAX_STEPS for the script in test runs")
-    save_steps: int | None = Field(None, ge=1, description="SAT_SAVE_STEPS: a checkpoint every K steps")
+    max_steps: int | None = Field(None, ge=1, description=f"{MAX_STEPS_ENV} for the script in test runs")
+    save_steps: int | None = Field(None, ge=1, description=f"{SAVE_STEPS_ENV}: a checkpoint every K steps")
     data_sample: int | None = Field(None, ge=1, description="test runs read only the first N data objects")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for test runs")
     seed: list[SeedObject] = Field(default_factory=list, description="repository files to put into the "

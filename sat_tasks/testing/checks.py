@@ -18,6 +18,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ckpt_engine.contract import (
+    CONCURRENT_DIR,
+    LAST_STEP_ENV,
+    MAX_STEPS_ENV,
+    OUTPUT_DIR_ENV,
+    SAVE_STEPS_ENV,
+)
 from sat_tasks.config import PROJECT_ROOT
 from sat_tasks.spec import TrainingJob
 from sat_tasks.spec.testing import Rehearsal, Scenario
@@ -129,15 +136,15 @@ def check_smoke(run: FinishedRun) -> None:
     reached = run.global_step if run.global_step is not None else (run.attempts[-1].get("step_at_end")
                                                                     if run.attempts else None)
     if steps and run.status == COMPLETED and reached != steps:
-        problems.append(f"trained to step {reached}, expected SAT_MAX_STEPS={steps}: the command must pass it on, "
-                        'e.g. --max_steps "${SAT_MAX_STEPS:-5000}"')
+        problems.append(f"trained to step {reached}, expected {MAX_STEPS_ENV}={steps}: the command must pass it on, "
+                        f'e.g. --max_steps "${{{MAX_STEPS_ENV}:-5000}}"')
     every = run.overrides.save_steps
     if run.status == COMPLETED and not run.checkpoints:
         problems.append("no checkpoint was committed: does the script checkpoint through SAT's engine "
-                        "(DecoratedCheckpointing, or CheckpointEngine under $SAT_OUTPUT_DIR/concurrent_checkpoint)?")
+                        f"(DecoratedCheckpointing, or CheckpointEngine under ${OUTPUT_DIR_ENV}/{CONCURRENT_DIR})?")
     elif every and _off_interval(run.checkpoints, reached, every):
-        problems.append(f"checkpoints at steps {run.checkpoints}, expected one every SAT_SAVE_STEPS={every} steps: "
-                        'the command must pass it on, e.g. --save_steps "${SAT_SAVE_STEPS:-500}"')
+        problems.append(f"checkpoints at steps {run.checkpoints}, expected one every {SAVE_STEPS_ENV}={every} steps: "
+                        f'the command must pass it on, e.g. --save_steps "${{{SAVE_STEPS_ENV}:-500}}"')
     if problems:
         raise JobCheckFailed([f"{run.spec_path}: smoke run of job {run.job.name} failed:"]
                              + [f"  {p}" for p in problems] + run.describe())
@@ -210,7 +217,7 @@ def check_rehearsal(run: FinishedRun, rehearsal: Rehearsal) -> None:
             if second.get("resumed_from") != committed:
                 problems.append(f"attempt 2 resumed from step {second.get('resumed_from')}, expected the last "
                                 f"committed checkpoint of attempt 1 (step {committed}): does the script resume "
-                                "when CKPT_LAST_STEP is set?")
+                                f"when {LAST_STEP_ENV} is set?")
             if expected.action == "failover" and second.get("node") == first.get("node"):
                 problems.append(f"attempt 2 ran on {second.get('node')}, the node that failed")
     if run.status != expected.final_status:

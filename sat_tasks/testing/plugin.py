@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from ckpt_engine.contract import MAX_STEPS_ENV, SAVE_STEPS_ENV
+
 INI = "sat_specs"
 MARKERS = {
     "sat_integrity": "SAT: a spec's DAG integrity test (no run)",
@@ -46,9 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sat-specs", action="append", default=[], metavar="PATH",
                     help="folder or file of Training Job specs to test (adds to the ini's sat_specs)")
     group.addoption("--sat-max-steps", type=int, default=None, metavar="N",
-                    help="SAT_MAX_STEPS for every test run (wins over the spec's test.max_steps)")
+                    help=f"{MAX_STEPS_ENV} for every test run (wins over the spec's test.max_steps)")
     group.addoption("--sat-save-steps", type=int, default=None, metavar="K",
-                    help="SAT_SAVE_STEPS: a checkpoint every K steps (wins over test.save_steps)")
+                    help=f"{SAVE_STEPS_ENV}: a checkpoint every K steps (wins over test.save_steps)")
     group.addoption("--sat-data-sample", type=int, default=None, metavar="N",
                     help="test runs read only the first N data objects (wins over test.data_sample)")
 

@@ -18,10 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ckpt_engine.contract import (
+    JOB_LOG_NAME,
+    MAX_STEPS_ENV,
+    REHEARSE_ACTION_ENV,
+    REHEARSE_AT_STEP_ENV,
+    REHEARSE_ATTEMPT_ENV,
+    SAVE_STEPS_ENV,
+)
 from sat_tasks.spec import FaultKind, TrainingJob, parse_spec
 from sat_tasks.spec.testing import (
-    ENV_MAX_STEPS,
-    ENV_SAVE_STEPS,
     JobTest,
     Rehearsal,
     Scenario,
@@ -31,8 +37,6 @@ if TYPE_CHECKING:
     from sat_tasks.testing.session import HarnessSession
 
 SMOKE = "smoke"
-# What inject/sitecustomize.py reads in a rehearsal's training process.
-REHEARSE_AT_ENV, REHEARSE_ACTION_ENV, REHEARSE_ATTEMPT_ENV = "SAT_REHEARSE_AT_STEP", "SAT_REHEARSE_ACTION", "SAT_REHEARSE_ATTEMPT"
 INJECT_DIR = Path(__file__).parent / "inject"
 LOG_TAIL = 30
 
@@ -61,9 +65,9 @@ def short_job(job: TrainingJob, overrides: Overrides, rehearsal: Rehearsal | Non
     section = job.test or JobTest()
     env = {**data.get("env", {}), **section.env}
     if overrides.max_steps:
-        env[ENV_MAX_STEPS] = str(overrides.max_steps)
+        env[MAX_STEPS_ENV] = str(overrides.max_steps)
     if overrides.save_steps:
-        env[ENV_SAVE_STEPS] = str(overrides.save_steps)
+        env[SAVE_STEPS_ENV] = str(overrides.save_steps)
     data.update(backend="local", env=env, faults=[], test=None, schedule=None)
     data["image"] = {**data["image"], "registry_conn_id": None}
     if rehearsal is not None:
@@ -74,7 +78,7 @@ def short_job(job: TrainingJob, overrides: Overrides, rehearsal: Rehearsal | Non
             data["faults"] = [{"kind": FaultKind.PREEMPTION.value, "attempt": 1, "at_step": rehearsal.at_step}]
             data["spot"] = {**data["spot"], "poll_seconds": min(data["spot"]["poll_seconds"], 1)}
         # inject/sitecustomize.py: the script raises (user_error), or holds at the step until the fault strikes
-        env.update({REHEARSE_AT_ENV: str(rehearsal.at_step), REHEARSE_ATTEMPT_ENV: "1",
+        env.update({REHEARSE_AT_STEP_ENV: str(rehearsal.at_step), REHEARSE_ATTEMPT_ENV: "1",
                     REHEARSE_ACTION_ENV: "raise" if rehearsal.scenario is Scenario.USER_ERROR else "hold"})
         data["command"] = (f"export PYTHONPATH={shlex.quote(str(INJECT_DIR))}${{PYTHONPATH:+:$PYTHONPATH}}; "
                            + data["command"])
@@ -174,7 +178,7 @@ class FinishedRun:
             return ""
         from sat_tasks.spec import split_s3_uri
 
-        bucket, key = split_s3_uri(self.results_uri + "job.log")
+        bucket, key = split_s3_uri(self.results_uri + JOB_LOG_NAME)
         if not self.hook.check_for_key(key, bucket_name=bucket):
             return ""
         return self.hook.read_key(key, bucket_name=bucket)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ckpt_engine.contract import NODE_ENV, POD_NAME_ENV, PROGRESS_FILE_ENV, RUN_ID_ENV
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
 from sat_tasks.backends.kubernetes.supervisor import (
@@ -78,7 +79,7 @@ def _env(
 ) -> list[dict[str, Any]]:
     paths = TrainingPaths(data_dir=POD_DATA_DIR, output_dir=POD_OUTPUT_DIR, code_dir=POD_CODE_DIR,
                           vendor_dir=IMAGE_VENDOR_DIR)
-    # SAT_NODE is the Kubernetes node the pod lands on; the downward API fills it in.
+    # NODE_ENV is the Kubernetes node the pod lands on; the downward API fills it in.
     contract = training_environment(
         job, paths, attempt=attempt, node="", resume_step=resume_step,
         mirror_url=JobRun(job, run_id).mirror_uri,
@@ -87,10 +88,10 @@ def _env(
         metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri, failovers=failovers,
     )
     # the node's metrics sidecar watches it for the attempt's first training step
-    contract["SAT_PROGRESS_FILE"] = PROGRESS_FILE
-    field_refs = {"SAT_NODE": "spec.nodeName", "SAT_POD_NAME": "metadata.name"}
+    contract[PROGRESS_FILE_ENV] = PROGRESS_FILE
+    field_refs = {NODE_ENV: "spec.nodeName", POD_NAME_ENV: "metadata.name"}
     env = [{"name": k, "value": v} for k, v in contract.items() if k not in field_refs]
-    env.append({"name": "SAT_RUN_ID", "value": run_id})
+    env.append({"name": RUN_ID_ENV, "value": run_id})
     if job.distributed:
         master = f"{service}-r0.{service}.{namespace}.svc"  # rank 0's stable DNS name
         rendezvous = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ckpt_engine.contract import GRACE_ENV, RUN_ID_ENV
 from ckpt_engine.vendor import write_vendor_dir
 from sat_tasks.backends.local.runner import LocalAttempt, local_node_labels
 from sat_tasks.backends.local.warm import warm_command
@@ -46,7 +47,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
         metrics_url=run.metrics_uri,
         failovers=plan.failovers,
     )
-    env["SAT_RUN_ID"] = run.run_id
+    env[RUN_ID_ENV] = run.run_id
     env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded
     runner = LocalAttempt(
         job=job.name,
@@ -62,8 +63,8 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
         faults=list(job.faults),
         heartbeat_timeout=job.heartbeat_timeout_seconds,
         startup_timeout=job.startup_timeout_seconds,
-        # SIGKILL only after the engine's own grace period (CKPT_GRACE_SECONDS) has run out
-        grace_seconds=float(env["CKPT_GRACE_SECONDS"]) + LAUNCHER_GRACE_MARGIN_S,
+        # SIGKILL only after the engine's own grace period (GRACE_ENV) has run out
+        grace_seconds=float(env[GRACE_ENV]) + LAUNCHER_GRACE_MARGIN_S,
         stop_requested=run.stop_request,
         node_labels=local_node_labels(node, job.workspace),
     )
