@@ -28,23 +28,47 @@ Job), `GET /jobs/{dag_id}/runs/{run_id}` (the job page), `GET .../report` (the j
 plots from the metrics series so far; the Monitoring tab embeds it), the forms
 `POST .../stop`, `POST .../tags`, `GET|POST .../delete`; `GET|POST /workspaces` (the
 "Workspaces" menu entry) and its forms; `GET /nodes` and its Release form.
+
+`GET /docs` and `GET /openapi.json` (this API's description) need a login too. Every
+state-changing request passes the cross-site check, and every answer may be framed by this
+origin only (`sat_tasks.ui.security`, ADR 0019).
 """
 
 from __future__ import annotations
 
+from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.models.dagbag import DBDagBag
-from fastapi import FastAPI
-
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 
 from sat_tasks.ui.routers import jobs, nodes, runs, workspaces
+from sat_tasks.ui.security import FRAME_HEADERS, refuse_cross_site_writes
 
 ROUTERS = (jobs.router, runs.router, workspaces.router, nodes.router)
 
 
 def create_app() -> FastAPI:
     """The FastAPI app the plugin mounts (imports the API server's modules: call it only there)."""
-    app = FastAPI(title="SAT Training Jobs", description=__doc__)
+    app = FastAPI(title="SAT Training Jobs", description=__doc__, docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(refuse_cross_site_writes)])
     app.state.dag_bag = DBDagBag()  # what DagBagDep reads: the serialized DAGs, from the metadata DB
     for router in ROUTERS:
         app.include_router(router)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(user: GetUserDep):
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False)
+    def docs(request: Request, user: GetUserDep):
+        return get_swagger_ui_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json",
+                                   title=f"{app.title} - Swagger UI")
+
+    @app.middleware("http")
+    async def frame_only_here(request: Request, call_next):
+        response = await call_next(request)
+        for name, value in FRAME_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
     return app

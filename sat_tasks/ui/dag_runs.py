@@ -94,6 +94,11 @@ def delete_run(session: Any, run: DagRun) -> None:
     session.flush()
 
 
+def connection_exists(session: Any, conn_id: str) -> bool:
+    """Whether the Airflow connection `conn_id` exists (storing over it needs the permission to edit it)."""
+    return session.scalar(select(Connection.id).where(Connection.conn_id == conn_id)) is not None
+
+
 def store_registry_login(session: Any, login: RegistryLogin) -> None:
     """Create or update the Airflow connection that holds a created job's registry login (Fernet-encrypted)."""
     extra = json.dumps({"insecure": True}) if login.insecure else None

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.airflow.params import params_from_spec
+from sat_tasks.backends.base import workspace_pool_name
 from sat_tasks.ui import dag_runs, pages
 from sat_tasks.ui.create import FormResult, validate_form
 from sat_tasks.ui.jobs import list_rows
@@ -21,6 +22,7 @@ from sat_tasks.ui.security import (
     READ_JOBS,
     SAME_ORIGIN,
     may_store_connection,
+    may_use_workspace,
     readable_dag_ids,
 )
 from sat_tasks.ui.sources import job_specs, json_reader, object_storage, uri_exists
@@ -90,9 +92,15 @@ def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any
     result = validate_form(values, exists=lambda uri: uri_exists(hook, uri))
     if result.job is None:
         return result, None
+    if result.job.workspace is not None and not may_use_workspace(user, result.job.workspace):
+        raise HTTPException(403, f"workspace: running a job in workspace {result.job.workspace} needs the "
+                                 f"permission to read its pool {workspace_pool_name(result.job.workspace)}")
     if result.registry is not None:
-        if not may_store_connection(user, result.registry.conn_id):
-            raise HTTPException(403, "storing a registry login needs the permission to create connections")
+        exists = dag_runs.connection_exists(session, result.registry.conn_id)
+        if not may_store_connection(user, result.registry.conn_id, exists=exists):
+            raise HTTPException(403, "storing a registry login needs the permission to "
+                                     + ("edit the existing connection " if exists else "create the connection ")
+                                     + result.registry.conn_id)
         dag_runs.store_registry_login(session, result.registry)
     run = dag_runs.start_run(dag_bag, session, GENERIC_DAG_ID, params_from_spec(result.job), user_name=user.get_name(),
                              note=f"created by {user.get_name()} in the Training Jobs view")

@@ -1,0 +1,139 @@
+"""The view refuses cross-site writes, frames only for its own origin, and asks the right permissions (issue 29.5-6).
+
+The app is Airflow's API server with the project's plugins (the fixtures of
+tests/sat_tasks/ui/test_api.py, one per module). A browser sends the session cookie
+(`_token`) with another site's request, never an `Authorization` header: a state-changing
+request that the cookie authenticates must come from this origin; one with a bearer token
+(the REST API's clients) needs no Origin. ADR 0019.
+"""
+
+# ruff: noqa: F811 (the fixtures imported from test_api are parameters of the tests below)
+from __future__ import annotations
+
+import pytest
+
+from tests.sat_tasks.ui.test_api import (  # noqa: F401 (the module-scoped app and its client)
+    DEMO,
+    GENERIC,
+    _good_form,
+    _headers,
+    _trigger,
+    admin,
+    app,
+    client,
+)
+
+OWN = "http://sat.test"  # the TestClient's base URL
+STORAGE = "http://127.0.0.1:9000"  # the embedded Object Storage: another loopback origin that serves HTML
+
+
+def _cookie(name: str = "admin", role: str = "admin") -> dict[str, str]:
+    return {"Cookie": "_token=" + _headers(name, role)["Authorization"].removeprefix("Bearer ")}
+
+
+def _state(client, admin, run_id: str) -> str:
+    return client.get(f"/api/v2/dags/{DEMO}/dagRuns/{run_id}", headers=admin).json()["state"]
+
+
+WRITES = [
+    pytest.param("POST", "/sat/api/jobs/{dag}/runs/{run}/stop", id="api-stop"),
+    pytest.param("PUT", "/sat/api/jobs/{dag}/runs/{run}/tags", id="api-tags"),
+    pytest.param("DELETE", "/sat/api/jobs/{dag}/runs/{run}", id="api-delete"),
+    pytest.param("POST", "/sat/api/jobs", id="api-create"),
+    pytest.param("POST", "/sat/api/workspaces", id="api-workspace-create"),
+    pytest.param("PUT", "/sat/api/workspaces/team-x", id="api-workspace-edit"),
+    pytest.param("DELETE", "/sat/api/workspaces/team-x", id="api-workspace-delete"),
+    pytest.param("POST", "/sat/api/nodes/local-node-0/release", id="api-node-release"),
+    pytest.param("POST", "/sat/jobs/{dag}/runs/{run}/stop", id="form-stop"),
+    pytest.param("POST", "/sat/workspaces", id="form-workspace-create"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), WRITES)
+@pytest.mark.parametrize("sender", [
+    pytest.param({"Origin": STORAGE}, id="object-storage-origin"),
+    pytest.param({"Referer": STORAGE + "/sat-demo/page.html"}, id="object-storage-referer"),
+    pytest.param({}, id="no-origin"),
+])
+def test_a_cookie_write_from_another_origin_or_none_is_refused(client, method, path, sender):
+    response = client.request(method, path.format(dag=DEMO, run="r"), headers={**_cookie(), **sender}, json={})
+    assert response.status_code == 403, (method, path, response.status_code, response.text[:200])
+
+
+def test_stop_acts_for_the_cookie_from_this_origin_and_for_a_bearer_token_without_one(client, admin):
+    run_id = _trigger(client, admin, DEMO)
+    stop = f"/sat/api/jobs/{DEMO}/runs/{run_id}/stop"
+    assert client.post(stop, headers={**_cookie(), "Origin": STORAGE}).status_code == 403
+    assert _state(client, admin, run_id) == "queued"  # the cross-site stop changed nothing
+    assert client.post(stop, headers={**_cookie(), "Origin": OWN}).status_code == 202
+    assert _state(client, admin, run_id) == "failed"
+    other = _trigger(client, admin, DEMO)
+    assert client.post(f"/sat/api/jobs/{DEMO}/runs/{other}/stop", headers=admin).status_code == 202  # no Origin
+    assert client.get("/sat/api/jobs", headers=_cookie()).status_code == 200  # reading needs no Origin
+
+
+@pytest.mark.parametrize("path", ["/sat/jobs", "/sat/api/jobs", "/sat/jobs/new"])
+def test_pages_may_be_framed_by_this_origin_only(client, admin, path):
+    response = client.get(path, headers=admin)
+    assert response.status_code == 200
+    assert response.headers["x-frame-options"] == "SAMEORIGIN"
+    assert response.headers["content-security-policy"] == "frame-ancestors 'self'"  # Airflow's UI embeds it
+
+
+def test_the_api_description_needs_a_login(client, admin):
+    assert client.get("/sat/docs").status_code == 401
+    assert client.get("/sat/openapi.json").status_code == 401
+    schema = client.get("/sat/openapi.json", headers=admin)
+    assert schema.status_code == 200 and "/api/jobs" in schema.json()["paths"]
+    docs = client.get("/sat/docs", headers=admin)
+    assert docs.status_code == 200 and "/sat/openapi.json" in docs.text
+
+
+# ---- permissions at Create (issue 29.6) ------------------------------------------------------------
+@pytest.fixture
+def auth_manager(app):
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return get_auth_manager()
+
+
+def test_create_over_an_existing_registry_login_needs_the_permission_to_edit_it(client, admin, auth_manager,
+                                                                                 monkeypatch):
+    created = client.post("/api/v2/connections", headers=admin, json={
+        "connection_id": "sat_registry_victim-job", "conn_type": "generic", "host": "registry.sat.local",
+        "login": "victim", "password": "victim-secret"})
+    assert created.status_code == 201, created.text
+    allowed = auth_manager.is_authorized_connection
+
+    def no_edit_for_mallory(*, method, user, details=None):
+        return not (user.get_name() == "mallory" and method == "PUT") and allowed(method=method, user=user,
+                                                                                  details=details)
+
+    monkeypatch.setattr(auth_manager, "is_authorized_connection", no_edit_for_mallory)
+    mallory = _headers("mallory")
+    form = _good_form("victim-job", registry_user="mallory", registry_password="attacker")
+    response = client.post("/sat/api/jobs", headers=mallory, json={"form": form})
+    assert response.status_code == 403 and "edit the existing connection" in response.json()["detail"]
+    assert client.get("/api/v2/connections/sat_registry_victim-job", headers=admin).json()["login"] == "victim"
+    fresh = _good_form("mallory-own-job", registry_user="mallory", registry_password="own")
+    assert client.post("/sat/api/jobs", headers=mallory, json={"form": fresh}).status_code == 201
+
+
+def test_create_in_a_workspace_needs_the_permission_on_its_pool(client, admin, auth_manager, monkeypatch):
+    allowed = auth_manager.is_authorized_pool
+    asked = []
+
+    def team_pool_only(*, method, user, details=None):
+        asked.append((user.get_name(), method, details.name if details else None))
+        if user.get_name() == "outsider" and details is not None and details.name == "sat-workspace-team-secret":
+            return False
+        return allowed(method=method, user=user, details=details)
+
+    monkeypatch.setattr(auth_manager, "is_authorized_pool", team_pool_only)
+    runs_before = client.get(f"/api/v2/dags/{GENERIC}/dagRuns", headers=admin).json()["total_entries"]
+    form = _good_form("squatter-job", advanced='{"workspace": "team-secret"}')
+    response = client.post("/sat/api/jobs", headers=_headers("outsider"), json={"form": form})
+    assert response.status_code == 403 and "sat-workspace-team-secret" in response.json()["detail"]
+    assert client.get(f"/api/v2/dags/{GENERIC}/dagRuns", headers=admin).json()["total_entries"] == runs_before
+    assert ("outsider", "GET", "sat-workspace-team-secret") in asked
+    assert client.post("/sat/api/jobs", headers=admin, json={"form": form}).status_code == 201
