@@ -176,3 +176,71 @@ def test_the_circle_check_finds_a_circle():
             return self.imports[module]
 
     assert _cycles(Graph(), {"a", "b", "c", "d"}) == [["a", "b", "c"]]
+
+
+# ckpt_engine/contract.py is the one home of the environment variables and file names the
+# orchestrator and the training container share (ADR 0018): anywhere else they are its
+# constants, so renaming one is one edit the type checker follows. Docstrings and comments
+# may name them; a string literal (a key, a path, a message) may not, except where a place
+# below says why it must.
+def _contract_names() -> list[str]:
+    from ckpt_engine import contract
+
+    return sorted({value for name, value in vars(contract).items() if isinstance(value, str)
+                   and (name.endswith(("_ENV", "_NAME")) or name == "CONCURRENT_DIR")}, key=len, reverse=True)
+
+
+_CONTRACT_NAME = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, _contract_names())) + r")(?![\w-])")
+_MAY_SPELL_CONTRACT_NAMES = {
+    # The pod's PID-1 shell script and its start-up probe are shell: they read the environment by name.
+    "sat_tasks/backends/kubernetes/supervisor.py": {"SAT_ATTEMPT", "SAT_JOB_NAME", "SAT_NODE", "SAT_CODE_DIR",
+                                                    "SAT_METRICS_DIR", "SAT_METRICS_SIDECAR"},
+    # Being rebuilt with the local training environment (issue 28.1, another change): drop these with it.
+    "sat_tasks/backends/local/runner.py": {"SAT_PROGRESS_FILE"},
+    "sat_tasks/backends/local/metrics_sidecar.py": {"SAT_METRICS_DIR"},
+}
+
+
+def _string_literals(source: str):
+    """(line, text) of every string constant of a module but its docstrings (f-strings' literal parts included)."""
+    import ast
+
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def _contract_names_spelt(source: str) -> list[tuple[int, str]]:
+    return [(line, name) for line, text in _string_literals(source) for name in _CONTRACT_NAME.findall(text)]
+
+
+@pytest.mark.parametrize("package", ["sat_tasks", "ckpt_engine"])
+def test_the_runtime_contracts_names_are_spelt_only_in_the_contract(package):
+    found = []
+    for path in _python_files(package):
+        relative = path.relative_to(REPO).as_posix()
+        if relative == "ckpt_engine/contract.py":
+            continue
+        allowed = _MAY_SPELL_CONTRACT_NAMES.get(relative, set())
+        found += [f"{relative}:{line}: {name!r} (use ckpt_engine.contract's constant)"
+                  for line, name in _contract_names_spelt(path.read_text()) if name not in allowed]
+    assert found == []
+
+
+@pytest.mark.parametrize("source, names", [
+    pytest.param('env["SAT_RUN_ID"] = run_id\n', ["SAT_RUN_ID"], id="env-key"),
+    pytest.param('uri = f"{prefix}checkpoint-{step}/manifest.json"\n', ["manifest.json"], id="f-string-path"),
+    pytest.param('glob("*/progress.json")\n', ["progress.json"], id="glob"),
+    pytest.param("log(f'expected SAT_MAX_STEPS={steps}')\n", ["SAT_MAX_STEPS"], id="message"),
+    pytest.param('x = "${SAT_OUTPUT_DIR}/concurrent_checkpoint"\n', ["SAT_OUTPUT_DIR", "concurrent_checkpoint"],
+                 id="shell"),
+    pytest.param('"""Reads progress.json (SAT_ATTEMPT)."""\nx = 1  # manifest.json\n', [], id="docstring-comment"),
+    pytest.param('x = "SAT_RUN_IDS", "my_progress.json", "status.jsonl", "x.job.log"\n', [], id="longer-names"),
+])
+def test_the_contract_name_guard_finds_a_planted_literal(source, names):
+    """The check above can fail: a planted literal is found, prose outside literals and longer names are not."""
+    assert [name for _, name in _contract_names_spelt(source)] == names
