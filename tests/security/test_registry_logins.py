@@ -151,3 +151,16 @@ def test_the_jobs_own_login_for_the_images_registry_is_used(demo_bucket, real_re
     result = steps.check_image(job, "manual__login_own", log=lambda line: None,
                                get_connection=lambda cid: _conn(real_registry.host, "robot", "robot-pass"))
     assert result["outcome"] == "ok"
+
+
+def test_every_launch_and_so_every_pull_secret_comes_after_the_login_check():
+    """On Kubernetes the pull Secret's name comes from the same id: pods start only downstream of check_image."""
+    from sat_tasks.airflow.dag_factory import build_job_dag
+
+    job = DEMO.model_copy(update={"faults": []}).with_backend("kubernetes")
+    dag = build_job_dag(job, dag_id=job.name)
+    after_check = dag.get_task("check_image").get_flat_relative_ids(upstream=False)
+    launches = {t for t in dag.task_ids if t.endswith(".launch")}
+    assert launches and launches <= after_check
+    assert dag.get_task("attempt_1.launch").upstream_task_ids == {"validate_data"}
+    assert {"check_image"} <= dag.get_task("stage_data").upstream_task_ids
