@@ -226,9 +226,20 @@ CUDA_ENUMERATION = re.compile(
 )
 
 
+# Between two words of a code's text, one of these may stand: NVIDIA's documentation and the
+# strings the runtime returns differ by such words ("an uncorrectable NVLink error was detected"
+# in the enum's doc, "uncorrectable NVLink error detected" from cudaGetErrorString).
+_FILLER = r"\s+(?:(?:was|were|is|are|has|have|been|the|a|an)\s+)?"
+
+
+def _tolerant(text: str) -> str:
+    """`text` as a pattern that admits a filler word between its words (see `_FILLER`)."""
+    return _FILLER.join(re.escape(word) for word in text.split())
+
+
 def _cuda_text_pattern(error: CudaError) -> str:
     names = "|".join(re.escape(name) for name in error.names)
-    texts = "|".join(re.escape(text) for text in error.texts)
+    texts = "|".join(_tolerant(text) for text in error.texts)
     return rf"\b(?:{names})\b|{CUDA_ERROR_PREFIX}[^\n]{{0,160}}?(?:{texts})"
 
 

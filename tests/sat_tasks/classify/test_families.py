@@ -50,6 +50,21 @@ def test_each_cuda_code_as_the_frameworks_print_it(error, prefix):
     assert verdict.reason.startswith("ambiguous") is error.ambiguous
 
 
+@pytest.mark.parametrize("line", [
+    # NVIDIA's enum documentation words it with "was"; cudaGetErrorString without (pytorch/pytorch#58155)
+    pytest.param("RuntimeError: CUDA error: uncorrectable NVLink error was detected during the execution", id="doc-was"),
+    pytest.param("RuntimeError: CUDA error: an uncorrectable ECC error was encountered", id="doc-an-was"),
+])
+def test_a_codes_text_as_the_documentation_words_it(line):
+    assert classify(record(exit_code=1, log_tail=[line])).kind is HW
+
+
+def test_the_filler_word_tolerance_does_not_join_two_texts():
+    """Only a filler word may stand between two words of a code's text, not another clause."""
+    line = "RuntimeError: CUDA error: uncorrectable because a user NVLink error detected during the execution"
+    assert classify(record(exit_code=1, log_tail=[line])).kind is INT
+
+
 @pytest.mark.parametrize("error", [pytest.param(e, id=e.names[0]) for e in CUDA_ERRORS if e.kind is HW])
 def test_the_enum_name_alone_decides_too(error):
     line = f"cupy.cuda.runtime.CUDARuntimeError: {error.names[0]}: {error.texts[0]}"
