@@ -1,4 +1,4 @@
-"""The view refuses cross-site writes, frames only for its own origin, and asks the right permissions (issue 29.5-6).
+"""The view refuses cross-site writes, frames only for its own origin, asks the right permissions (issue 29.5-7).
 
 The app is Airflow's API server with the project's plugins (the fixtures of
 tests/sat_tasks/ui/test_api.py, one per module). A browser sends the session cookie
@@ -137,3 +137,13 @@ def test_create_in_a_workspace_needs_the_permission_on_its_pool(client, admin, a
     assert client.get(f"/api/v2/dags/{GENERIC}/dagRuns", headers=admin).json()["total_entries"] == runs_before
     assert ("outsider", "GET", "sat-workspace-team-secret") in asked
     assert client.post("/sat/api/jobs", headers=admin, json={"form": form}).status_code == 201
+
+
+def test_create_refuses_a_backend_the_deployment_does_not_allow(client, admin):
+    runs_before = client.get(f"/api/v2/dags/{GENERIC}/dagRuns", headers=admin).json()["total_entries"]
+    form = _good_form("elsewhere-job", advanced='{"backend": "kubernetes"}')  # this deployment: [sat] backend local
+    response = client.post("/sat/api/jobs", headers=admin, json={"form": form})
+    assert response.status_code == 422 and response.json()["errors"] == [{
+        "field": "backend", "input": "advanced",
+        "rule": "kubernetes is not allowed on this deployment: a job may run on local only ([sat] allowed_backends)"}]
+    assert client.get(f"/api/v2/dags/{GENERIC}/dagRuns", headers=admin).json()["total_entries"] == runs_before

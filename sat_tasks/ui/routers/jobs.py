@@ -14,8 +14,10 @@ from starlette.concurrency import run_in_threadpool
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.airflow.params import params_from_spec
 from sat_tasks.backends.base import workspace_pool_name
+from sat_tasks.config import allowed_backends
+from sat_tasks.spec.model import backend_problem
 from sat_tasks.ui import dag_runs, pages
-from sat_tasks.ui.create import FormResult, validate_form
+from sat_tasks.ui.create import ADVANCED_FIELD, FormResult, validate_form
 from sat_tasks.ui.jobs import list_rows
 from sat_tasks.ui.security import (
     CREATE_JOBS,
@@ -91,6 +93,11 @@ def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any
     hook = object_storage()
     result = validate_form(values, exists=lambda uri: uri_exists(hook, uri))
     if result.job is None:
+        return result, None
+    refused = backend_problem(result.job, allowed_backends())
+    if refused is not None:  # as validate_spec would refuse it (ADR 0019): say so now, start nothing
+        result.add(ADVANCED_FIELD, *refused.split(": ", 1))
+        result.job = None
         return result, None
     if result.job.workspace is not None and not may_use_workspace(user, result.job.workspace):
         raise HTTPException(403, f"workspace: running a job in workspace {result.job.workspace} needs the "
