@@ -23,6 +23,7 @@ import torch
 
 import ckpt_engine.engine as engine_module
 import ckpt_engine.pool as pool_module
+import ckpt_engine.stager as stager_module
 from ckpt_engine import CheckpointEngine
 from ckpt_engine.errors import PersistError
 
@@ -139,6 +140,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCuda]:
         return torch.empty(*args, **kwargs)
 
     monkeypatch.setattr(engine_module, "torch", module_with(torch, cuda=cuda))
+    monkeypatch.setattr(stager_module, "torch", module_with(torch, cuda=cuda))
     monkeypatch.setattr(pool_module, "torch", module_with(torch, cuda=cuda, empty=empty))
     monkeypatch.setattr(DeviceTensor, "cuda", cuda)
     yield cuda

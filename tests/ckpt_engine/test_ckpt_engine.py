@@ -10,7 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
-import ckpt_engine.engine as engine_module
+import ckpt_engine.stager as stager_module
 from ckpt_engine import CheckpointEngine, MemoryStorage, verify_checkpoint
 from ckpt_engine.contract import PROGRESS_NAME
 from ckpt_engine.errors import CheckpointNotFoundError
@@ -72,14 +72,14 @@ def test_state_larger_than_host_cache_is_streamed(tmp_path: Path) -> None:
 def segment_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every segment the stager hands to a writer, in order."""
     sizes: list[int] = []
-    real_segment = engine_module.Segment
+    real_segment = stager_module.Segment
 
-    def recording_segment(*args: object) -> engine_module.Segment:
+    def recording_segment(*args: object) -> stager_module.Segment:
         segment = real_segment(*args)  # type: ignore[arg-type]
         sizes.append(segment.nbytes)
         return segment
 
-    monkeypatch.setattr(engine_module, "Segment", recording_segment)
+    monkeypatch.setattr(stager_module, "Segment", recording_segment)
     return sizes
 
 
@@ -94,9 +94,9 @@ def test_first_slab_is_staged_in_short_segments(tmp_path: Path, segment_sizes: l
     for size in segment_sizes:
         if staged >= 16 << 20:
             break
-        assert size <= engine_module.FIRST_SEGMENT_BYTES  # the writer can start after 4 MiB
+        assert size <= stager_module.FIRST_SEGMENT_BYTES  # the writer can start after 4 MiB
         staged += size
-    assert max(segment_sizes) > engine_module.FIRST_SEGMENT_BYTES  # later slabs are not cut up
+    assert max(segment_sizes) > stager_module.FIRST_SEGMENT_BYTES  # later slabs are not cut up
     engine.close()
 
 

@@ -1,0 +1,191 @@
+"""Persist and commit through the storage interface: staged segments -> files, the manifest last, then the promote."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import uuid
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING
+
+from ckpt_engine.contract import (
+    MANIFEST_NAME,
+    TRASH_PREFIX,
+    FileEntry,
+    Manifest,
+    checkpoint_dir,
+)
+from ckpt_engine.errors import PersistError
+from ckpt_engine.formats import FilePlan
+from ckpt_engine.manifest import (
+    format_checksum,
+    hash_pool,
+    list_checkpoint_steps,
+    new_hasher,
+)
+from ckpt_engine.planner import SavePlan, retention
+from ckpt_engine.pool import HostBufferPool
+from ckpt_engine.stager import Abort, Segment, SegmentQueue
+from ckpt_engine.storage.base import Storage, StorageWriter
+
+if TYPE_CHECKING:
+    from ckpt_engine.multirank import RankCoordinator
+
+_OVERLAP_MIN_BYTES = 1 << 20
+
+
+class _HashingSink:
+    """Writes a file's bytes and hashes them; large pieces are hashed on another thread while written."""
+
+    def __init__(self, writer: StorageWriter) -> None:
+        self.writer, self.hasher, self.size = writer, new_hasher(), 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        if len(view) < _OVERLAP_MIN_BYTES:
+            self.hasher.update(view)
+            self.writer.write(view)
+        else:  # the piece stays valid until both are done: its slab is released only after we return
+            hashed = hash_pool().submit(self.hasher.update, view)
+            try:
+                self.writer.write(view)
+            finally:
+                hashed.result()
+        self.size += len(view)
+
+
+class _FileSegments:
+    """One file's staged bytes as its renderer pulls them, blob by blob; each slab is released once written."""
+
+    def __init__(self, pool: HostBufferPool, plan: FilePlan, segments_queue: SegmentQueue) -> None:
+        self.pool, self.plan, self.queue = pool, plan, segments_queue
+        self.consumed = 0  # bytes of segments written (or dropped) and released
+        self.current: Segment | None = None  # a packed segment may hold several blobs: handed out piece by piece
+        self.used = 0  # bytes of ``current`` already handed out
+        self.aborted = False  # the stager's Abort was received: nothing more will come
+
+    def __call__(self, index: int) -> Iterator[memoryview]:
+        remaining = self.plan.blobs[index].nbytes
+        while remaining > 0:
+            if self.current is None:
+                self.take_next()
+            current = self.current
+            assert current is not None
+            take = min(remaining, current.nbytes - self.used)
+            start = current.offset + self.used
+            yield memoryview(current.slab.array[start:start + take])
+            self.used += take  # written: the slab is released only once all of the segment is
+            remaining -= take
+            if self.used == current.nbytes:
+                self.release_current()
+
+    def take_next(self) -> None:
+        item = self.queue.get()
+        if isinstance(item, Abort):
+            self.aborted = True
+            raise PersistError("staging failed") from item.error
+        self.current, self.used = item, 0  # first: a failing event below is released like any segment
+        if item.event is not None:
+            item.event.synchronize()  # raises on a device fault (e.g. after an Xid)
+
+    def release_current(self) -> None:
+        if self.current is not None:
+            self.pool.unref(self.current.slab)
+            self.consumed += self.current.nbytes
+            self.current = None
+
+    def drain(self) -> None:
+        """After a failure: free the slabs still queued for this file."""
+        self.release_current()
+        while not self.aborted and self.consumed < self.plan.payload_bytes:
+            item = self.queue.get()
+            if isinstance(item, Abort):
+                break
+            self.pool.unref(item.slab)
+            self.consumed += item.nbytes
+
+
+class CheckpointWriter:
+    """Writes planned files from staged segments and commits checkpoints under one storage root.
+
+    Retention deletes and replaced checkpoints are removed on ``janitor`` (nothing waits for them).
+    """
+
+    def __init__(self, storage: Storage, pool: HostBufferPool, janitor: cf.ThreadPoolExecutor) -> None:
+        self.storage, self.pool, self.janitor = storage, pool, janitor
+
+    def write_file(self, tmp: str, plan: FilePlan, segments_queue: SegmentQueue) -> FileEntry:
+        """Render ``plan`` into ``tmp`` from its staged segments (a writer thread's work); its size and checksum."""
+        segments = _FileSegments(self.pool, plan, segments_queue)
+        writer = None
+        try:
+            writer = self.storage.open_writer(f"{tmp}/{plan.name}")
+            sink = _HashingSink(writer)
+            plan.render(sink, segments)
+            writer.close()
+            return FileEntry(size=sink.size, checksum=format_checksum(sink.hasher))
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            segments.drain()
+            raise
+
+    def commit(self, plan: SavePlan, entries: dict[str, FileEntry],
+               coordinator: RankCoordinator | None) -> dict[str, FileEntry] | None:
+        """Write the manifest last and promote the temp dir to ``checkpoint-<step>``; the entries committed.
+
+        With a ``coordinator`` only the committing rank promotes (the others get None).
+        """
+        if coordinator is not None:  # ckpt_engine.multirank: other ranks announce, rank 0 merges
+            merged = coordinator.finish(self.storage, plan.step, plan.temp_dir, entries, plan.metadata)
+            if merged is None:
+                return None
+            entries = merged
+        manifest = Manifest(step=plan.step, files=entries, layout=plan.layout, metadata=plan.metadata)
+        self.storage.write_atomic(f"{plan.temp_dir}/{MANIFEST_NAME}", manifest.to_json())
+        self.promote(plan.temp_dir, checkpoint_dir(plan.step))
+        return entries
+
+    def promote(self, tmp: str, final: str) -> None:
+        """Rename ``tmp`` to ``final``; a checkpoint already there is moved away first and deleted after."""
+        if self.storage.exists(final):
+            trash = self.move_to_trash(final)
+            self.storage.promote(tmp, final)
+            self.discard(trash)
+        else:
+            self.storage.promote(tmp, final)
+
+    def abandon(self, plan: SavePlan, error: BaseException, coordinator: RankCoordinator | None) -> None:
+        """A failed checkpoint: tell the other ranks, delete its temp dir (the committing rank's)."""
+        if coordinator is not None:
+            coordinator.failed(self.storage, plan.step, plan.temp_dir, error)
+        if coordinator is None or coordinator.is_committer:
+            self.storage.delete_tree(plan.temp_dir)
+
+    def move_to_trash(self, directory: str) -> str:
+        """Rename first (atomic), delete after: a crash never leaves a partly deleted checkpoint visible.
+
+        The rename is not fsynced: journaling filesystems keep metadata operations in order,
+        so a power loss can undo it only together with the deletes behind it, and any
+        checkpoint with a missing file fails verification anyway.
+        """
+        trash = f"{TRASH_PREFIX}{directory}-{uuid.uuid4().hex[:8]}"
+        self.storage.promote(directory, trash, durable=False)  # a crash that undoes it leaves a whole checkpoint
+        return trash
+
+    def discard(self, trash: str) -> None:
+        """Delete a renamed-away checkpoint in the background: freeing a large file's blocks takes
+        a while, and nothing waits for it (an interrupted delete leaves a trash directory that the
+        next start removes)."""
+        self.janitor.submit(self.storage.delete_tree, trash)
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a committed checkpoint (a manifest), highest first."""
+        return [s for s in list_checkpoint_steps(self.storage)
+                if self.storage.exists(f"{checkpoint_dir(s)}/{MANIFEST_NAME}")]
+
+    def apply_retention(self, newest: int, *, keep_last: int, protected: Collection[int]) -> list[int]:
+        """Delete what :func:`ckpt_engine.planner.retention` does not keep; the steps kept, highest first."""
+        kept, doomed = retention(self.committed_steps(), keep_last=keep_last, newest=newest, protected=protected)
+        for step in doomed:
+            self.discard(self.move_to_trash(checkpoint_dir(step)))
+        return kept
