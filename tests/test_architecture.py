@@ -195,9 +195,6 @@ _MAY_SPELL_CONTRACT_NAMES = {
     # The pod's PID-1 shell script and its start-up probe are shell: they read the environment by name.
     "sat_tasks/backends/kubernetes/supervisor.py": {"SAT_ATTEMPT", "SAT_JOB_NAME", "SAT_NODE", "SAT_CODE_DIR",
                                                     "SAT_METRICS_DIR", "SAT_METRICS_SIDECAR"},
-    # Being rebuilt with the local training environment (issue 28.1, another change): drop these with it.
-    "sat_tasks/backends/local/runner.py": {"SAT_PROGRESS_FILE"},
-    "sat_tasks/backends/local/metrics_sidecar.py": {"SAT_METRICS_DIR"},
 }
 
 

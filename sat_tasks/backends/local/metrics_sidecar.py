@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from ckpt_engine.contract import METRICS_DIR_ENV
 from ckpt_engine.contract import METRICS_SIDECAR_ENV as SIDECAR_ENV
 
 __all__ = ["SIDECAR_ENV", "MetricsSidecar"]
@@ -34,7 +35,7 @@ class MetricsSidecar:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> MetricsSidecar | None:
-        if not self.env.get("SAT_METRICS_DIR"):
+        if not self.env.get(METRICS_DIR_ENV):
             return None
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "w", encoding="utf-8") as out:

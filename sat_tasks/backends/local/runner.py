@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_NAME
+from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_FILE_ENV, PROGRESS_NAME
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.joblog import job_log_footer, job_log_header
@@ -128,7 +128,7 @@ class LocalAttempt:
         state = _WatchState()
         env = process_environment(self.env, os.environ)  # not the service's environment (its secrets)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        env.setdefault("SAT_PROGRESS_FILE", str(self.output_dir / PROGRESS_RELATIVE))
+        env.setdefault(PROGRESS_FILE_ENV, str(self.output_dir / PROGRESS_RELATIVE))
         sidecar = MetricsSidecar(dict(env), self.node_dir / f"metrics-sidecar-attempt-{self.attempt}.log").start()
         if sidecar is not None:
             env[SIDECAR_ENV] = "1"  # the training process then writes only the training and checkpoint series
