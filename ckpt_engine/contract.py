@@ -232,6 +232,21 @@ def check_manifest_format(name: str, found: Any, supported: str = MANIFEST_FORMA
         "SAT's engine. What to do: check the path, or resume from a checkpoint SAT wrote.")
 
 
+def check_file_name(name: str) -> str:
+    """``name`` when it is a relative path inside a checkpoint directory; else CorruptCheckpointError.
+
+    The rule: ``/``-separated non-empty parts, none of them ``.`` or ``..``, not absolute, no
+    backslash or NUL (a manifest names files *inside* its checkpoint, nothing else).
+    """
+    parts = name.split("/")
+    if (not name or "\\" in name or "\x00" in name or name.startswith("/")
+            or any(part in ("", ".", "..") for part in parts)):
+        raise CorruptCheckpointError(
+            f"manifest names the file {name!r}: a file name must be a relative path inside the checkpoint "
+            "(no '..', '.', empty parts, leading '/', backslash or NUL)")
+    return name
+
+
 @dataclass
 class FileEntry:
     """One file of a checkpoint as committed."""
@@ -271,7 +286,7 @@ class Manifest:
             raise CorruptCheckpointError(f"unreadable manifest: not an object ({type(data).__name__})")
         check_manifest_format(MANIFEST_NAME, data.get("format"))
         try:
-            files = {str(name): FileEntry(size=int(entry["size"]), checksum=str(entry["checksum"]))
+            files = {check_file_name(str(name)): FileEntry(size=int(entry["size"]), checksum=str(entry["checksum"]))
                      for name, entry in data["files"].items()}
             return cls(step=int(data["step"]), files=files, layout=data.get("layout", "state"),
                        created_at=data.get("created_at", ""), metadata=data.get("metadata") or {})
