@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -32,9 +32,7 @@ from sat_tasks.spec.testing import (
     Rehearsal,
     Scenario,
 )
-
-if TYPE_CHECKING:
-    from sat_tasks.testing.session import HarnessSession
+from sat_tasks.testing.session import HarnessSession
 
 SMOKE = "smoke"
 INJECT_DIR = Path(__file__).parent / "inject"

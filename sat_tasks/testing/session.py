@@ -21,13 +21,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sat_tasks.config import PROJECT_ROOT
 
 if TYPE_CHECKING:
     from sat_tasks.spec import TrainingJob
-    from sat_tasks.testing.runs import FinishedRun
+
+# What a run's `start` returns (`testing.runs.FinishedRun`): the session keeps it without knowing its type.
+Run = TypeVar("Run")
 
 SAMPLE_PREFIX = "sat-test-samples"  # where a data sample is copied, in the data's own bucket
 
@@ -55,7 +57,7 @@ class HarnessSession:
         self._server = None
         self._db_ready = False
         self._seeded: set[str] = set()
-        self.runs: dict[tuple[str, str], FinishedRun | BaseException] = {}
+        self.runs: dict[tuple[str, str], Any] = {}  # a run's result, or the error it raised
 
     @property
     def logs_dir(self) -> Path:
@@ -187,7 +189,7 @@ class HarnessSession:
         return f"s3://{bucket}/{target}"
 
     # ---- runs ---------------------------------------------------------------------------------
-    def run(self, spec_path: Path, label: str, start: Callable[[], FinishedRun]) -> FinishedRun:
+    def run(self, spec_path: Path, label: str, start: Callable[[], Run]) -> Run:
         """The run `label` of a spec: `start()` runs it the first time; later calls get the same run.
 
         A run that raised raises the same error again for every test that asks for it.
