@@ -302,8 +302,10 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
             if key == "deferrable":
                 continue
             if key == "on_finish_action":
+                # The provider reads the public `on_finish_action` only; the private flag its `__init__`
+                # derives from it (`_is_delete_operator_pod`, for a deprecated parameter) is read nowhere
+                # (cncf.kubernetes 10.x) and is not written here (ADR 0007).
                 self.on_finish_action = OnFinishAction(value)
-                self._is_delete_operator_pod = self.on_finish_action == OnFinishAction.DELETE_POD
             elif key == "on_kill_action":
                 self.on_kill_action = OnKillAction(value)
             elif key == "startup_timeout_seconds":
