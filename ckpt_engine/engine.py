@@ -159,7 +159,7 @@ class CheckpointEngine:
                  clean_stale: bool = True, mirror_url: str | Storage | None = None) -> None:
         check_options(on_error=on_error, parser_threads=parser_threads, max_in_flight=max_in_flight,
                       keep_last=keep_last, host_cache_size=host_cache_size)
-        self.storage = open_storage(root)
+        storage = open_storage(root)
         self.keep_last, self.max_in_flight, self.on_error, self.rank = keep_last, max_in_flight, on_error, rank
         self.pool = HostBufferPool(host_buffer_bytes(host_cache_size), slab_bytes=slab_bytes, pin=pin_host_cache)
         if pin_host_cache and not torch.cuda.is_available():
@@ -170,7 +170,7 @@ class CheckpointEngine:
         self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
         self._janitor = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-janitor")
         self.host_stager = Stager(self.pool, self._stream)
-        self.storage_writer = CheckpointWriter(self.storage, self.pool, self._janitor)
+        self.storage_writer = CheckpointWriter(storage, self.pool, self._janitor)  # holds ``storage``
         self._lock = threading.Lock()
         self._in_flight: list[SaveHandle] = []
         self.last_error: BaseException | None = None
@@ -192,6 +192,15 @@ class CheckpointEngine:
             self.on_commit.append(lambda record: recorder.note_save(record.step, self.progress.timings))
         if clean_stale and rank <= 0:
             self._remove_incomplete()
+
+    @property
+    def storage(self) -> Storage:
+        """The storage root checkpoints are written to and read from (the writer's)."""
+        return self.storage_writer.storage
+
+    @storage.setter
+    def storage(self, storage: Storage) -> None:  # a test wraps it to inject faults after start-up
+        self.storage_writer.storage = storage
 
     def _attach_mirror(self, mirror_url: str | Storage) -> None:
         from ckpt_engine.mirror import CheckpointMirror
