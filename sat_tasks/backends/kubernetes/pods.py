@@ -18,6 +18,7 @@ or (except `build_attempt_pods` and `to_model`) imports the kubernetes client, w
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ckpt_engine.contract import NODE_ENV, POD_NAME_ENV, PROGRESS_FILE_ENV, RUN_ID_ENV
@@ -189,6 +190,20 @@ def _volumes(job: TrainingJob, run_id: str, pvc_name: str | None) -> tuple[list[
     return volumes, mounts
 
 
+def kubelet_literal(text: str) -> str:
+    """``text`` escaped so the kubelet's expansion of a container's command gives it back unchanged.
+
+    The kubelet turns ``$(VAR)`` into the variable's value and ``$$`` into ``$`` before the
+    shell runs; the local backend hands the command to the shell as written. Doubling every
+    ``$`` that precedes ``$`` or ``(`` makes the kubelet's pass undo exactly that, so the
+    shell sees what the person wrote on either backend.
+    """
+    return _KUBELET_SPECIAL.sub("$$", text)
+
+
+_KUBELET_SPECIAL = re.compile(r"\$(?=[$(])")
+
+
 def _drop_empty(obj: dict[str, Any]) -> dict[str, Any]:
     """Leave out fields that are None (as the API's own serialisation does)."""
     return {k: v for k, v in obj.items() if v is not None}
@@ -233,7 +248,7 @@ def attempt_pod_manifests(
     for rank in range(job.nodes):
         name = names.pod_name(job, run_id, attempt, rank)
         container = _drop_empty({
-            "command": ["bash", "-lc", script, "sat-launch", command],
+            "command": ["bash", "-lc", script, "sat-launch", kubelet_literal(command)],
             "env": _env(job, attempt=attempt, resume_step=resume_step, rank=rank, service=service,
                         namespace=namespace, run_id=run_id, settings=settings, failovers=failovers),
             "image": job.image.url,
