@@ -35,7 +35,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     from sat_tasks.config import PROJECT_ROOT
     from sat_tasks.service.stack import ServiceStack
 
+    from sat_tasks.service.secrets import private_dir
+
     home = _home()
+    private_dir(PROJECT_ROOT / ".sat")  # the kept objects and the work dir: this user's only
     storage_dir = Path(args.storage_dir) if args.storage_dir else PROJECT_ROOT / ".sat" / "object-storage"
     stack = ServiceStack(home=home, host=args.host, port=args.port, storage_port=args.storage_port,
                          storage_dir=storage_dir, work_dir=PROJECT_ROOT / ".sat" / "work",

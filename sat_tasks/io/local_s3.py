@@ -144,8 +144,10 @@ class PersistentS3Server(LocalS3Server):
     result. This one restores the objects of `state_dir` when it starts, copies what
     changed back every `sync_seconds` (in a thread, by listing ETags), and once more when
     it stops: a `make down` / `make up` keeps every object, and a crash loses at most the
-    last `sync_seconds`. Layout: `<state_dir>/<bucket>/<key, percent-encoded>`, so any
-    key maps to one file.
+    last `sync_seconds`. Layout: `<state_dir>/<bucket>/<key, percent-encoded>` (dots too:
+    `state_file_name`), so any key maps to one file, none of them `.`, `..` or a temp
+    `<file>.part`. `state_dir` is made private to its user (0700): it holds every result.
+    One object that cannot be copied is reported and the round goes on with the others.
 
     Call order: `start()` -> ... -> `stop()` (final sync).
     """
@@ -194,11 +196,14 @@ class PersistentS3Server(LocalS3Server):
 
         if not self.state_dir.is_dir():
             return 0
+        self.state_dir.chmod(0o700)
         client, count = self.client(), 0
         for bucket_dir in sorted(p for p in self.state_dir.iterdir() if p.is_dir()):
             client.create_bucket(Bucket=bucket_dir.name)
             for path in sorted(p for p in bucket_dir.iterdir() if p.is_file() and not p.name.endswith(".part")):
                 key = unquote(path.name)
+                if path.name != state_file_name(key):  # written before dots were encoded: move it to its name
+                    path = path.replace(path.with_name(state_file_name(key)))
                 with open(path, "rb") as handle:
                     etag = client.put_object(Bucket=bucket_dir.name, Key=key, Body=handle)["ETag"]
                 self._etags[(bucket_dir.name, key)] = etag
@@ -208,9 +213,10 @@ class PersistentS3Server(LocalS3Server):
     def sync(self) -> int:
         """Copy new and changed objects to `state_dir` and drop deleted ones; returns how many changed."""
         import os
-        from urllib.parse import quote
 
         client, seen, changed = self.client(), set(), 0
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)
         for bucket in client.list_buckets().get("Buckets", []):
             name = bucket["Name"]
             folder = self.state_dir / name
@@ -219,16 +225,22 @@ class PersistentS3Server(LocalS3Server):
                 for obj in page.get("Contents", []):
                     key, etag = obj["Key"], obj["ETag"]
                     seen.add((name, key))
-                    target = folder / quote(key, safe="")
+                    target = folder / state_file_name(key)
                     if self._etags.get((name, key)) == etag and target.exists():
                         continue
                     part = target.with_name(target.name + ".part")
-                    client.download_file(name, key, str(part))
-                    os.replace(part, target)
+                    try:
+                        client.download_file(name, key, str(part))
+                        os.replace(part, target)
+                    except Exception as exc:  # noqa: BLE001 - this object only: the round copies the others
+                        part.unlink(missing_ok=True)
+                        print(f"[sat] Object Storage: could not keep s3://{name}/{key} in {folder}: {exc}",
+                              flush=True)
+                        continue
                     self._etags[(name, key)] = etag
                     changed += 1
         for name, key in set(self._etags) - seen:
-            (self.state_dir / name / quote(key, safe="")).unlink(missing_ok=True)
+            (self.state_dir / name / state_file_name(key)).unlink(missing_ok=True)
             del self._etags[(name, key)]
             changed += 1
         return changed
@@ -239,3 +251,13 @@ class PersistentS3Server(LocalS3Server):
                 self.sync()
             except Exception as exc:  # noqa: BLE001 - the next round tries again
                 print(f"[sat] Object Storage: copying to {self.state_dir} failed, trying again: {exc}", flush=True)
+
+
+def state_file_name(key: str) -> str:
+    """The file name that keeps object `key`: percent-encoded, `/` and `.` included.
+
+    No key becomes `.`, `..` or a name ending in `.part` (the temp files of a copy).
+    """
+    from urllib.parse import quote
+
+    return quote(key, safe="").replace(".", "%2E")

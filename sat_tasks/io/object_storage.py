@@ -26,6 +26,9 @@ DEFAULT_CONN_ID = "sat_object_storage"
 DEFAULT_WORKERS = 8
 SMALL_OBJECT_BYTES = 8 << 20  # below boto3's multipart threshold
 STREAM_CHUNK_BYTES = 1 << 20  # what a streamed read holds in memory at once
+# A download's temp file is `<file>.sat.part` beside it; staging refuses keys with a part ending in it,
+# so no key can name another key's temp file (`x` and `x.part` are two files).
+PART_SUFFIX = ".sat.part"
 Log = Callable[[str], None]
 
 
@@ -90,7 +93,31 @@ def safe_relative_path(key: str, prefix: str) -> PurePosixPath:
         raise UnsafeKeyError(
             f"object key {key!r} would escape the target directory ('..', '.' or absolute paths are refused)"
         )
+    if any(part.endswith(PART_SUFFIX) for part in path.parts):
+        raise UnsafeKeyError(f"object key {key!r}: names ending in {PART_SUFFIX!r} are staging's temp files")
     return path
+
+
+def check_distinct_paths(pairs: Iterable[tuple[str, PurePosixPath]]) -> None:
+    """Refuse keys that would land on one file (`a//b` and `a/b`) or on a file and a folder (`a`, `a/b`).
+
+    `pairs` are (key, its relative path); raises UnsafeKeyError naming both keys.
+    """
+    files: dict[PurePosixPath, str] = {}
+    folders: dict[PurePosixPath, str] = {}
+    for key, path in pairs:
+        if path in files:
+            raise UnsafeKeyError(f"object keys {files[path]!r} and {key!r} both stage to {path.as_posix()!r}: "
+                                 "rename one of them")
+        if path in folders:
+            raise UnsafeKeyError(f"object key {key!r} stages to the file {path.as_posix()!r}, which key "
+                                 f"{folders[path]!r} needs as a folder: rename one of them")
+        files[path] = key
+        for parent in path.parents:
+            if parent in files:
+                raise UnsafeKeyError(f"object key {key!r} needs {parent.as_posix()!r} as a folder, which key "
+                                     f"{files[parent]!r} stages to as a file: rename one of them")
+            folders.setdefault(parent, key)
 
 
 # ---- verifying a staged object -----------------------------------------------------------------
@@ -213,7 +240,8 @@ def stage_prefix(
     size), read from the same response that brings its bytes (`ChecksumMode=ENABLED`);
     `report.checks` counts the checks and the summary line names them. A file already
     present that passes the check is not downloaded again. Each download goes to a
-    `.part` file renamed into place after its check.
+    `<file>.sat.part` temp file (removed on any failure) renamed into place after its
+    check. Keys that would land on one path (`a//b`, `a/b`) are refused before any copy.
     """
     bucket, prefix = split_s3_uri(source_uri)
     dest = Path(dest_dir)
@@ -222,7 +250,9 @@ def stage_prefix(
     objects = [m for m in hook.iter_file_metadata(prefix=prefix, bucket_name=bucket) if not m["Key"].endswith("/")]
     if not objects:
         raise SourceNotFoundError(f"no objects under {source_uri}")
-    plan = [(meta, dest / safe_relative_path(meta["Key"], prefix)) for meta in objects]  # refuse before copying
+    relative = [(meta["Key"], safe_relative_path(meta["Key"], prefix)) for meta in objects]  # refuse before copying
+    check_distinct_paths(relative)
+    plan = [(meta, dest / rel) for meta, (_, rel) in zip(objects, relative)]
     report = TransferReport(source=source_uri, destination=str(dest), files=len(plan))
     report.bytes_total = sum(int(meta["Size"]) for meta, _ in plan)
     log(f"staging {len(plan)} objects ({_fmt_bytes(report.bytes_total)}) from {source_uri} to {dest}")
@@ -235,20 +265,23 @@ def stage_prefix(
             if verify_file(target, check, size) is None:
                 return key, size, False, check.method
         target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(target.name + ".part")
-        if size < SMALL_OBJECT_BYTES:  # one GET; the transfer manager's set-up costs more than the file
-            response = client.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-            check = object_check(response)
-            with open(part, "wb") as handle:
-                shutil.copyfileobj(response["Body"], handle, 1 << 20)
-        else:
-            check = object_check(client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED"))
-            client.download_file(bucket, key, str(part), Config=hook.transfer_config)
-        problem = verify_file(part, check, size)
-        if problem:
+        part = target.with_name(target.name + PART_SUFFIX)
+        try:
+            if size < SMALL_OBJECT_BYTES:  # one GET; the transfer manager's set-up costs more than the file
+                response = client.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+                check = object_check(response)
+                with open(part, "wb") as handle:
+                    shutil.copyfileobj(response["Body"], handle, 1 << 20)
+            else:
+                check = object_check(client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED"))
+                client.download_file(bucket, key, str(part), Config=hook.transfer_config)
+            problem = verify_file(part, check, size)
+            if problem:
+                raise TransferVerificationError(f"s3://{bucket}/{key}: {problem}")
+            os.replace(part, target)
+        except BaseException:  # a failed or interrupted download leaves no temp file behind
             part.unlink(missing_ok=True)
-            raise TransferVerificationError(f"s3://{bucket}/{key}: {problem}")
-        os.replace(part, target)
+            raise
         return key, size, True, check.method
 
     _run_parallel(plan, fetch, report, workers=workers, log=log, verb="staged", progress_every=progress_every)
@@ -378,9 +411,13 @@ def download_object(hook: S3Hook, uri: str, dest: str | Path) -> Path:
     bucket, key = split_s3_uri(uri)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    hook.get_conn().download_file(bucket, key, str(part))
-    os.replace(part, dest)
+    part = dest.with_name(dest.name + PART_SUFFIX)
+    try:
+        hook.get_conn().download_file(bucket, key, str(part))
+        os.replace(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     return dest
 
 

@@ -43,9 +43,20 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only its owner may enter (0700), tightened if it already exists looser."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
 def load_or_create(home: Path) -> DeploymentSecrets:
-    """The secrets kept in `<home>/sat-secrets.json`, created (0600) when missing; the passwords file too."""
-    home.mkdir(parents=True, exist_ok=True)
+    """The secrets kept in `<home>/sat-secrets.json`, created (0600) when missing; the passwords file too.
+
+    `home` itself is made private (0700): it holds these files, the metadata DB and the logs.
+    """
+    private_dir(home)
     path = home / SECRETS_FILE
     if path.exists():
         values = json.loads(path.read_text(encoding="utf-8"))

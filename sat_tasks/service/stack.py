@@ -112,7 +112,8 @@ class ServiceStack:
         from sat_tasks.io.local_s3 import PersistentS3Server, seed_demo_bucket
 
         started = time.monotonic()
-        self.home.mkdir(parents=True, exist_ok=True)
+        service_secrets.private_dir(self.home)
+        service_secrets.private_dir(self.work_dir or self.home / "work")  # staged data and run outputs
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.storage = PersistentS3Server(port=self.storage_port,
                                           state_dir=self.storage_dir or self.home / "object-storage").start()
