@@ -115,11 +115,20 @@ def expectations_dir() -> Path:
 def resolve_suite_path(suite: str | Path | None) -> Path:
     """The suite file for `suite`: None means the default; relative paths live under `expectations_dir()`.
 
-    A bare name without a suffix also finds ``<name>.json``. Raises `ExpectationSuiteError`
-    naming every path tried when no file exists.
+    A bare name without a suffix also finds ``<name>.json``. A relative name must stay inside
+    `expectations_dir()` (a job spec's `data.expectation_suite` is one: the spec refuses
+    absolute ones); absolute paths are for callers inside SAT. Raises `ExpectationSuiteError`
+    naming every path tried when no file exists, or the rule when a name leaves the directory.
     """
     name = Path(suite) if suite is not None else Path(DEFAULT_SUITE)
-    base = name.expanduser() if name.expanduser().is_absolute() else expectations_dir() / name
+    if name.is_absolute():
+        base = name
+    else:
+        root = expectations_dir()
+        base = root / name
+        if ".." in name.parts or not base.resolve().is_relative_to(root.resolve()):
+            raise ExpectationSuiteError(f"expectation suite {str(suite)!r}: a suite name must be a relative path "
+                                        f"inside {root} (no '..')")
     candidates = [base] if base.suffix else [base, base.with_suffix(".json")]
     for candidate in candidates:
         if candidate.is_file():

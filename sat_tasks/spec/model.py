@@ -33,6 +33,10 @@ CONN_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,250}$"
 TAG_KEY_PATTERN = r"^[A-Za-z0-9_.:/=+@-]{1,128}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 QUANTITY_RULE = "must be a Kubernetes quantity such as 512Mi, 8Gi, 500m or 2"
+# A suite is looked up under the project's suites directory (include/expectations) on the worker.
+SUITE_PATTERN = r"^[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*$"
+SUITE_RULE = ("must be a suite name or a relative path inside include/expectations: letters, digits, '_', '-' "
+              "and '.', parts joined by '/', no '.' or '..' part, not absolute")
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 MAX_TAGS = 50
 MAX_KEEP_ALIVE_SECONDS = 3600  # the warm pool's keep-alive at most (SageMaker's limit too)
@@ -197,14 +201,22 @@ class DataSource(_Model):
     """Training data in Object Storage."""
 
     source: str = ruled(rule=S3_URI_RULE, pattern=S3_URI_PATTERN, description="s3:// prefix holding the training data")
-    expectation_suite: str | None = Field(
-        None, description="Great Expectations suite (JSON file under include/expectations) to run on the data"
+    expectation_suite: str | None = ruled(
+        None, rule=SUITE_RULE, pattern=SUITE_PATTERN, max_length=255,
+        description="Great Expectations suite (JSON file under include/expectations) to run on the data",
     )
 
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
         return check_s3_uri(v)
+
+    @field_validator("expectation_suite")
+    @classmethod
+    def _suite(cls, v: str | None) -> str | None:
+        if v is not None and any(part in (".", "..") for part in v.split("/")):
+            raise ValueError(SUITE_RULE)
+        return v
 
 
 class Results(_Model):
