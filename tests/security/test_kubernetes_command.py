@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.core.contracts import Plan
 from sat_tasks.spec import parse_spec
 
 RUN_ID = "manual__2026-12-02T05:00:00+00:00"
@@ -42,6 +45,13 @@ def job_with(command: str):
     }, source="test")
 
 
+def first_attempt() -> dict:
+    """Attempt 1, as `render_attempt_manifests` takes it (a `Plan` since issue 28; `attempt=` before)."""
+    if "plan" in inspect.signature(k8s_pods.render_attempt_manifests).parameters:
+        return {"plan": Plan(attempt=1)}
+    return {"attempt": 1}
+
+
 @pytest.mark.parametrize("command", [
     pytest.param('python train.py --run "$(SAT_RUN_ID)"', id="defined-variable"),
     pytest.param("python train.py --pid $$ --cost '$$5'", id="double-dollar"),
@@ -49,7 +59,7 @@ def job_with(command: str):
     pytest.param('python train.py --out "$SAT_OUTPUT_DIR" --end $', id="plain-and-trailing"),
 ])
 def test_the_kubelet_hands_the_shell_the_command_as_written(command: str) -> None:
-    (pod,) = [m for m in k8s_pods.render_attempt_manifests(job_with(command), run_id=RUN_ID, attempt=1,
+    (pod,) = [m for m in k8s_pods.render_attempt_manifests(job_with(command), run_id=RUN_ID, **first_attempt(),
                                                             settings=KubernetesSettings()) if m["kind"] == "Pod"]
     container = pod["spec"]["containers"][0]
     env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
