@@ -57,3 +57,19 @@ def test_a_mirrored_manifest_with_dotdot_is_skipped_for_the_previous_checkpoint(
     assert restore_from_mirror(local, mirror) == 1
     assert local.list_dir("") == ["checkpoint-1"]
     assert torch.equal(CheckpointEngine(local).load()["w"], torch.full((4,), 1.0))
+
+
+def test_a_local_manifest_with_dotdot_is_skipped_when_resuming_the_newest(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    torch = pytest.importorskip("torch")
+    root = FileStorage(tmp_path / "checkpoints")
+    engine = CheckpointEngine(root)
+    for step in (1, 2):
+        engine.save(step, {"w": torch.full((4,), float(step))})
+        engine.wait()
+    engine.close()
+    manifest = json.loads(root.read_bytes("checkpoint-2/manifest.json"))
+    manifest["files"] = {f"../checkpoint-1/{name}": entry for name, entry in manifest["files"].items()}
+    root.write_atomic("checkpoint-2/manifest.json", json.dumps(manifest).encode())
+    assert torch.equal(CheckpointEngine(root).load()["w"], torch.full((4,), 1.0))
+    assert "skipping corrupt checkpoint-2" in caplog.text  # not step 2 served from checkpoint-1's files
