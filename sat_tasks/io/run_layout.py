@@ -21,9 +21,11 @@ checkpoints, the outputs, the job log and the report. The names are the runtime 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ckpt_engine import contract
 from sat_tasks import config
@@ -33,12 +35,15 @@ from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.io import object_storage as storage
 from sat_tasks.spec import TrainingJob, split_s3_uri
 
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
 Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class JobRun:
-    """One run of a Training Job: where its files and objects live."""
+class RunLayout:
+    """Where one run of a Training Job keeps its files and objects: paths and URIs only, no I/O."""
 
     job: TrainingJob
     run_id: str
@@ -138,29 +143,36 @@ class JobRun:
         """The run's tags as edited after it started (the spec's tags until then)."""
         return self.results_uri + contract.TAGS_NAME
 
-    def stop_request(self) -> dict[str, Any] | None:
-        """The stop request of this run, or None (nobody asked)."""
-        request = storage.read_json(self.hook(), self.stop_uri)
-        return request if isinstance(request, dict) else None
 
-    def hook(self):
-        """The S3Hook of SAT's Object Storage connection (`[sat] object_storage_conn_id`), one per JobRun.
+class RunRecords:
+    """One run's records in Object Storage (status history, attempt records, verdicts, stop request,
+    progress), read and written through the one S3Hook it holds (given, or made on first use)."""
+
+    def __init__(self, layout: RunLayout, hook: S3Hook | None = None) -> None:
+        self.layout = layout
+        self._hook = hook
+
+    def hook(self) -> S3Hook:
+        """The S3Hook of SAT's Object Storage connection (`[sat] object_storage_conn_id`), made on first use.
 
         Each new hook resolves the connection and builds a boto3 session (~0.3 s, more on a busy
-        machine): finalize alone asked for eleven.
+        machine): finalize alone asked for eleven, so a run's records share one.
         """
-        hook = self.__dict__.get("_hook")
-        if hook is None:
-            hook = storage.object_storage_hook(config.sat_setting("object_storage_conn_id"))
-            object.__setattr__(self, "_hook", hook)  # frozen dataclass: a cache, not a field
-        return hook
+        if self._hook is None:
+            self._hook = storage.object_storage_hook(config.sat_setting("object_storage_conn_id"))
+        return self._hook
+
+    def stop_request(self) -> dict[str, Any] | None:
+        """The stop request of this run, or None (nobody asked)."""
+        request = storage.read_json(self.hook(), self.layout.stop_uri)
+        return request if isinstance(request, dict) else None
 
     def history(self, log: Log = print) -> StatusHistory:
         """The status history, kept in Object Storage under the run's results prefix."""
         hook = self.hook()
         return StatusHistory(
-            load=lambda: storage.read_json(hook, self.status_uri),
-            save=lambda entries: storage.write_json(hook, self.status_uri, entries),
+            load=lambda: storage.read_json(hook, self.layout.status_uri),
+            save=lambda entries: storage.write_json(hook, self.layout.status_uri, entries),
             log=log,
         )
 
@@ -174,27 +186,70 @@ class JobRun:
         if plan.resume_step is not None:
             log(f"resuming with {contract.LAST_STEP_ENV}={plan.resume_step}")
 
-    # ---- records -------------------------------------------------------------------------------
     def store_record(self, record: AttemptRecord) -> None:
         """Keep the attempt record in Object Storage (classify and the report read it from there)."""
-        storage.write_json(self.hook(), self.attempt_uri(record.attempt), record.model_dump(mode="json"))
+        storage.write_json(self.hook(), self.layout.attempt_uri(record.attempt), record.model_dump(mode="json"))
 
     def load_record(self, attempt: int) -> AttemptRecord | None:
         """The stored record of an attempt, or None when the attempt never launched."""
-        data = storage.read_json(self.hook(), self.attempt_uri(attempt))
+        data = storage.read_json(self.hook(), self.layout.attempt_uri(attempt))
         return None if data is None else AttemptRecord.model_validate(data)
 
     def store_verdict(self, verdict: Verdict) -> None:
-        storage.write_json(self.hook(), self.verdict_uri(verdict.attempt or 0), verdict.to_xcom())
+        storage.write_json(self.hook(), self.layout.verdict_uri(verdict.attempt or 0), verdict.to_xcom())
 
     def load_verdict(self, attempt: int) -> Verdict | None:
-        return Verdict.from_xcom(storage.read_json(self.hook(), self.verdict_uri(attempt)))
+        return Verdict.from_xcom(storage.read_json(self.hook(), self.layout.verdict_uri(attempt)))
 
     def read_progress(self) -> dict[str, Any] | None:
         """The engine's progress as its mirror last wrote it (None before the first write)."""
-        return storage.read_json(self.hook(), self.progress_uri)
+        return storage.read_json(self.hook(), self.layout.progress_uri)
 
     def upload_file(self, path: Path, uri: str) -> None:
         """Put one local file at `uri` (replacing what is there)."""
         bucket, key = split_s3_uri(uri)
         self.hook().load_file(filename=path, key=key, bucket_name=bucket, replace=True)
+
+
+class JobRun(RunLayout):
+    """One run of a Training Job as callers construct it (`JobRun(job, run_id)`): its layout (the
+    paths and URIs it inherits) and its records (`records`, made on first use: one hook per JobRun).
+
+    JobRun is no dataclass of its own: only the layout's fields are frozen, `records` is an
+    ordinary cached attribute. The records' methods are forwarded, so `run.history()` and
+    `run.hook()` read as before (ADR 0018 says why JobRun stays the name callers use).
+    """
+
+    @cached_property
+    def records(self) -> RunRecords:
+        return RunRecords(self)
+
+    def hook(self) -> S3Hook:
+        return self.records.hook()
+
+    def stop_request(self) -> dict[str, Any] | None:
+        return self.records.stop_request()
+
+    def history(self, log: Log = print) -> StatusHistory:
+        return self.records.history(log)
+
+    def record_attempt_start(self, plan: Plan, log: Log = print, where: str = "") -> None:
+        self.records.record_attempt_start(plan, log, where)
+
+    def store_record(self, record: AttemptRecord) -> None:
+        self.records.store_record(record)
+
+    def load_record(self, attempt: int) -> AttemptRecord | None:
+        return self.records.load_record(attempt)
+
+    def store_verdict(self, verdict: Verdict) -> None:
+        self.records.store_verdict(verdict)
+
+    def load_verdict(self, attempt: int) -> Verdict | None:
+        return self.records.load_verdict(attempt)
+
+    def read_progress(self) -> dict[str, Any] | None:
+        return self.records.read_progress()
+
+    def upload_file(self, path: Path, uri: str) -> None:
+        self.records.upload_file(path, uri)

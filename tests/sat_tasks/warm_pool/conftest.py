@@ -9,7 +9,7 @@ import pytest
 
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.status import JobStatus
-from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.run_layout import JobRun, RunRecords
 from sat_tasks.spec import TrainingJob, parse_spec
 from tests.support.paths import REPO
 
@@ -71,8 +71,8 @@ def no_warm_interpreter(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def one_hook(monkeypatch, s3_hook):
-    """Every JobRun talks through the session's hook (a new S3Hook makes a boto3 client: ~0.5 s each)."""
-    monkeypatch.setattr(JobRun, "hook", lambda self: s3_hook)
+    """Every JobRun's records talk through the session's hook (a new S3Hook makes a boto3 client: ~0.5 s each)."""
+    monkeypatch.setattr(RunRecords, "hook", lambda self: s3_hook)
 
 
 @pytest.fixture
