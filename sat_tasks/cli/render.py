@@ -37,6 +37,7 @@ def render_command(args: argparse.Namespace) -> int:
     from sat_tasks.backends.kubernetes.pods import render_attempt_manifests, render_run_volume_claim
     from sat_tasks.backends.kubernetes.settings import KubernetesSettings
     from sat_tasks.config import sat_setting
+    from sat_tasks.core.contracts import Plan
     from sat_tasks.spec import SpecError, load_spec
 
     try:
@@ -55,8 +56,9 @@ def render_command(args: argparse.Namespace) -> int:
         manifests.append(render_run_volume_claim(job, run_id=args.run_id, namespace=args.namespace,
                                                  settings=settings))
     manifests += render_attempt_manifests(
-        job, run_id=args.run_id, attempt=args.attempt, exclude_nodes=args.exclude_node,
-        resume_step=args.resume_step, namespace=args.namespace, pvc_name=args.pvc, settings=settings,
+        job, run_id=args.run_id,
+        plan=Plan(attempt=args.attempt, exclude_nodes=list(args.exclude_node or ()), resume_step=args.resume_step),
+        namespace=args.namespace, pvc_name=args.pvc, settings=settings,
     )
     sys.stdout.write(f"# sat render {args.spec}: job {job.name}, run {args.run_id}, attempt {args.attempt}\n")
     sys.stdout.write(yaml.dump_all(manifests, Dumper=_block_style_dumper(), sort_keys=False, explicit_start=True,

@@ -337,6 +337,7 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     from sat_tasks.backends.kubernetes import pods as k8s_pods
     from sat_tasks.backends.kubernetes import settings as k8s_settings
     from sat_tasks.backends.kubernetes import supervisor as k8s_supervisor
+    from sat_tasks.core.contracts import Plan
     from sat_tasks.spec import parse_spec
 
     out = tmp_path / "shared"  # the run's volume, shared by both pods
@@ -352,7 +353,8 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
                    f"--save_steps 5 --deepspeed {config}",
         "env": {"CKPT_GRACE_SECONDS": "60"},
     }, source="ds-spot")
-    pods = k8s_pods.build_attempt_pods(job, run_id="manual__spot", attempt=1, settings=k8s_settings.KubernetesSettings())
+    pods = k8s_pods.build_attempt_pods(job, run_id="manual__spot", plan=Plan(attempt=1),
+                                       settings=k8s_settings.KubernetesSettings())
     script, launched = pods[0].spec.containers[0].command[2], pods[0].spec.containers[0].command[4]
     assert "-m ckpt_engine.launch run_seed.py" in launched
     pod_env = {var.name: var.value for var in pods[0].spec.containers[0].env if var.value is not None}

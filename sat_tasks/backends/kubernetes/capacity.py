@@ -28,6 +28,7 @@ from sat_tasks.backends.kubernetes.client import core_v1_client
 from sat_tasks.backends.kubernetes.client import namespace as default_namespace
 from sat_tasks.backends.kubernetes.pods import render_attempt_manifests
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.core.contracts import Plan
 from sat_tasks.errors import SatError
 from sat_tasks.spec import TrainingJob
 
@@ -268,7 +269,7 @@ def rank_pod_manifest(
 ) -> dict[str, Any]:
     """Rank 0's pod of attempt `attempt` as it would be submitted (its scheduling and requests)."""
     manifests = render_attempt_manifests(
-        job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
+        job, run_id=run_id, plan=Plan(attempt=attempt, exclude_nodes=list(exclude_nodes)),
         namespace=namespace or default_namespace(), settings=settings,
     )
     return next(m for m in manifests if m.get("kind") == "Pod")

@@ -55,16 +55,13 @@ def build_pod_operator_kwargs(
     job: TrainingJob,
     *,
     run_id: str,
-    attempt: int,
-    exclude_nodes: Sequence[str] = (),
-    resume_step: int | None = None,
+    plan: Plan,
     namespace: str = DEFAULT_NAMESPACE,
     kubernetes_conn_id: str = "kubernetes_default",
     node_rank: int = 0,
     pvc_name: str | None = None,
     deferrable: bool = True,
     settings: KubernetesSettings | None = None,
-    failovers: int = 0,
     quarantined_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Keyword arguments (all but `task_id`) for `KubernetesPodOperator`, for one node rank.
@@ -78,9 +75,8 @@ def build_pod_operator_kwargs(
     settings = settings or KubernetesSettings.from_sat_config()
     if not 0 <= node_rank < job.nodes:
         raise ValueError(f"node_rank must be in [0, {job.nodes})")
-    pod = build_attempt_pods(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
-                             resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
-                             settings=settings, failovers=failovers, quarantined_nodes=quarantined_nodes)[node_rank]
+    pod = build_attempt_pods(job, run_id=run_id, plan=plan, namespace=namespace, pvc_name=pvc_name,
+                             settings=settings, quarantined_nodes=quarantined_nodes)[node_rank]
     return {
         "kubernetes_conn_id": kubernetes_conn_id,
         "namespace": namespace,
@@ -273,15 +269,12 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         return build_pod_operator_kwargs(
             job,
             run_id=run_id,
-            attempt=plan.attempt,
-            exclude_nodes=plan.exclude_nodes,
-            resume_step=plan.resume_step,
+            plan=plan,
             namespace=self.target_namespace(),
             kubernetes_conn_id=self.kubernetes_conn_id or sat_setting("kubernetes_conn_id"),
             node_rank=self.node_rank,
             pvc_name=self.pvc_name,
             deferrable=self.deferrable,
-            failovers=plan.failovers,
             quarantined_nodes=self.quarantined_nodes(job),
         )
 

@@ -4,7 +4,7 @@ Call order for one attempt (the DAG does the wiring):
 
 1. ``render_run_volume_claim(job, run_id=...)`` once per job run: the ReadWriteMany claim
    that staging fills (``names.run_volume_subpaths``) and every attempt mounts.
-2. ``render_attempt_manifests(job, run_id=..., attempt=..., exclude_nodes=..., resume_step=...)``:
+2. ``render_attempt_manifests(job, run_id=..., plan=...)`` (the attempt's `Plan`):
    for one node a single Pod; for ``nodes >= 2`` a headless Service first, then one Pod per
    node rank with a stable DNS name (hostname + subdomain) and launcher rendezvous on rank 0.
    ``attempt_pod_manifests`` / ``rendezvous_service`` are the objects behind it: the operator
@@ -36,6 +36,7 @@ from sat_tasks.backends.kubernetes.workspace import (
     workspace_scheduling,
 )
 from sat_tasks.core.attempt import MAIN_CONTAINER_NAME
+from sat_tasks.core.contracts import Plan
 from sat_tasks.core.runtime_env import (
     IMAGE_VENDOR_DIR,
     POD_CODE_DIR,
@@ -69,24 +70,22 @@ def pod_memory(job: TrainingJob) -> str:
 def _env(
     job: TrainingJob,
     *,
-    attempt: int,
-    resume_step: int | None,
+    plan: Plan,
     rank: int,
     service: str | None,
     namespace: str,
     run_id: str,
     settings: KubernetesSettings,
-    failovers: int = 0,
 ) -> list[dict[str, Any]]:
     paths = TrainingPaths(data_dir=POD_DATA_DIR, output_dir=POD_OUTPUT_DIR, code_dir=POD_CODE_DIR,
                           vendor_dir=IMAGE_VENDOR_DIR)
     # NODE_ENV is the Kubernetes node the pod lands on; the downward API fills it in.
     contract = training_environment(
-        job, paths, attempt=attempt, node="", resume_step=resume_step,
+        job, paths, attempt=plan.attempt, node="", resume_step=plan.resume_step,
         mirror_url=JobRun(job, run_id).mirror_uri,
         s3_endpoint_url=settings.object_storage_endpoint or None,
         # the recorder in the training process writes here and copies to Object Storage every interval
-        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri, failovers=failovers,
+        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri, failovers=plan.failovers,
     )
     # the node's metrics sidecar watches it for the attempt's first training step
     contract[PROGRESS_FILE_ENV] = PROGRESS_FILE
@@ -213,13 +212,10 @@ def attempt_pod_manifests(
     job: TrainingJob,
     *,
     run_id: str,
-    attempt: int,
-    exclude_nodes: Sequence[str] = (),
-    resume_step: int | None = None,
+    plan: Plan,
     namespace: str = DEFAULT_NAMESPACE,
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
-    failovers: int = 0,
     quarantined_nodes: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """The attempt's pods, one per node rank, as the API's JSON: the single source.
@@ -230,11 +226,10 @@ def attempt_pod_manifests(
     quick); `build_attempt_pods` turns them into client models for KubernetesPodOperator's
     `full_pod_spec`.
     """
-    if attempt < 1:
-        raise ValueError("attempt must be >= 1")
+    attempt = plan.attempt  # >= 1: the Plan says so
     settings = settings or KubernetesSettings.from_sat_config()
     service = names.attempt_name(job, run_id, attempt) if job.distributed else None
-    node_selector, tolerations, affinity = _scheduling(job, exclude_nodes, settings, quarantined_nodes)
+    node_selector, tolerations, affinity = _scheduling(job, plan.exclude_nodes, settings, quarantined_nodes)
     volumes, mounts = _volumes(job, run_id, pvc_name)
     script = supervisor_script(job, settings)
     command = launch_command(job)
@@ -249,8 +244,8 @@ def attempt_pod_manifests(
         name = names.pod_name(job, run_id, attempt, rank)
         container = _drop_empty({
             "command": ["bash", "-lc", script, "sat-launch", kubelet_literal(command)],
-            "env": _env(job, attempt=attempt, resume_step=resume_step, rank=rank, service=service,
-                        namespace=namespace, run_id=run_id, settings=settings, failovers=failovers),
+            "env": _env(job, plan=plan, rank=rank, service=service, namespace=namespace, run_id=run_id,
+                        settings=settings),
             "image": job.image.url,
             "livenessProbe": liveness_probe,
             "name": MAIN_CONTAINER_NAME,
@@ -328,27 +323,23 @@ def render_attempt_manifests(
     job: TrainingJob,
     *,
     run_id: str,
-    attempt: int,
-    exclude_nodes: Sequence[str] = (),
-    resume_step: int | None = None,
+    plan: Plan,
     namespace: str = DEFAULT_NAMESPACE,
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
-    failovers: int = 0,
     quarantined_nodes: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Plain-dict manifests of one attempt, in apply order (`kubectl apply --dry-run=server`-ready).
 
     One node: `[Pod]`. Two or more: `[Service (headless), Pod rank 0, ..., Pod rank n-1]`.
-    `exclude_nodes` are the nodes of failed attempts; `resume_step` sets `CKPT_LAST_STEP`
-    (`-1` = newest complete checkpoint); `pvc_name` overrides the per-run claim.
+    The plan's `exclude_nodes` are the nodes of failed attempts; its `resume_step` sets
+    `CKPT_LAST_STEP` (`-1` = newest complete checkpoint); `pvc_name` overrides the per-run claim.
     """
     settings = settings or KubernetesSettings.from_sat_config()
-    manifests = attempt_pod_manifests(job, run_id=run_id, attempt=attempt, exclude_nodes=exclude_nodes,
-                                      resume_step=resume_step, namespace=namespace, pvc_name=pvc_name,
-                                      settings=settings, failovers=failovers, quarantined_nodes=quarantined_nodes)
+    manifests = attempt_pod_manifests(job, run_id=run_id, plan=plan, namespace=namespace, pvc_name=pvc_name,
+                                      settings=settings, quarantined_nodes=quarantined_nodes)
     if job.distributed:
-        manifests.insert(0, rendezvous_service(job, run_id=run_id, attempt=attempt,
+        manifests.insert(0, rendezvous_service(job, run_id=run_id, attempt=plan.attempt,
                                                 namespace=namespace, settings=settings))
     return manifests
 

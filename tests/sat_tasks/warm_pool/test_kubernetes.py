@@ -11,6 +11,7 @@ from sat_tasks.backends import kubernetes as k8s_backend
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import warm as k8s_warm
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.core.contracts import Plan
 from sat_tasks.io import warm_pool
 from sat_tasks.pipeline import steps
 from sat_tasks.pipeline import warm_pool as pipeline_warm
@@ -57,7 +58,7 @@ def test_a_placeholder_holds_what_the_attempt_pod_asks_for_on_its_node(warm_job)
     job = warm_job.job(**GPU_JOB)
     (pod,) = _placeholders(job)
     (attempt,) = [m for m in k8s_pods.render_attempt_manifests(job, settings=SETTINGS, run_id="manual__1",
-                                                               attempt=1) if m["kind"] == "Pod"]
+                                                               plan=Plan(attempt=1)) if m["kind"] == "Pod"]
     spec, attempt_spec = pod["spec"], attempt["spec"]
     assert spec["priorityClassName"] == k8s_warm.PRIORITY_CLASS
     assert spec["nodeSelector"]["kubernetes.io/hostname"] == "gpu-node-7"

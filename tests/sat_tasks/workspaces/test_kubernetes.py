@@ -9,6 +9,7 @@ import pytest
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import workspace as k8s_ws
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings, SettingError
+from sat_tasks.core.contracts import Plan
 from sat_tasks.spec import parse_spec
 from sat_tasks.spec.workspace import parse_workspace
 from tests.sat_tasks.workspaces.conftest import WORKSPACE, job_spec
@@ -27,8 +28,9 @@ def _validate(manifest: dict) -> None:
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
 
-def _pods(job, settings, **kwargs) -> list[dict]:
-    manifests = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, attempt=1, settings=settings, **kwargs)
+def _pods(job, settings, exclude_nodes: list[str] | None = None) -> list[dict]:
+    manifests = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=Plan(attempt=1, exclude_nodes=exclude_nodes or []),
+                                                  settings=settings)
     return [m for m in manifests if m["kind"] == "Pod"]
 
 
@@ -215,7 +217,6 @@ def NO_WARM(workspace, nodes, log, client):  # noqa: N802 - no warm state in the
 def test_a_failover_releases_the_workspaces_warm_placeholders_before_it_waits():
     """Warm placeholders hold the healthy nodes: they are released, and the failover goes at once."""
     from sat_tasks.backends.kubernetes.workspace_wait import await_workspace_nodes
-    from sat_tasks.core.contracts import Plan
 
     client = FakeCoreV1([_node("ws-a"), _node("ws-b"), _node("ws-c")], [_busy_pod("ws-b"), _busy_pod("ws-c")])
     asked: list[tuple[str, int]] = []
@@ -236,7 +237,6 @@ def test_a_failover_releases_the_workspaces_warm_placeholders_before_it_waits():
 
 def test_a_failover_waits_as_failoverinprogress_until_its_workspace_has_healthy_room():
     from sat_tasks.backends.kubernetes.workspace_wait import await_workspace_nodes
-    from sat_tasks.core.contracts import Plan
 
     # 3 workspace nodes: ws-a failed (excluded), ws-b busy with another job, ws-c free; a node outside it is free too
     client = FakeCoreV1([_node("ws-a"), _node("ws-b"), _node("ws-c"), _node("outside", workspace=None)],
@@ -261,7 +261,6 @@ def test_a_failover_waits_as_failoverinprogress_until_its_workspace_has_healthy_
 
 def test_a_failover_without_healthy_room_fails_at_the_deadline_and_a_first_attempt_never_asks():
     from sat_tasks.backends.kubernetes.workspace_wait import WorkspaceFailoverTimeout, await_workspace_nodes
-    from sat_tasks.core.contracts import Plan
 
     client = FakeCoreV1([_node("ws-a"), _node("ws-b")], [])
     memory = MemoryHistory()
@@ -281,7 +280,6 @@ def test_the_launch_task_fails_red_when_the_failover_finds_no_room(monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
     from sat_tasks.backends.kubernetes.operator import make_launch_operators
-    from sat_tasks.core.contracts import Plan
 
     monkeypatch.setenv("AIRFLOW__SAT__WORKSPACE_WAIT_SECONDS", "0")
     job = _failover_job()

@@ -31,6 +31,7 @@ from sat_tasks.classify.multirank import PEER_SYMPTOM_REASONS
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import parse_time
 from sat_tasks.core.contracts import Action, Decision
+from sat_tasks.core.contracts import Plan
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.io import object_storage
 from sat_tasks.io.run_layout import JobRun
@@ -256,7 +257,7 @@ def test_multi_node_job_gets_one_operator_per_rank(captured, cluster, bucket):
     assert op.callbacks == [k8s_operator.gang_teardown_callback()]
     assert _history(job) == []  # only rank 0 records the attempt's start
     # The rank's task created the headless rendezvous Service `sat render` prints, with its body.
-    rendered = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, attempt=1, namespace=NAMESPACE)
+    rendered = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=Plan(attempt=1), namespace=NAMESPACE)
     assert rendered[0]["kind"] == "Service" and cluster.services == [rendered[0]]
     operators[0].execute(_context(operators[0], {"validate_spec": spec}))  # the other rank finds it (409)
     assert len(cluster.services) == 1 and len(captured) == 2
@@ -276,7 +277,8 @@ def test_generic_dag_rank_tasks_follow_the_spec(captured, bucket):
 
 def test_applied_kwargs_match_what_the_provider_would_set():
     job = TrainingJob.model_validate(_spec(name="equivalence", nodes=2, command="python train.py"))
-    kwargs = k8s_operator.build_pod_operator_kwargs(job, run_id=RUN_ID, attempt=2, exclude_nodes=["gpu-a"], resume_step=-1,
+    kwargs = k8s_operator.build_pod_operator_kwargs(job, run_id=RUN_ID,
+                                                    plan=Plan(attempt=2, exclude_nodes=["gpu-a"], resume_step=-1),
                                            namespace="team-a", kubernetes_conn_id="k8s_prod", node_rank=1,
                                            deferrable=False, settings=k8s_settings.KubernetesSettings())
     reference = KubernetesPodOperator(task_id="reference", **kwargs)
@@ -626,9 +628,9 @@ def test_record_of_an_attempt_that_wrote_no_progress_keeps_the_earlier_commits(b
 def test_cleanup_deletes_only_the_attempts_pods_and_service():
     data = _case("multinode-traceback-and-peer-nccl")
     job = TrainingJob.model_validate(data["spec"])
-    attempt_1 = k8s_pods.render_attempt_manifests(job, run_id=data["run_id"], attempt=1, namespace=NAMESPACE,
+    attempt_1 = k8s_pods.render_attempt_manifests(job, run_id=data["run_id"], plan=Plan(attempt=1), namespace=NAMESPACE,
                                              settings=k8s_settings.KubernetesSettings())
-    attempt_2 = k8s_pods.render_attempt_manifests(job, run_id=data["run_id"], attempt=2, namespace=NAMESPACE,
+    attempt_2 = k8s_pods.render_attempt_manifests(job, run_id=data["run_id"], plan=Plan(attempt=2), namespace=NAMESPACE,
                                              settings=k8s_settings.KubernetesSettings())
     cluster = RecordedCluster(pods=attempt_1[1:] + attempt_2[1:], services=[attempt_1[0], attempt_2[0]])
     deleted = k8s_cleanup.cleanup_attempt(cluster.client(), job, run_id=data["run_id"], attempt=1, namespace=NAMESPACE)
@@ -656,7 +658,7 @@ def test_record_and_cleanup_of_a_live_pod(bucket):  # pragma: no cover - needs K
     job = TrainingJob.model_validate(_spec(name="live-record", resources={
         "gpus_per_node": 0, "server_type": "cpu", "memory": "64Mi", "shared_memory": "16Mi", "cpu": "100m"},
         image={"url": "busybox:1.36"}, command="echo Traceback; echo 'ValueError: bad' ; exit 3"))
-    pod = ApiClient().sanitize_for_serialization(k8s_pods.build_attempt_pods(job, run_id=RUN_ID, attempt=1,
+    pod = ApiClient().sanitize_for_serialization(k8s_pods.build_attempt_pods(job, run_id=RUN_ID, plan=Plan(attempt=1),
                                                                         namespace=namespace)[0])
     pod["spec"]["volumes"] = [v for v in pod["spec"]["volumes"] if v["name"] != "run"]
     container = pod["spec"]["containers"][0]

@@ -24,6 +24,7 @@ from sat_tasks.backends.kubernetes import settings as k8s_settings
 from sat_tasks.backends.kubernetes import supervisor as k8s_supervisor
 from sat_tasks.cli.render import register as register_render
 from sat_tasks.config import sat_setting
+from sat_tasks.core.contracts import Plan
 from sat_tasks.core.runtime_env import (
     IMAGE_VENDOR_DIR,
     POD_CODE_DIR,
@@ -110,10 +111,11 @@ def _env(pod: dict) -> dict[str, str | dict]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in _container(pod)["env"]}
 
 
-def _render(job: TrainingJob, **kwargs) -> list[dict]:
+def _render(job: TrainingJob, *, attempt: int = 1, exclude_nodes: list[str] | None = None,
+            resume_step: int | None = None, **kwargs) -> list[dict]:
     kwargs.setdefault("run_id", RUN_ID)
-    kwargs.setdefault("attempt", 1)
-    return k8s_pods.render_attempt_manifests(job, settings=SETTINGS, **kwargs)
+    plan = Plan(attempt=attempt, exclude_nodes=exclude_nodes or [], resume_step=resume_step)
+    return k8s_pods.render_attempt_manifests(job, plan=plan, settings=SETTINGS, **kwargs)
 
 
 def _validate(manifest: dict) -> None:
@@ -185,7 +187,7 @@ def test_checkpoint_mirror_env_points_at_the_runs_results_prefix():
     job = _job("deepspeed-g2-2nodes")
     settings = k8s_settings.KubernetesSettings(object_storage_endpoint="https://storage.example.com",
                                       object_storage_secret="team-a-object-storage")
-    for pod in _pods(k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, attempt=2, settings=settings)):
+    for pod in _pods(k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=Plan(attempt=2), settings=settings)):
         env = _env(pod)
         assert env["CKPT_MIRROR_URL"] == JobRun(job, RUN_ID).results_uri + "checkpoints/"
         assert env["CKPT_MIRROR_URL"].startswith("s3://sat-demo/results/llama.70b-pretrain/")
@@ -338,11 +340,11 @@ def test_settings_from_config_cover_the_final_checkpoint(monkeypatch):
     settings = k8s_settings.KubernetesSettings.from_sat_config()
     assert settings.termination_grace_seconds == 360
     assert settings.master_port == 23456
-    pod = _pods(k8s_pods.render_attempt_manifests(_job("spot-g3"), run_id=RUN_ID, attempt=1))[0]
+    pod = _pods(k8s_pods.render_attempt_manifests(_job("spot-g3"), run_id=RUN_ID, plan=Plan(attempt=1)))[0]
     assert pod["spec"]["terminationGracePeriodSeconds"] == 360
     assert pod["spec"]["nodeSelector"]["cloud.example.com/capacity"] == "spot"
     assert _env(pod)["CKPT_GRACE_SECONDS"] == "300"  # the engine's final checkpoint gets the configured time
-    for pod in _pods(k8s_pods.render_attempt_manifests(_job("on-demand-pytorch-3nodes"), run_id=RUN_ID, attempt=1)):
+    for pod in _pods(k8s_pods.render_attempt_manifests(_job("on-demand-pytorch-3nodes"), run_id=RUN_ID, plan=Plan(attempt=1))):
         # torchrun would SIGKILL the workers 30 s after SIGTERM; it waits out the final checkpoint instead
         assert int(_env(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 315 < pod["spec"]["terminationGracePeriodSeconds"]
 
@@ -356,7 +358,7 @@ def test_a_jobs_own_grace_period_sizes_its_pods_and_launcher():
         assert pod["spec"]["terminationGracePeriodSeconds"] == 660
         assert _env(pod)["CKPT_GRACE_SECONDS"] == "600"
         assert int(_env(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 615
-    kwargs = k8s_operator.build_pod_operator_kwargs(job, run_id=RUN_ID, attempt=1, node_rank=2, settings=SETTINGS)
+    kwargs = k8s_operator.build_pod_operator_kwargs(job, run_id=RUN_ID, plan=Plan(attempt=1), node_rank=2, settings=SETTINGS)
     assert kwargs["termination_grace_period"] == 660  # the operator's delete on kill waits as long
     # A shorter one keeps the configured period (the pod's grace is never cut below it).
     short = parse_spec({**spec, "env": {"CKPT_GRACE_SECONDS": "5"}}, source="short-grace")
@@ -690,7 +692,7 @@ def test_supervisor_as_pid_1_stops_on_sigterm_while_waiting_for_rank_0(tmp_path)
     """
     job = _job("on-demand-pytorch-3nodes")
     settings = k8s_settings.KubernetesSettings(rendezvous_dns_wait_seconds=20)
-    pod = _pods(k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, attempt=1, settings=settings))[1]
+    pod = _pods(k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=Plan(attempt=1), settings=settings))[1]
     script = _container(pod)["command"][2]
     started = tmp_path / "started"
     env = {**os.environ, "SAT_CODE_DIR": str(tmp_path), "SAT_ATTEMPT": "1", "SAT_JOB_NAME": job.name,
@@ -728,7 +730,7 @@ def test_pod_operator_builds_the_rendered_pod(key, rank):
     from kubernetes.client import ApiClient
 
     job = _job(key)
-    common = {"run_id": RUN_ID, "attempt": 2, "exclude_nodes": ["gpu-a"], "resume_step": -1, "namespace": "team-a"}
+    common = {"run_id": RUN_ID, "plan": Plan(attempt=2, exclude_nodes=["gpu-a"], resume_step=-1), "namespace": "team-a"}
     kwargs = k8s_operator.build_pod_operator_kwargs(job, kubernetes_conn_id="k8s_prod", node_rank=rank, settings=SETTINGS,
                                            **common)
     operator = KubernetesPodOperator(task_id="launch", **kwargs)
@@ -831,10 +833,10 @@ def test_multi_node_operators_carry_the_gang_teardown_callback():
         KubernetesPodOperatorCallback,
     )
 
-    multi = k8s_operator.build_pod_operator_kwargs(_job("deepspeed-g2-2nodes"), run_id=RUN_ID, attempt=1, settings=SETTINGS)
+    multi = k8s_operator.build_pod_operator_kwargs(_job("deepspeed-g2-2nodes"), run_id=RUN_ID, plan=Plan(attempt=1), settings=SETTINGS)
     (callback,) = multi["callbacks"]
     assert issubclass(callback, KubernetesPodOperatorCallback)
-    single = k8s_operator.build_pod_operator_kwargs(_job("spot-g3"), run_id=RUN_ID, attempt=1, settings=SETTINGS)
+    single = k8s_operator.build_pod_operator_kwargs(_job("spot-g3"), run_id=RUN_ID, plan=Plan(attempt=1), settings=SETTINGS)
     assert single["callbacks"] == []
 
 
@@ -849,7 +851,8 @@ def test_cleanup_deletes_only_the_attempts_pods_and_service():
 
 def test_operator_kwargs_reject_a_rank_outside_the_job():
     with pytest.raises(ValueError, match="node_rank"):
-        k8s_operator.build_pod_operator_kwargs(_job("spot-g3"), run_id=RUN_ID, attempt=1, node_rank=1, settings=SETTINGS)
+        k8s_operator.build_pod_operator_kwargs(_job("spot-g3"), run_id=RUN_ID, plan=Plan(attempt=1), node_rank=1,
+                                               settings=SETTINGS)
 
 
 def test_rendering_modules_import_no_kubernetes_or_airflow():
@@ -878,8 +881,8 @@ def test_render_cli_prints_a_yaml_stream_of_valid_manifests(extra_spec_files, ca
     for document in documents:
         _validate(document)
     job = load_spec(path)
-    expected = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, attempt=2, exclude_nodes=["gpu-a", "gpu-b"],
-                                            resume_step=-1, namespace="team-a")
+    expected = k8s_pods.render_attempt_manifests(
+        job, run_id=RUN_ID, plan=Plan(attempt=2, exclude_nodes=["gpu-a", "gpu-b"], resume_step=-1), namespace="team-a")
     assert documents[1:] == expected
     assert _env(documents[2])["CKPT_LAST_STEP"] == "-1"
     assert "- |\n" in out  # the supervisor script reads as a block
@@ -935,7 +938,8 @@ def test_rendered_pod_runs_in_a_live_cluster(tmp_path):
                                       object_storage_secret=secret)
     claim = k8s_pods.render_run_volume_claim(job, run_id=run_id, namespace=namespace, settings=settings)
     claim["spec"]["accessModes"] = [os.environ.get("SAT_K8S_TEST_ACCESS_MODE", "ReadWriteOnce")]
-    (pod,) = k8s_pods.render_attempt_manifests(job, run_id=run_id, attempt=1, namespace=namespace, settings=settings)
+    (pod,) = k8s_pods.render_attempt_manifests(job, run_id=run_id, plan=Plan(attempt=1), namespace=namespace,
+                                               settings=settings)
     name = pod["metadata"]["name"]
     core.create_namespaced_secret(namespace, {"metadata": {"name": secret}, "stringData": {
         "access_key_id": "test-id", "secret_access_key": "test-secret"}})
@@ -1006,6 +1010,6 @@ def test_the_liveness_probe_fails_when_progress_stops(tmp_path):
 def test_a_job_without_a_start_up_deadline_gets_no_probes():
     job = TrainingJob.model_validate({**_job("spot-g3").to_dict(), "startup_timeout_seconds": 0})
     assert k8s_supervisor.training_probes(job) == (None, None)
-    (pod,) = [m for m in k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, attempt=1, settings=SETTINGS)
+    (pod,) = [m for m in k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=Plan(attempt=1), settings=SETTINGS)
               if m["kind"] == "Pod"]
     assert "startupProbe" not in pod["spec"]["containers"][0] and "livenessProbe" not in pod["spec"]["containers"][0]

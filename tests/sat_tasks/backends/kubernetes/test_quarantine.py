@@ -11,6 +11,7 @@ import pytest
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import quarantine
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.core.contracts import Plan
 from sat_tasks.spec import parse_spec
 from tests.support.k8s_api import RecordedCluster, _Response, _status
 
@@ -41,7 +42,7 @@ def test_pods_may_not_land_on_a_quarantined_node(exclude, quarantined, values):
     import kubernetes_validate
 
     for nodes in (1, 2):
-        manifests = k8s_pods.render_attempt_manifests(job(nodes=nodes), run_id=RUN_ID, attempt=2, exclude_nodes=exclude,
+        manifests = k8s_pods.render_attempt_manifests(job(nodes=nodes), run_id=RUN_ID, plan=Plan(attempt=2, exclude_nodes=exclude),
                                                       settings=SETTINGS, quarantined_nodes=quarantined)
         for pod in (m for m in manifests if m["kind"] == "Pod"):
             assert hostname_expressions(pod) == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
@@ -52,7 +53,7 @@ def test_pods_may_not_land_on_a_quarantined_node(exclude, quarantined, values):
 def test_the_operator_builds_its_pod_with_the_quarantine():
     from sat_tasks.backends.kubernetes.operator import build_pod_operator_kwargs
 
-    pod = build_pod_operator_kwargs(job(), run_id=RUN_ID, attempt=1, settings=SETTINGS,
+    pod = build_pod_operator_kwargs(job(), run_id=RUN_ID, plan=Plan(attempt=1), settings=SETTINGS,
                                     quarantined_nodes=["bad-1"])["full_pod_spec"]
     terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
     assert any(e.key == "kubernetes.io/hostname" and e.values == ["bad-1"] for e in terms[0].match_expressions)

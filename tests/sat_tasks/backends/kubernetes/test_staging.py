@@ -12,6 +12,7 @@ from sat_tasks.backends.kubernetes import names as k8s_names
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import settings as k8s_settings
 from sat_tasks.backends.kubernetes import staging as k8s_staging
+from sat_tasks.core.contracts import Plan
 from sat_tasks.core.runtime_env import POD_CODE_DIR, POD_DATA_DIR
 from sat_tasks.errors import JobStopped
 from sat_tasks.io import staging as stage_cli
@@ -175,7 +176,7 @@ def test_staging_pod_is_schema_valid_and_mounts_the_attempts_subpaths(script_url
         {"name": "run", "mountPath": POD_DATA_DIR, "subPath": subpaths["data"]},
         {"name": "run", "mountPath": POD_CODE_DIR, "subPath": subpaths["code"]},
     ]
-    (training_pod,) = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, attempt=1, settings=SETTINGS)
+    (training_pod,) = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=Plan(attempt=1), settings=SETTINGS)
     training_mounts = {m["mountPath"]: m["subPath"] for m in training_pod["spec"]["containers"][0]["volumeMounts"]
                        if m["name"] == "run"}
     assert {m["mountPath"]: m["subPath"] for m in container["volumeMounts"]}.items() <= training_mounts.items()
