@@ -26,18 +26,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Decision
-from sat_tasks.io.run_layout import JobRun
+from sat_tasks.core.contracts import Decision, Log
 from sat_tasks.core.warm_pool import Claim, WarmState
+from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import BaseOperator
 
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ kinds and actions are enums, so no task compares string literals. Call order per
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -18,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ckpt_engine.contract import LAST_STEP_ENV
 from sat_tasks.core.status import JobStatus
+
+#: Where a task function, a backend or a store says what it did: one line at a time (`print`, a task's logger).
+Log = Callable[[str], None]
 
 C = TypeVar("C", bound="Contract")
 

@@ -16,12 +16,12 @@ placement; `NodeLedger.release` when a person lifts a quarantine.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sat_tasks.config import safe_run_id, sat_setting
-from sat_tasks.core.contracts import Verdict
+from sat_tasks.core.contracts import Log, Verdict
 from sat_tasks.core.node_health import (
     RELOCATION,
     FaultEvent,
@@ -37,7 +37,6 @@ from sat_tasks.core.status import JobStatus
 from sat_tasks.io import object_storage as storage
 from sat_tasks.spec import TrainingJob, split_s3_uri
 
-Log = Callable[[str], None]
 LEDGER_PREFIX = "_node-health/"
 
 

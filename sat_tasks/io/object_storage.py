@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+from sat_tasks.core.contracts import Log
 from sat_tasks.errors import SatError
 from sat_tasks.spec import split_s3_uri
 
@@ -29,7 +30,6 @@ STREAM_CHUNK_BYTES = 1 << 20  # what a streamed read holds in memory at once
 # A download's temp file is `<file>.sat.part` beside it; staging refuses keys with a part ending in it,
 # so no key can name another key's temp file (`x` and `x.part` are two files).
 PART_SUFFIX = ".sat.part"
-Log = Callable[[str], None]
 
 
 class UnsafeKeyError(SatError, ValueError):

@@ -21,7 +21,6 @@ checkpoints, the outputs, the job log and the report. The names are the runtime 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ckpt_engine import contract
 from sat_tasks import config
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Plan, Verdict
+from sat_tasks.core.contracts import Log, Plan, Verdict
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.io import object_storage as storage
 from sat_tasks.spec import TrainingJob, split_s3_uri
@@ -38,7 +37,6 @@ from sat_tasks.spec import TrainingJob, split_s3_uri
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
+from sat_tasks.core.contracts import Log
 from sat_tasks.io import object_storage as storage
 from sat_tasks.spec import split_s3_uri
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
 REPORT_PREFIX = "SAT_STAGE_REPORT "
-Log = Callable[[str], None]
 
 
 def stage_job_files(

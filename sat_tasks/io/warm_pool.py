@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from sat_tasks.config import sat_setting
-from sat_tasks.core.warm_pool import (  # the records and rules, re-exported for the store's callers
+from sat_tasks.core.contracts import Log
+from sat_tasks.core.warm_pool import (  # noqa: F401 - the records and rules, re-exported for the store's callers
     Claim,
     WarmState,
     claim_parts,
@@ -41,7 +42,6 @@ from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, split_s3_uri
 
-Log = Callable[[str], None]
 Release = Callable[["WarmState", Log], list[str]]
 WARM_PREFIX = "_warm-pool/"  # '_' cannot start a job name: no job's results collide with it
 NO_WORKSPACE = "-"

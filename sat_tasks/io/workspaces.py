@@ -43,8 +43,6 @@ from sat_tasks.errors import SatError
 from sat_tasks.spec.loading import SpecError, SpecProblem
 from sat_tasks.spec.workspace import Workspace, load_workspace, parse_workspace
 
-Log = Callable[[str], None]
-
 
 class WorkspaceNotFound(SatError, LookupError):
     """No workspace of that name in `[sat] workspaces_dir`: create it (`sat workspace create`) or fix the name."""

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
 from sat_tasks.config import shared_registry_connections
-from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
+from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict
 from sat_tasks.core.policy import decide_next, stop_reason
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
@@ -32,8 +32,6 @@ from sat_tasks.spec import (
     split_s3_uri,
 )
 from sat_tasks.spec.model import backend_problem, registry_conn_id_problem
-
-Log = Callable[[str], None]
 
 
 # ---- validate_spec ----------------------------------------------------------------------------

@@ -14,17 +14,15 @@ the run is kept, and tells the backend so).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from sat_tasks.backends import Backend, get_backend
+from sat_tasks.core.contracts import Log
+from sat_tasks.core.warm_pool import WarmState, reuse_lines, validation_reuse
 from sat_tasks.io import warm_pool
 from sat_tasks.io.object_storage import read_json
 from sat_tasks.io.run_layout import JobRun
-from sat_tasks.core.warm_pool import WarmState, reuse_lines, validation_reuse
 from sat_tasks.spec import TrainingJob
-
-Log = Callable[[str], None]
 
 
 def release_state(state: WarmState, log: Log) -> list[str]:

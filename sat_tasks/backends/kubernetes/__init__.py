@@ -13,11 +13,18 @@ labels kept at start). ADR 0007 explains the choices.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from sat_tasks.backends.base import Backend, BackendCapabilities, Capacity, Claim, DataCheck, WarmState
+from sat_tasks.backends.base import (
+    Backend,
+    BackendCapabilities,
+    Capacity,
+    Claim,
+    DataCheck,
+    WarmState,
+)
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Decision
+from sat_tasks.core.contracts import Decision, Log
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -26,7 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import BaseOperator
     from kubernetes.client import CoreV1Api, SchedulingV1Api
 
-Log = Callable[[str], None]
 
 
 class KubernetesBackend(Backend):
@@ -81,7 +87,11 @@ class KubernetesBackend(Backend):
         `reuse` (a warm-pool Claim) with a kept volume claim: the staging pod copies the
         unchanged objects from it (`staging.WarmSource`) instead of downloading them.
         """
-        from sat_tasks.backends.kubernetes.staging import WarmSource, ensure_run_volume, stage_into_volume
+        from sat_tasks.backends.kubernetes.staging import (
+            WarmSource,
+            ensure_run_volume,
+            stage_into_volume,
+        )
 
         client, namespace = self.client, self.namespace
         if ensure_run_volume(run.job, run.run_id, client=client, namespace=namespace):
@@ -123,7 +133,10 @@ class KubernetesBackend(Backend):
 
     def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
         """Ask the cluster for nodes a rank of the next attempt fits on (`capacity.cluster_capacity`)."""
-        from sat_tasks.backends.kubernetes.capacity import CapacityForbidden, cluster_capacity
+        from sat_tasks.backends.kubernetes.capacity import (
+            CapacityForbidden,
+            cluster_capacity,
+        )
 
         try:
             assessment = cluster_capacity(run.job, run.run_id, decision.attempt + 1,

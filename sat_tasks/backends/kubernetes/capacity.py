@@ -19,7 +19,7 @@ the pods, and a pod that cannot be placed waits in Pending until `startup_timeou
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,7 @@ from sat_tasks.backends.kubernetes.client import core_v1_client
 from sat_tasks.backends.kubernetes.client import namespace as default_namespace
 from sat_tasks.backends.kubernetes.pods import render_attempt_manifests
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.errors import SatError
 from sat_tasks.spec import TrainingJob
 
@@ -43,7 +43,6 @@ __all__ = [
     "rank_pod_manifest",
 ]
 
-Log = Callable[[str], None]
 
 
 class CapacityForbidden(SatError, PermissionError):

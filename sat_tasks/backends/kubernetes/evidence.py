@@ -13,7 +13,6 @@ raises on an API error: a line says what could not be read, and the rest is used
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from sat_tasks.classify.loaders import (
@@ -21,8 +20,7 @@ from sat_tasks.classify.loaders import (
     NODECLAIM_AT_START_ANNOTATION,
 )
 from sat_tasks.classify.window import MAX_EVENTS_PER_OBJECT, AttemptWindow, by_time
-
-Log = Callable[[str], None]
+from sat_tasks.core.contracts import Log
 
 #: Events of cluster-scoped objects (Node, Karpenter's NodeClaim) live in this namespace.
 NODE_EVENT_NAMESPACE = "default"

@@ -22,7 +22,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, OnKillAction
+from airflow.providers.cncf.kubernetes.utils.pod_manager import (
+    OnFinishAction,
+    OnKillAction,
+)
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sat_tasks.backends.kubernetes.cleanup import teardown_peers
@@ -32,14 +35,13 @@ from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, Kubernetes
 from sat_tasks.backends.launch import AttemptLaunch
 from sat_tasks.config import sat_setting
 from sat_tasks.core.attempt import MAIN_CONTAINER_NAME
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk.definitions.context import Context
 
-Log = Callable[[str], None]
 # How often a rank > 0 looks for rank 0's pod while rank 0 queues in its workspace's pool.
 RANK0_POLL_SECONDS = 10.0
 # Task states after which rank 0's task will create no pod any more (retries = 0).
@@ -104,7 +106,9 @@ def gang_teardown_callback() -> type:
     """A `KubernetesPodOperatorCallback` that runs `teardown_peers` when a rank's pod completes."""
     global _GANG_TEARDOWN
     if _GANG_TEARDOWN is None:
-        from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
+        from airflow.providers.cncf.kubernetes.callbacks import (
+            KubernetesPodOperatorCallback,
+        )
 
         class GangTeardown(KubernetesPodOperatorCallback):
             """If one rank of a multi-node attempt fails, stop the others (they checkpoint on SIGTERM)."""

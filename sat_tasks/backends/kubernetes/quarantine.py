@@ -12,12 +12,11 @@ avoided, and one line says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from sat_tasks.config import sat_setting
+from sat_tasks.core.contracts import Log
 
-Log = Callable[[str], None]
 TAINT_KEY = "sat.io/quarantined"
 RBAC_HINT = "SAT's account needs a ClusterRole with get and patch on nodes"
 

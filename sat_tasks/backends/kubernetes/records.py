@@ -15,18 +15,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.evidence import as_dict, attempt_events, read_node
 from sat_tasks.classify import combine_rank_records, record_from_pod
-from sat_tasks.core.attempt import MAIN_CONTAINER_NAME, AttemptRecord, progress_of_attempt
+from sat_tasks.core.attempt import (
+    MAIN_CONTAINER_NAME,
+    AttemptRecord,
+    progress_of_attempt,
+)
 from sat_tasks.core.clock import now_utc, parse_time
+from sat_tasks.core.contracts import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, split_s3_uri
-
-Log = Callable[[str], None]
 
 #: Bounds on the container log read per pod: the last `LOG_READ_LINES` lines, of which the last
 #: `LOG_READ_BYTES` bytes. All of it goes to the run's job.log and is searched for the engine's

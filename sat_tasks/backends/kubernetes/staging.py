@@ -27,8 +27,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from sat_tasks.backends.kubernetes import names
-from sat_tasks.backends.kubernetes.pods import object_storage_key_env, render_run_volume_claim
+from sat_tasks.backends.kubernetes.pods import (
+    object_storage_key_env,
+    render_run_volume_claim,
+)
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.core.contracts import Log
 from sat_tasks.core.runtime_env import POD_CODE_DIR, POD_DATA_DIR, POD_OUTPUT_DIR
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun
@@ -38,7 +42,6 @@ from sat_tasks.spec import TrainingJob
 if TYPE_CHECKING:  # pragma: no cover
     from kubernetes.client import CoreV1Api
 
-Log = Callable[[str], None]
 HELPER_CONTAINER = "stage"
 # Container waiting reasons that will not fix themselves while we wait.
 _STUCK_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",

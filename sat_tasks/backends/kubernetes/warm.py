@@ -22,16 +22,15 @@ them (`staging.build_staging_pod`). `release_warm` deletes the placeholders and 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from typing import Any
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pods import pod_memory
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.core.contracts import Log
 from sat_tasks.core.warm_pool import WarmState
 from sat_tasks.spec import SERVER_TYPES, TrainingJob
 
-Log = Callable[[str], None]
 PRIORITY_CLASS = "sat-warm-pool"
 PRIORITY_VALUE = -10  # below every default (0): never preempts, always preempted
 LABEL_WARM = "sat.ai/warm-pool"

@@ -11,13 +11,19 @@ local backend is one host by definition. `runner.LocalAttempt` runs one attempt,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sat_tasks.backends.base import Backend, BackendCapabilities, Capacity, Claim, DataCheck, WarmState
+from sat_tasks.backends.base import (
+    Backend,
+    BackendCapabilities,
+    Capacity,
+    Claim,
+    DataCheck,
+    WarmState,
+)
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Action, Decision
+from sat_tasks.core.contracts import Action, Decision, Log
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -25,7 +31,6 @@ from sat_tasks.spec import TrainingJob
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import BaseOperator
 
-Log = Callable[[str], None]
 
 
 class LocalBackend(Backend):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ckpt_engine.contract import GRACE_ENV, RUN_ID_ENV
@@ -11,15 +10,13 @@ from sat_tasks.backends.local.runner import LocalAttempt, local_node_labels
 from sat_tasks.backends.local.warm import warm_command
 from sat_tasks.backends.local.workspace import attempt_nodes
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.core.runtime_env import (
     LAUNCHER_GRACE_MARGIN_S,
     TrainingPaths,
     training_environment,
 )
 from sat_tasks.io.run_layout import JobRun
-
-Log = Callable[[str], None]
 
 
 def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:

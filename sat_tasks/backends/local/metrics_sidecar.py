@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 from ckpt_engine.contract import METRICS_DIR_ENV
 from ckpt_engine.contract import METRICS_SIDECAR_ENV as SIDECAR_ENV
+from sat_tasks.core.contracts import Log
 
 __all__ = ["SIDECAR_ENV", "MetricsSidecar"]
 
-Log = Callable[[str], None]
 STOP_TIMEOUT_S = 30.0
 
 

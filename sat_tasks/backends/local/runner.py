@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_FILE_ENV, PROGRESS_NAME
+from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, MetricsSidecar
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
+from sat_tasks.core.contracts import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.core.procs import carries, state_of
 from sat_tasks.core.runtime_env import process_environment
-from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, MetricsSidecar
 from sat_tasks.errors import SatError
 from sat_tasks.spec import Fault, FaultKind
 
-Log = Callable[[str], None]
 LOG_TAIL_LINES = 200
 PROGRESS_RELATIVE = Path(CONCURRENT_DIR) / PROGRESS_NAME
 # Every process of an attempt inherits this variable, with a value of its own: how the

@@ -18,17 +18,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from sat_tasks import config
+from sat_tasks.core.contracts import Log
 from sat_tasks.core.runtime_env import process_environment
-from sat_tasks.io.run_layout import JobRun
-from sat_tasks.io import warm_pool
 from sat_tasks.core.warm_pool import WarmState
-
-Log = Callable[[str], None]
-
+from sat_tasks.io import warm_pool
+from sat_tasks.io.run_layout import JobRun
 
 # The framework a warm interpreter imports ahead of the next run ([sat] warm_pool_preload; "none": no interpreter).
 DEFAULT_PRELOAD = "torch,datasets,tokenizers,transformers,transformers.trainer,accelerate"

@@ -15,17 +15,15 @@ multi-node job on one host; the others are held so no other job gets them).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from sat_tasks import config
 from sat_tasks.backends.local.runner import pick_node
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.core.status import JobStatus
 from sat_tasks.core.workspaces import Admission, workspace_nodes
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.workspaces import SlotBoard, WorkspaceStore, WorkspaceWaitTimeout
-
-Log = Callable[[str], None]
 
 
 def node_pool(workspace_name: str | None) -> list[str]:
