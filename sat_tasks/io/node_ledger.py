@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sat_tasks.config import safe_run_id, sat_setting
@@ -42,24 +41,12 @@ LEDGER_PREFIX = "_node-health/"
 
 def ledger_root(job: TrainingJob) -> str:
     """Where `job` records its faults: `[sat] node_ledger_uri`, else `<results destination>/_node-health/`."""
-    root = sat_setting("node_ledger_uri")
-    return (root.rstrip("/") + "/") if root else job.results.destination.rstrip("/") + "/" + LEDGER_PREFIX
+    return storage.sat_root("node_ledger_uri", LEDGER_PREFIX, job.results.destination)
 
 
 def ledger_roots() -> list[str]:
     """Every root the deployment's jobs write to: `[sat] node_ledger_uri`, else those of the specs in `[sat] jobs_dir`."""
-    root = sat_setting("node_ledger_uri")
-    if root:
-        return [root.rstrip("/") + "/"]
-    from sat_tasks.spec import SpecError, load_spec
-
-    roots = set()
-    for path in sorted(Path(sat_setting("jobs_dir")).glob("*.y*ml")):
-        try:
-            roots.add(ledger_root(load_spec(path)))
-        except (SpecError, OSError):
-            continue
-    return sorted(roots)
+    return storage.sat_roots("node_ledger_uri", LEDGER_PREFIX)
 
 
 def window_seconds() -> float:

@@ -32,6 +32,32 @@ STREAM_CHUNK_BYTES = 1 << 20  # what a streamed read holds in memory at once
 PART_SUFFIX = ".sat.part"
 
 
+def sat_root(setting: str, prefix: str, results_destination: str) -> str:
+    """A prefix SAT owns (warm pool states, the node health ledger): `[sat] <setting>` when set, else
+    `<results_destination>/<prefix>` (the prefix starts with `_`, which no job name can)."""
+    from sat_tasks.config import sat_setting
+
+    root = sat_setting(setting, "")
+    return (root.rstrip("/") + "/") if root else results_destination.rstrip("/") + "/" + prefix
+
+
+def sat_roots(setting: str, prefix: str) -> list[str]:
+    """Every such root of the deployment: `[sat] <setting>`'s one, else one per results destination of
+    the job specs in `[sat] jobs_dir` (a spec that does not load is passed over)."""
+    from sat_tasks.config import sat_setting
+    from sat_tasks.spec import SpecError, load_spec
+
+    if sat_setting(setting, ""):
+        return [sat_root(setting, prefix, "")]
+    roots = set()
+    for path in sorted(Path(sat_setting("jobs_dir")).glob("*.y*ml")):
+        try:
+            roots.add(sat_root(setting, prefix, load_spec(path).results.destination))
+        except (SpecError, OSError):
+            continue
+    return sorted(roots)
+
+
 class UnsafeKeyError(SatError, ValueError):
     """An object key would land outside the target directory."""
 

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from sat_tasks.config import sat_setting
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.warm_pool import (  # noqa: F401 - the records and rules, re-exported for the store's callers
     Claim,
@@ -67,8 +66,7 @@ def list_objects(hook: Any, source_uri: str) -> dict[str, str]:
 
 def warm_root(job: TrainingJob) -> str:
     """Where the warm states live: `[sat] warm_pool_uri`, else `<results destination>/_warm-pool/`."""
-    root = sat_setting("warm_pool_uri", "")
-    return (root.rstrip("/") + "/") if root else job.results.destination.rstrip("/") + "/" + WARM_PREFIX
+    return storage.sat_root("warm_pool_uri", WARM_PREFIX, job.results.destination)
 
 
 def warm_roots() -> list[str]:
@@ -77,18 +75,7 @@ def warm_roots() -> list[str]:
     A job created from the generic form with another results destination is swept by its
     own next run and by `sat warm-pool release JOB` (set `warm_pool_uri` to sweep all).
     """
-    root = sat_setting("warm_pool_uri", "")
-    if root:
-        return [root.rstrip("/") + "/"]
-    from sat_tasks.spec import SpecError, load_spec
-
-    roots = set()
-    for path in sorted(Path(sat_setting("jobs_dir")).glob("*.y*ml")):
-        try:
-            roots.add(warm_root(load_spec(path)))
-        except (SpecError, OSError):
-            continue
-    return sorted(roots)
+    return storage.sat_roots("warm_pool_uri", WARM_PREFIX)
 
 
 def state_uri(job: TrainingJob) -> str:
