@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ckpt_engine import contract
 from sat_tasks.config import sat_setting
+from sat_tasks.core.contracts import Plan
 from sat_tasks.spec import TrainingJob
 
 # Where the training image carries the vendored checkpoint engine (docker/training.Dockerfile).
@@ -72,19 +73,17 @@ class TrainingPaths:
 def training_environment(
     job: TrainingJob,
     paths: TrainingPaths,
+    plan: Plan,
     *,
-    attempt: int,
     node: str,
-    resume_step: int | None,
     mirror_url: str | None = None,
     s3_endpoint_url: str | None = None,
     metrics_dir: str | None = None,
     metrics_url: str | None = None,
-    failovers: int | None = None,
 ) -> dict[str, str]:
-    """Environment variables for one attempt of `job`.
+    """Environment variables for attempt `plan.attempt` of `job`.
 
-    `resume_step` is None on a fresh start; otherwise it becomes `CKPT_LAST_STEP`
+    `plan.resume_step` is None on a fresh start; otherwise it becomes `CKPT_LAST_STEP`
     (`-1` means "the newest complete checkpoint"). `mirror_url` (the run's
     `<results prefix>checkpoints/`) becomes `CKPT_MIRROR_URL`: the engine copies each
     checkpoint there and restores from it on a fresh node; `s3_endpoint_url` becomes
@@ -111,7 +110,7 @@ def training_environment(
             "TRANSFORMERS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
             contract.JOB_NAME_ENV: job.name,
-            contract.ATTEMPT_ENV: str(attempt),
+            contract.ATTEMPT_ENV: str(plan.attempt),
             contract.NODE_ENV: node,
             contract.DATA_DIR_ENV: paths.data_dir,
             contract.OUTPUT_DIR_ENV: paths.output_dir,
@@ -124,8 +123,8 @@ def training_environment(
     env.setdefault(contract.GRACE_ENV, f"{grace:g}")
     if job.distributed:
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(math.ceil(grace) + LAUNCHER_GRACE_MARGIN_S))
-    if resume_step is not None:
-        env[contract.LAST_STEP_ENV] = str(resume_step)
+    if plan.resume_step is not None:
+        env[contract.LAST_STEP_ENV] = str(plan.resume_step)
     if mirror_url:
         env[contract.MIRROR_URL_ENV] = mirror_url
     if s3_endpoint_url:
@@ -133,8 +132,7 @@ def training_environment(
     if metrics_dir:
         env[contract.METRICS_DIR_ENV] = metrics_dir
         env.setdefault(contract.METRICS_INTERVAL_ENV, sat_setting("metrics_interval_seconds"))
-        if failovers is not None:
-            env[contract.FAILOVERS_USED_ENV] = str(failovers)
+        env[contract.FAILOVERS_USED_ENV] = str(plan.failovers)
         if metrics_url:
             env[contract.METRICS_URL_ENV] = metrics_url
         otlp = sat_setting("otlp_endpoint")

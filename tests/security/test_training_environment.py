@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +12,7 @@ from ckpt_engine import contract
 from sat_tasks.backends.local import runner as local_runner
 from sat_tasks.backends.local import warm as local_warm
 from sat_tasks.backends.local.runner import LocalAttempt
+from sat_tasks.core.contracts import Plan
 from sat_tasks.core.runtime_env import TrainingPaths, host_environment, training_environment
 from sat_tasks.service import secrets as service_secrets
 from sat_tasks.service.stack import SERVICE_MARK_ENV
@@ -50,7 +50,7 @@ def _leaked(env_text: str, planted: dict[str, str]) -> list[str]:
 def _training_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     job = parse_spec({**BASE, "env": JOB_ENV})
     paths = TrainingPaths(str(tmp_path / "data"), str(tmp_path / "out"), str(tmp_path / "code"), str(tmp_path / "v"))
-    env = training_environment(job, paths, attempt=1, node="n1", resume_step=None)
+    env = training_environment(job, paths, Plan(attempt=1), node="n1")
     return {**env, **RUN_KEYS, **extra}
 
 

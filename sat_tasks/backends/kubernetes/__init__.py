@@ -24,7 +24,7 @@ from sat_tasks.backends.base import (
     WarmState,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Decision, Log
+from sat_tasks.core.contracts import Decision, Log, Plan
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -139,8 +139,9 @@ class KubernetesBackend(Backend):
         )
 
         try:
-            assessment = cluster_capacity(run.job, run.run_id, decision.attempt + 1,
-                                          exclude_nodes=list(decision.exclude_nodes), client=self._client, log=log)
+            assessment = cluster_capacity(run.job, run.run_id, Plan(attempt=decision.attempt + 1,
+                                                                    exclude_nodes=list(decision.exclude_nodes)),
+                                          client=self._client, log=log)
         except CapacityForbidden as exc:
             raise JobStopped(str(exc)) from None
         if assessment is None:

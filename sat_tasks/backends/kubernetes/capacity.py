@@ -260,16 +260,14 @@ def assess_capacity(
 def rank_pod_manifest(
     job: TrainingJob,
     run_id: str,
-    attempt: int,
+    plan: Plan,
     *,
-    exclude_nodes: Sequence[str] = (),
     namespace: str | None = None,
     settings: KubernetesSettings | None = None,
 ) -> dict[str, Any]:
-    """Rank 0's pod of attempt `attempt` as it would be submitted (its scheduling and requests)."""
+    """Rank 0's pod of attempt `plan.attempt` as it would be submitted (its scheduling and requests)."""
     manifests = render_attempt_manifests(
-        job, run_id=run_id, plan=Plan(attempt=attempt, exclude_nodes=list(exclude_nodes)),
-        namespace=namespace or default_namespace(), settings=settings,
+        job, run_id=run_id, plan=plan, namespace=namespace or default_namespace(), settings=settings,
     )
     return next(m for m in manifests if m.get("kind") == "Pod")
 
@@ -290,14 +288,13 @@ def list_nodes_and_pods(client: CoreV1Api) -> tuple[list[dict[str, Any]], list[d
 def cluster_capacity(
     job: TrainingJob,
     run_id: str,
-    attempt: int,
+    plan: Plan,
     *,
-    exclude_nodes: Sequence[str] = (),
     client: CoreV1Api | None = None,
     kubernetes_conn_id: str | None = None,
     log: Log = print,
 ) -> CapacityAssessment | None:
-    """Ask the cluster whether `job.nodes` nodes can take a rank of attempt `attempt` now.
+    """Ask the cluster whether `job.nodes` nodes, none of `plan.exclude_nodes`, can take a rank of attempt `plan.attempt` now.
 
     `client` is a CoreV1Api (default: the provider's `KubernetesHook` on `kubernetes_conn_id`,
     else `[sat] kubernetes_conn_id`). Returns None when the API could not answer this time
@@ -322,5 +319,5 @@ def cluster_capacity(
     except (HTTPError, OSError) as exc:
         log(f"capacity check: the Kubernetes API is not reachable ({type(exc).__name__}); trying again")
         return None
-    pod = rank_pod_manifest(job, run_id, attempt, exclude_nodes=exclude_nodes)
-    return assess_capacity(pod, nodes, pods, needed=job.nodes, exclude_nodes=exclude_nodes)
+    pod = rank_pod_manifest(job, run_id, plan)
+    return assess_capacity(pod, nodes, pods, needed=job.nodes, exclude_nodes=plan.exclude_nodes)

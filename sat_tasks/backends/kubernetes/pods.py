@@ -81,11 +81,10 @@ def _env(
                           vendor_dir=IMAGE_VENDOR_DIR)
     # NODE_ENV is the Kubernetes node the pod lands on; the downward API fills it in.
     contract = training_environment(
-        job, paths, attempt=plan.attempt, node="", resume_step=plan.resume_step,
-        mirror_url=JobRun(job, run_id).mirror_uri,
+        job, paths, plan, node="", mirror_url=JobRun(job, run_id).mirror_uri,
         s3_endpoint_url=settings.object_storage_endpoint or None,
         # the recorder in the training process writes here and copies to Object Storage every interval
-        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri, failovers=plan.failovers,
+        metrics_dir=POD_METRICS_DIR, metrics_url=JobRun(job, run_id).metrics_uri,
     )
     # the node's metrics sidecar watches it for the attempt's first training step
     contract[PROGRESS_FILE_ENV] = PROGRESS_FILE

@@ -60,7 +60,7 @@ def await_workspace_nodes(
     released_warm = False
     while True:
         try:
-            assessment = cluster_capacity(job, run_id, plan.attempt, exclude_nodes=list(plan.exclude_nodes),
+            assessment = cluster_capacity(job, run_id, plan,
                                           client=client, log=log)
         except CapacityForbidden as exc:
             log(f"[sat] workspace {job.workspace}: cannot check its nodes ({exc}); launching without waiting")

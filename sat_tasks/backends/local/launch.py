@@ -35,14 +35,12 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
     env = training_environment(
         job,
         TrainingPaths(str(run.data_dir), str(run.output_dir), str(run.code_dir), str(run.vendor_dir)),
-        attempt=plan.attempt,
+        plan,
         node=node,
-        resume_step=plan.resume_step,
         mirror_url=run.mirror_uri,
         s3_endpoint_url=object_storage.get_service_endpoint_url("s3"),
         metrics_dir=str(run.metrics_dir),
         metrics_url=run.metrics_uri,
-        failovers=plan.failovers,
     )
     env[RUN_ID_ENV] = run.run_id
     env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded

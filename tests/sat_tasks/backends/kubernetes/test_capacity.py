@@ -23,7 +23,7 @@ from sat_tasks.backends.kubernetes.capacity import (
     NOT_SELECTED,
     TAINTED,
 )
-from sat_tasks.core.contracts import Action, Decision, VerdictKind
+from sat_tasks.core.contracts import Action, Decision, Plan, VerdictKind
 from sat_tasks.core.status import JobStatus
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
@@ -73,7 +73,7 @@ def _node(nodes: list[dict], name: str) -> dict:
 
 def _assess(nodes, pods, job=None, exclude=(FAILED_NODE,)):
     job = job or _job()
-    pod = k8s_capacity.rank_pod_manifest(job, RUN_ID, 2, exclude_nodes=exclude)
+    pod = k8s_capacity.rank_pod_manifest(job, RUN_ID, Plan(attempt=2, exclude_nodes=list(exclude)))
     return k8s_capacity.assess_capacity(pod, nodes, pods, needed=job.nodes, exclude_nodes=exclude)
 
 
@@ -171,7 +171,7 @@ def test_gpu_requests_of_other_pods_are_counted(nodes, pods):
 
 def test_the_rank_pod_is_the_rendered_pod():
     job = _job()
-    pod = k8s_capacity.rank_pod_manifest(job, RUN_ID, 2, exclude_nodes=[FAILED_NODE])
+    pod = k8s_capacity.rank_pod_manifest(job, RUN_ID, Plan(attempt=2, exclude_nodes=[FAILED_NODE]))
     assert pod["metadata"]["name"].endswith("-a2-r0")
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "sat.ai/capacity": "spot"}
     assert {"key": "sat.ai/capacity", "operator": "Equal", "value": "spot", "effect": "NoSchedule"} \
@@ -220,7 +220,7 @@ def test_cluster_capacity_asks_the_cluster_through_the_hook(monkeypatch, nodes, 
     monkeypatch.setattr(KubernetesHook, "core_v1_client", property(core_v1))
     monkeypatch.setenv("AIRFLOW__SAT__KUBERNETES_CONN_ID", "sat_cluster")
     job = _job()
-    result = k8s_capacity.cluster_capacity(job, RUN_ID, 2, exclude_nodes=[FAILED_NODE], log=lambda _m: None)
+    result = k8s_capacity.cluster_capacity(job, RUN_ID, Plan(attempt=2, exclude_nodes=[FAILED_NODE]), log=lambda _m: None)
     assert conn_ids == ["sat_cluster"]
     assert ("list_pod_for_all_namespaces", {"field_selector": "status.phase!=Succeeded,status.phase!=Failed"}) \
         in client.calls
@@ -230,11 +230,11 @@ def test_cluster_capacity_asks_the_cluster_through_the_hook(monkeypatch, nodes, 
 def test_cluster_capacity_api_errors():
     said = []
     unavailable = _FakeCoreV1(ApiException(status=503, reason="Service Unavailable"))
-    assert k8s_capacity.cluster_capacity(_job(), RUN_ID, 2, client=unavailable, log=said.append) is None
+    assert k8s_capacity.cluster_capacity(_job(), RUN_ID, Plan(attempt=2), client=unavailable, log=said.append) is None
     assert "503" in said[0] and "trying again" in said[0]
     forbidden = _FakeCoreV1(ApiException(status=403, reason="Forbidden"))
     with pytest.raises(k8s_capacity.CapacityForbidden, match="list nodes and pods cluster-wide"):
-        k8s_capacity.cluster_capacity(_job(), RUN_ID, 2, client=forbidden, log=said.append)
+        k8s_capacity.cluster_capacity(_job(), RUN_ID, Plan(attempt=2), client=forbidden, log=said.append)
 
 
 # ---- steps.capacity_available -------------------------------------------------------------------
@@ -256,8 +256,8 @@ def _previous(**changes) -> Decision:
 def test_kubernetes_backend_asks_the_cluster(monkeypatch, bucket, answer):
     calls = []
 
-    def fake(job, run_id, attempt, *, exclude_nodes=(), client=None, log=print):
-        calls.append((job.name, run_id, attempt, list(exclude_nodes)))
+    def fake(job, run_id, plan, *, client=None, log=print):
+        calls.append((job.name, run_id, plan.attempt, list(plan.exclude_nodes)))
         return k8s_capacity.CapacityAssessment(needed=1, fitting=("spot-h100-a",) if answer else (),
                                                rejected={} if answer else {GPU: 1}, total=1)
 
