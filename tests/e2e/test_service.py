@@ -27,7 +27,7 @@ import requests
 import yaml
 from playwright.sync_api import expect
 
-from sat_tasks.io.local_s3 import PersistentS3Server, free_port
+from sat_tasks.io.local_s3 import PersistentS3Server, free_port, state_file_name
 from sat_tasks.service.secrets import SECRETS_FILE
 from sat_tasks.service.stack import ServiceStack, processes_of
 from tests.support.paths import REPO
@@ -686,7 +686,7 @@ def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deploymen
         response = requests.get(f"{deployment.url}/api/v2/dags/sat_training_job/dagRuns",
                                 headers={"Authorization": f"Bearer {token}"}, timeout=30)
         assert response.status_code == 200 and response.json()["total_entries"] >= 1
-        assert (storage_dir / BUCKET / result_key.replace("/", "%2F")).exists()
+        assert (storage_dir / BUCKET / state_file_name(result_key)).exists()
         restarted = PersistentS3Server(port=storage_port, state_dir=storage_dir)  # a client of the new server
         assert restarted.client().head_object(Bucket=BUCKET, Key=result_key)["ContentLength"] > 0
     finally:
