@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "tests/ckpt_engine/test_ckpt_multirank.py",  # ~440-500 s
     "tests/ckpt_engine/test_ckpt_hf.py",  # ~270 s
     "tests/e2e/test_demo_job.py",  # ~80-240 s
+    "tests/e2e/test_node_health.py",  # ~60 s: two jobs meet a bad node (relocation, quarantine, release)
     "tests/sat_tasks/backends/local/test_runner.py",  # ~170 s
     "tests/sat_tasks/backends/kubernetes/test_launch_and_records.py",
     "tests/harness/test_user_repo.py",

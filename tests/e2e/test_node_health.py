@@ -3,13 +3,12 @@
 Two Training Jobs meet the same bad node. The first hits an ambiguous device error (Xid 68)
 there: SUSPECT_NODE, one failover, a clean run on the next node, the first node blamed. The
 second hits a hardware fault on it: faults of two jobs, so the node is quarantined; the next
-placement avoids it until a person releases it. Slow (two DAG runs of two attempts each, ~1-2
-minutes on two cores): `make test-slow` runs it, `make test` does not.
+placement avoids it until a person releases it. Two DAG runs of two attempts each: ~60 s on two
+idle cores (242 s while other suites ran beside it), so `make test` runs it early (tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import pytest
 
 from sat_tasks.backends.local.workspace import attempt_nodes
 from sat_tasks.cli import main
@@ -19,7 +18,6 @@ from sat_tasks.io.object_storage import read_json
 from sat_tasks.io.run_layout import JobRun
 from tests.e2e.test_job_dags import make_job, run, scripts_in_bucket  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.slow
 
 
 def fault(xid: int) -> list[dict]:
