@@ -241,3 +241,21 @@ def test_the_runtime_contracts_names_are_spelt_only_in_the_contract(package):
 def test_the_contract_name_guard_finds_a_planted_literal(source, names):
     """The check above can fail: a planted literal is found, prose outside literals and longer names are not."""
     assert [name for _, name in _contract_names_spelt(source)] == names
+
+
+# ---- the view's URLs: paths under /sat, never the router's names ------------------------------------------
+URL_FOR = re.compile(r"\burl_for\(")
+
+
+def test_the_view_never_builds_a_url_from_a_route_name():
+    """Inside Airflow the view is one opaque ASGI app (`LazyApp`) mounted at /sat: `url_for` cannot find its
+    routes there (NoMatchFound, a 500 that the view's own TestClient apps never showed). Paths are spelt."""
+    view = REPO / "sat_tasks" / "ui"
+    offenders = [str(path.relative_to(REPO)) for path in sorted(view.rglob("*"))
+                 if path.suffix in {".py", ".html"} and URL_FOR.search(path.read_text())]
+    assert offenders == []
+
+
+def test_the_url_for_guard_finds_a_template_call():
+    assert URL_FOR.search("""action="{{ url_for('release_node_form', node=h.node) }}">""")
+    assert not URL_FOR.search("action=\"/sat/nodes/{{ h.node | urlencode }}/release\"")

@@ -662,6 +662,50 @@ def test_a_person_creates_edits_and_deletes_a_workspace_from_airflows_navigation
     page.close()
 
 
+# ---- the node health ledger in the browser (issue 27) -----------------------------------------------------
+def test_a_person_reads_the_node_health_ledger_and_releases_a_node_from_airflows_navigation(deployment, runs,
+                                                                                              browser):
+    """The Nodes page inside Airflow's navigation lists what the ledger holds (the demo's injected Xid 79 at least);
+    a second job's fault on that node (written here as another job's classify would) quarantines it; a person
+    releases it from the page and the API then agrees."""
+    from sat_tasks.core.node_health import FaultEvent
+
+    headers = {"Authorization": f"Bearer {_token(deployment.url, _password(deployment))}"}
+
+    def ledger() -> dict[str, bool]:
+        response = requests.get(f"{deployment.url}/sat/api/nodes", headers=headers, timeout=30)
+        response.raise_for_status()
+        return {node["node"]: node["quarantined"] for node in response.json()["nodes"]}
+
+    demo_nodes = ledger()
+    assert demo_nodes, "the demo job's injected hardware fault is in the node health ledger"
+    node = min(demo_nodes)
+    other = FaultEvent(node=node, at=time.time(), job="co-tenant", run_id="manual__e2e", attempt=1, kind="HARDWARE",
+                       signature="xid 79", evidence=["NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."])
+    # the ledger's layout (sat_tasks/io/node_ledger.py) under the demo's results destination
+    deployment.storage.client().put_object(
+        Bucket=BUCKET, Key=f"results/_node-health/nodes/{node}/events/{int(other.at * 1000):015d}-e2e-a1-hardware.json",
+        Body=other.model_dump_json().encode())
+    nodes = ledger()
+    assert nodes[node] is True, nodes  # faults of two different jobs on one node: quarantined
+
+    page = _logged_in_page(deployment, browser)
+    page.locator("a[href$='plugin/nodes']").click()  # the "Nodes" entry of Airflow's navigation
+    page.wait_for_url("**/plugin/nodes**")
+    frame = page.frame_locator("iframe")
+    frame.get_by_role("heading", name="Nodes", exact=True).wait_for()
+    rows = frame.locator("tr[data-node]")
+    assert {rows.nth(i).get_attribute("data-node") for i in range(rows.count())} == set(nodes)
+    assert "quarantined" in frame.locator(f"tr[data-node='{node}']").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "17-nodes-in-airflow.png"))
+    frame.locator(f"tr[data-node='{node}'] input[name='note']").fill("GPU reseated")
+    frame.locator(f"tr[data-node='{node}']").get_by_role("button", name="Release").click()
+    frame.get_by_text(f"Released {node}").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "18-node-released.png"))
+    page.close()
+    assert ledger()[node] is False
+
+
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------
 def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""

@@ -70,8 +70,9 @@ def nodes_page(request: Request, ledger: Ledger, released: str | None = None) ->
 
 
 @router.post("/nodes/{node}/release", dependencies=CHANGE_POOLS + SAME_ORIGIN)
-def release_node_form(request: Request, node: str, ledger: Ledger, by: UserName,
+def release_node_form(node: str, ledger: Ledger, by: UserName,
                       note: Annotated[str, Form()] = "") -> RedirectResponse:
     _release(ledger, node, by, note)
-    target = str(request.url_for("nodes_page")) + f"?released={quote(node, safe='')}"
-    return RedirectResponse(target, status_code=303)
+    # Paths, not request.url_for: inside Airflow the view is mounted as one ASGI app whose routes
+    # the outer router cannot name (url_for raised NoMatchFound there, a 500 on every non-empty page).
+    return RedirectResponse(f"/sat/nodes?released={quote(node, safe='')}", status_code=303)
