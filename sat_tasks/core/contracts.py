@@ -37,6 +37,9 @@ class VerdictKind(str, Enum):
     # An error one pod cannot pin on the node or the job (the classifier's "ambiguous:" HARDWARE):
     # the job fails over once to tell them apart (`core.node_health`, ADR 0004).
     SUSPECT_NODE = "SUSPECT_NODE"
+    # A person stopped the job while the attempt ran: whatever signal ended it was theirs (never the
+    # node's); `core.policy.stopped_verdict` derives it from the run's stop request after the classifier.
+    STOPPED = "STOPPED"
 
 
 class Action(str, Enum):

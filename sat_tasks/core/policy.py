@@ -36,6 +36,14 @@ def stop_reason(request: dict) -> str:
             f" ({request.get('via') or 'the Training Jobs view'})")
 
 
+def stopped_verdict(verdict: Verdict, request: dict) -> Verdict:
+    """The verdict of an attempt a person stopped: STOPPED, by whom and through which route, never a node fault."""
+    return verdict.model_copy(update={
+        "kind": VerdictKind.STOPPED, "reason": stop_reason(request) + " (the training got SIGTERM: not a node fault)",
+        "evidence": [(f"stop requested by {request.get('by') or 'unknown'} at {request.get('at') or '?'} through "
+                      f"{request.get('via') or 'the Training Jobs view'}")] + list(verdict.evidence)})
+
+
 def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
                 stop_request: dict | None = None) -> Decision:
     """Turn a verdict into the next action and the job status it implies (`now`: epoch seconds).
@@ -58,9 +66,10 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
     kind = verdict.kind
     if kind is VerdictKind.SUCCEEDED:
         return Decision(**base, action=Action.UPLOAD, why="training completed")
-    if stop_request is not None:
+    if stop_request is not None or kind is VerdictKind.STOPPED:
         step = verdict.last_committed_step
-        return stop(JobStatus.STOPPED, stop_reason(stop_request) + "; last committed checkpoint: "
+        why = stop_reason(stop_request) if stop_request is not None else verdict.reason
+        return stop(JobStatus.STOPPED, why + "; last committed checkpoint: "
                     + ("none" if step is None else f"step {step}"))
     if kind is VerdictKind.IMAGE_PULL:
         return stop(JobStatus.IMAGE_PULL_BACKOFF, f"image could not be pulled: {evidence}")

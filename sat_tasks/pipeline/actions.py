@@ -23,7 +23,8 @@ from sat_tasks.io.node_ledger import NodeLedger, NodeRelease
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import split_s3_uri
 
-VIA = "the Training Jobs view"
+VIA = "the Training Jobs view"  # the route a person's action came through: the view's pages ...
+VIA_API = "the REST API"  # ... or its JSON endpoints (`/sat/api/...`)
 DELETE_BATCH = 1000  # keys per DeleteObjects call (the S3 API's limit)
 
 
@@ -48,7 +49,8 @@ def request_stop(hook: Any, run: JobRun, by: str, *, via: str = VIA, at: datetim
     return request
 
 
-def stop_job(run: JobRun, by: str, *, training_launched: bool, at: datetime | None = None) -> StopOutcome:
+def stop_job(run: JobRun, by: str, *, training_launched: bool, via: str = VIA,
+             at: datetime | None = None) -> StopOutcome:
     """Stop a queued or running job: write the request; where nothing passes it on, record Stopped.
 
     `training_launched`: an attempt's launch task is running. When the run's backend watches
@@ -56,7 +58,7 @@ def stop_job(run: JobRun, by: str, *, training_launched: bool, at: datetime | No
     status history says Stopped now, and the caller ends the DAG run (`StopOutcome.end_run`):
     the launch task's on_kill gives the training its grace period for a final checkpoint.
     """
-    request = request_stop(run.hook(), run, by, at=at)
+    request = request_stop(run.hook(), run, by, via=via, at=at)
     if training_launched and backend_for(run.job).capabilities.watches_stop_request:
         return StopOutcome(request, False, "the training gets SIGTERM within seconds and writes a final checkpoint; "
                                            "the status turns Stopped when it has")

@@ -16,8 +16,8 @@ from typing import Any
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
 from sat_tasks.config import shared_registry_connections
-from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict
-from sat_tasks.core.policy import decide_next, stop_reason
+from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
+from sat_tasks.core.policy import decide_next, stop_reason, stopped_verdict
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io.run_layout import JobRun
@@ -191,7 +191,11 @@ def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = pri
     record = backend_for(job).read_attempt_record(run, attempt, log)
     if record is None:
         raise NotApplicable(f"attempt {attempt} did not launch")
-    verdict = diagnose_attempt(run, classify(record), log)  # relocation, three nodes, the node ledger (ADR 0004)
+    verdict, stop_request = classify(record), run.stop_request()
+    if stop_request is not None and verdict.kind is not VerdictKind.SUCCEEDED:  # a person's stop, not the node's
+        verdict = stopped_verdict(verdict, stop_request)
+    else:
+        verdict = diagnose_attempt(run, verdict, log)  # relocation, three nodes, the node ledger (ADR 0004)
     run.store_verdict(verdict)
     log(f"attempt {attempt} on {record.node}: {verdict.kind.value} — {verdict.reason}")
     for line in verdict.evidence:

@@ -72,7 +72,7 @@ def job_report(dag_id: str, run_id: str, session: SessionDep):
 # ---- stop ------------------------------------------------------------------------------------------
 @router.post("/api" + RUN + "/stop", dependencies=CHANGE_RUNS, status_code=202)
 def stop_job(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
-    return stop(dag_id, run_id, user, session, dag_bag)
+    return stop(dag_id, run_id, user, session, dag_bag, via=actions.VIA_API)
 
 
 @router.post(RUN + "/stop", dependencies=CHANGE_RUNS + SAME_ORIGIN, response_class=HTMLResponse)
@@ -82,12 +82,12 @@ def stop_from_page(dag_id: str, run_id: str, user: GetUserDep, session: SessionD
     return RedirectResponse(_page_href(dag_id, run_id), status_code=303)
 
 
-def stop(dag_id: str, run_id: str, user: Any, session: Any, dag_bag: Any) -> dict[str, Any]:
+def stop(dag_id: str, run_id: str, user: Any, session: Any, dag_bag: Any, via: str = actions.VIA) -> dict[str, Any]:
     """Stop a queued or running job (409 once it has ended), naming who asked; end the DAG run where that stops it."""
     found = find_job_run(session, dag_id, run_id)
     if found.state not in dag_runs.ACTIVE:
         raise HTTPException(409, f"the run has already ended ({found.state}): there is nothing to stop")
-    outcome = actions.stop_job(found.layout, user.get_name(),
+    outcome = actions.stop_job(found.layout, user.get_name(), via=via,
                                training_launched=dag_runs.training_launched(session, dag_id, run_id))
     if outcome.end_run:
         dag_runs.end_run(found.run, session, dag_bag)
