@@ -135,10 +135,42 @@ def work_dir() -> Path:
 
 
 def safe_run_id(run_id: str) -> str:
-    """A run id made safe as a single path component and object key segment."""
+    """A run id made safe as a path component, lossily (`:` and `+` both become `_`: distinct ids can collide).
+
+    The legacy rule: runs validated before issue 29.4 keep their results under it, and names that
+    need no round trip (the node ledger, Kubernetes names with a hash of the id) still use it.
+    A run's results prefix and work directory use `run_key` (ADR 0023).
+    """
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("._") or "run"
 
 
-def run_dir(job_name: str, run_id: str) -> Path:
-    """The local working directory of one job run."""
-    return work_dir() / job_name / safe_run_id(run_id)
+_RUN_KEY_KEEPS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
+
+
+def run_key(run_id: str) -> str:
+    """A run id as one path component and object key segment, reversibly (`run_id_of_key` undoes it).
+
+    Letters, digits, `_`, `-` and `.` stay; every other byte of its UTF-8 form (`:`, `+`, `/`,
+    `%`, ...) becomes `%XX`, and so does a leading `.` (no `.`, `..` or hidden name). Distinct run
+    ids give distinct keys: `manual__2026-01-01T00:00:00+00:00` ->
+    `manual__2026-01-01T00%3A00%3A00%2B00%3A00`.
+    """
+    if not run_id:
+        raise ValueError("run id: must not be empty")
+    encoded = "".join(chr(b) if chr(b) in _RUN_KEY_KEEPS else f"%{b:02X}" for b in run_id.encode("utf-8"))
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
+
+
+def run_id_of_key(key: str) -> str:
+    """The run id `run_key` encoded as `key`."""
+    from urllib.parse import unquote
+
+    return unquote(key, errors="strict")
+
+
+def run_dir(job_name: str, run_id: str, dag_id: str | None = None) -> Path:
+    """The local working directory of one job run: `<work_dir>/<dag_id>/<job>/<run_key>` (legacy, no
+    DAG: `<work_dir>/<job>/<safe_run_id>`)."""
+    if dag_id is None:
+        return work_dir() / job_name / safe_run_id(run_id)
+    return work_dir() / dag_id / job_name / run_key(run_id)

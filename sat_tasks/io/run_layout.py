@@ -1,11 +1,19 @@
-"""Where one run of a Training Job keeps its files: the local work directory and `<results>/<job>/<run_id>/`.
+"""Where one run of a Training Job keeps its files: the local work directory and its results prefix.
+
+The results prefix is `<destination>/<dag_id>/<job>/<run_key(run_id)>/` (ADR 0023): the DAG's
+id scopes it (no run of one DAG shares another DAG's prefix, whatever job name or destination
+a person chose) and the run id is encoded reversibly (`config.run_key`), so distinct runs
+never share one. `validate_spec` records the DAG in the validated job (`results.dag_id`, the
+XCom every later task reads: `scoped`); a job without it is a run validated before this rule
+and keeps the legacy prefix `<destination>/<job>/<safe_run_id>/`. `ownership_problem` says
+whether a run's layout may be used for a DAG's run (the view's reads and actions).
 
 Object Storage holds everything a later task (on any worker) needs: the status history,
 each attempt's record, verdict and log section, the engine's mirrored progress and
 checkpoints, the outputs, the job log and the report. The names are the runtime contract's
 (`ckpt_engine.contract`, ADR 0018); this module turns them into URIs:
 
-    <results>/<job>/<run_id>/
+    <results prefix>/
         status.json                      the status history (StatusHistory)
         attempts/attempt-<k>.json        the attempt record (AttemptRecord)
         attempts/attempt-<k>.verdict.json
@@ -21,10 +29,11 @@ checkpoints, the outputs, the job log and the report. The names are the runtime 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from ckpt_engine import contract
 from sat_tasks import config
@@ -39,17 +48,74 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 
+def results_prefix(destination: str, dag_id: str, job_name: str, run_id: str) -> str:
+    """The one rule: `<destination>/<dag_id>/<job>/<run_key(run_id)>/` (ADR 0023).
+
+    Injective: the last three segments hold no `/` (a DAG id, a job name, an encoded run id), so
+    the prefix gives back its destination, DAG, job and run; two runs share a prefix only when
+    they are the same run of the same DAG.
+    """
+    if not dag_id or "/" in dag_id:
+        raise ValueError(f"dag_id {dag_id!r}: must be a DAG id (no '/')")
+    return f"{destination.rstrip('/')}/{dag_id}/{job_name}/{config.run_key(run_id)}/"
+
+
+def legacy_results_prefix(destination: str, job_name: str, run_id: str) -> str:
+    """`<destination>/<job>/<safe_run_id>/`: where runs validated before ADR 0023 keep their results."""
+    return f"{destination.rstrip('/')}/{job_name}/{config.safe_run_id(run_id)}/"
+
+
+def scoped(job: TrainingJob, dag_id: str) -> TrainingJob:
+    """`job` with its run's DAG recorded (`results.dag_id`), replacing whatever the spec said there.
+
+    `validate_spec` returns this job: every later task builds its layout from it, and the view
+    reads it back (validate_spec's XCom) as the run's recorded prefix.
+    """
+    data = job.to_dict()
+    return TrainingJob.model_validate({**data, "results": {**data["results"], "dag_id": dag_id}})
+
+
+def ownership_problem(layout: RunLayout, dag_id: str, job_dag_ids: Collection[str]) -> str | None:
+    """Why `layout` is not the run's of DAG `dag_id` to read or act on, or None when it is.
+
+    A scoped layout belongs to the DAG it names. A legacy one (`<destination>/<job>/...`) is a job
+    DAG's own when the job is that DAG's (a job DAG's id is its job's name); a run of another DAG
+    (the generic one) whose job takes a job DAG's name would reach that DAG's objects, so it owns
+    none (`job_dag_ids`: the ids of the job DAGs).
+    """
+    recorded = layout.job.results.dag_id
+    if recorded is not None:
+        return None if recorded == dag_id else f"its results belong to the DAG {recorded!r}, not {dag_id!r}"
+    if layout.job.name == dag_id or layout.job.name not in job_dag_ids:
+        return None
+    return (f"it was validated before results were scoped by DAG, and its job name {layout.job.name!r} is the "
+            f"job DAG {layout.job.name!r}'s: its legacy prefix would reach that DAG's results")
+
 @dataclass(frozen=True)
 class RunLayout:
-    """Where one run of a Training Job keeps its files and objects: paths and URIs only, no I/O."""
+    """Where one run of a Training Job keeps its files and objects: paths and URIs only, no I/O.
+
+    `job` is the validated job (validate_spec's XCom): its `results.dag_id` scopes the layout;
+    `RunLayout.of(job, dag_id, run_id)` scopes a job read from elsewhere (a spec file, a conf).
+    """
 
     job: TrainingJob
     run_id: str
 
     # ---- this worker's disk (the local backend's node disk) ----------------------------------
+    @classmethod
+    def of(cls, job: TrainingJob, dag_id: str, run_id: str) -> Self:
+        """The layout of run `run_id` of DAG `dag_id` (the job's own `results.dag_id` replaced)."""
+        return cls(scoped(job, dag_id), run_id)
+
+    @property
+    def dag_id(self) -> str | None:
+        """The DAG whose run this is; None for a run validated before results were scoped (legacy)."""
+        return self.job.results.dag_id
+
     @property
     def run_dir(self) -> Path:
-        return config.run_dir(self.job.name, self.run_id)
+        return config.run_dir(self.job.name, self.run_id, self.dag_id)
 
     @property
     def data_dir(self) -> Path:
@@ -82,9 +148,14 @@ class RunLayout:
     # ---- Object Storage ------------------------------------------------------------------------
     @property
     def results_uri(self) -> str:
-        """`<results>/<job>/<run_id>/`: one prefix per run, so no run overwrites another."""
-        base = self.job.results.destination.rstrip("/")
-        return f"{base}/{self.job.name}/{config.safe_run_id(self.run_id)}/"
+        """The run's results prefix as an s3:// URI (ending in `/`): `results_prefix`, or the legacy rule's.
+
+        Everything the run keeps in Object Storage is under it (what a per-run credential may write).
+        """
+        results = self.job.results
+        if results.dag_id is None:
+            return legacy_results_prefix(results.destination, self.job.name, self.run_id)
+        return results_prefix(results.destination, results.dag_id, self.job.name, self.run_id)
 
     @property
     def mirror_uri(self) -> str:

@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from ckpt_engine.contract import GRACE_ENV, PROGRESS_NAME
 from sat_tasks.spec.quantities import QUANTITY_PATTERN, parse_quantity
@@ -223,7 +224,10 @@ class Results(_Model):
     """Where the results go."""
 
     destination: str = ruled(rule=S3_URI_RULE, pattern=S3_URI_PATTERN,
-                             description="s3:// prefix; results land under <destination>/<job>/<run_id>/")
+                             description="s3:// prefix; results land under <destination>/<DAG>/<job>/<run id>/")
+    # The DAG whose run this is, set by validate_spec (what a spec says here is replaced): it scopes the
+    # run's results prefix (sat_tasks.io.run_layout, ADR 0023). None: a run validated before it (legacy rule).
+    dag_id: SkipJsonSchema[str | None] = Field(None, max_length=250, pattern=r"^[A-Za-z0-9_.-]+$")
 
     @field_validator("destination")
     @classmethod
