@@ -139,7 +139,7 @@ def safe_run_id(run_id: str) -> str:
 
     The legacy rule: runs validated before issue 29.4 keep their results under it, and names that
     need no round trip (the node ledger, Kubernetes names with a hash of the id) still use it.
-    A run's results prefix and work directory use `run_key` (ADR 0023).
+    A run's results prefix and work directory use `run_key` (ADR 0024).
     """
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("._") or "run"
 

@@ -1,6 +1,6 @@
 """Where one run of a Training Job keeps its files: the local work directory and its results prefix.
 
-The results prefix is `<destination>/<dag_id>/<job>/<run_key(run_id)>/` (ADR 0023): the DAG's
+The results prefix is `<destination>/<dag_id>/<job>/<run_key(run_id)>/` (ADR 0024): the DAG's
 id scopes it (no run of one DAG shares another DAG's prefix, whatever job name or destination
 a person chose) and the run id is encoded reversibly (`config.run_key`), so distinct runs
 never share one. `validate_spec` records the DAG in the validated job (`results.dag_id`, the
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def results_prefix(destination: str, dag_id: str, job_name: str, run_id: str) -> str:
-    """The one rule: `<destination>/<dag_id>/<job>/<run_key(run_id)>/` (ADR 0023).
+    """The one rule: `<destination>/<dag_id>/<job>/<run_key(run_id)>/` (ADR 0024).
 
     Injective: the last three segments hold no `/` (a DAG id, a job name, an encoded run id), so
     the prefix gives back its destination, DAG, job and run; two runs share a prefix only when
@@ -61,7 +61,7 @@ def results_prefix(destination: str, dag_id: str, job_name: str, run_id: str) ->
 
 
 def legacy_results_prefix(destination: str, job_name: str, run_id: str) -> str:
-    """`<destination>/<job>/<safe_run_id>/`: where runs validated before ADR 0023 keep their results."""
+    """`<destination>/<job>/<safe_run_id>/`: where runs validated before ADR 0024 keep their results."""
     return f"{destination.rstrip('/')}/{job_name}/{config.safe_run_id(run_id)}/"
 
 

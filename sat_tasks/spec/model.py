@@ -226,7 +226,7 @@ class Results(_Model):
     destination: str = ruled(rule=S3_URI_RULE, pattern=S3_URI_PATTERN,
                              description="s3:// prefix; results land under <destination>/<DAG>/<job>/<run id>/")
     # The DAG whose run this is, set by validate_spec (what a spec says here is replaced): it scopes the
-    # run's results prefix (sat_tasks.io.run_layout, ADR 0023). None: a run validated before it (legacy rule).
+    # run's results prefix (sat_tasks.io.run_layout, ADR 0024). None: a run validated before it (legacy rule).
     dag_id: SkipJsonSchema[str | None] = Field(None, max_length=250, pattern=r"^[A-Za-z0-9_.-]+$")
 
     @field_validator("destination")

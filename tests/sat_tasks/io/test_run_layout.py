@@ -42,7 +42,7 @@ def test_records_use_the_hook_they_are_given_and_a_job_run_makes_one_on_first_us
     assert len(made) == 1  # one hook per JobRun, made on first use
 
 
-# ---- the results prefix: injective, scoped by DAG (issue 29.4, ADR 0023) --------------------------
+# ---- the results prefix: injective, scoped by DAG (issue 29.4, ADR 0024) --------------------------
 RUN_IDS = ["manual__2026-01-01T00:00:00+00:00", "manual__2026-01-01T00_00_00_00_00", "manual__2026-01-01T00:00:00_00:00",
            "a+b", "a:b", "a_b", "a%3Ab", "a/b", ".", "..", "x.", "é"]
 
