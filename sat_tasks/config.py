@@ -57,6 +57,12 @@ SAT_DEFAULTS = {
     # The backends a job spec may name (comma-separated; ADR 0019). "": the deployment's `backend`
     # only, so `{"backend": "local"}` cannot stage a job's data onto a Kubernetes deployment's workers.
     "allowed_backends": "",
+    # Each training attempt's Object Storage credentials (ADR 0020): STS AssumeRole with a session
+    # policy of its run's data (read) and results prefix (read-write); "off" hands trainings the
+    # service's keys (a store without STS), with a warning. See `io.scoped_credentials`.
+    "scoped_credentials": "on",
+    "scoped_credentials_role_arn": "arn:aws:iam::123456789012:role/sat-training",
+    "scoped_credentials_seconds": "43200",
 }
 
 _file_cache: dict[tuple[str, float], dict[str, str]] = {}

@@ -1,4 +1,4 @@
-"""The embedded Object Storage: moto's S3 server on 127.0.0.1, and the demo bucket's contents."""
+"""The embedded Object Storage: moto's S3 and STS server on 127.0.0.1 behind SAT's access check, and the demo bucket."""
 
 from __future__ import annotations
 
@@ -32,7 +32,10 @@ def free_port() -> int:
 class LocalS3Server:
     """moto's S3 server on 127.0.0.1: in a thread, or (`process=True`) in its own process.
 
-    A separate process keeps the server off the client's GIL (benchmarks, long demos).
+    A separate process keeps the server off the client's GIL (benchmarks, long demos). Either
+    way every request passes `io.s3_gate.PolicyGate` first: the service keys
+    (`LOCAL_ACCESS_KEY`) may do everything, temporary credentials from its STS `AssumeRole`
+    only what their session policy allows, anything else nothing (ADR 0020).
     Call order: `start()` -> `connection_env()` (export it) -> ... -> `stop()`.
     """
 
@@ -50,36 +53,44 @@ class LocalS3Server:
         if self.process:
             return self._start_process()
         import logging
+        import threading
 
-        from moto.server import ThreadedMotoServer
+        from moto.moto_server.werkzeug_app import MotoRequestHandler
+        from werkzeug.serving import make_server
+
+        from sat_tasks.io.s3_gate import gated_moto_app
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
         self.port = self.port or free_port()
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
+        self._server = make_server("127.0.0.1", self.port, gated_moto_app([LOCAL_ACCESS_KEY]), threaded=True,
+                                   request_handler=MotoRequestHandler)
+        threading.Thread(target=self._server.serve_forever, name="sat-object-storage", daemon=True).start()
         return self
 
     def _start_process(self) -> LocalS3Server:
         import subprocess
         import sys
         import time
+        import urllib.error
         import urllib.request
 
         self.port = self.port or free_port()
-        exe = Path(sys.executable).with_name("moto_server")
         self._server = subprocess.Popen(
-            [str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "sat_tasks.io.s3_gate", "--host", "127.0.0.1", "--port", str(self.port),
+             "--service-key", LOCAL_ACCESS_KEY],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                urllib.request.urlopen(self.endpoint_url + "/moto-api/", timeout=1)
+                urllib.request.urlopen(self.endpoint_url + "/", timeout=1)
+                return self
+            except urllib.error.HTTPError:  # the gate refuses an anonymous request: the server is up
                 return self
             except OSError:
                 time.sleep(0.1)
         self.stop()
-        raise EmbeddedStorageError(f"moto_server did not start on {self.endpoint_url} within 30 s; "
+        raise EmbeddedStorageError(f"the embedded Object Storage did not start on {self.endpoint_url} within 30 s; "
                                    "is the port taken, or moto[server] missing from the environment?")
 
     def stop(self) -> None:
@@ -90,7 +101,8 @@ class LocalS3Server:
             self._server.terminate()
             self._server.wait(timeout=10)
         else:
-            self._server.stop()
+            self._server.shutdown()
+            self._server.server_close()
         self._server = None
 
     def __enter__(self) -> LocalS3Server:

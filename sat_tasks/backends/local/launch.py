@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ckpt_engine.contract import GRACE_ENV, RUN_ID_ENV
 from ckpt_engine.vendor import write_vendor_dir
 from sat_tasks.backends.local.runner import LocalAttempt, local_node_labels
@@ -17,6 +15,7 @@ from sat_tasks.core.runtime_env import (
     training_environment,
 )
 from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.scoped_credentials import training_credentials
 
 
 def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
@@ -43,7 +42,8 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
         metrics_url=run.metrics_uri,
     )
     env[RUN_ID_ENV] = run.run_id
-    env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded
+    # credentials scoped to this run (ADR 0020), for the training process only: never logged or recorded
+    env.update(training_credentials(run, run.hook(), plan.attempt, log))
     runner = LocalAttempt(
         job=job.name,
         attempt=plan.attempt,
@@ -67,13 +67,3 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
     run.store_record(record)
     return record
 
-
-def _object_storage_keys(conn_config: Any) -> dict[str, str]:
-    """The connection's keys as the standard AWS variables (none when it relies on a role or profile)."""
-    keys = {
-        "AWS_ACCESS_KEY_ID": conn_config.aws_access_key_id,
-        "AWS_SECRET_ACCESS_KEY": conn_config.aws_secret_access_key,
-        "AWS_SESSION_TOKEN": conn_config.aws_session_token,
-        "AWS_DEFAULT_REGION": conn_config.region_name,
-    }
-    return {name: value for name, value in keys.items() if value}
