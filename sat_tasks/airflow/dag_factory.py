@@ -15,6 +15,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from sat_tasks.airflow.notify import job_end_callbacks
 from sat_tasks.backends import backend_for
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import plan_attempt
@@ -118,6 +119,7 @@ def build_job_dag(
         params=params or {},
         doc_md=doc_md or f"Training Job `{dag_id}`" + (f" from `{spec_path}`" if spec_path else ""),
         render_template_as_native_obj=False,
+        **job_end_callbacks(job),  # the spec's notifications of the job's end (Airflow's notifiers)
     ) as dag:
         if fileloc:
             dag.fileloc = fileloc

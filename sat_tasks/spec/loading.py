@@ -97,8 +97,10 @@ def problems_from(exc: ValidationError, model: type[BaseModel] = TrainingJob) ->
         info, holder = field_info(loc, model)
         if err["type"] in _CONSTRAINT_ERRORS and _rule_of(info):
             msg = _rule_of(info)
-            if err["type"] == "too_long" and "actual_length" in err.get("ctx", {}):
-                msg += f" (got {err['ctx']['actual_length']})"
+            if err["type"] == "too_long":  # pydantic counts a dict's items only after validation: count the input
+                got = err.get("ctx", {}).get("actual_length")
+                got = len(err["input"]) if got is None and hasattr(err.get("input"), "__len__") else got
+                msg += "" if got is None else f" (got {got})"
         elif err["type"] == "extra_forbidden":
             msg = "unknown field"
         elif err["type"] == "missing":

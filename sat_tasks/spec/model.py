@@ -255,6 +255,62 @@ class WarmPool(_Model):
     )
 
 
+class NotifyOn(str, Enum):
+    """A job's ends a notification is for (the status words: Completed; Failed; any Pending - *; Stopped)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PENDING = "pending"
+    STOPPED = "stopped"
+
+
+EMAIL_PATTERN = r"^[^@\s,;<>]+@[^@\s,;<>]+\.[^@\s,;<>]+$"
+MAX_NOTIFICATIONS = 10
+
+
+class Notification(_Model):
+    """Who hears of the job's end: a webhook (an Airflow HTTP connection) or e-mail (an SMTP connection).
+
+    Sent by Airflow's own notifiers (the http and smtp providers') from the DAG's
+    `on_success_callback`/`on_failure_callback`; the URL, tokens and mail server live in the
+    connection, never in the spec.
+    """
+
+    on: list[NotifyOn] = Field(default_factory=lambda: list(NotifyOn), min_length=1,
+                               description="the ends to notify: completed, failed, pending, stopped (default: all)")
+    webhook: str | None = ruled(None, rule="must be an Airflow connection id: letters, digits, '_', '.', '-'",
+                                pattern=CONN_ID_PATTERN,
+                                description="an Airflow HTTP connection (its URL and any token): the job's end is "
+                                            "POSTed there as JSON")
+    endpoint: str | None = ruled(None, rule="must be a path on the connection's URL, at most 1024 chars, no spaces",
+                                 pattern=r"^[^\s]{0,1024}$", description="the path under the webhook connection's URL")
+    email: list[str] | None = Field(None, min_length=1, max_length=20,
+                                    description="e-mail addresses (1-20) told of the job's end")
+    smtp_conn_id: str = ruled("smtp_default", rule="must be an Airflow connection id: letters, digits, '_', '.', '-'",
+                              pattern=CONN_ID_PATTERN, description="the Airflow SMTP connection e-mail goes through")
+
+    @field_validator("email")
+    @classmethod
+    def _addresses(cls, v: list[str] | None) -> list[str] | None:
+        for address in v or []:
+            if not re.match(EMAIL_PATTERN, address):
+                raise ValueError(f"{address!r} is not an e-mail address (name@domain)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_channel(self) -> Notification:
+        if (self.webhook is None) == (self.email is None):
+            raise ValueError("set exactly one of webhook (an HTTP connection id) or email (addresses)")
+        if self.endpoint is not None and self.webhook is None:
+            raise ValueError("endpoint: only with webhook")
+        return self
+
+    def wants(self, status: str) -> bool:
+        """Whether this notification is for a job that ended with `status` (a status word)."""
+        word = status.split(" ", 1)[0].lower()
+        return any(word == on.value for on in self.on)
+
+
 class Fault(_Model):
     """A fault the local backend injects into one attempt."""
 
@@ -327,6 +383,11 @@ class TrainingJob(_Model):
                           "rehearse (ignored in production; ADR 0016)")
     warm_pool: WarmPool | None = Field(
         None, description="keep the run warm for the job's next run (not with learning_type spot)")
+    notifications: list[Notification] = Field(
+        default_factory=list, max_length=MAX_NOTIFICATIONS,
+        description=f"at most {MAX_NOTIFICATIONS}: a webhook or e-mail told of the job's end (completed, failed, "
+                    "pending, stopped), through Airflow's notifiers",
+        json_schema_extra={"x-rule": f"at most {MAX_NOTIFICATIONS} notifications"})
     workspace: str | None = ruled(
         None, rule="must be a workspace name: 1-63 chars of lowercase letters, digits, '-' or '.'",
         max_length=63, pattern=r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$",
