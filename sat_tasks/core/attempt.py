@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from ckpt_engine.contract import ProgressRecord
 
-__all__ = ["AttemptRecord", "MAIN_CONTAINER_NAME", "LOG_TAIL_LINES", "NODE_LOG_LINES"]
+__all__ = ["LOG_TAIL_LINES", "MAIN_CONTAINER_NAME", "NODE_LOG_LINES", "AttemptRecord", "Interruption"]
 
 #: Name KubernetesPodOperator gives the training container; preferred as the main one.
 MAIN_CONTAINER_NAME = "base"
@@ -139,3 +139,38 @@ def progress_of_attempt(progress: dict[str, Any] | None, attempt: int) -> dict[s
     if ProgressRecord.from_dict(progress).attempt not in (None, attempt):
         return {k: v for k, v in progress.items() if k not in _ATTEMPT_OWN_PROGRESS}
     return progress
+
+
+@dataclasses.dataclass(frozen=True)
+class Interruption:
+    """An attempt whose `launch` task ended before the attempt did, found when the task runs again.
+
+    A service restart (`make down`, a crash, a host reboot: Airflow resets the orphaned task and
+    runs it again) or the task process killed alone (Airflow retries it). The attempt resumes
+    from `resume_step`, without spending a failover.
+
+    Fields:
+        attempt: the attempt that was interrupted (and now resumes).
+        last_seen: when the interrupted try last wrote to the job log (or the engine's progress), if known.
+        left_running: processes of the interrupted try found still running and stopped (a task killed alone).
+        resume_step: the checkpoint the attempt resumes from (None: none was committed, it starts again).
+    """
+
+    attempt: int
+    last_seen: datetime | None = None
+    left_running: int = 0
+    resume_step: int | None = None
+
+    @property
+    def reason(self) -> str:
+        """The status history's reason and the job log's line: what happened, and from where training goes on."""
+        at = self.last_seen.isoformat(timespec="seconds") if self.last_seen else "an unknown time"
+        if self.left_running:
+            what = (f"attempt {self.attempt} was interrupted: its launch task died at {at} while training went on "
+                    f"({self.left_running} process(es) of it stopped)")
+        else:
+            what = f"attempt {self.attempt} was interrupted by a service restart at {at}"
+        where = ("no checkpoint was committed, so it starts again from step 0" if self.resume_step is None
+                 else "resumed from the newest committed checkpoint" if self.resume_step < 0
+                 else f"resumed from checkpoint-{self.resume_step}")
+        return f"{what}; {where} (not a failover: none spent)"

@@ -30,6 +30,19 @@ def plan_attempt(job: TrainingJob, attempt: int, previous: Decision | None) -> P
                 failovers=previous.failovers, resumes=previous.resumes)
 
 
+def resume_interrupted(plan: Plan, last_committed_step: int | None) -> Plan:
+    """The plan of attempt `plan.attempt` run again after its task was interrupted (a service restart, a killed task).
+
+    Not a new attempt and no failover: the same attempt resumes from the newest checkpoint
+    it (or an earlier attempt) committed, as a failover would (`CKPT_LAST_STEP`). With no
+    checkpoint committed since the plan was made, the plan's own resume step stands (None:
+    a fresh start). Node exclusions, failovers and resumes used are unchanged.
+    """
+    if last_committed_step is None:
+        return plan
+    return plan.model_copy(update={"resume_step": last_committed_step})
+
+
 def stop_reason(request: dict) -> str:
     """The status reason of a person's stop: who, when and from where."""
     return (f"stopped by {request.get('by') or 'unknown'} at {request.get('at') or '?'}"

@@ -1,33 +1,129 @@
-"""One attempt on the local backend: pick a node, record Running, lay out the vendor dir, run it, store its record."""
+"""One attempt on the local backend: pick a node, record Running, lay out the vendor dir, run it, store its record.
+
+Run again after its task died (a service restart, the task process killed), the same
+attempt resumes from its last committed checkpoint (`Interruption`), without a failover.
+"""
 
 from __future__ import annotations
 
-from ckpt_engine.contract import GRACE_ENV, RUN_ID_ENV
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ckpt_engine.contract import (
+    CONCURRENT_DIR,
+    GRACE_ENV,
+    MANIFEST_NAME,
+    PROGRESS_NAME,
+    RUN_ID_ENV,
+    ProgressRecord,
+)
 from ckpt_engine.vendor import write_vendor_dir
-from sat_tasks.backends.local.runner import LocalAttempt, local_node_labels
+from sat_tasks.backends.local.runner import (
+    LocalAttempt,
+    local_node_labels,
+    stop_left_processes,
+)
 from sat_tasks.backends.local.warm import warm_command
 from sat_tasks.backends.local.workspace import attempt_nodes
-from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.attempt import AttemptRecord, Interruption
+from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.policy import resume_interrupted
 from sat_tasks.core.runtime_env import (
     LAUNCHER_GRACE_MARGIN_S,
     TrainingPaths,
+    final_checkpoint_grace_seconds,
     training_environment,
 )
+from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
-from sat_tasks.io.scoped_credentials import training_credentials
 
 
 def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
-    """Run one attempt on the first healthy node of the pool (or of its workspace, when free) and store its record."""
+    """Run one attempt on the first healthy node of the pool (or of its workspace, when free) and store its record.
+
+    Run again for an attempt that already ended (its record is stored), it returns that record;
+    for one whose earlier run was interrupted (`find_interruption`), it resumes it.
+    """
+    ended = run.load_record(plan.attempt)
+    if ended is not None:
+        log(f"[sat] attempt {plan.attempt} already ended (exit status {ended.exit_code}) in an earlier run of this "
+            "task: its record stands, nothing is run again")
+        return ended
+    interruption = find_interruption(run, plan, log)
+    if interruption is not None:
+        plan = resume_interrupted(plan, interruption.resume_step)
     with attempt_nodes(run, plan, log) as nodes:
-        return _run_on(run, plan, nodes, log)
+        return _run_on(run, plan, nodes, log, interruption)
 
 
-def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecord:
+def find_interruption(run: JobRun, plan: Plan, log: Log) -> Interruption | None:
+    """The interruption of attempt `plan.attempt` when an earlier run of its task started it and did not end it.
+
+    Its training may still run (only the task process died): it is stopped first (SIGTERM, so
+    its final checkpoint is taken), then the newest committed checkpoint is where it resumes.
+    """
+    started = [e for e in run.history(log).entries()
+               if e.get("attempt") == plan.attempt and e.get("task") == "launch" and e["status"] == JobStatus.RUNNING.value]
+    if not started:
+        return None
+    job_log_seen, progress_seen = _mtime(run.job_log), _mtime(run.output_dir / CONCURRENT_DIR / PROGRESS_NAME)
+    left = stop_left_processes(procs_file(run, plan.attempt),
+                               final_checkpoint_grace_seconds(run.job) + LAUNCHER_GRACE_MARGIN_S, log)
+    seen = job_log_seen if left else max(filter(None, (job_log_seen, progress_seen)), default=None)
+    step = last_committed_step(run.output_dir)
+    return Interruption(attempt=plan.attempt, left_running=left, resume_step=resume_interrupted(plan, step).resume_step,
+                        last_seen=datetime.fromtimestamp(seen, UTC) if seen else None)
+
+
+def last_committed_step(output_dir: Path) -> int | None:
+    """The newest checkpoint under `output_dir` whose manifest checks out (its files' presence and sizes).
+
+    A trainer that writes no manifests (a script without the engine): the `last_committed_step`
+    of its progress.json. None when nothing was committed.
+    """
+    from ckpt_engine.contract import checkpoint_dir
+    from ckpt_engine.manifest import list_checkpoint_steps, verify_checkpoint
+    from ckpt_engine.storage.file import FileStorage
+
+    root = output_dir / CONCURRENT_DIR
+    if not root.is_dir():
+        return None
+    storage = FileStorage(str(root))
+    steps = list_checkpoint_steps(storage)
+    if any((root / checkpoint_dir(step) / MANIFEST_NAME).exists() for step in steps):
+        return next((step for step in steps if verify_checkpoint(storage, checkpoint_dir(step), deep=False).ok), None)
+    try:
+        progress = ProgressRecord.from_json((root / PROGRESS_NAME).read_bytes())
+    except (OSError, ValueError):
+        return None
+    step = progress.last_committed_step
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def procs_file(run: JobRun, attempt: int) -> Path:
+    """Where the runner keeps the tag of attempt `attempt`'s processes while they run (this host's disk)."""
+    return run.run_dir / "attempts" / f"attempt-{attempt}.procs.json"
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: Interruption | None = None
+            ) -> AttemptRecord:
     job = run.job
     node = nodes[0]
     run.record_attempt_start(plan, log, where=", ".join(nodes))
+    if interruption is not None:  # after the start entry (the earlier run's, not repeated): the why of this run
+        run.history(log).record(JobStatus.RUNNING, interruption.reason, attempt=plan.attempt, task="launch")
+        run.job_log.parent.mkdir(parents=True, exist_ok=True)
+        with open(run.job_log, "a", encoding="utf-8") as job_log:
+            job_log.write(f"{now_utc().isoformat()} [sat] {interruption.reason}\n")
     write_vendor_dir(run.vendor_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
     object_storage = run.hook().conn_config
@@ -42,8 +138,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
         metrics_url=run.metrics_uri,
     )
     env[RUN_ID_ENV] = run.run_id
-    # credentials scoped to this run (ADR 0020), for the training process only: never logged or recorded
-    env.update(training_credentials(run, run.hook(), plan.attempt, log))
+    env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded
     runner = LocalAttempt(
         job=job.name,
         attempt=plan.attempt,
@@ -62,8 +157,19 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> AttemptRecor
         grace_seconds=float(env[GRACE_ENV]) + LAUNCHER_GRACE_MARGIN_S,
         stop_requested=run.stop_request,
         node_labels=local_node_labels(node, job.workspace),
+        procs_file=procs_file(run, plan.attempt),
     )
     record = runner.run(log)
     run.store_record(record)
     return record
 
+
+def _object_storage_keys(conn_config: Any) -> dict[str, str]:
+    """The connection's keys as the standard AWS variables (none when it relies on a role or profile)."""
+    keys = {
+        "AWS_ACCESS_KEY_ID": conn_config.aws_access_key_id,
+        "AWS_SECRET_ACCESS_KEY": conn_config.aws_secret_access_key,
+        "AWS_SESSION_TOKEN": conn_config.aws_session_token,
+        "AWS_DEFAULT_REGION": conn_config.region_name,
+    }
+    return {name: value for name, value in keys.items() if value}

@@ -21,7 +21,11 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
 
     Call order (`execute`): `resolve_attempt` (skipped when the attempt is not needed),
     then `launch.launch_attempt` runs the attempt, stores its record and returns it; a non-zero exit
-    fails the task (red in the grid), and `classify` runs anyway.
+    fails the task (red in the grid, never retried), and `classify` runs anyway.
+
+    One retry: a try whose task process died (killed, its worker lost) is run again, and the
+    attempt resumes from its last committed checkpoint (`launch.find_interruption`), as it does
+    when a service restart makes the scheduler run the orphaned task again.
 
     Args:
         attempt: 1-based attempt number.
@@ -31,7 +35,8 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
     ui_color = "#d6e9f8"
 
     def __init__(self, *, attempt: int, previous_decide_task_id: str | None, **kwargs: Any) -> None:
-        kwargs["retries"] = 0  # a failed attempt is classified, not run again (default_args say 2)
+        # A failed attempt ends in AirflowFailException: classified, not run again. A try that died resumes.
+        kwargs["retries"] = 1
         super().__init__(**kwargs)
         self.attempt = attempt
         self.previous_decide_task_id = previous_decide_task_id

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_FILE_ENV, PROGRESS_NAME
-from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, MetricsSidecar
+from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, STOP_TIMEOUT_S, MetricsSidecar
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
-from sat_tasks.core.procs import carries, state_of
+from sat_tasks.core.procs import carries, marked, state_of, terminate
 from sat_tasks.core.runtime_env import process_environment
 from sat_tasks.errors import SatError
 from sat_tasks.spec import Fault, FaultKind
@@ -37,6 +37,8 @@ PROGRESS_RELATIVE = Path(CONCURRENT_DIR) / PROGRESS_NAME
 # Every process of an attempt inherits this variable, with a value of its own: how the
 # runner finds the processes a launcher started in other sessions (torchrun's workers).
 ATTEMPT_TAG_ENV = "SAT_ATTEMPT_TAG"
+# The attempt's metrics sidecar carries the tag under this name (outside the attempt's own sweep).
+SIDECAR_TAG_ENV = "SAT_SIDECAR_OF_ATTEMPT"
 
 
 class NoHealthyNodeError(SatError, RuntimeError):
@@ -117,6 +119,9 @@ class LocalAttempt:
     stop_poll_seconds: float = 2.0
     # The node's labels when the attempt starts (`local_node_labels`): the record's `node_labels_at_start`.
     node_labels: dict[str, str] = field(default_factory=dict)
+    # Where the attempt's tag is kept while it runs (`stop_left_processes` reads it when the launch
+    # task is run again after it died: the training it left must not write beside the new try).
+    procs_file: Path | None = None
 
     def run(self, log: Log = print) -> AttemptRecord:
         """Start the command, stream its output, inject faults, watch for hangs; return the record."""
@@ -129,10 +134,12 @@ class LocalAttempt:
         env = process_environment(self.env, os.environ)  # not the service's environment (its secrets)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault(PROGRESS_FILE_ENV, str(self.output_dir / PROGRESS_RELATIVE))
-        sidecar = MetricsSidecar(dict(env), self.node_dir / f"metrics-sidecar-attempt-{self.attempt}.log").start()
+        tag = secrets.token_hex(8)
+        sidecar = MetricsSidecar({**env, SIDECAR_TAG_ENV: tag},
+                                 self.node_dir / f"metrics-sidecar-attempt-{self.attempt}.log").start()
         if sidecar is not None:
             env[SIDECAR_ENV] = "1"  # the training process then writes only the training and checkpoint series
-        env[ATTEMPT_TAG_ENV] = tag = secrets.token_hex(8)
+        env[ATTEMPT_TAG_ENV] = tag
         started = now_utc()
         try:
             with open(self.job_log, "a", encoding="utf-8") as job_log:
@@ -154,12 +161,15 @@ class LocalAttempt:
                 )
                 state.last_progress = time.monotonic()
                 procs = AttemptProcesses(proc, tag)
+                self._note_processes(tag, proc.pid)
                 reader = threading.Thread(
                     target=self._pump, args=(proc, job_log, tail, state, log), name="sat-log-pump", daemon=True
                 )
                 reader.start()
-                self._watch(procs, state, kern_log, log)
+                self._watch(procs, state, kern_log, log, started.timestamp())
                 self._end(procs, state, log)
+                if self.procs_file is not None:
+                    self.procs_file.unlink(missing_ok=True)  # none is left running
                 reader.join(timeout=10)
                 finished = now_utc()
                 for line in sidecar.stop(log) if sidecar is not None else ():
@@ -174,6 +184,12 @@ class LocalAttempt:
         return self._record(proc.returncode, started, finished, list(tail), kern_log, kern_offset, state)
 
     # ---- steps ------------------------------------------------------------------------------
+    def _note_processes(self, tag: str, pgid: int) -> None:
+        if self.procs_file is not None:
+            self.procs_file.parent.mkdir(parents=True, exist_ok=True)
+            self.procs_file.write_text(json.dumps({"attempt": self.attempt, "node": self.node, "tag": tag,
+                                                   "pgid": pgid}), encoding="utf-8")
+
     def _pump(self, proc, job_log, tail, state: _WatchState, log: Log) -> None:
         for line in proc.stdout:
             line = line.rstrip("\n")
@@ -187,19 +203,20 @@ class LocalAttempt:
         """Whether `progress` (progress.json) reports a training step of *this* attempt.
 
         The file outlives attempts (the run's output directory is shared), so a step counts
-        only when the engine stamped it with this attempt, or (an engine without the stamp)
-        when the file was written after the attempt started.
+        only when the file was written after this run of the attempt started and, when the
+        engine stamped it, by this attempt.
         """
         if not progress or progress.get("step") is None:
             return False
-        if progress.get("attempt") is not None:
-            return progress.get("attempt") == self.attempt
+        if progress.get("attempt") not in (None, self.attempt):
+            return False
+        # written since this run started (the same attempt run again after its task died finds its old step)
         return mtime is not None and mtime >= started_at
 
-    def _watch(self, procs: AttemptProcesses, state: _WatchState, kern_log: Path, log: Log) -> None:
+    def _watch(self, procs: AttemptProcesses, state: _WatchState, kern_log: Path, log: Log,
+               started_at: float) -> None:
         proc = procs.proc
         started = time.monotonic()
-        started_at = time.time()
         pending = [f for f in self.faults if f.attempt == self.attempt]
         progress_path = self.output_dir / PROGRESS_RELATIVE
         last_mtime = None
@@ -437,6 +454,31 @@ def _killpg(pgid: int, sig: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+def stop_left_processes(procs_file: Path, grace: float, log: Log) -> int:
+    """Stop what an attempt's earlier run left running (its launch task died, its training did not).
+
+    Returns how many training processes were found (a metrics sidecar left behind is stopped, not counted).
+
+    The training gets SIGTERM (its final checkpoint) and SIGKILL after `grace` seconds, its
+    metrics sidecar SIGTERM (a last sample and upload). Found by the tag in `procs_file`, in
+    their environment, so a pid reused since is never touched.
+    """
+    try:
+        noted = json.loads(procs_file.read_text(encoding="utf-8"))
+        tag = str(noted["tag"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    training, sidecars = marked(ATTEMPT_TAG_ENV, tag), marked(SIDECAR_TAG_ENV, tag)
+    if training:
+        log(f"[sat] attempt {noted.get('attempt')}'s training from before is still running on {noted.get('node')} "
+            f"(pids {', '.join(map(str, training))}): SIGTERM, its final checkpoint has {grace:.0f}s")
+        terminate(training, grace=grace)
+    if sidecars:
+        terminate(sidecars, grace=STOP_TIMEOUT_S)
+    procs_file.unlink(missing_ok=True)
+    return len(training)
 
 
 def _hang_watchdog(procs: AttemptProcesses, timeout: float, log: Log, node: str) -> None:

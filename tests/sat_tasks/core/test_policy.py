@@ -129,3 +129,36 @@ def test_a_contract_refuses_what_it_does_not_know():
         Decision.from_xcom({"attempt": 1, "verdict": "HARDWARE", "action": "retry-forever", "why": "x"})
     with pytest.raises(ValueError):
         Plan.from_xcom({"attempt": 1, "surprise": True})
+
+
+@pytest.mark.parametrize(("plan", "committed", "resume_step"), [
+    pytest.param(Plan(attempt=1), 36, 36, id="first-attempt-resumes-from-its-checkpoint"),
+    pytest.param(Plan(attempt=1), None, None, id="nothing-committed-starts-fresh"),
+    pytest.param(Plan(attempt=2, exclude_nodes=["gpu-1"], resume_step=20, failovers=1), 25, 25, id="newer-than-plan"),
+    pytest.param(Plan(attempt=2, exclude_nodes=["gpu-1"], resume_step=20, failovers=1), None, 20, id="plan-stands"),
+])
+def test_an_interrupted_attempt_resumes_without_spending_a_failover(plan, committed, resume_step):
+    from sat_tasks.core.policy import resume_interrupted
+
+    resumed = resume_interrupted(plan, committed)
+    assert resumed.resume_step == resume_step
+    assert (resumed.attempt, resumed.exclude_nodes, resumed.failovers, resumed.resumes) == (
+        plan.attempt, plan.exclude_nodes, plan.failovers, plan.resumes)
+
+
+@pytest.mark.parametrize(("left", "step", "reason"), [
+    pytest.param(0, 36, "attempt 1 was interrupted by a service restart at 2026-12-02T07:00:00+00:00; "
+                        "resumed from checkpoint-36 (not a failover: none spent)", id="service-restart"),
+    pytest.param(2, 36, "attempt 1 was interrupted: its launch task died at 2026-12-02T07:00:00+00:00 while training "
+                        "went on (2 process(es) of it stopped); resumed from checkpoint-36 (not a failover: none spent)",
+                 id="task-killed"),
+    pytest.param(0, None, "attempt 1 was interrupted by a service restart at 2026-12-02T07:00:00+00:00; no checkpoint "
+                          "was committed, so it starts again from step 0 (not a failover: none spent)", id="no-checkpoint"),
+])
+def test_an_interruption_says_what_happened_and_where_training_goes_on(left, step, reason):
+    from datetime import UTC, datetime
+
+    from sat_tasks.core.attempt import Interruption
+
+    at = datetime(2026, 12, 2, 7, 0, 0, 123456, tzinfo=UTC)
+    assert Interruption(attempt=1, last_seen=at, left_running=left, resume_step=step).reason == reason
