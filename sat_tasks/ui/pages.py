@@ -23,7 +23,7 @@ __all__ = ["TABS", "create_page", "delete_page", "deleted_page", "job_href", "jo
 
 # The job page's tabs: (section id, label); each is a block of that name in templates/job.html.
 TABS = (("details", "Details"), ("attempts", "Attempts"), ("checkpoints", "Checkpoints"), ("logs", "Logs"),
-        ("monitoring", "Monitoring"), ("tags", "Tags"))
+        ("outputs", "Outputs"), ("monitoring", "Monitoring"), ("tags", "Tags"))
 
 
 def list_page(rows: list[dict[str, Any]], status: str | None = None) -> str:

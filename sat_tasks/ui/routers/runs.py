@@ -1,4 +1,4 @@
-"""A Training Job's run: its page (JSON, HTML, the job log, the report) and the actions Stop, Tags and Delete.
+"""A Training Job's run: its page (JSON, HTML, the job log, its files, the report) and the actions Stop, Tags and Delete.
 
 The actions' effect on the run's records is `sat_tasks.pipeline.actions`'; here: who may
 (`sat_tasks.ui.security`), the DAG run in Airflow's DB (`sat_tasks.ui.dag_runs`), the answer.
@@ -6,12 +6,12 @@ The actions' effect on the run's records is `sat_tasks.pipeline.actions`'; here:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from airflow.api_fastapi.common.dagbag import DagBagDep
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
@@ -25,9 +25,23 @@ from sat_tasks.pipeline import actions
 from sat_tasks.pipeline.report_html import render_report_html
 from sat_tasks.ui import dag_runs, pages
 from sat_tasks.ui.create import parse_tags
-from sat_tasks.ui.jobs import job_log_uri
+from sat_tasks.ui.log_tail import (
+    MARKER,
+    MAX_READ_BYTES,
+    TAIL_BYTES,
+    is_marker,
+    read_log,
+)
+from sat_tasks.ui.run_files import (
+    BadFileName,
+    attachment_headers,
+    check_file_name,
+    job_log_source,
+    list_result_files,
+    result_file_source,
+)
 from sat_tasks.ui.security import CHANGE_RUNS, DELETE_RUNS, READ_JOBS, SAME_ORIGIN
-from sat_tasks.ui.sources import find_job_run, object_storage, object_stream, page_data
+from sat_tasks.ui.sources import JobRunFound, find_job_run, object_storage, page_data
 
 router = APIRouter(tags=["Training Job runs"])
 RUN = "/jobs/{dag_id}/runs/{run_id}"  # a run's page; its JSON under /api
@@ -45,20 +59,71 @@ def job_detail(dag_id: str, run_id: str, session: SessionDep):
 
 @router.get(RUN, dependencies=READ_JOBS, response_class=HTMLResponse)
 def job_view(dag_id: str, run_id: str, session: SessionDep):
-    return pages.job_page_html(page_data(find_job_run(session, dag_id, run_id)))
+    found = find_job_run(session, dag_id, run_id)
+    return pages.job_page_html({**page_data(found), **files_data(found)})
+
+
+def files_data(found: JobRunFound) -> dict[str, Any]:
+    """What the Logs and Outputs tabs show first: the job log's tail (its lines, markers flagged) and the results' files."""
+    tail = log_answer(found)
+    tail.update(lines=[(line, is_marker(line)) for line in tail["text"].splitlines()], marker=MARKER.pattern)
+    return {"log_tail": tail, "outputs": list_result_files(object_storage(), found.layout.results_uri).as_dict()}
+
+
+def log_answer(found: JobRunFound, offset: int | None = None, limit: int = TAIL_BYTES) -> dict[str, Any]:
+    """The job log's piece after `offset` (its tail without one) from its freshest copy; `ended`: the run has ended."""
+    ended = found.state not in dag_runs.ACTIVE
+    source = job_log_source(found.layout, object_storage())
+    if source is None:  # no line yet: the page asks again
+        return {"start": 0, "end": 0, "offset": offset or 0, "size": 0, "text": "", "skipped": 0, "restarted": False,
+                "source": None, "ended": ended}
+    return {**read_log(source, offset, limit, growing=not ended).as_dict(), "ended": ended}
 
 
 @router.get("/api" + RUN + "/log", dependencies=READ_JOBS, response_class=PlainTextResponse)
 def job_log(dag_id: str, run_id: str, session: SessionDep):
-    """The job log (all attempts) as a download, streamed in chunks; 404 until the run has uploaded it (at its end)."""
+    """The whole job log (all attempts) as a download from its freshest copy, streamed in chunks; 404 before its first line.
+
+    While the run writes it, the download ends where the log was when it began.
+    """
     found = find_job_run(session, dag_id, run_id)
-    stream = object_stream(job_log_uri(found.job, run_id))
-    if stream is None:
-        raise HTTPException(404, "the job log is uploaded when the run ends; until then, read the task logs")
-    filename = f"{found.job.name}-{run_id}.log".replace(":", "_").replace("+", "_")
-    return StreamingResponse(stream.chunks, media_type="text/plain; charset=utf-8",
-                             headers={"Content-Disposition": f'attachment; filename="{filename}"',
-                                      "Content-Length": str(stream.size)})
+    source = job_log_source(found.layout, object_storage())
+    if source is None:
+        raise HTTPException(404, "no job log yet: it begins when the first attempt starts")
+    size = source.size()
+    return StreamingResponse(source.chunks(size), media_type="text/plain; charset=utf-8",
+                             headers=attachment_headers(f"{found.job.name}-{run_id}.log", size))
+
+
+@router.get("/api" + RUN + "/log/tail", dependencies=READ_JOBS)
+def job_log_tail(dag_id: str, run_id: str, session: SessionDep,
+                 offset: Annotated[int | None, Query(ge=0, description="the end of what the reader has")] = None,
+                 limit: Annotated[int, Query(ge=1, le=MAX_READ_BYTES)] = TAIL_BYTES):
+    """The job log's last `limit` bytes in whole lines, or (with `offset`) what it gained since: only new bytes travel."""
+    return log_answer(find_job_run(session, dag_id, run_id), offset, limit)
+
+
+@router.get("/api" + RUN + "/files", dependencies=READ_JOBS)
+def result_files(dag_id: str, run_id: str, session: SessionDep):
+    """The run's files under its results prefix with their sizes, grouped (model and outputs, checkpoints, report, ...)."""
+    return list_result_files(object_storage(), find_job_run(session, dag_id, run_id).layout.results_uri).as_dict()
+
+
+@router.get("/api" + RUN + "/files/{name:path}", dependencies=READ_JOBS, response_class=StreamingResponse)
+def result_file(dag_id: str, run_id: str, name: str, session: SessionDep):
+    """One of the run's files (`name` relative to its results prefix) as a download, streamed in chunks."""
+    found = find_job_run(session, dag_id, run_id)
+    try:
+        check_file_name(name)
+    except BadFileName as error:
+        raise HTTPException(422, str(error)) from None
+    source = result_file_source(object_storage(), found.layout.results_uri, name)
+    if source is None:
+        raise HTTPException(404, f"no file {name!r} in the run's results")
+    size = source.size()
+    return StreamingResponse(source.chunks(size), media_type="application/octet-stream",
+                             headers={**attachment_headers(name.rsplit("/", 1)[-1], size),
+                                      "X-Content-Type-Options": "nosniff"})
 
 
 @router.get(RUN + "/report", dependencies=READ_JOBS, response_class=HTMLResponse)
