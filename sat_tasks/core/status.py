@@ -34,6 +34,30 @@ TERMINAL = {
 }
 
 
+# Airflow's DAG run ends success or failed, nothing else: success is kept for a job that completed
+# (its results uploaded), so Airflow's counts, its on-success callbacks and anything waiting for
+# the run's success (a sensor, an Asset consumer) see only those; every other end is failed. Why
+# Airflow shows a job that did not fail as failed (the job page and `finalize`'s message say it):
+AIRFLOW_FAILED_BECAUSE = {
+    JobStatus.STOPPED: "Airflow shows this run as failed: a DAG run ends only as success or failed, and success "
+                       "means the job completed and its results were uploaded. A stopped job did not (its committed "
+                       "checkpoints stay under the run's results), as a run a person marks failed in Airflow.",
+    **{status: f"Airflow shows this run as failed: it has no state for {status.value!r}. The job waits for a "
+               "person (a fix, then a new run); this run of it has ended without results."
+       for status in (JobStatus.MAX_RETRIES_EXCEEDED, JobStatus.IMAGE_PULL_BACKOFF, JobStatus.INTERNAL_ERROR)},
+}
+
+
+def airflow_run_state(status: str | None) -> str:
+    """The state the job's DAG run ends in when the job ended as `status`: `success` for Completed only, else `failed`."""
+    return "success" if status == JobStatus.COMPLETED.value else "failed"
+
+
+def airflow_failed_because(status: str | None) -> str | None:
+    """Why Airflow shows a run that ended as `status` failed, when the status does not say it (Stopped, Pending - *)."""
+    return next((why for known, why in AIRFLOW_FAILED_BECAUSE.items() if known.value == status), None)
+
+
 @dataclass
 class StatusChange:
     """One recorded transition."""

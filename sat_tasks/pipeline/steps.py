@@ -402,8 +402,12 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
     upload_job_log(run, log)
     for line in format_report(report):
         log(line)
-    if status != JobStatus.COMPLETED.value:
-        raise JobStopped(f"job {job.name} ended as {status}: {entries[-1]['reason'] if entries else ''}")
+    if status != JobStatus.COMPLETED.value:  # the DAG run fails: success is for a completed job only (ADR 0025)
+        from sat_tasks.core.status import airflow_failed_because
+
+        because = airflow_failed_because(status)  # Stopped, Pending - *: why Airflow shows them failed
+        raise JobStopped(f"job {job.name} ended as {status}: {entries[-1]['reason'] if entries else ''}"
+                         + (f". {because}" if because else ""))
     return {"status": status, "results": run.results_uri}
 
 

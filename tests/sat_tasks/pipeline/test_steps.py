@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sat_tasks.core.status import JobStatus
+from sat_tasks.core.status import (
+    TERMINAL,
+    JobStatus,
+    airflow_failed_because,
+    airflow_run_state,
+)
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.pipeline import steps
@@ -50,3 +55,23 @@ def test_a_terminal_status_is_not_rewritten(job):
     with pytest.raises(JobStopped, match="ended as Pending - internalerror: internal error"):
         steps.finalize(job, run_id, failed_tasks=["attempt_1.launch"], log=lambda _m: None)
     assert history.entries()[-1]["status"] == "Pending - internalerror"
+
+
+@pytest.mark.parametrize("status", [pytest.param(s, id=s.name.lower()) for s in sorted(TERMINAL, key=lambda s: s.value)])
+def test_only_a_completed_job_is_a_successful_dag_run_and_the_others_say_why(job, status):
+    """ADR 0025: Airflow's success is for a Completed job; Stopped and Pending - * fail, saying why Airflow shows them so."""
+    run_id = f"manual__end-{status.name.lower()}"
+    JobRun(job, run_id).history(lambda _m: None).record(status, "how it ended")
+    because = airflow_failed_because(status.value)
+    if status is JobStatus.COMPLETED:
+        assert airflow_run_state(status.value) == "success" and because is None
+        assert steps.finalize(job, run_id, log=lambda _m: None)["status"] == "Completed"
+        return
+    assert airflow_run_state(status.value) == "failed"
+    with pytest.raises(JobStopped) as stopped:  # finalize fails: the DAG run is failed
+        steps.finalize(job, run_id, log=lambda _m: None)
+    assert str(stopped.value).startswith(f"job steps-job ended as {status.value}: how it ended")
+    if status is JobStatus.FAILED:
+        assert because is None  # the status says it
+    else:
+        assert because.startswith("Airflow shows this run as failed") and str(stopped.value).endswith(because)
