@@ -24,6 +24,10 @@ SAT_DEFAULTS = {
     "object_storage_conn_id": "sat_object_storage",
     "work_dir": str(PROJECT_ROOT / ".sat" / "work"),
     "local_nodes": "local-node-0,local-node-1,local-node-2,local-node-3,local-node-4",
+    # How many attempts each local node runs at once (issue 31.4): a job without a workspace takes a
+    # slot on the least-loaded healthy node and queues while every slot is taken, for at most
+    # `workspace_wait_seconds`, as a workspace job waits for its nodes (sat_tasks.backends.local.pool).
+    "local_node_slots": "1",
     "kubernetes_namespace": "sat-jobs",
     "kubernetes_conn_id": "kubernetes_default",
     "jobs_dir": str(PROJECT_ROOT / "include" / "jobs"),

@@ -172,6 +172,7 @@ class SlotBoard:
         self.root = Path(root) if root is not None else config.work_dir() / "workspaces"
         self.file = self.root / f"{name}.slots.json"
         self._lock_file = self.root / f"{name}.slots.lock"
+        self.what = f"the nodes of workspace {name}"  # what a timeout says it waited for
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
@@ -216,12 +217,16 @@ class SlotBoard:
         with self._locked() as state:
             queue = [_request(e["request"]) for e in state["queue"]]
             holdings = [Holding(_request(e["request"]), tuple(e["nodes"])) for e in state["holdings"]]
-            answer = admit(workspace, ticket, queue, holdings)
+            answer = self._admit(workspace, ticket, queue, holdings)
             if answer.admitted:
                 entry = next(e for e in state["queue"] if e["request"]["ticket"] == ticket)
                 state["queue"].remove(entry)
                 state["holdings"].append({**entry, "nodes": list(answer.nodes)})
             return answer
+
+    def _admit(self, workspace: Any, ticket: str, queue: list[SlotRequest], holdings: list[Holding]) -> Admission:
+        """The rule `poll` applies (the local backend's shared pool has its own: `backends.local.pool`)."""
+        return admit(workspace, ticket, queue, holdings)
 
     def release(self, ticket: str) -> None:
         """Give back the nodes `ticket` holds (or leave the queue); a ticket not there is a no-op."""
@@ -262,7 +267,7 @@ class SlotBoard:
                     on_wait(answer)
                 if time.monotonic() >= deadline:
                     raise WorkspaceWaitTimeout(
-                        f"waited {deadline_seconds:.0f}s for the nodes of workspace {self.name} "
+                        f"waited {deadline_seconds:.0f}s for {self.what} "
                         f"([sat] workspace_wait_seconds): {answer.reason}")
                 time.sleep(poll_seconds)
         except BaseException:
