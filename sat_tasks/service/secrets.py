@@ -12,7 +12,7 @@ import base64
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 SECRETS_FILE = "sat-secrets.json"
@@ -28,6 +28,7 @@ class DeploymentSecrets:
     fernet_key: str
     api_secret_key: str
     admin_password: str
+    db_password: str = ""  # the metadata DB's role, when `sat up --db postgres` runs the cluster (service.postgres)
 
     def __repr__(self) -> str:
         return "DeploymentSecrets(<hidden>)"
@@ -51,6 +52,15 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+_GENERATORS = {
+    "jwt_secret": lambda: secrets.token_urlsafe(48),
+    "fernet_key": lambda: base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+    "api_secret_key": lambda: secrets.token_urlsafe(32),
+    "admin_password": lambda: secrets.token_urlsafe(18),
+    "db_password": lambda: secrets.token_urlsafe(24),
+}
+
+
 def load_or_create(home: Path) -> DeploymentSecrets:
     """The secrets kept in `<home>/sat-secrets.json`, created (0600) when missing; the passwords file too.
 
@@ -58,19 +68,16 @@ def load_or_create(home: Path) -> DeploymentSecrets:
     """
     private_dir(home)
     path = home / SECRETS_FILE
+    values: dict[str, str] = {}
     if path.exists():
         values = json.loads(path.read_text(encoding="utf-8"))
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o600)  # someone loosened it: tighten again
-    else:
-        values = {
-            "jwt_secret": secrets.token_urlsafe(48),
-            "fernet_key": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
-            "api_secret_key": secrets.token_urlsafe(32),
-            "admin_password": secrets.token_urlsafe(18),
-        }
+    missing = {k: make() for k, make in _GENERATORS.items() if k not in values}
+    if missing:  # a new deployment, or one made before a secret was added: the kept ones stay
+        values = {**values, **missing}
         _write_private(path, json.dumps(values, indent=1))
-    kept = DeploymentSecrets(**{k: values[k] for k in asdict(DeploymentSecrets("", "", "", "")).keys()})
+    kept = DeploymentSecrets(**{k: values[k] for k in _GENERATORS})
     _write_private(home / PASSWORDS_FILE, json.dumps({ADMIN_USER: kept.admin_password}))
     return kept
 

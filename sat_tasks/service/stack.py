@@ -1,12 +1,16 @@
 """The service stack `make up` runs: Object Storage, the metadata DB, the API server, the scheduler, the DAG processor, the triggerer.
 
-Call order: `ServiceStack(...)` -> `start()` (storage, `airflow db migrate`, the components,
-waits until the API answers) -> `wait()` (until a component dies or a stop is asked) ->
-`stop()` (every component's process group, then the storage's last copy). `run()` does all
+Call order: `ServiceStack(...)` -> `start()` (storage, the metadata DB's server when it runs
+one, `airflow db migrate`, the components, waits until the API answers) -> `wait()` (until a
+component dies or a stop is asked) -> `stop()` (every component's process group, then the
+DB's server, then the storage's last copy). `run()` does all
 three and stops on SIGINT/SIGTERM, which is what `make up` / `sat up` and `make down` /
 `sat down` (SIGTERM to the pid in `<home>/sat-up.pid`) use.
 
-The components share one environment: the project's config, the secrets of
+The metadata DB is what `service.database` chooses: the operator's own `[database]
+sql_alchemy_conn` unchanged, else SQLite in the home (`db="sqlite"`), or a private PostgreSQL
+cluster (`db="postgres"`, `service.postgres`). The components share one environment: the
+project's config, the secrets of
 `service.secrets` (so the execution API accepts the scheduler's task tokens, and a restart
 keeps working), the Object Storage connection, and the API server's own URL for the
 execution API. The API server binds `host` (127.0.0.1 by default) with authentication on.
@@ -28,6 +32,12 @@ from sat_tasks.config import PROJECT_ROOT
 from sat_tasks.core import procs
 from sat_tasks.errors import SatError
 from sat_tasks.service import secrets as service_secrets
+from sat_tasks.service.database import (
+    CONFIGURED,
+    DatabaseChoice,
+    choose_database,
+    sqlite_env,
+)
 from sat_tasks.service.sqlite import use_wal
 
 PID_FILE = "sat-up.pid"
@@ -53,6 +63,8 @@ class ServiceStack:
         storage_dir: where the Object Storage keeps its objects between runs.
         dags_folder / jobs_dir / work_dir: the project's by default (tests use their own).
         extra_env: more environment for every component (tests: short intervals).
+        db: the metadata DB, `sqlite` or `postgres` (None: SQLite, unless the operator configured one).
+        db_port: the PostgreSQL cluster's loopback port (0: a free one).
     """
 
     home: Path
@@ -64,9 +76,12 @@ class ServiceStack:
     jobs_dir: Path = PROJECT_ROOT / "include" / "jobs"
     work_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    db: str | None = None
+    db_port: int = 0
     log: object = print
     processes: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
     storage: object = field(default=None, repr=False)
+    database: object = field(default=None, repr=False)  # the PostgreSQL cluster, when it runs one
     first_answer_s: float | None = None
     _stopping: bool = field(default=False, repr=False)
 
@@ -89,9 +104,6 @@ class ServiceStack:
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "sat_tasks.service.sqlite.CONNECT_ARGS",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "sat_tasks.service.sqlite.CONNECT_ARGS_ASYNC",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
             "AIRFLOW__API__BASE_URL": self.url,
@@ -101,10 +113,20 @@ class ServiceStack:
             "PYTHONUNBUFFERED": "1",
         })
         env.update(service_secrets.component_env(kept, self.home))
+        kind = self.database_choice().kind
+        if kind == "sqlite":
+            env.update(sqlite_env(self.home))
+        elif kind == "postgres":
+            if self.database is None:
+                raise ServiceError("the PostgreSQL cluster is not started: start() starts it before the components")
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.database.url()
         if self.storage is not None:
             env.update(self.storage.connection_env())
         env.update(self.extra_env)
         return env
+
+    def database_choice(self) -> DatabaseChoice:
+        return choose_database(self.db, os.environ, PROJECT_ROOT / "airflow.cfg")
 
     # ---- start ----------------------------------------------------------------------------------
     def start(self, timeout: float = 180) -> ServiceStack:
@@ -119,11 +141,13 @@ class ServiceStack:
                                           state_dir=self.storage_dir or self.home / "object-storage").start()
         self.log(f"[sat] Object Storage (moto S3, kept in {self.storage.state_dir}) on {self.storage.endpoint_url}")
         seed_demo_bucket(_Client(self.storage))
+        self._start_database()
         env = self.environment()
         self.log("[sat] migrating the metadata DB ...")
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        use_wal(self.home / "airflow.db")
+        if self.database_choice().kind == "sqlite":
+            use_wal(self.home / "airflow.db")
         # The API server first: the scheduler's tasks report to its execution API from their
         # first second, and a task that finds no API server fails after a few retries.
         self._start_component("api-server", ["--host", self.host, "--port", str(self.port)], env)
@@ -133,6 +157,26 @@ class ServiceStack:
         self.first_answer_s = time.monotonic() - started
         (self.home / PID_FILE).write_text(str(os.getpid()))
         return self
+
+    def _start_database(self) -> None:
+        """The PostgreSQL cluster when `db` is `postgres`; a line saying which metadata DB it is."""
+        from sat_tasks.service.postgres import PostgresCluster, PostgresError
+
+        choice = self.database_choice()
+        if choice.kind == CONFIGURED:
+            self.log(f"[sat] metadata DB: the one configured in {choice.source}, unchanged")
+        elif choice.kind == "sqlite":
+            self.log(f"[sat] metadata DB: SQLite in {self.home / 'airflow.db'}")
+        else:
+            kept = service_secrets.load_or_create(self.home)
+            cluster = PostgresCluster(home=self.home, password=kept.db_password, logs_dir=self.logs_dir,
+                                      port=self.db_port, log=self.log)
+            self.database = cluster
+            try:
+                cluster.start()
+            except PostgresError as exc:
+                raise ServiceError(str(exc)) from None
+            self.log(f"[sat] metadata DB: {cluster.describe()}")
 
     def _start_component(self, component: str, args: list[str], env: dict[str, str]) -> None:
         with open(self.logs_dir / f"{component}.log", "ab") as out:
@@ -193,6 +237,10 @@ class ServiceStack:
             self.log(f"[sat] stopping {len(left)} more processes of this deployment (tasks, training)")
             procs.terminate(left, grace=10)
         self.log(f"[sat] components stopped ({time.monotonic() - began:.0f} s)")
+        if self.database is not None:
+            self.database.stop()
+            self.database = None
+            self.log("[sat] PostgreSQL stopped, its data kept")
         if self.storage is not None:
             began = time.monotonic()
             self.storage.stop()
