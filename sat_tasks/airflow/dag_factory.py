@@ -16,6 +16,7 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_c
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sat_tasks.airflow.notify import job_end_callbacks
+from sat_tasks.airflow import summary_xcom
 from sat_tasks.backends import backend_for
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import plan_attempt
@@ -24,6 +25,7 @@ from sat_tasks.pipeline import steps
 from sat_tasks.spec import TrainingJob
 
 log = logging.getLogger("sat.task")
+summary_xcom.install()  # each status change also goes to the metadata DB as the task's XCom (ADR 0022)
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 GENERIC_DAG_ID = "sat_training_job"
 GENERIC_MAX_ATTEMPTS = 6  # 1 + max(3 failovers, 5 Spot resumes)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from ckpt_engine import contract
 from sat_tasks import config
+from sat_tasks.core import run_summary
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Log, Plan, Verdict
 from sat_tasks.core.status import JobStatus, StatusHistory
@@ -239,11 +240,12 @@ class RunRecords:
     def history(self, log: Log = print) -> StatusHistory:
         """The status history, kept in Object Storage under the run's results prefix."""
         hook = self.hook()
-        return StatusHistory(
-            load=lambda: storage.read_json(hook, self.layout.status_uri),
-            save=lambda entries: storage.write_json(hook, self.layout.status_uri, entries),
-            log=log,
-        )
+
+        def save(entries: list[dict]) -> None:  # then the list's index hears of it (ADR 0022)
+            storage.write_json(hook, self.layout.status_uri, entries)
+            run_summary.publish(run_summary.summarize_history(entries).to_dict())
+
+        return StatusHistory(load=lambda: storage.read_json(hook, self.layout.status_uri), save=save, log=log)
 
     def record_attempt_start(self, plan: Plan, log: Log = print, where: str = "") -> None:
         """Job status Running (one entry per attempt); the plan's exclusions and resume step in the log."""

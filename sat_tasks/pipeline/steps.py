@@ -16,6 +16,7 @@ from typing import Any
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
 from sat_tasks.config import shared_registry_connections
+from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import decide_next, stop_reason, stopped_verdict
 from sat_tasks.core.status import TERMINAL, JobStatus
@@ -257,6 +258,7 @@ def _note_final(run: JobRun, status: str, metrics: Any, log: Log) -> None:
             "attempts": len(ends), "failovers_used": max((r.get("failovers_used") or 0 for r in ends), default=0),
             "goodput": job_summary(metrics)["goodput"], "running": 0,
         })
+        run_summary.publish({"goodput": record.get("goodput")})  # the list shows it (ADR 0022)
         metrics.records["job"].append(record)
         if ORCHESTRATOR_SERIES not in metrics.files:
             metrics.files.append(ORCHESTRATOR_SERIES)

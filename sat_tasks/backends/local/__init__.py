@@ -11,7 +11,6 @@ local backend is one host by definition. `runner.LocalAttempt` runs one attempt,
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +31,6 @@ from sat_tasks.spec import TrainingJob
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import BaseOperator
 
-# A `launch` try that died before SAT's code ran (its worker lost, a metadata DB error at start) is
-# retried this soon (5-10 s with the DAG's backoff): a retried launch, not a failed job (issue 31.3).
-LAUNCH_RETRY_DELAY = timedelta(seconds=5)
 
 
 class LocalBackend(Backend):
@@ -78,8 +74,8 @@ class LocalBackend(Backend):
                          job: TrainingJob | None) -> list[BaseOperator]:
         from sat_tasks.backends.local.operator import LocalLaunchOperator
 
-        return [LocalLaunchOperator(task_id="launch", attempt=attempt, previous_decide_task_id=previous_decide_task_id,
-                                    retry_delay=LAUNCH_RETRY_DELAY)]
+        return [LocalLaunchOperator(task_id="launch", attempt=attempt,
+                                    previous_decide_task_id=previous_decide_task_id)]
 
     def read_attempt_record(self, run: JobRun, attempt: int, log: Log) -> AttemptRecord | None:
         return run.load_record(attempt)  # `launch` stored it when the attempt ended

@@ -6,7 +6,6 @@ attempt resumes from its last committed checkpoint (`Interruption`), without a f
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,17 +40,11 @@ from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
 
 
-class AttemptInterrupted(RuntimeError):
-    """The launch task was asked to stop while its attempt ran: the attempt did not end, it resumes when the task runs again."""
-
-
-def launch_attempt(run: JobRun, plan: Plan, log: Log, interrupt: threading.Event | None = None) -> AttemptRecord:
+def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
     """Run one attempt on the first healthy node of the pool (or of its workspace, when free) and store its record.
 
     Run again for an attempt that already ended (its record is stored), it returns that record;
-    for one whose earlier run was interrupted (`find_interruption`), it resumes it. `interrupt`
-    set while it runs (the task's on_kill) stops the training (its final checkpoint) and raises
-    AttemptInterrupted without storing a record: the attempt has not ended.
+    for one whose earlier run was interrupted (`find_interruption`), it resumes it.
     """
     ended = run.load_record(plan.attempt)
     if ended is not None:
@@ -62,7 +55,7 @@ def launch_attempt(run: JobRun, plan: Plan, log: Log, interrupt: threading.Event
     if interruption is not None:
         plan = resume_interrupted(plan, interruption.resume_step)
     with attempt_nodes(run, plan, log) as nodes:
-        return _run_on(run, plan, nodes, log, interruption, interrupt)
+        return _run_on(run, plan, nodes, log, interruption)
 
 
 def find_interruption(run: JobRun, plan: Plan, log: Log) -> Interruption | None:
@@ -121,8 +114,8 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: Interruption | None = None,
-            interrupt: threading.Event | None = None) -> AttemptRecord:
+def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: Interruption | None = None
+            ) -> AttemptRecord:
     job = run.job
     node = nodes[0]
     run.record_attempt_start(plan, log, where=", ".join(nodes))
@@ -165,12 +158,8 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         stop_requested=run.stop_request,
         node_labels=local_node_labels(node, job.workspace),
         procs_file=procs_file(run, plan.attempt),
-        interrupt=interrupt,
     )
     record = runner.run(log)
-    if runner.interrupted and record.exit_code != 0:  # not its end: the task's next run resumes it (find_interruption)
-        raise AttemptInterrupted(f"attempt {plan.attempt} on {node} was interrupted (its launch task was asked to "
-                                 f"stop); its last committed checkpoint: {record.last_committed_step}")
     run.store_record(record)
     return record
 

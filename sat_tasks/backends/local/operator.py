@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import threading
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+from airflow.sdk.exceptions import AirflowFailException
 
 from sat_tasks.backends.launch import AttemptLaunch
-from sat_tasks.backends.local.launch import AttemptInterrupted, launch_attempt
+from sat_tasks.backends.local.launch import launch_attempt
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk.definitions.context import Context
-
-
-# An interrupted attempt's task asks to run again this soon (the scheduler's next loop after a restart).
-RUN_AGAIN_AFTER = timedelta(seconds=5)
 
 
 class LocalLaunchOperator(AttemptLaunch, BaseOperator):
@@ -31,9 +25,7 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
 
     One retry: a try whose task process died (killed, its worker lost) is run again, and the
     attempt resumes from its last committed checkpoint (`launch.find_interruption`), as it does
-    when a service restart makes the scheduler run the orphaned task again. Asked to stop
-    (`on_kill`: SIGTERM to the task, as a service stop sends it), the task passes SIGTERM on to
-    the training (its final checkpoint) and asks to be run again (up for reschedule: no retry spent).
+    when a service restart makes the scheduler run the orphaned task again.
 
     Args:
         attempt: 1-based attempt number.
@@ -51,22 +43,12 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job, plan = self.resolve_attempt(context)
-        self._interrupt = threading.Event()
         try:
-            record = launch_attempt(JobRun(job, context["run_id"]), plan, log=self.log.info, interrupt=self._interrupt)
+            record = launch_attempt(JobRun(job, context["run_id"]), plan, log=self.log.info)
         except SatError as exc:
             raise AirflowFailException(str(exc)) from None
-        except AttemptInterrupted as exc:
-            self.log.info("%s; the task runs again and resumes it", exc)
-            raise AirflowRescheduleException(datetime.now(UTC) + RUN_AGAIN_AFTER) from None
         if record.exit_code != 0:
             raise AirflowFailException(
                 f"attempt {plan.attempt} on {record.node} ended with exit status {record.exit_code}"
                 + (f" (signal {record.signal})" if record.signal else ""))
         return {"attempt": plan.attempt, "node": record.node, "exit_code": record.exit_code, "signal": record.signal}
-
-    def on_kill(self) -> None:
-        """SIGTERM to the task (a service stop, a host shutdown): the attempt's training stops, interrupted."""
-        interrupt = getattr(self, "_interrupt", None)
-        if interrupt is not None:
-            interrupt.set()
