@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from sat_tasks.core.status import TERMINAL, JobStatus
+from sat_tasks.core.status import TERMINAL, JobStatus, airflow_failed_because
 from sat_tasks.ui.create import FIELDS, SECTIONS, FormField, help_text
 from sat_tasks.ui.templating import job_href, render
 
@@ -141,6 +141,7 @@ def job_page_html(page: dict[str, Any], tag_errors: list[str] | None = None) -> 
         api_href=f"/sat/api/{job_href(page)}", log_href=f"/sat/api/{job_href(page)}/log",
         report_href=f"{href}/report", grid=f"/dags/{quote(page['dag_id'], safe='')}/runs/{quote(page['run_id'], safe='')}",
         seen=seen, terminal=json.dumps(sorted(s.value for s in TERMINAL)), stopped=JobStatus.STOPPED.value,
+        airflow_failed_because=airflow_failed_because,
         spec_json=json.dumps(page["spec"], indent=2), charts=monitoring_charts(page["monitoring"]),
         tags_text="\n".join(f"{k}={v}" for k, v in page["tags"].items()))
 
