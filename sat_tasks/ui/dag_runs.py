@@ -20,10 +20,12 @@ from airflow.models.connection import Connection
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.taskinstance import TaskInstance
+from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
 from airflow.utils.state import DagRunState
 from airflow.utils.types import DagRunTriggeredByType, DagRunType
 from sqlalchemy import select
 
+from sat_tasks.backends.launch import SPEC_TASK_ID
 from sat_tasks.ui.create import RegistryLogin
 from sat_tasks.ui.jobs import RunRef
 
@@ -35,19 +37,38 @@ def run_state(run: DagRun) -> str:
     return str(getattr(run.state, "value", run.state))
 
 
-def run_ref(run: DagRun, next_run: datetime | None = None) -> RunRef:
-    """The run as the view's data reads it."""
+def run_ref(run: DagRun, next_run: datetime | None = None, validated: dict[str, Any] | None = None) -> RunRef:
+    """The run as the view's data reads it (`validated`: its recorded job, `validated_specs`)."""
     return RunRef(dag_id=run.dag_id, run_id=run.run_id, state=run_state(run), start_date=run.start_date,
-                  end_date=run.end_date, conf=dict(run.conf or {}), next_run=next_run)
+                  end_date=run.end_date, conf=dict(run.conf or {}), next_run=next_run, validated=validated)
+
+
+def validated_specs(session: Any, runs: list[DagRun]) -> dict[int, dict[str, Any]]:
+    """validate_spec's XCom (the job as the run's tasks use it: its results prefix, ADR 0024) by DagRun.id."""
+    if not runs:
+        return {}
+    rows = session.execute(select(XComModel.dag_run_id, XComModel.value).where(
+        XComModel.dag_run_id.in_([run.id for run in runs]), XComModel.task_id == SPEC_TASK_ID,
+        XComModel.key == XCOM_RETURN_KEY, XComModel.map_index == -1)).all()
+    specs = {row.dag_run_id: XComModel.deserialize_value(row) for row in rows}
+    return {run_id: spec for run_id, spec in specs.items() if isinstance(spec, dict)}
+
+
+def recorded_run_ref(session: Any, run: DagRun) -> RunRef:
+    """The run as the view's data reads it, with the job it recorded at validate_spec."""
+    return run_ref(run, validated=validated_specs(session, [run]).get(run.id))
 
 
 def latest_runs(session: Any, dag_ids: set[str], *, limit: int, scheduled: set[str]) -> list[RunRef]:
-    """The newest `limit` runs of `dag_ids`; those of the `scheduled` DAGs carry the DAG's next run."""
+    """The newest `limit` runs of `dag_ids`, with their recorded jobs; those of the `scheduled` DAGs carry
+    the DAG's next run."""
     next_runs = dict(session.execute(
         select(DagModel.dag_id, DagModel.next_dagrun_create_after).where(DagModel.dag_id.in_(dag_ids))).all())
     runs = session.scalars(select(DagRun).where(DagRun.dag_id.in_(dag_ids)).order_by(DagRun.id.desc())
                            .limit(limit)).all()
-    return [run_ref(run, next_runs.get(run.dag_id) if run.dag_id in scheduled else None) for run in runs]
+    validated = validated_specs(session, list(runs))
+    return [run_ref(run, next_runs.get(run.dag_id) if run.dag_id in scheduled else None, validated.get(run.id))
+            for run in runs]
 
 
 def active_runs(session: Any, dag_ids: set[str]) -> list[RunRef]:

@@ -38,7 +38,7 @@ from sat_tasks.airflow.params import spec_from_params
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Verdict
 from sat_tasks.core.status import JobStatus
-from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.run_layout import JobRun, ownership_problem, scoped
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
 
 ReadJson = Callable[[str], Any]
@@ -61,18 +61,40 @@ class RunRef:
     end_date: datetime | None = None
     conf: dict[str, Any] = field(default_factory=dict)
     next_run: datetime | None = None  # the DAG's next scheduled run, for scheduled jobs
+    validated: dict[str, Any] | None = None  # validate_spec's XCom: the job as the run's tasks use it (ADR 0024)
 
 
 def job_of(run: RunRef, jobs: dict[str, TrainingJob], generic_dag_id: str) -> TrainingJob | None:
-    """The Training Job a run ran: its spec file's (job DAGs), or the form's conf (the generic DAG)."""
+    """The Training Job a run ran: its spec file's (job DAGs), or the form's conf (the generic DAG), with the
+    run's recorded results; None when there is none, or its recorded results are not its DAG's (ADR 0024)."""
     if run.dag_id in jobs:
-        return jobs[run.dag_id]
-    if run.dag_id != generic_dag_id or not run.conf:
+        job = jobs[run.dag_id]
+    elif run.dag_id != generic_dag_id or not run.conf:
         return None
+    else:
+        try:
+            job = parse_spec(spec_from_params(run.conf), source=f"{run.dag_id}/{run.run_id}")
+        except SpecError:
+            return None  # the run stopped at validate_spec; the row says so through the DAG-run state
+    job = with_recorded_results(run, job)
+    if job is None or ownership_problem(JobRun(job, run.run_id), run.dag_id, set(jobs)) is not None:
+        return None
+    return job
+
+
+def with_recorded_results(run: RunRef, job: TrainingJob) -> TrainingJob | None:
+    """`job` with the results its run recorded at validate_spec (destination, DAG; legacy runs: no DAG).
+
+    Not validated yet (or validate_spec refused it): the run's own DAG scopes the results, where
+    validate_spec will put them. A record that does not validate: None (nothing of it is read).
+    """
+    if run.validated is None:
+        return scoped(job, run.dag_id)
     try:
-        return parse_spec(spec_from_params(run.conf), source=f"{run.dag_id}/{run.run_id}")
-    except SpecError:
-        return None  # the run stopped at validate_spec; the row says so through the DAG-run state
+        recorded = TrainingJob.model_validate(run.validated)
+    except ValidationError:
+        return None
+    return job.model_copy(update={"results": recorded.results, "name": recorded.name})
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -85,14 +85,19 @@ class JobRunFound:
 
 
 def find_job_run(session: Any, dag_id: str, run_id: str) -> JobRunFound:
-    """The run `run_id` of the Training Job DAG `dag_id`; 404 when there is none or it is not a Training Job's."""
+    """The run `run_id` of the Training Job DAG `dag_id`, its layout the one it recorded at validate_spec (ADR 0024).
+
+    404 when there is none, it is not a Training Job's, or its recorded results are not its DAG's:
+    every read and action of the view goes through here, so none reaches another DAG's objects.
+    """
     run = dag_runs.find_run(session, dag_id, run_id)
     if run is None:
         raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
-    ref = dag_runs.run_ref(run)
+    ref = dag_runs.recorded_run_ref(session, run)
     job = job_of(ref, job_specs(), GENERIC_DAG_ID)
     if job is None:
-        raise HTTPException(404, f"{dag_id!r} is not a Training Job DAG, or its run {run_id!r} has no valid spec")
+        raise HTTPException(404, f"{dag_id!r} is not a Training Job DAG, or its run {run_id!r} has no valid spec "
+                                 "or no results of its own")
     return JobRunFound(run, ref, job)
 
 

@@ -14,7 +14,7 @@ from ckpt_engine.contract import (
     checkpoint_dir,
 )
 from sat_tasks.airflow.params import params_from_spec
-from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.run_layout import JobRun, scoped
 from sat_tasks.spec import parse_spec
 from sat_tasks.ui.jobs import RunRef, job_of, job_page, list_rows
 from tests.sat_tasks.spec.test_spec import BASE
@@ -53,7 +53,7 @@ def _written(job, run_id: str) -> dict:
 def test_rows_in_the_services_words_newest_first_sat_dags_only():
     demo, nightly = _job("demo-job"), _job("nightly-job", schedule="0 3 * * *")
     jobs = {"demo-job": demo, "nightly-job": nightly}
-    store = _written(demo, "manual__1")
+    store = _written(scoped(demo, "demo-job"), "manual__1")  # where the run's tasks write (ADR 0024)
     runs = [
         RunRef("demo-job", "manual__1", "running", start_date=T0 + timedelta(minutes=5)),
         RunRef("nightly-job", "scheduled__1", "queued", start_date=T0, next_run=T0 + timedelta(days=1)),
@@ -150,8 +150,8 @@ def test_monitoring_has_loss_steps_per_second_and_a_failover_marker():
 
 def test_edited_tags_replace_the_specs_in_the_row():
     job = _job("demo-job")
-    store = _written(job, "manual__1")
-    store[JobRun(job, "manual__1").tags_uri] = {"team": "vision", "cost-center": "42"}
+    store = _written(scoped(job, "demo-job"), "manual__1")
+    store[JobRun.of(job, "demo-job", "manual__1").tags_uri] = {"team": "vision", "cost-center": "42"}
     row = list_rows([RunRef("demo-job", "manual__1", "running", start_date=T0)], {"demo-job": job}, store.get,
                     GENERIC)[0]
     assert row["tags"] == {"team": "vision", "cost-center": "42"}
@@ -160,7 +160,7 @@ def test_edited_tags_replace_the_specs_in_the_row():
 def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
     from sat_tasks.ui.pages import job_page_html, list_page
 
-    job = _job("demo-job", tags={"team": "<script>alert(1)</script>"})
+    job = scoped(_job("demo-job", tags={"team": "<script>alert(1)</script>"}), "demo-job")  # as job_of gives it
     store = _written(job, "manual__1")
     ref = RunRef("demo-job", "manual__1", "running", start_date=T0)
     html = list_page(list_rows([ref], {"demo-job": job}, store.get, GENERIC), status="Running")
