@@ -130,10 +130,12 @@ def build_job_dag(
         @task(task_id="validate_spec")
         def validate_spec() -> dict:
             from sat_tasks.airflow.params import spec_from_params
+            from sat_tasks.airflow.person_access import triggering_person
 
             context = get_current_context()
             spec = baked if baked is not None else spec_from_params(dict(context["params"]))
-            return _run(steps.validate_spec, spec, None, context["run_id"], spec_with_run=baked is None)
+            return _run(steps.validate_spec, spec, None, context["run_id"], spec_with_run=baked is None, dag_id=dag_id,
+                        person=None if baked is not None else triggering_person(context["dag_run"]))
 
         @task(task_id="check_image", execution_timeout=CHECK_IMAGE_TIMEOUT)
         def check_image(spec: dict) -> dict:

@@ -165,11 +165,15 @@ class _TaskEvent:
 class RunWatcher:
     """Prints a run's steps, status changes and training progress on `console` while `watching()` is open.
 
-    `hook` is an S3Hook on the run's Object Storage, used only by the watcher's thread.
+    `hook` is an S3Hook on the run's Object Storage, used only by the watcher's thread. `dag_id`:
+    the DAG that runs the job, which scopes the run's results prefix as validate_spec records it
+    (ADR 0024; None: the legacy prefix).
     """
 
-    def __init__(self, job: Any, hook: Any, console: Console, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, job: Any, hook: Any, console: Console, clock: Callable[[], float] = time.monotonic, *,
+                 dag_id: str | None = None) -> None:
         self.job = job
+        self.dag_id = dag_id
         self.hook = hook
         self.console = console
         self.clock = clock
@@ -244,7 +248,7 @@ class RunWatcher:
         if self._run is None:
             from sat_tasks.io.run_layout import JobRun
 
-            self._run = JobRun(self.job, event.run_id)
+            self._run = JobRun.of(self.job, self.dag_id, event.run_id) if self.dag_id else JobRun(self.job, event.run_id)
         match = _ATTEMPT_TASK.match(event.task_id)
         launch = match is not None and match.group(2).startswith("launch")
         if event.kind == "start":

@@ -111,9 +111,9 @@ def _run_job(job, spec_path: Path | None, console, log_path: Path | None) -> dic
         watcher_hook = object_storage_hook()  # the watcher's thread has its own
         watcher_hook.get_conn()
         started = time.monotonic()
-        with RunWatcher(job, watcher_hook, console).watching():
+        with RunWatcher(job, watcher_hook, console, dag_id=dag.dag_id).watching():
             dag_run = dag.test(run_conf=conf)
-        report = read_json(hook, JobRun(job, dag_run.run_id).report_uri)
+        report = read_json(hook, JobRun.of(job, dag.dag_id, dag_run.run_id).report_uri)  # as validate_spec recorded
         _print_summary(console, report, dag_run.run_id, time.monotonic() - started, log_path)
         return report
     finally:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
+from sat_tasks.backends.base import workspace_pool_name
 from sat_tasks.config import shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import decide_next, stop_reason, stopped_verdict
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
-from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.run_layout import JobRun, scoped
 from sat_tasks.pipeline.report import build_report, format_report
 from sat_tasks.pipeline.warm_pool import hook_for as warm_pool_hook
 from sat_tasks.spec import (
@@ -57,20 +58,63 @@ def resolve_job(spec: dict[str, Any] | None, spec_path: str | None, source: str 
 
 
 def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: str, log: Log = print, *,
-                  spec_with_run: bool = False) -> dict:
+                  spec_with_run: bool = False, dag_id: str | None = None, person: PersonAccess | None = None) -> dict:
     """Validate the spec and open the job's status history (status Pending).
 
     `spec_with_run`: the generic DAG's run (the spec came with it, so no workspace pool was
-    set when the DAG was parsed; see `check_workspace`).
+    set when the DAG was parsed; see `check_workspace`). `dag_id`: the run's DAG, recorded in
+    the returned job (`results.dag_id`): it scopes the run's results prefix for every later task
+    and for the view (ADR 0024). `person`: who triggered the run, checked by `check_person`.
     """
     job = resolve_job(spec, spec_path)
+    if dag_id is not None:
+        job = scoped(job, dag_id)
     run = JobRun(job, run_id)
     log(f"job {job.name}: {job.learning_type.value} {job.framework.value}, {job.nodes} node(s), "
-        f"backend {job.backend.value}" + (f", workspace {job.workspace}" if job.workspace else ""))
+        f"backend {job.backend.value}" + (f", workspace {job.workspace}" if job.workspace else "")
+        + f"; results under {run.results_uri}")
+    check_person(job, run, person, log)
     check_workspace(job, run, log, spec_with_run=spec_with_run)
     job = with_workspace_warm_pool(job, log)
     run.history(log).record(JobStatus.PENDING, "spec validated", task="validate_spec")
     return job.to_dict()
+
+
+class PersonAccess(Protocol):
+    """What `check_person` asks of the person who triggered a run (`sat_tasks.airflow.person_access`)."""
+
+    name: str
+
+    def may_use_workspace(self, workspace: str) -> bool: ...
+
+    def may_use_connection(self, conn_id: str) -> bool: ...
+
+
+def check_person(job: TrainingJob, run: JobRun, person: PersonAccess | None, log: Log = print) -> None:
+    """Refuse a run whose triggering person may not use its workspace or its registry login (issue 29.6).
+
+    Create asks the same when it starts a run; a run triggered through the REST API with a
+    crafted conf did not pass Create. The person needs GET on the workspace's pool
+    `sat-workspace-<name>` and GET on the registry connection (a shared one needs nothing).
+    `person` None: no person to ask, and the spec is the deployment's: a job DAG's run (its spec
+    file's author is the deployment, whoever triggered it), a scheduled or asset-triggered run
+    (no triggering person), or dag.test()'s. Refused: status Failed, naming the permission.
+    """
+    if person is None:
+        return
+    problems = []
+    if job.workspace is not None and not person.may_use_workspace(job.workspace):
+        problems.append(f"workspace: {person.name} may not run jobs in workspace {job.workspace} "
+                        f"(it needs the permission to read its pool {workspace_pool_name(job.workspace)})")
+    conn_id = job.image.registry_conn_id
+    if conn_id and conn_id not in shared_registry_connections() and not person.may_use_connection(conn_id):
+        problems.append(f"image.registry_conn_id: {person.name} may not use the connection {conn_id} "
+                        "(it needs the permission to read it)")
+    if problems:
+        reason = "refused for the person who triggered the run: " + "; ".join(problems)
+        run.history(log).record(JobStatus.FAILED, reason, task="validate_spec")
+        raise JobStopped(f"{job.name}: {reason}")
+    log(f"{person.name}, who triggered the run, may use its workspace and registry login")
 
 
 def with_workspace_warm_pool(job: TrainingJob, log: Log = print) -> TrainingJob:

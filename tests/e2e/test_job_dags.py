@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.cli.run import run_job
+from sat_tasks.io.object_storage import read_json
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec
-from sat_tasks.io.object_storage import read_json
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FAKE = "python fake_train.py"
@@ -105,7 +106,7 @@ def test_broken_script_is_internal_after_one_attempt(scripts_in_bucket, s3_hook)
     assert any("KeyError" in line for line in attempts[0]["evidence"])
     # The report and the status history are JSON and hold no secret, on this error path too.
     assert "sat-local-secret" not in json.dumps(report)
-    status = read_json(s3_hook, JobRun(job, report["run_id"]).status_uri)
+    status = read_json(s3_hook, JobRun.of(job, GENERIC_DAG_ID, report["run_id"]).status_uri)
     assert status and "sat-local-secret" not in json.dumps(status)
 
 

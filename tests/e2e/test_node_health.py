@@ -9,7 +9,7 @@ idle cores (242 s while other suites ran beside it), so `make test` runs it earl
 
 from __future__ import annotations
 
-
+from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.backends.local.workspace import attempt_nodes
 from sat_tasks.cli import main
 from sat_tasks.core.contracts import Plan
@@ -17,7 +17,6 @@ from sat_tasks.io.node_ledger import NodeLedger
 from sat_tasks.io.object_storage import read_json
 from sat_tasks.io.run_layout import JobRun
 from tests.e2e.test_job_dags import make_job, run, scripts_in_bucket  # noqa: F401 - the fixture
-
 
 
 def fault(xid: int) -> list[dict]:
@@ -39,7 +38,7 @@ def test_a_suspect_node_is_relocated_blamed_and_quarantined_when_a_second_job_fa
     assert any(r.startswith("suspect node local-node-0: ") and "relocating once" in r for r in said)
     assert any(r.startswith("relocation: attempt 2 ran clean on local-node-1 after attempt 1's suspect fault on "
                             "local-node-0: local-node-0 is blamed") for r in said)
-    second = read_json(s3_hook, JobRun(first_job, report["run_id"]).verdict_uri(2))  # the Attempts tab's data
+    second = read_json(s3_hook, JobRun.of(first_job, GENERIC_DAG_ID, report["run_id"]).verdict_uri(2))  # the Attempts tab's data
     assert second["kind"] == "SUCCEEDED" and "local-node-0 is blamed" in second["reason"]
     ledger = NodeLedger.for_job(first_job, s3_hook)
     assert [(e.node, e.kind, e.by) for e in ledger.events()] == [("local-node-0", "SUSPECT_NODE", "classify"),
