@@ -2,11 +2,9 @@
 
 One deployment for the module (free loopback ports, a temporary Airflow home): the
 API server, the scheduler, the DAG processor and the embedded Object Storage, with
-authentication on, and its metadata DB in a private PostgreSQL cluster (`sat up --db
-postgres`, issue 31.3: SQLite stays covered by tests/e2e/test_demo_job.py and `make demo`;
-one run of this module, not two, fits the suite's budget). Through `apache-airflow-client`
-it logs in, triggers the demo job and the generic `sat_training_job` DAG (a fast job whose
-image is on a real registry with a password kept as an Airflow connection), and waits; a cron-scheduled spec and an
+authentication on. Through `apache-airflow-client` it logs in, triggers the demo job and
+the generic `sat_training_job` DAG (a fast job whose image is on a real registry with a
+password kept as an Airflow connection), and waits; a cron-scheduled spec and an
 Asset-scheduled spec start on their own. Then it checks the status history, the
 attempts and the report, that the registry password shows up nowhere, and that `sat up`
 / `sat down` restart the deployment with its secrets and its objects.
@@ -16,9 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -30,7 +28,6 @@ import yaml
 from playwright.sync_api import expect
 
 from sat_tasks.io.local_s3 import PersistentS3Server, free_port, state_file_name
-from sat_tasks.service.postgres import cluster_dir
 from sat_tasks.service.secrets import SECRETS_FILE
 from sat_tasks.service.stack import ServiceStack, processes_of
 from tests.support.paths import REPO
@@ -80,13 +77,9 @@ def deployment(tmp_path_factory):
     (jobs / "svc-asset.yaml").write_text(yaml.safe_dump(_fast_spec(
         "svc-asset", schedule=f"asset:{WATCHED}", data={"source": WATCHED})))
     stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
-                         storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work", db="postgres",
+                         storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work",
                          extra_env={"AIRFLOW__SAT__WORKSPACES_DIR": str(root / "workspaces"),  # not the repo's
                                     "AIRFLOW__SAT__DATA_WATCH_INTERVAL_SECONDS": "10",
-                                    # the module's five concurrent jobs and a failover's excluded node never
-                                    # queue for a slot: the status histories below have no wait in them
-                                    # (queueing: tests/sat_tasks/backends/local/test_pool_slots.py)
-                                    "AIRFLOW__SAT__LOCAL_NODE_SLOTS": "2",
                                     "AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS": "20",
                                     # the generic run's login is shared, not sat_registry_<its name>
                                     "AIRFLOW__SAT__SHARED_REGISTRY_CONNECTIONS": "sat_registry_svc",
@@ -98,7 +91,6 @@ def deployment(tmp_path_factory):
     client.upload_file(str(REPO / "tests" / "e2e" / "scripts" / "fake_train.py"), BUCKET, "scripts/fake_train.py")
     yield stack
     stack.stop()
-    shutil.rmtree(cluster_dir(stack.home), ignore_errors=True)  # outside the temporary home when run as root
 
 
 def _password(stack: ServiceStack) -> str:
@@ -453,34 +445,10 @@ def test_the_registry_password_appears_nowhere(deployment, api, runs):
     seen += [p.read_text(errors="replace") for p in (deployment.home / "logs").rglob("*") if p.is_file()]
     leaks = [text[max(0, text.find(REGISTRY_PASSWORD) - 80):][:200] for text in seen if REGISTRY_PASSWORD in text]
     assert leaks == []
-    stored, encrypted = _metadata_db_row(deployment, "SELECT password, is_encrypted FROM connection "
-                                                     "WHERE conn_id = :id", id="sat_registry_svc")
+    with sqlite3.connect(deployment.home / "airflow.db") as db:
+        stored, encrypted = db.execute("SELECT password, is_encrypted FROM connection WHERE conn_id = ?",
+                                       ("sat_registry_svc",)).fetchone()
     assert encrypted and REGISTRY_PASSWORD not in stored  # Fernet-encrypted with the kept key
-
-
-def test_the_metadata_db_is_postgresql_and_its_password_appears_in_no_log(deployment, runs):
-    """Every run of this module went through the deployment's PostgreSQL (issue 31.3); its generated password,
-    kept with the other secrets, is in no log (the components', the tasks', the server's)."""
-    url = deployment.environment()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-    assert url.startswith("postgresql+psycopg2://sat:") and "@127.0.0.1:" in url
-    assert not (deployment.home / "airflow.db").exists()
-    assert _metadata_db_row(deployment, "SELECT count(*) FROM dag_run WHERE state = 'success'")[0] >= 2
-    password = json.loads((deployment.home / SECRETS_FILE).read_text())["db_password"]
-    logs = [p for p in (deployment.home / "logs").rglob("*") if p.is_file()]
-    assert any(p.name == "postgres.log" for p in logs)
-    assert [p for p in logs if password in p.read_text(errors="replace")] == []
-
-
-def _metadata_db_row(stack: ServiceStack, sql: str, **params):
-    """One row of the deployment's metadata DB (PostgreSQL here), through the URL its components use."""
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(stack.environment()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
-    try:
-        with engine.connect() as connection:
-            return connection.execute(sqlalchemy.text(sql), params).one()
-    finally:
-        engine.dispose()
 
 
 # ---- the Training Jobs API (plugins/sat_training_jobs.py) ---------------------------------------------
@@ -741,134 +709,6 @@ def test_a_person_reads_the_node_health_ledger_and_releases_a_node_from_airflows
     assert ledger()[node] is False
 
 
-# ---- the job page inside Airflow: live log, outputs, links (issue 30 items 2, 3, 11) ---------------------
-def test_a_person_follows_a_running_jobs_log_and_opens_its_files_report_and_grid_inside_airflow(deployment, api, runs,
-                                                                                                browser):
-    """Inside Airflow's navigation (the view's sandboxed iframe): a running job's Logs tab shows its log from the
-    first attempt's marker on and follows new lines without a reload; the log downloads while the job runs; the
-    finished demo's Outputs list its files with sizes and each downloads; "open the job report" opens in place and
-    "Airflow grid and task logs" moves Airflow's own page (issue 30 items 2, 3, 11). No navigation is refused."""
-    from urllib.parse import quote
-
-    from airflow_client.client import TriggerDAGRunPostBody
-    from airflow_client.client.api.dag_run_api import DagRunApi
-
-    from sat_tasks.airflow.params import params_from_spec
-    from sat_tasks.spec import parse_spec
-
-    headers = {"Authorization": f"Bearer {_token(deployment.url, _password(deployment))}"}
-    ticking = parse_spec(_fast_spec("svc-live-log", env={**FAST_ENV, "FAKE_STEPS": "100000"},
-                                    command="(for i in $(seq 1 100000); do echo tick $i; sleep 0.5; done) & "
-                                            "python fake_train.py"))
-    run_id = _retrying(lambda: DagRunApi(api).trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(
-        logical_date=None, conf=params_from_spec(ticking)))).dag_run_id
-    job_api = f"{deployment.url}/sat/api/jobs/sat_training_job/runs/{quote(run_id, safe='')}"
-    page = _logged_in_page(deployment, browser)
-    refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text) if "Unsafe attempt" in message.text else None)
-    try:
-        page.locator("a[href$='plugin/training-jobs']").click()  # the "Training Jobs" entry of Airflow's navigation
-        frame = page.frame_locator("iframe")
-        frame.get_by_role("link", name="svc-live-log").first.click()
-        frame.locator("#status").wait_for()
-        frame.get_by_role("link", name="Logs", exact=True).click()
-        log = frame.locator("#job-log")
-        expect(log).to_contain_text("tick 3", timeout=240_000)  # the job runs: its lines, while it runs
-        assert "Starting dataset initialization" in frame.locator("#job-log .marker").first.inner_text()
-        seen = log.inner_text()
-        last = max(int(number) for number in re.findall(r"tick (\d+)", seen))
-        expect(log).to_contain_text(f"tick {last + 4}", timeout=60_000)  # new lines come without a reload
-        page.screenshot(path=str(SCREENSHOTS / "19-live-log-in-airflow.png"))
-        with page.expect_download() as download:  # the whole log while the job runs (allow-downloads)
-            frame.get_by_role("link", name="download job.log").click()
-        whole = Path(download.value.path()).read_text()
-        assert whole.count("Starting dataset initialization") == 1 and "tick 1\n" in whole
-        assert requests.post(job_api + "/stop", headers=headers, timeout=60).status_code == 202
-        assert _wait_for_run(api, "sat_training_job", run_id, deadline=time.monotonic() + 300).state == "failed"
-        tail = requests.get(job_api + "/log/tail", headers=headers, timeout=60).json()
-        assert tail["ended"] and "SIGTERM: final checkpoint" in requests.get(job_api + "/log", headers=headers,
-                                                                             timeout=60).text
-
-        demo = quote(runs["demo"].dag_run_id, safe="")
-        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}")  # in the iframe
-        frame.get_by_role("link", name="Outputs", exact=True).click()
-        outputs = frame.locator("#outputs")
-        expect(outputs).to_contain_text("Model and outputs")
-        assert "Checkpoints" in outputs.inner_text() and "report.json" in outputs.inner_text()
-        assert "KiB" in outputs.inner_text() or "MiB" in outputs.inner_text()
-        page.screenshot(path=str(SCREENSHOTS / "20-outputs-in-airflow.png"))
-        with page.expect_download() as download:
-            frame.get_by_role("link", name="report.json", exact=True).click()
-        assert json.loads(Path(download.value.path()).read_text())["status"] == "Completed"
-        frame.get_by_role("link", name="Monitoring", exact=True).click()
-        frame.locator("#report-link").click()  # opens in place: Airflow's address follows the iframe
-        page.wait_for_url(f"**/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}/report")
-        frame.locator("img").first.wait_for()
-        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}")
-        frame.get_by_role("link", name="Airflow grid and task logs").click()  # Airflow's page, not inside the frame
-        page.wait_for_url(f"**/dags/sat_training_job/runs/{demo}**")
-        expect(page.locator("iframe")).to_have_count(0)
-        page.get_by_text("finalize").or_(page.get_by_text(runs["demo"].dag_run_id)).first.wait_for()  # Airflow's page
-        page.screenshot(path=str(SCREENSHOTS / "21-airflow-run-from-the-job-page.png"))
-    finally:
-        page.close()
-    assert refused == []
-
-
-def test_a_person_finds_jobs_by_search_filter_sort_and_page_inside_airflow(deployment, runs, browser):
-    """Issue 30.7-8 in the embedded view at 1280 px: search by name, a status menu that applies at once, a sorted
-    column, pages of 2 followed by their links; who created each job, GPU-hours, times relative in the browser's
-    zone (no raw UTC with microseconds), and a list that fits the window."""
-    import re
-
-    page = _logged_in_page(deployment, browser)
-    page.set_viewport_size({"width": 1280, "height": 900})
-    page.locator("a[href$='plugin/training-jobs']").click()  # the "Training Jobs" entry of Airflow's navigation
-    page.wait_for_url("**/plugin/training-jobs")
-    frame = page.frame_locator("iframe")
-    frame.get_by_role("heading", name="Training Jobs").wait_for()
-
-    frame.locator("#filter-q").fill(DEMO_NAME[:-3])  # a part of the name
-    frame.locator("#apply-filters").click()
-    frame.locator("#clear-filters").wait_for()
-    names = frame.locator("tr.job-row").evaluate_all("rows => rows.map(r => r.dataset.job)")
-    assert names and set(names) == {DEMO_NAME}, names
-    demo = frame.locator(f"tr.job-row[data-job='{DEMO_NAME}']").first
-    cells = demo.inner_text()
-    assert "admin" in cells and "Completed" in cells and "On-Demand" in cells, cells  # created by, status, type
-    assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d+", cells) and " UTC" not in cells, cells  # relative, local
-    assert "ago" in demo.locator("time.when").first.inner_text()
-    float(demo.locator(".gpu-hours").inner_text())  # GPU-hours, a number
-
-    frame.locator("#clear-filters").click()
-    frame.locator("#filter-status").select_option("Completed")  # a menu applies at once
-    frame.locator("#filter-status option[value='Completed'][selected]").wait_for(state="attached")
-    statuses = frame.locator("tr.job-row .status").all_inner_texts()
-    assert statuses and set(statuses) == {"Completed"}, statuses
-    frame.locator("th a[data-sort='job']").click()
-    frame.locator("th a.sorted[data-sort='job']").wait_for()
-    names = frame.locator("tr.job-row").evaluate_all("rows => rows.map(r => r.dataset.job)")
-    assert names == sorted(names), names
-
-    listing = next(f for f in page.frames if "/sat/jobs" in f.url)
-    listing.goto(f"{deployment.url}/sat/jobs?per_page=2")  # small pages: the links take over
-    total = int(re.search(r"of (\d+)", frame.locator("#list-summary").inner_text()).group(1))
-    assert total > 2 and frame.locator("tr.job-row").count() == 2
-    seen = set(frame.locator("tr.job-row .run-id").all_inner_texts())
-    frame.locator("#page-next").click()
-    frame.get_by_text("Page 2 of").wait_for()
-    second = set(frame.locator("tr.job-row .run-id").all_inner_texts())
-    assert second and not second & seen, (seen, second)
-    fits = page.locator("iframe").element_handle().content_frame().evaluate(
-        "document.documentElement.scrollWidth <= document.documentElement.clientWidth")
-    page.screenshot(path=str(SCREENSHOTS / "19-jobs-list-pages-in-airflow.png"))
-    listing.goto(f"{deployment.url}/sat/jobs")
-    frame.locator("tr.job-row").first.wait_for()
-    page.screenshot(path=str(SCREENSHOTS / "20-jobs-list-in-airflow-1280.png"))
-    assert fits, "the list is wider than a 1280 px window"
-    page.close()
-
-
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------
 def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""
@@ -879,7 +719,7 @@ def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deploymen
     deployment.stop()  # the module's own stack: the CLI takes over the same home
     storage_port = free_port()
     env = {**os.environ, "AIRFLOW_HOME": str(deployment.home), "SAT_PORT": str(deployment.port),
-           "SAT_STORAGE_PORT": str(storage_port), "SAT_STORAGE_DIR": str(storage_dir), "SAT_DB": "postgres"}
+           "SAT_STORAGE_PORT": str(storage_port), "SAT_STORAGE_DIR": str(storage_dir)}
     sat = str(Path(sys.executable).with_name("sat"))
     up = subprocess.Popen([sat, "up"], env=env, stdout=open(tmp_path / "up.log", "w"), stderr=subprocess.STDOUT,
                           start_new_session=True)
