@@ -1,4 +1,4 @@
-"""The view refuses cross-site writes, frames only for its own origin, asks the right permissions (issue 29.5-7).
+"""The view refuses cross-site writes, frames only for its own origin, asks the right permissions (issue 29.4-7).
 
 The app is Airflow's API server with the project's plugins (the fixtures of
 tests/sat_tasks/ui/test_api.py, one per module). A browser sends the session cookie
@@ -12,15 +12,27 @@ from __future__ import annotations
 
 import pytest
 
+from sat_tasks.io.object_storage import read_json
+from sat_tasks.io.run_layout import scoped
 from tests.sat_tasks.ui.test_api import (  # noqa: F401 (the module-scoped app and its client)
     DEMO,
     GENERIC,
     _good_form,
     _headers,
+    _set_state,
     _trigger,
     admin,
     app,
     client,
+)
+from tests.security.test_run_ownership import (
+    RUN,
+    _demo_job,
+    _run_routes,
+    _set_validated,
+    _twin,
+    _victim,
+    _victim_objects,
 )
 
 OWN = "http://sat.test"  # the TestClient's base URL
@@ -147,3 +159,76 @@ def test_create_refuses_a_backend_the_deployment_does_not_allow(client, admin):
         "field": "backend", "input": "advanced",
         "rule": "kubernetes is not allowed on this deployment: a job may run on local only ([sat] allowed_backends)"}]
     assert client.get(f"/api/v2/dags/{GENERIC}/dagRuns", headers=admin).json()["total_entries"] == runs_before
+
+
+# ---- issue 29.4: what a run owns (ADR 0024; the helpers: tests/security/test_run_ownership.py) -----------
+# ---- every route checks the DAG's permission ----------------------------------------------------------
+def test_every_run_route_refuses_a_person_without_the_dags_permission(client, admin, s3_hook):
+    routes = _run_routes()
+    assert len(routes) >= 12, routes  # the page, its JSON, log, report, stop, tags, delete (and newer ones)
+    run_id, run = _victim(client, admin, s3_hook)
+    before = _victim_objects(s3_hook, run)
+    outsider = {**_headers("outsider"), "Origin": "http://sat.test"}
+    for method, path in routes:
+        url = "/sat" + path.replace("{dag_id}", DEMO).replace("{run_id}", run_id).replace("{name:path}", "job.log") \
+            .replace("{name}", "job.log")
+        response = client.request(method, url, headers=outsider, json={"tags": {"a": "b"}}, data=None)
+        assert response.status_code == 403, (method, path, response.status_code, response.text[:200])
+    assert _victim_objects(s3_hook, run) == before
+    assert client.get(f"/api/v2/dags/{DEMO}/dagRuns/{run_id}", headers=admin).json()["state"] == "queued"
+
+
+# ---- a twin run reaches only its own objects ----------------------------------------------------------
+@pytest.mark.parametrize("legacy_victim", [pytest.param(False, id="victim-scoped"),
+                                           pytest.param(True, id="victim-validated-before-adr-0024")])
+def test_a_twin_run_of_the_generic_dag_cannot_read_stop_tag_or_delete_the_victims_objects(
+        client, admin, s3_hook, legacy_victim):
+    run_id, victim = _victim(client, admin, s3_hook, legacy=legacy_victim)
+    before = _victim_objects(s3_hook, victim)
+    outsider = {**_headers("outsider"), "Origin": "http://sat.test"}
+    _twin(client, outsider, run_id)
+    api = f"/sat/api{RUN.format(dag=GENERIC, run=run_id)}"
+
+    page = client.get(api, headers=outsider)
+    assert page.status_code == 200, page.text  # its own run: readable, its own (empty) records
+    assert page.json()["results"] != victim.results_uri and f"/{GENERIC}/" in page.json()["results"]
+    assert "the victim's secret" not in page.text and page.json()["tags"] != {"team": "victims"}
+    log = client.get(api + "/log", headers=outsider)
+    assert "the victim's secret" not in log.text
+    assert client.post(api + "/stop", headers=outsider).status_code == 202
+    assert client.put(api + "/tags", headers=outsider, json={"tags": {"team": "outsiders"}}).status_code == 200
+    _set_state(GENERIC, run_id, "failed")
+    deleted = client.delete(api + "?delete_results=true", headers=outsider)
+    assert deleted.status_code == 200 and deleted.json()["results_uri"] != victim.results_uri
+
+    assert _victim_objects(s3_hook, victim) == before  # no stop.json, same tags, nothing deleted
+    assert read_json(s3_hook, victim.tags_uri) == {"team": "victims"}
+    assert client.get(f"/api/v2/dags/{DEMO}/dagRuns/{run_id}", headers=admin).json()["state"] == "queued"
+    owner = client.get(f"/sat/api{RUN.format(dag=DEMO, run=run_id)}", headers=admin)
+    assert owner.status_code == 200 and owner.json()["results"] == victim.results_uri
+    assert owner.json()["history"][0]["reason"] == "the victim's secret status"  # the owner still reads it
+    log = client.get(f"/sat/api{RUN.format(dag=DEMO, run=run_id)}/log", headers=admin)
+    assert log.status_code == 200 and "the victim's secret log line" in log.text
+
+
+@pytest.mark.parametrize("record", [
+    pytest.param("legacy", id="twin-validated-before-adr-0024"),
+    pytest.param("forged", id="twin-record-naming-the-victims-dag"),
+])
+def test_a_twin_whose_record_reaches_another_dags_prefix_is_refused_by_every_route(
+        client, admin, s3_hook, record):
+    run_id, victim = _victim(client, admin, s3_hook, legacy=True)
+    before = _victim_objects(s3_hook, victim)
+    outsider = {**_headers("outsider"), "Origin": "http://sat.test"}
+    _twin(client, outsider, run_id)
+    _set_validated(GENERIC, run_id, _demo_job() if record == "legacy" else scoped(_demo_job(), DEMO))
+    _set_state(GENERIC, run_id, "failed")
+    for method, path in _run_routes():
+        url = "/sat" + path.replace("{dag_id}", GENERIC).replace("{run_id}", run_id) \
+            .replace("{name:path}", "job.log").replace("{name}", "job.log")
+        response = client.request(method, url, headers=outsider, json={"tags": {"a": "b"}})
+        assert response.status_code in (403, 404), (method, path, response.status_code, response.text[:200])
+        assert "the victim's secret" not in response.text
+    assert _victim_objects(s3_hook, victim) == before
+    owner = client.get(f"/sat/api{RUN.format(dag=DEMO, run=run_id)}", headers=admin)
+    assert owner.status_code == 200 and owner.json()["results"] == victim.results_uri
