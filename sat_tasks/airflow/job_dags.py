@@ -1,11 +1,33 @@
-"""Generate one DAG per job spec file, keeping each bad file's problems apart from the good ones."""
+"""Generate one DAG per job spec file, keeping each bad file's problems apart from the good ones.
+
+Every spec is read through `load_spec_cached`: the DAG files parsed in one process (a DagBag
+of the folder, the API server) validate each spec once per change. The job DAGs are spread
+over the `dags/sat_jobs_NN.py` files by `shards.shard_of` (ADR 0023); each builds its own
+share within `parse_budget` and says which specs it skipped when it runs out.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sat_tasks.spec import SpecError, dag_id_for, load_spec
+from sat_tasks.airflow.parse_budget import (
+    ParseBudget,
+    SkipReport,
+    read_reports,
+    record_pass,
+)
+from sat_tasks.airflow.shards import (
+    JOB_DAG_FILES,
+    WATCH_DAG_FILE,
+    job_dag_files,
+    name_hint,
+    shard_of,
+    spec_paths,
+)
+from sat_tasks.spec import SpecError, SpecFileErrors, dag_id_for
+from sat_tasks.spec.loading import load_spec_cached
 
 
 @dataclass
@@ -15,18 +37,44 @@ class JobDagSet:
     dags: dict = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     jobs: dict = field(default_factory=dict)  # dag_id -> the validated TrainingJob
+    paths: dict[str, Path] = field(default_factory=dict)  # dag_id -> its spec file
+    skipped: list[str] = field(default_factory=list)  # spec files left unbuilt: the parse budget ran out
 
 
-def load_job_dags(jobs_dir: str | Path, fileloc: str | None = None, *, build: bool = True) -> JobDagSet:
+class JobDagFileErrors(SpecFileErrors):
+    """Bad spec files, and job DAG files whose last pass ran out of time: the lines say which specs have no DAG."""
+
+    def __init__(self, errors: dict[str, str], reports: list[SkipReport]):
+        lines = [str(SpecFileErrors(errors))] if errors else ["job DAG file(s) ran out of their parse budget:"]
+        lines += [line for report in reports for line in report.lines()]
+        ImportError.__init__(self, "\n".join(lines))
+        self.errors = errors
+        self.reports = reports
+
+
+def _dag_kwargs(job, path: Path, fileloc: str | None) -> dict:
+    return {"dag_id": dag_id_for(job), "spec_path": str(path), "fileloc": fileloc,
+            "doc_md": f"Training Job **{job.name}** from `{path.name}`.\n\n```yaml\n{path.read_text()}\n```"}
+
+
+def load_job_dags(jobs_dir: str | Path, fileloc: str | None = None, *, build: bool = True,
+                  budget: ParseBudget | None = None, only: Callable[[str], bool] | None = None) -> JobDagSet:
     """Build a DAG for every `*.yaml`/`*.yml` spec in `jobs_dir`; a bad spec never breaks the others.
 
     With `build=False` the specs are only validated (no DAG objects): used to report errors.
+    Files left when `budget` is spent are listed in `skipped`; `only(text)` False skips a file
+    without validating it (a filter on its text).
     """
     result = JobDagSet()
     seen: dict[str, str] = {}
-    for path in sorted(Path(jobs_dir).glob("*.y*ml")):
+    for path in spec_paths(jobs_dir):
+        if budget is not None and budget.exhausted():
+            result.skipped.append(str(path))
+            continue
+        if only is not None and not _text_passes(path, only):
+            continue
         try:
-            job = load_spec(path)
+            job = load_spec_cached(path)
         except SpecError as exc:
             result.errors[str(path)] = str(exc)
             continue
@@ -36,12 +84,109 @@ def load_job_dags(jobs_dir: str | Path, fileloc: str | None = None, *, build: bo
             continue
         seen[dag_id] = str(path)
         result.jobs[dag_id] = job
-        if not build:
-            continue
-        from sat_tasks.airflow.dag_factory import build_job_dag
+        result.paths[dag_id] = path
+        if build:
+            from sat_tasks.airflow.dag_factory import build_job_dag
 
-        result.dags[dag_id] = build_job_dag(
-            job, dag_id=dag_id, spec_path=str(path), fileloc=fileloc,
-            doc_md=f"Training Job **{job.name}** from `{path.name}`.\n\n```yaml\n{path.read_text()}\n```",
-        )
+            result.dags[dag_id] = build_job_dag(job, **_dag_kwargs(job, path, fileloc))
     return result
+
+
+def _text_passes(path: Path, only: Callable[[str], bool]) -> bool:
+    try:
+        return only(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return True  # let validation report it
+
+
+def _names_by_hint(paths: list[tuple[int, Path]]) -> dict[str | None, list[tuple[int, Path]]]:
+    """Spec files (with their place in spec-file order) by the name their text shows (`name_hint`; None: unclear)."""
+    found: dict[str | None, list[tuple[int, Path]]] = {}
+    for place, path in paths:
+        try:
+            hint = name_hint(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue  # unreadable: not a valid spec
+        found.setdefault(hint, []).append((place, path))
+    return found
+
+
+def _is_taken(name: str, before: int, by_hint: dict[str | None, list[tuple[int, Path]]]) -> bool:
+    """Whether a valid spec file placed before `before` (in another shard) is named `name`: read only the candidates."""
+    for place, path in sorted(by_hint.get(name, []) + by_hint.get(None, [])):
+        if place >= before:
+            break
+        try:
+            if dag_id_for(load_spec_cached(path)) == name:
+                return True
+        except SpecError:
+            continue
+    return False
+
+
+def load_shard_dags(jobs_dir: str | Path, shard: int, *, shards: int = JOB_DAG_FILES, fileloc: str | None = None,
+                    budget: ParseBudget | None = None) -> JobDagSet:
+    """The DAGs of the specs in `shard`, built in spec-file order until `budget` is spent.
+
+    A bad spec, or one whose name an earlier spec file (in any shard) already has, yields no
+    DAG here (`sat_job_spec_errors.py` reports it). Specs left when the budget runs out are
+    listed in `skipped`, logged, and kept in a report for `sat_job_spec_errors.py`.
+    """
+    from sat_tasks.airflow.dag_factory import build_job_dag
+
+    result = JobDagSet()
+    paths = spec_paths(jobs_dir)
+    mine = {place for place, path in enumerate(paths) if shard_of(path.name, shards) == shard}
+    by_hint = _names_by_hint([(place, path) for place, path in enumerate(paths) if place not in mine]) if mine else {}
+    for place in sorted(mine):
+        path = paths[place]
+        if budget is not None and budget.exhausted():
+            result.skipped.append(str(path))
+            continue
+        try:
+            job = load_spec_cached(path)
+        except SpecError as exc:
+            result.errors[str(path)] = str(exc)
+            continue
+        dag_id = dag_id_for(job)
+        if dag_id in result.jobs or _is_taken(dag_id, place, by_hint):
+            result.errors[str(path)] = f"{path}: name: job name {job.name!r} is already used by an earlier spec file"
+            continue
+        result.jobs[dag_id] = job
+        result.paths[dag_id] = path
+        result.dags[dag_id] = build_job_dag(job, **_dag_kwargs(job, path, fileloc))
+    if fileloc is not None and budget is not None:
+        record_pass(jobs_dir, SkipReport(Path(fileloc).name, tuple(result.skipped), len(result.dags),
+                                         round(budget.spent(), 1), round(budget.seconds, 1)))
+    return result
+
+
+def may_be_asset_scheduled(text: str) -> bool:
+    """Whether a spec's text may schedule it on an Asset (`asset:`, or an escape that could spell it)."""
+    return "asset:" in text or "\\" in text
+
+
+def spec_problems(jobs_dir: str | Path, budget: ParseBudget | None = None,
+                  fileloc: str = "sat_job_spec_errors.py") -> JobDagFileErrors | None:
+    """What `sat_job_spec_errors.py` raises: every bad spec file, and the specs a SAT DAG file skipped; None: all is well.
+
+    The specs this file had no time to check within `budget` are named too (under `fileloc`).
+    """
+    checked = load_job_dags(jobs_dir, build=False, budget=budget)
+    reports = read_reports(jobs_dir, job_dag_files() | {WATCH_DAG_FILE})
+    if checked.skipped and budget is not None:
+        reports.append(SkipReport(Path(fileloc).name, tuple(checked.skipped),
+                                  len(checked.jobs) + len(checked.errors), round(budget.spent(), 1),
+                                  round(budget.seconds, 1)))
+    return JobDagFileErrors(checked.errors, reports) if checked.errors or reports else None
+
+
+def asset_scheduled_jobs(jobs_dir: str | Path, fileloc: str, budget: ParseBudget) -> list:
+    """The valid specs `sat_data_changes.py` watches for: only files whose text may say `asset:` are validated.
+
+    Files left when the budget is spent are logged and reported (`sat_job_spec_errors.py` shows them).
+    """
+    found = load_job_dags(jobs_dir, build=False, budget=budget, only=may_be_asset_scheduled)
+    record_pass(jobs_dir, SkipReport(Path(fileloc).name, tuple(found.skipped), len(found.jobs),
+                                     round(budget.spent(), 1), round(budget.seconds, 1)))
+    return list(found.jobs.values())
