@@ -151,8 +151,8 @@ def _fault_text(fault: dict[str, Any]) -> str:
             + (f" after {fault['recovery_s']:.1f}s" if fault["recovery_s"] is not None else ""))
 
 
-def render_report_html(metrics: RunMetrics, *, title: str = "") -> str:
-    """The whole page for one run: a summary table, the problems (if any) and the plots."""
+def render_report_html(metrics: RunMetrics, *, title: str = "", omit: tuple[str, ...] = ()) -> str:
+    """The whole page for one run: a summary table, the problems (if any) and the plots (but those named in `omit`)."""
     series = monitoring_series(metrics)
     summary = job_summary(metrics)
     times = [r["time"] for records in metrics.records.values() for r in records]
@@ -180,7 +180,7 @@ def render_report_html(metrics: RunMetrics, *, title: str = "") -> str:
     plots = _plots(series, t0)
     if not plots:
         parts.append("<p>No metrics series were found for this run.</p>")
-    for name, png in plots:
+    for name, png in [(name, png) for name, png in plots if name not in omit]:
         parts.append(f"<h2>{esc(name)}</h2><img alt='{esc(name)}' src='data:image/png;base64,{png}'>")
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     parts.append(f"<p style='color:#777'>Generated {generated} from {len(metrics.files)} series file(s).</p>")

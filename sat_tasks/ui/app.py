@@ -41,6 +41,7 @@ from airflow.models.dagbag import DBDagBag
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 
+from sat_tasks.ui import errors
 from sat_tasks.ui.routers import jobs, nodes, runs, workspaces
 from sat_tasks.ui.security import FRAME_HEADERS, refuse_cross_site_writes
 
@@ -54,6 +55,7 @@ def create_app() -> FastAPI:
     app.state.dag_bag = DBDagBag()  # what DagBagDep reads: the serialized DAGs, from the metadata DB
     for router in ROUTERS:
         app.include_router(router)
+    errors.install(app)  # pages: a login redirect, a not-found page; the JSON API answers as before
 
     @app.get("/openapi.json", include_in_schema=False)
     def openapi(user: GetUserDep):

@@ -15,8 +15,9 @@ connection (`registry_conn_id`), and the spec names only its id.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sat_tasks.airflow.params import field_schema
 from sat_tasks.spec import (
@@ -28,10 +29,15 @@ from sat_tasks.spec import (
     parse_spec,
 )
 
-REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, ADVANCED = (
-    "Required information", "Service information", "Image", "Command and volume", "Tags", "Advanced")
-SECTIONS = (REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, ADVANCED)
+REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, NOTIFICATIONS, ADVANCED = (
+    "Required information", "Service information", "Image", "Command and volume", "Tags", "Notifications", "Advanced")
+SECTIONS = (REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, NOTIFICATIONS, ADVANCED)
 REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD = "registry_user", "registry_password", "tags", "advanced"
+NOTIFY_WEBHOOK, NOTIFY_EMAIL, NOTIFY_ON = "notify_webhook", "notify_email", "notify_on"
+# The form's choice of ends to notify -> the spec's `on` (a finer choice goes in Advanced: "notifications").
+NOTIFY_ENDS = {"every end": ["completed", "failed", "pending", "stopped"],
+               "failed, pending or stopped": ["failed", "pending", "stopped"], "completed": ["completed"]}
+FORM_ONLY = (REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD, NOTIFY_WEBHOOK, NOTIFY_EMAIL, NOTIFY_ON)
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class FormField:
 
     @property
     def spec_path(self) -> str | None:
-        return None if self.name in (REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD) else self.name
+        return None if self.name in FORM_ONLY else self.name
 
 
 FIELDS: tuple[FormField, ...] = (
@@ -67,6 +73,8 @@ FIELDS: tuple[FormField, ...] = (
     FormField("resources.memory", "Memory per node", SERVICE, default="8Gi"),
     FormField("resources.shared_memory", "Shared memory (/dev/shm)", SERVICE, default="1Gi"),
     FormField("heartbeat_timeout_seconds", "Heartbeat timeout (seconds)", SERVICE, "number", 300),
+    FormField("workspace", "Training Workspace", SERVICE,
+              help="optional: the workspace whose reserved nodes the job runs on (the Workspaces page lists them)"),
     FormField("image.url", "Image", IMAGE, default="registry.sat.local/sat/training:0.1.0"),
     FormField(REGISTRY_USER, "Registry user", IMAGE,
               help="with the password, kept as an Airflow connection; the job names only the connection"),
@@ -78,6 +86,12 @@ FIELDS: tuple[FormField, ...] = (
     FormField("storage.file_storage_mount", "File Storage volume mount path", COMMAND),
     FormField(TAGS_FIELD, "Tags", TAGS, "textarea",
               help="key=value, one per line (at most 50; keys of letters, digits or _.:/=+@-)"),
+    FormField(NOTIFY_WEBHOOK, "Webhook (Airflow HTTP connection id)", NOTIFICATIONS,
+              help="the job's end is POSTed as JSON to this connection's URL (its token stays in the connection)"),
+    FormField(NOTIFY_EMAIL, "E-mail (addresses, comma-separated)", NOTIFICATIONS,
+              help="sent through the Airflow SMTP connection smtp_default"),
+    FormField(NOTIFY_ON, "Notify on", NOTIFICATIONS, "select", "every end", tuple(NOTIFY_ENDS),
+              help="Completed; Failed; Pending - * (max retries, image pull, internal error); Stopped"),
     FormField(ADVANCED_FIELD, "More spec fields (JSON)", ADVANCED, "textarea",
               help="a JSON object merged into the spec: env, faults (local backend), spot, backend, "
                    "startup_timeout_seconds, ..."),
@@ -182,8 +196,11 @@ def spec_from_form(values: dict[str, str], result: FormResult) -> dict[str, Any]
             continue
         _set(spec, form.spec_path, raw)
     spec["tags"] = parse_tag_lines(values.get(TAGS_FIELD) or "", result)
-    if spec.get("learning_type") == LearningType.SPOT.value:
-        spec["job_failover"] = False  # Spot jobs resume instead (the model refuses both)
+    notifications = notifications_from_form(values)
+    if notifications:
+        spec["notifications"] = notifications
+    # Spot with Job failover ticked is refused under the box (the model's rule), never turned off silently;
+    # the form's script unticks and disables the box when Spot is picked.
     advanced = (values.get(ADVANCED_FIELD) or "").strip()
     if advanced:
         try:
@@ -198,8 +215,32 @@ def spec_from_form(values: dict[str, str], result: FormResult) -> dict[str, Any]
     return spec
 
 
+def notifications_from_form(values: dict[str, str]) -> list[dict[str, Any]]:
+    """The spec's `notifications` from the form's webhook, e-mail and ends (empty when neither is filled)."""
+    ends = NOTIFY_ENDS.get((values.get(NOTIFY_ON) or "").strip(), NOTIFY_ENDS["every end"])
+    webhook = (values.get(NOTIFY_WEBHOOK) or "").strip()
+    emails = [a.strip() for a in (values.get(NOTIFY_EMAIL) or "").replace(";", ",").split(",") if a.strip()]
+    return ([{"webhook": webhook, "on": ends}] if webhook else []) + ([{"email": emails, "on": ends}] if emails else [])
+
+
+def notify_fields(notifications: list[Any]) -> dict[str, str] | None:
+    """The form's webhook, e-mail and ends for `notifications`, when the form can say them (None: it cannot)."""
+    webhooks = [n for n in notifications if n.webhook is not None]
+    emails = [n for n in notifications if n.email is not None]
+    ends = {tuple(on.value for on in n.on) for n in notifications}
+    choice = next((name for name, on in NOTIFY_ENDS.items() if {tuple(on)} == ends), None)
+    if len(webhooks) > 1 or len(emails) > 1 or (notifications and choice is None) \
+            or any(n.endpoint for n in webhooks) or any(n.smtp_conn_id != "smtp_default" for n in emails):
+        return None
+    return {NOTIFY_WEBHOOK: webhooks[0].webhook if webhooks else "",
+            NOTIFY_EMAIL: ", ".join(emails[0].email) if emails else "", NOTIFY_ON: choice or "every end"}
+
+
 def _form_field_of(spec_field: str) -> str:
     """The form field a spec problem belongs to: its own input, the nearest enclosing one, else Advanced."""
+    if spec_field.startswith("notifications"):  # notifications.0.webhook -> the webhook input, ...
+        leaf = spec_field.split(".")[2] if spec_field.count(".") >= 2 else ""
+        return {"webhook": NOTIFY_WEBHOOK, "endpoint": NOTIFY_WEBHOOK, "email": NOTIFY_EMAIL}.get(leaf, NOTIFY_ON)
     path = spec_field
     while path:
         if path in BY_NAME:
@@ -236,6 +277,56 @@ def validate_form(values: dict[str, str], exists: Exists | None = None) -> FormR
         host = job.image.url.split("/")[0]
         result.registry = RegistryLogin(job.image.registry_conn_id or registry_conn_id(job.name), host, user,
                                         password, job.image.insecure)
+    return result
+
+
+def form_values(job: TrainingJob) -> dict[str, str]:
+    """The form filled in from a job's spec (Clone): each field from the path it fills, tags as lines, the rest of
+    the spec's non-default fields as the Advanced JSON. Never a registry login: the spec names only its connection
+    (kept in Advanced, so the clone pulls with the same login until another is typed)."""
+    full, changed = job.to_dict(), job.model_dump(mode="json", exclude_defaults=True)
+    values: dict[str, str] = {}
+    for form in FIELDS:
+        if form.spec_path is None:
+            continue
+        node: Any = full
+        for part in form.spec_path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, float) and node.is_integer():
+            node = int(node)  # 300.0 -> "300": the form's whole-number fields
+        if form.kind == "checkbox":
+            values[form.name] = "on" if node else ""
+        else:
+            values[form.name] = "" if node is None else str(node)
+        _drop(changed, form.spec_path)
+    values[TAGS_FIELD] = "\n".join(f"{key}={value}" for key, value in job.tags.items())
+    changed.pop("tags", None)
+    notify = notify_fields(job.notifications)
+    if notify is not None:  # else they stay in Advanced, as the spec has them
+        values.update(notify)
+        changed.pop("notifications", None)
+    values[ADVANCED_FIELD] = json.dumps(changed, indent=2) if changed else ""
+    return values
+
+
+def _drop(spec: dict[str, Any], path: str) -> None:
+    """Remove `path` from a nested mapping, and the parents it leaves empty."""
+    head, _, rest = path.partition(".")
+    if head not in spec:
+        return
+    if rest and isinstance(spec[head], dict):
+        _drop(spec[head], rest)
+        if spec[head]:
+            return
+    spec.pop(head)
+
+
+def add_problems(result: FormResult, problems: list[Any]) -> FormResult:
+    """Checks made after the model's (the job's workspace, ...): each `{field, rule}` problem on its form field."""
+    for problem in problems:
+        result.add(_form_field_of(problem.field), problem.field, problem.rule)
+    if problems:
+        result.job = None
     return result
 
 

@@ -15,15 +15,25 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import yaml
+
 from sat_tasks.core.status import TERMINAL, JobStatus, airflow_failed_because
 from sat_tasks.ui.create import FIELDS, SECTIONS, FormField, help_text
 from sat_tasks.ui.templating import job_href, render
 
-__all__ = ["TABS", "create_page", "delete_page", "deleted_page", "job_href", "job_page_html", "list_page"]
+__all__ = ["TABS", "create_page", "delete_page", "deleted_page", "job_href", "job_page_html", "list_page",
+           "stop_page"]
 
+# The plots of the job report the Monitoring tab draws itself (its embedded report leaves them out: each chart once).
+CHARTS_ON_THE_PAGE = ("Loss", "Throughput")
 # The job page's tabs: (section id, label); each is a block of that name in templates/job.html.
 TABS = (("details", "Details"), ("attempts", "Attempts"), ("checkpoints", "Checkpoints"), ("logs", "Logs"),
         ("outputs", "Outputs"), ("monitoring", "Monitoring"), ("tags", "Tags"))
+
+
+# The guide's words for the spec's values (the list's cells and filter menus).
+LEARNING_TYPES = {"on-demand": "On-Demand", "spot": "Spot"}
+FRAMEWORKS = {"pytorch": "PyTorch", "deepspeed": "DeepSpeed"}
 
 
 def list_page(rows: list[dict[str, Any]], status: str | None = None) -> str:
@@ -131,8 +141,11 @@ def monitoring_charts(monitoring: dict[str, Any]) -> dict[str, LineChart]:
                                x_label="seconds since the first log", y_label="steps/s", chart_id="rate-chart")}
 
 
-def job_page_html(page: dict[str, Any], tag_errors: list[str] | None = None) -> str:
-    """A job page: status (live), actions, and the tabs Details, Attempts, Checkpoints, Logs, Monitoring, Tags."""
+def job_page_html(page: dict[str, Any], tag_errors: list[str] | None = None, tags_typed: str | None = None) -> str:
+    """A job page: status (live), actions, and the tabs Details, Attempts, Checkpoints, Logs, Monitoring, Tags.
+
+    With `tag_errors` (a refused tag edit) the page opens on the Tags tab, with the problems and what was typed.
+    """
     href = f"/sat/{job_href(page)}"
     seen = f"{len(page['history'])}/{len(page['attempts'])}/{1 if page.get('stop_requested') else 0}/" \
            f"{page['run_state']}"
@@ -142,8 +155,15 @@ def job_page_html(page: dict[str, Any], tag_errors: list[str] | None = None) -> 
         report_href=f"{href}/report", grid=f"/dags/{quote(page['dag_id'], safe='')}/runs/{quote(page['run_id'], safe='')}",
         seen=seen, terminal=json.dumps(sorted(s.value for s in TERMINAL)), stopped=JobStatus.STOPPED.value,
         airflow_failed_because=airflow_failed_because,
-        spec_json=json.dumps(page["spec"], indent=2), charts=monitoring_charts(page["monitoring"]),
-        tags_text="\n".join(f"{k}={v}" for k, v in page["tags"].items()))
+        spec_yaml=yaml.safe_dump(page["spec"], sort_keys=False, allow_unicode=True), charts=monitoring_charts(page["monitoring"]),
+        learning_types=LEARNING_TYPES, frameworks=FRAMEWORKS,
+        tags_text=tags_typed if tags_typed is not None else "\n".join(f"{k}={v}" for k, v in page["tags"].items()),
+        open_tab="tags" if tag_errors else None)
+
+
+def stop_page(page: dict[str, Any]) -> str:
+    """The Stop confirmation: Stop asks first, as Delete does."""
+    return render("stop.html", page=page, href=f"/sat/{job_href(page)}")
 
 
 def delete_page(page: dict[str, Any]) -> str:

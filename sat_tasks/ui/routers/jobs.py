@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.dagbag import DagBagDep
 from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import GetUserDep
-from fastapi import APIRouter, HTTPException, Query, Request
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -15,9 +16,19 @@ from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.airflow.params import params_from_spec
 from sat_tasks.backends.base import workspace_pool_name
 from sat_tasks.config import allowed_backends
+from sat_tasks.core.clock import now_utc
+from sat_tasks.core.workspaces import job_problems
+from sat_tasks.io.workspaces import WorkspaceStore
+from sat_tasks.pipeline.actions import VIA, VIA_API
 from sat_tasks.spec.model import backend_problem
 from sat_tasks.ui import dag_runs, pages
-from sat_tasks.ui.create import ADVANCED_FIELD, FormResult, validate_form
+from sat_tasks.ui.create import (
+    ADVANCED_FIELD,
+    FormResult,
+    add_problems,
+    form_values,
+    validate_form,
+)
 from sat_tasks.ui.jobs import list_rows
 from sat_tasks.ui.security import (
     CREATE_JOBS,
@@ -27,7 +38,13 @@ from sat_tasks.ui.security import (
     may_use_workspace,
     readable_dag_ids,
 )
-from sat_tasks.ui.sources import job_specs, json_reader, object_storage, uri_exists
+from sat_tasks.ui.sources import (
+    find_job_run,
+    job_specs,
+    json_reader,
+    object_storage,
+    uri_exists,
+)
 
 LIST_LIMIT = 200  # runs in the list, newest first
 
@@ -88,6 +105,14 @@ def job_rows(user: Any, session: Any, status: str | None) -> list[dict[str, Any]
     return list_rows(refs, jobs, json_reader(object_storage()), GENERIC_DAG_ID, status=status or None)
 
 
+def workspace_problems(job: Any) -> list[Any]:
+    """Why the job's workspace cannot take it today (none named, unknown, contract ended, too small): `validate_spec`'s rule."""
+    if job.workspace is None:
+        return []
+    store = WorkspaceStore()
+    return job_problems(job, store.find(job.workspace), now_utc().date(), [w.name for w in store.list()])
+
+
 def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any) -> tuple[FormResult, Any]:
     """Validate the form; store the registry login as a connection; start the generic DAG's run (None: not started)."""
     hook = object_storage()
@@ -98,6 +123,8 @@ def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any
     if refused is not None:  # as validate_spec would refuse it (ADR 0019): say so now, start nothing
         result.add(ADVANCED_FIELD, *refused.split(": ", 1))
         result.job = None
+        return result, None
+    if add_problems(result, workspace_problems(result.job)).job is None:  # as validate_spec would, before it runs
         return result, None
     if result.job.workspace is not None and not may_use_workspace(user, result.job.workspace):
         raise HTTPException(403, f"workspace: running a job in workspace {result.job.workspace} needs the "
@@ -112,3 +139,46 @@ def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any
     run = dag_runs.start_run(dag_bag, session, GENERIC_DAG_ID, params_from_spec(result.job), user_name=user.get_name(),
                              note=f"created by {user.get_name()} in the Training Jobs view")
     return result, run
+
+
+# ---- Clone and Re-run (from a run's page) -------------------------------------------------------------
+RERUN_JOBS = READ_JOBS + [Depends(requires_access_dag("POST", DagAccessEntity.RUN))]  # a new run of the run's DAG
+
+
+@router.get("/jobs/{dag_id}/runs/{run_id}/clone", dependencies=READ_JOBS + CREATE_JOBS, response_class=HTMLResponse)
+def clone_form(dag_id: str, run_id: str, session: SessionDep):
+    """"Create from this job": the Create form filled in from the run's spec (the registry password excepted)."""
+    found = find_job_run(session, dag_id, run_id)
+    return pages.create_page(form_values(found.job), notice=(
+        f"A copy of {found.job.name} (run {run_id}): change what you need, then Create. The registry password is "
+        "never copied: the copy pulls with the same connection unless you type another login."))
+
+
+@router.post("/api/jobs/{dag_id}/runs/{run_id}/rerun", dependencies=RERUN_JOBS, status_code=201)
+def rerun_job(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+    run = rerun(dag_id, run_id, user, session, dag_bag, via=VIA_API)
+    return {"dag_id": run.dag_id, "run_id": run.run_id, "rerun_of": run_id,
+            "page": f"/sat/{pages.job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}"}
+
+
+@router.post("/jobs/{dag_id}/runs/{run_id}/rerun", dependencies=RERUN_JOBS + SAME_ORIGIN,
+             response_class=HTMLResponse)
+def rerun_from_page(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+    run = rerun(dag_id, run_id, user, session, dag_bag, via=VIA)
+    session.commit()
+    return RedirectResponse(f"/sat/{pages.job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}", status_code=303)
+
+
+def rerun(dag_id: str, run_id: str, user: Any, session: Any, dag_bag: Any, *, via: str) -> Any:
+    """Start the run's spec again as a new run of the same DAG (409 with the rule when it cannot start now)."""
+    found = find_job_run(session, dag_id, run_id)
+    refused = backend_problem(found.job, allowed_backends())
+    problems = ([refused] if refused else []) + [str(p) for p in workspace_problems(found.job)]
+    if problems:
+        raise HTTPException(409, "the job cannot start again now: " + "; ".join(problems))
+    if found.job.workspace is not None and not may_use_workspace(user, found.job.workspace):
+        raise HTTPException(403, f"workspace: running a job in workspace {found.job.workspace} needs the "
+                                 f"permission to read its pool {workspace_pool_name(found.job.workspace)}")
+    conf = params_from_spec(found.job) if dag_id == GENERIC_DAG_ID else {}  # a spec file's DAG holds its spec
+    return dag_runs.start_run(dag_bag, session, dag_id, conf, user_name=user.get_name(),
+                              note=f"re-run of {run_id} by {user.get_name()} through {via}")

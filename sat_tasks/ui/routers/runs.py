@@ -19,6 +19,7 @@ from fastapi.responses import (
     RedirectResponse,
     StreamingResponse,
 )
+from starlette.concurrency import run_in_threadpool
 
 from sat_tasks.io.metrics import read_object_storage
 from sat_tasks.pipeline import actions
@@ -127,11 +128,14 @@ def result_file(dag_id: str, run_id: str, name: str, session: SessionDep):
 
 
 @router.get(RUN + "/report", dependencies=READ_JOBS, response_class=HTMLResponse)
-def job_report(dag_id: str, run_id: str, session: SessionDep):
-    """The job report's plots from the run's metrics series as they are now (the Monitoring tab shows it)."""
+def job_report(dag_id: str, run_id: str, session: SessionDep, embedded: bool = False):
+    """The job report's plots from the run's metrics series as they are now (the Monitoring tab shows it).
+
+    `embedded`: inside the Monitoring tab, without the plots the tab draws itself (each chart once).
+    """
     found = find_job_run(session, dag_id, run_id)
     metrics = read_object_storage(found.layout.results_uri, object_storage())
-    return render_report_html(metrics, title=f"{found.job.name} {run_id}")
+    return render_report_html(metrics, title=f"{found.job.name} {run_id}", omit=pages.CHARTS_ON_THE_PAGE if embedded else ())
 
 
 # ---- stop ------------------------------------------------------------------------------------------
@@ -140,9 +144,25 @@ def stop_job(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, da
     return stop(dag_id, run_id, user, session, dag_bag, via=actions.VIA_API)
 
 
+@router.get(RUN + "/stop", dependencies=CHANGE_RUNS, response_class=HTMLResponse)
+def stop_confirmation(dag_id: str, run_id: str, session: SessionDep):
+    """Stop asks first, as Delete does (409 once the run has ended)."""
+    found = find_job_run(session, dag_id, run_id)
+    if found.state not in dag_runs.ACTIVE:
+        raise HTTPException(409, f"the run has already ended ({found.state}): there is nothing to stop")
+    return pages.stop_page(page_data(found))
+
+
 @router.post(RUN + "/stop", dependencies=CHANGE_RUNS + SAME_ORIGIN, response_class=HTMLResponse)
-def stop_from_page(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
-    stop(dag_id, run_id, user, session, dag_bag)
+async def stop_from_page(dag_id: str, run_id: str, request: Request, user: GetUserDep, session: SessionDep,
+                         dag_bag: DagBagDep):
+    if (await request.form()).get("confirm") != "yes":  # not from the confirmation: ask first
+        return await run_in_threadpool(stop_confirmation, dag_id, run_id, session)
+    return await run_in_threadpool(_stop_and_answer, dag_id, run_id, user, session, dag_bag)
+
+
+def _stop_and_answer(dag_id: str, run_id: str, user: Any, session: Any, dag_bag: Any) -> RedirectResponse:
+    stop(dag_id, run_id, user, session, dag_bag)  # off the event loop with its commit, as a sync endpoint's writes
     session.commit()
     return RedirectResponse(_page_href(dag_id, run_id), status_code=303)
 
@@ -177,7 +197,7 @@ async def tags_from_page(dag_id: str, run_id: str, request: Request, session: Se
     tags, problems = set_tags(dag_id, run_id, text, session)
     if tags is None:
         page = page_data(find_job_run(session, dag_id, run_id))
-        return HTMLResponse(pages.job_page_html(page, tag_errors=problems), status_code=422)
+        return HTMLResponse(pages.job_page_html(page, tag_errors=problems, tags_typed=text), status_code=422)
     return RedirectResponse(_page_href(dag_id, run_id) + "#tags", status_code=303)
 
 

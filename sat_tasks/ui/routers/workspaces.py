@@ -13,6 +13,7 @@ SQLite's busy timeout (ADR 0009, c7d6537).
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.airflow.workspace_pools import set_workspace_pool
+from sat_tasks.core.clock import now_utc
 from sat_tasks.core.workspaces import WorkspaceUse, merge_uses
 from sat_tasks.io.workspaces import (
     SlotBoard,
@@ -31,7 +33,8 @@ from sat_tasks.io.workspaces import (
     WorkspaceStore,
 )
 from sat_tasks.spec import SpecError
-from sat_tasks.spec.workspace import Workspace
+from sat_tasks.spec.loading import SpecProblem
+from sat_tasks.spec.workspace import Workspace, parse_workspace
 from sat_tasks.ui import dag_runs
 from sat_tasks.ui import workspaces as pages
 from sat_tasks.ui.jobs import job_of
@@ -170,10 +173,22 @@ def rows(session: Any) -> list[dict[str, Any]]:
 
 
 def create_workspace(data: dict[str, Any], session: Any) -> Workspace:
-    """Create the workspace (422 problems as SpecError) and its Airflow pool."""
+    """Create the workspace (422 problems as SpecError; a contract that has ended too) and its Airflow pool."""
+    ended = contract_ended(parse_workspace(data, source=str(data.get("name") or "<workspace>")), now_utc().date())
+    if ended is not None:
+        raise SpecError(str(data.get("name")), [ended])
     workspace = WorkspaceStore().create(data)
     set_workspace_pool(workspace.name, workspace.nodes, session)
     return workspace
+
+
+def contract_ended(workspace: Workspace, today: dt.date) -> SpecProblem | None:
+    """A new workspace whose contract ended before `today` reserves nothing: the problem, on `contract.end`."""
+    if workspace.contract.end >= today:
+        return None
+    return SpecProblem(field="contract.end", rule=f"the contract ended on {workspace.contract.end.isoformat()}; "
+                                                  f"a new workspace's contract must run until today "
+                                                  f"({today.isoformat()}) or later")
 
 
 def set_nodes(name: str, nodes: Any, session: Any) -> Workspace:

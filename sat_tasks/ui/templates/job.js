@@ -1,5 +1,7 @@
 // Tabs: one section at a time (by the URL's #fragment); without script every section shows.
-function showTab(){var id=(location.hash||'#details').slice(1);var known=false;
+// A page answering a refused form (a tag edit) opens on that form's tab (its section says data-open).
+function showTab(){var opened=document.querySelector('section.tab[data-open]');
+var id=(location.hash||'#'+(opened?opened.id:'details')).slice(1);var known=false;
 document.querySelectorAll('section.tab').forEach(function(s){if(s.id===id)known=true;});if(!known)id='details';
 document.querySelectorAll('section.tab').forEach(function(s){s.style.display=s.id===id?'':'none';});
 document.querySelectorAll('.tabs a[data-tab]').forEach(function(a){a.classList.toggle('active',a.dataset.tab===id);});}

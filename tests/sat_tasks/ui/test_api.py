@@ -10,8 +10,11 @@ FAB's or Keycloak's would). Tokens come from the auth manager itself.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 import sqlite3
+from html import unescape
 
 import pytest
 
@@ -110,14 +113,23 @@ ENDPOINTS = [
     ("GET", "/sat/jobs"), ("GET", "/sat/jobs/new"), ("POST", "/sat/jobs/new"), ("GET", f"/sat/jobs/{DEMO}/runs/r"),
     ("POST", f"/sat/jobs/{DEMO}/runs/r/stop"), ("POST", f"/sat/jobs/{DEMO}/runs/r/tags"),
     ("GET", f"/sat/jobs/{DEMO}/runs/r/delete"), ("POST", f"/sat/jobs/{DEMO}/runs/r/delete"),
-    ("GET", f"/sat/jobs/{DEMO}/runs/r/report"),
+    ("GET", f"/sat/jobs/{DEMO}/runs/r/report"), ("GET", f"/sat/jobs/{DEMO}/runs/r/stop"),
+    ("GET", f"/sat/jobs/{DEMO}/runs/r/clone"), ("POST", f"/sat/jobs/{DEMO}/runs/r/rerun"),
+    ("POST", f"/sat/api/jobs/{DEMO}/runs/r/rerun"),
 ]
+
+
+def _is_page(method: str, path: str) -> bool:
+    return method == "GET" and not path.startswith("/sat/api/")
 
 
 @pytest.mark.parametrize(("method", "path"), ENDPOINTS)
 def test_every_endpoint_needs_a_login(client, method, path):
-    response = client.request(method, path, json={})
-    assert response.status_code == 401, (method, path, response.status_code, response.text[:200])
+    response = client.request(method, path, json={}, follow_redirects=False)
+    if _is_page(method, path):  # a page sends the person to Airflow's login, which comes back to it
+        assert response.status_code == 303 and response.headers["location"].startswith("/auth/login?next=%2Fsat%2F")
+    else:
+        assert response.status_code == 401, (method, path, response.status_code, response.text[:200])
     forged = client.request(method, path, headers={"Authorization": "Bearer not-a-token"}, json={})
     assert forged.status_code in (401, 403), (method, path, forged.status_code)  # Airflow answers 403 here
 
@@ -325,7 +337,8 @@ def _pool_slots(name: str) -> int | None:
 def test_workspaces_need_a_login_and_airflows_pool_permissions(client, workspace_dirs):
     for method, path in (("GET", "/sat/api/workspaces"), ("POST", "/sat/api/workspaces"), ("GET", "/sat/workspaces"),
                          ("PUT", "/sat/api/workspaces/x"), ("DELETE", "/sat/api/workspaces/x")):
-        assert client.request(method, path, json={}).status_code == 401, (method, path)
+        answer = client.request(method, path, json={}, follow_redirects=False)
+        assert answer.status_code == (303 if _is_page(method, path) else 401), (method, path)
     viewer = _headers("vera", role="viewer")
     assert client.get("/sat/api/workspaces", headers=viewer).status_code == 200
     assert client.post("/sat/api/workspaces", headers=viewer, json={"name": "v"}).status_code == 403
@@ -420,5 +433,240 @@ def test_the_workspaces_page_creates_edits_and_shows_refusals(client, admin, wor
 @pytest.mark.parametrize(("method", "path"), [("GET", "/sat/nodes"), ("GET", "/sat/api/nodes"),
                                               ("POST", "/sat/api/nodes/gpu-1/release")])
 def test_the_nodes_page_is_mounted_behind_the_login_and_in_the_views_navigation(client, admin, method, path):
-    assert client.request(method, path, json={}).status_code == 401, (method, path)
+    answer = client.request(method, path, json={}, follow_redirects=False)
+    assert answer.status_code == (303 if _is_page(method, path) else 401), (method, path)
     assert "<a href='/sat/nodes'>Nodes</a>" in client.get("/sat/jobs", headers=admin).text
+
+
+# ---- issue 30 (items 4, 6, 10, 12): the view as its users expect ------------------------------------------
+def _page(client, admin, dag_id: str, run_id: str) -> dict:
+    return client.get(f"/sat/api/jobs/{dag_id}/runs/{run_id}", headers=admin).json()
+
+
+def _textarea(html: str, name: str) -> str:
+    found = re.search(rf"<textarea id='{re.escape(name)}' name='[^']*'[^>]*>(.*?)</textarea>", html, re.DOTALL)
+    return unescape(found.group(1)) if found else ""
+
+
+def _input(html: str, name: str) -> str | None:
+    found = re.search(rf"<input type='(?:text|password)' id='{re.escape(name)}' name='[^']*' value='([^']*)'", html)
+    return unescape(found.group(1)) if found else None
+
+
+# ---- 4: bugs ----------------------------------------------------------------------------------------
+def test_spot_with_job_failover_is_refused_under_the_box_and_starts_nothing(client, admin):
+    before = _runs_of(client, admin, GENERIC)
+    spot = _good_form("spot-failover", learning_type="spot", job_failover="on")
+    refused = client.post("/sat/api/jobs", headers=admin, json={"form": spot})
+    assert refused.status_code == 422
+    assert [(e["input"], e["field"], e["rule"]) for e in refused.json()["errors"]] == [
+        ("job_failover", "job_failover", "not allowed with learning_type spot (Spot jobs resume instead)")]
+    html = client.post("/sat/jobs/new", headers=admin, data=spot)
+    assert html.status_code == 422 and "<div class='error' id='error-job_failover'>job_failover: not allowed" in html.text
+    assert _runs_of(client, admin, GENERIC) == before
+    assert "box.disabled=spot" in client.get("/sat/jobs/new", headers=admin).text  # the form disables the box
+    unticked = {k: v for k, v in spot.items() if k != "job_failover"}
+    started = client.post("/sat/api/jobs", headers=admin, json={"form": unticked})
+    assert started.status_code == 201, started.text
+
+
+def test_create_refuses_a_workspace_that_does_not_exist_or_whose_contract_has_ended(client, admin, workspace_dirs):
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    store = WorkspaceStore()
+    store.create({"name": "team-live", "nodes": 2, "contract": {"start": "2026-01-01", "end": "2099-12-31"}})
+    store.create({"name": "team-over", "nodes": 2, "contract": {"start": "2025-01-01", "end": "2025-06-30"}})
+    before = _runs_of(client, admin, GENERIC)
+    missing = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form("ws-missing", workspace="team-zz")})
+    assert missing.status_code == 422
+    assert [(e["input"], e["rule"]) for e in missing.json()["errors"]] == [
+        ("workspace", "no workspace named 'team-zz' (workspaces: team-live, team-over)")]
+    ended = client.post("/sat/jobs/new", headers=admin, data=_good_form("ws-ended", workspace="team-over"))
+    assert ended.status_code == 422
+    assert ("<div class='error' id='error-workspace'>workspace: workspace team-over&#39;s contract runs "
+            "2025-01-01 to 2025-06-30; the job starts") in ended.text
+    assert _runs_of(client, admin, GENERIC) == before
+    live = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form("ws-live", workspace="team-live")})
+    assert live.status_code == 201, live.text
+
+
+def test_a_workspace_whose_contract_has_already_ended_cannot_be_created(client, admin, workspace_dirs):
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    yesterday = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
+    body = {"name": "team-past", "nodes": 1, "contract": {"start": "2025-01-01", "end": yesterday}}
+    refused = client.post("/sat/api/workspaces", headers=admin, json=body)
+    assert refused.status_code == 422
+    ((problem,),) = [refused.json()["errors"]]
+    assert problem["field"] == "contract.end" and problem["rule"].startswith(f"the contract ended on {yesterday}")
+    form = {"name": "team-past", "resources.server_type": "cpu", "resources.gpus_per_node": "0", "nodes": "1",
+            "contract.start": "2025-01-01", "contract.end": yesterday}
+    html = client.post("/sat/workspaces", headers=admin, data=form)
+    assert html.status_code == 422 and f"contract.end: the contract ended on {yesterday}" in html.text
+    assert WorkspaceStore().find("team-past") is None
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    assert client.post("/sat/api/workspaces", headers=admin,
+                       json={**body, "contract": {"start": "2025-01-01", "end": today}}).status_code == 201
+
+
+def test_a_refused_tag_edit_opens_the_tags_tab_with_the_error_and_what_was_typed(client, admin):
+    run_id = _trigger(client, admin, DEMO)
+    typed = "team=vision\nbad key!=x\nowner=ana"
+    refused = client.post(f"/sat/jobs/{DEMO}/runs/{run_id}/tags", headers=admin, data={"tags": typed})
+    assert refused.status_code == 422
+    assert "<section class='tab' id='tags' data-open='yes'>" in refused.text  # the page opens on the Tags tab
+    assert "<section class='tab' id='details'>" in refused.text
+    assert _textarea(refused.text, "tags-text") == typed  # nothing typed is lost
+    assert "<div id='tag-errors' role='alert'><div class='error'>tags: key &#39;bad key!&#39;" in refused.text
+    assert "section.tab[data-open]" in refused.text  # job.js shows the opened tab when the URL names none
+    fifty_one = client.put(f"/sat/api/jobs/{DEMO}/runs/{run_id}/tags", headers=admin,
+                           json={"tags": {f"k{i}": "v" for i in range(51)}})
+    assert fifty_one.status_code == 422
+    assert fifty_one.json()["errors"] == ["tags: at most 50 key/value pairs (got 51)"]
+
+
+def test_stop_asks_first_and_records_who_and_through_which_route(client, admin, s3_hook):
+    from sat_tasks.io.object_storage import read_json
+
+    from_page, from_api = _trigger(client, admin, DEMO), _trigger(client, admin, DEMO)
+    page = client.get(f"/sat/jobs/{DEMO}/runs/{from_page}", headers=admin).text
+    assert f"<a class='button danger' href='/sat/jobs/{DEMO}/runs/" in page and "id='stop'>Stop</a>" in page
+    asked = client.get(f"/sat/jobs/{DEMO}/runs/{from_page}/stop", headers=admin)
+    assert asked.status_code == 200 and "id='confirm-stop'" in asked.text and "name='confirm' value='yes'" in asked.text
+    unconfirmed = client.post(f"/sat/jobs/{DEMO}/runs/{from_page}/stop", headers=admin, data={})
+    assert unconfirmed.status_code == 200 and "id='confirm-stop'" in unconfirmed.text  # asks again, stops nothing
+    results = _page(client, admin, DEMO, from_page)["results"]
+    assert read_json(s3_hook, results + "stop.json") is None
+    done = client.post(f"/sat/jobs/{DEMO}/runs/{from_page}/stop", headers=admin, data={"confirm": "yes"},
+                       follow_redirects=False)
+    assert done.status_code == 303
+    assert read_json(s3_hook, results + "stop.json")["via"] == "the Training Jobs view"
+    assert client.get(f"/sat/jobs/{DEMO}/runs/{from_page}/stop", headers=admin).status_code == 409  # ended
+
+    assert client.post(f"/sat/api/jobs/{DEMO}/runs/{from_api}/stop", headers=admin).status_code == 202
+    stopped = _page(client, admin, DEMO, from_api)
+    assert stopped["stop_requested"]["via"] == "the REST API"
+    assert stopped["history"][-1]["reason"].endswith("(the REST API) before training ran")
+
+
+def test_an_empty_filter_result_says_no_job_matches(client, admin):
+    empty = client.get("/sat/jobs?q=no-such-job-zzz", headers=admin)
+    assert empty.status_code == 200
+    assert "match these filters" in empty.text and "No Training Jobs yet" not in empty.text
+
+
+def test_pages_redirect_to_the_login_and_a_deleted_run_is_a_not_found_page(client, admin):
+    login = client.get("/sat/jobs?status=Running", follow_redirects=False)
+    assert login.status_code == 303
+    assert login.headers["location"] == "/auth/login?next=%2Fsat%2Fjobs%3Fstatus%3DRunning"
+    assert client.get(f"/sat/jobs/{DEMO}/runs/r", follow_redirects=False).headers["location"].startswith(
+        "/auth/login?next=")
+    api = client.get("/sat/api/jobs")
+    assert api.status_code == 401 and api.headers["content-type"] == "application/json"  # REST clients read JSON
+    run_id = _trigger(client, admin, DEMO)
+    _set_state(DEMO, run_id, "failed")
+    assert client.delete(f"/sat/api/jobs/{DEMO}/runs/{run_id}", headers=admin).status_code == 200
+    gone = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}", headers=admin)
+    assert gone.status_code == 404 and gone.headers["content-type"].startswith("text/html")
+    assert "<h1>Not found</h1>" in gone.text and "<a class='button' href='/sat/jobs'>Training Jobs</a>" in gone.text
+    assert f"no run &#39;{run_id}&#39;" in gone.text and "<nav class='views'>" in gone.text
+    assert client.get("/sat/no-such-page", headers=admin).status_code == 404
+    api_gone = client.get(f"/sat/api/jobs/{DEMO}/runs/{run_id}", headers=admin)
+    assert api_gone.status_code == 404 and api_gone.json() == {"detail": f"no run {run_id!r} of {DEMO!r}"}
+
+
+# ---- 6: Clone and Re-run ----------------------------------------------------------------------------
+def test_clone_fills_the_create_form_from_the_run_but_never_the_password(client, admin):
+    form = _good_form("clone-me", registry_user="robot", registry_password=SECRET, workspace="",
+                      notify_webhook="team_hook", notify_on="failed, pending or stopped",
+                      advanced=json.dumps({"env": {"LR": "0.1"}}))
+    created = client.post("/sat/api/jobs", headers=admin, json={"form": form}).json()
+    page = client.get(f"/sat/jobs/{GENERIC}/runs/{created['run_id']}", headers=admin).text
+    assert f"href='/sat/jobs/{GENERIC}/runs/" in page and "id='clone'" in page and "id='rerun'" in page
+    clone = client.get(f"/sat/jobs/{GENERIC}/runs/{created['run_id']}/clone", headers=admin)
+    assert clone.status_code == 200 and SECRET not in clone.text
+    assert "A copy of clone-me" in clone.text and "The registry password is never copied" in clone.text
+    assert _input(clone.text, "name") == "clone-me" and _input(clone.text, "command") == "python fake_train.py"
+    assert _input(clone.text, "registry_password") == "" and _input(clone.text, "notify_webhook") == "team_hook"
+    assert "<option value='failed, pending or stopped' selected>" in clone.text
+    assert _textarea(clone.text, "tags") == "team=ml\nproject=tiny"
+    advanced = json.loads(_textarea(clone.text, "advanced"))
+    assert advanced["env"] == {"LR": "0.1"} and advanced["image"] == {"registry_conn_id": "sat_registry_clone-me"}
+    # What the form shows starts the same job (renamed here), pulling with the same registry connection.
+    shown = {**form, "name": "clone-me-2", "registry_user": "", "registry_password": "",
+             "advanced": _textarea(clone.text, "advanced")}
+    copy = client.post("/sat/api/jobs", headers=admin, json={"form": shown})
+    assert copy.status_code == 201, copy.text
+    conf = client.get(f"/api/v2/dags/{GENERIC}/dagRuns/{copy.json()['run_id']}", headers=admin).json()["conf"]
+    assert conf["registry_conn_id"] == "sat_registry_clone-me" and conf["extra"]["env"] == {"LR": "0.1"}
+    assert conf["extra"]["notifications"] == [{"on": ["failed", "pending", "stopped"], "webhook": "team_hook",
+                                               "endpoint": None, "email": None, "smtp_conn_id": "smtp_default"}]
+    outsider = client.get(f"/sat/jobs/{DEMO}/runs/any/clone", headers=_headers("outsider"))
+    assert outsider.status_code == 403
+
+
+def test_rerun_starts_the_same_spec_again_as_a_new_run(client, admin):
+    created = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form("rerun-me")}).json()
+    original = client.get(f"/api/v2/dags/{GENERIC}/dagRuns/{created['run_id']}", headers=admin).json()
+    again = client.post(f"/sat/api/jobs/{GENERIC}/runs/{created['run_id']}/rerun", headers=admin)
+    assert again.status_code == 201, again.text
+    rerun = client.get(f"/api/v2/dags/{GENERIC}/dagRuns/{again.json()['run_id']}", headers=admin).json()
+    assert again.json()["run_id"] != created["run_id"] and rerun["conf"] == original["conf"]
+    assert rerun["triggering_user_name"] == "admin"
+    before = _runs_of(client, admin, DEMO)
+    demo_run = _trigger(client, admin, DEMO)
+    _set_state(DEMO, demo_run, "success")
+    html = client.post(f"/sat/jobs/{DEMO}/runs/{demo_run}/rerun", headers=admin, follow_redirects=False)
+    assert html.status_code == 303 and html.headers["location"].startswith(f"/sat/jobs/{DEMO}/runs/manual__")
+    assert len(_runs_of(client, admin, DEMO) - before) == 2
+    assert client.post(f"/sat/api/jobs/{DEMO}/runs/{demo_run}/rerun",
+                       headers=_headers("vera", role="viewer")).status_code == 403
+
+
+# ---- 10: Details and Monitoring ---------------------------------------------------------------------
+def test_details_are_labelled_fields_in_the_guides_sections_with_the_spec_as_yaml_behind_a_toggle(client, admin):
+    run_id = _trigger(client, admin, DEMO)
+    html = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}", headers=admin).text
+    for section in ("job", "image", "resources", "storage", "command", "tags", "notifications"):
+        assert f"id='details-{section}'" in html, section
+    fields = dict(re.findall(r"<dd id='detail-([a-z-]+)'>(.*?)</dd>", html))
+    assert fields["learning-type"] == "On-Demand" and fields["framework"] == "PyTorch"
+    assert fields["image"] == "registry.sat.local/sat/training:0.1.0" and fields["server-type"] == "cpu"
+    assert fields["data"] == "s3://sat-demo/datasets/tiny-corpus/" and fields["job-failover"].startswith("On, at most 3")
+    assert "<pre id='detail-command'>python train_tiny_llama.py" in html
+    assert "<code>team=platform</code>" in html
+    assert "<details id='spec-yaml'><summary>Spec (YAML)</summary><pre>name: tiny-llama-demo\n" in html
+    assert "On-Demand · PyTorch" in html  # the header line too
+
+
+def test_monitoring_shows_each_chart_once(client, admin, s3_hook):
+    run_id = _trigger(client, admin, DEMO)
+    results = _page(client, admin, DEMO, run_id)["results"]
+    bucket, prefix = results[len("s3://"):].split("/", 1)
+    lines = [{"time": 1000.0 + i, "series": "training", "job": DEMO, "run": run_id, "attempt": 1, "node": "n0",
+              "device": "host", "global_step": 10 * i, "loss": 5.0 / (i + 1), "steps_per_second": 2.0}
+             for i in range(5)]
+    s3_hook.load_string("\n".join(json.dumps(line) for line in lines) + "\n",
+                        key=prefix + "metrics/attempt-1/n0/training.jsonl", bucket_name=bucket, replace=True)
+    page = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}", headers=admin).text
+    assert "id='loss-chart'" in page and "id='rate-chart'" in page  # the tab draws loss and steps/s itself
+    (src,) = re.findall(r"<iframe id='report-frame' src='([^']+)'", page)
+    embedded = client.get(unescape(src), headers=admin).text
+    assert "<h2>Loss</h2>" not in embedded and "<h2>Throughput</h2>" not in embedded  # so its report leaves them out
+    assert "data:image/png;base64," in embedded  # its other plots stay ("open the job report" has them all)
+
+
+# ---- 12: notifications on the form -------------------------------------------------------------------
+def test_notifications_are_set_on_the_form_and_refused_under_their_field(client, admin):
+    form = client.get("/sat/jobs/new", headers=admin).text
+    assert "<legend>Notifications</legend>" in form and "id='notify_webhook'" in form and "id='notify_email'" in form
+    bad = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form(
+        "notify-bad", notify_email="ml@example.com, nobody")})
+    assert bad.status_code == 422
+    assert [(e["input"], e["field"], e["rule"]) for e in bad.json()["errors"]] == [
+        ("notify_email", "notifications.0.email", "'nobody' is not an e-mail address (name@domain)")]
+    good = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form(
+        "notify-good", notify_email="ml@example.com", notify_on="completed")})
+    assert good.status_code == 201, good.text
+    page = client.get(f"/sat/jobs/{GENERIC}/runs/{good.json()['run_id']}", headers=admin).text
+    assert "<ul id='detail-notifications'><li>e-mail ml@example.com on completed</li></ul>" in page
