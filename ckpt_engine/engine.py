@@ -436,8 +436,12 @@ class CheckpointEngine:
                         "; ".join(report.problems))
         raise CheckpointNotFoundError(f"no complete, verified checkpoint (step {step}) in {self.storage.url}")
 
-    def load(self, step: int | None = None, *, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any]:
-        """The saved state of ``step`` (default: newest verified); checksums are checked while reading."""
+    def load(self, step: int | None = None, *, map_location: Any = "cpu",
+             weights_only: bool | None = None) -> dict[str, Any]:
+        """The saved state of ``step`` (default: newest verified); checksums are checked while reading.
+
+        ``weights_only`` None: True unless the job's env sets ``CKPT_WEIGHTS_ONLY=0`` (``sniff``).
+        """
         problems: list[str] = []
         for candidate in list_checkpoint_steps(self.storage):
             if step is not None and step >= 0 and candidate != step:
@@ -459,7 +463,7 @@ class CheckpointEngine:
                                       f"{problems}")
 
     @gc_paused()  # unpickling an optimizer state allocates per tensor too: ~18% of a 20,000-tensor load
-    def _read_state(self, manifest: Manifest, map_location: Any, weights_only: bool) -> dict[str, Any]:
+    def _read_state(self, manifest: Manifest, map_location: Any, weights_only: bool | None) -> dict[str, Any]:
         directory = checkpoint_dir(manifest.step)
         names = manifest.metadata.get("keys") or {name: name for name in manifest.files}
         state: dict[str, Any] = {}
@@ -498,7 +502,7 @@ def read_verified(storage: Storage, key: str, entry: FileEntry) -> np.ndarray:
     return buffer
 
 
-def decode_file(name: str, buffer: np.ndarray, *, map_location: Any = "cpu", weights_only: bool = True) -> Any:
+def decode_file(name: str, buffer: np.ndarray, *, map_location: Any = "cpu", weights_only: bool | None = None) -> Any:
     """Turn a file's verified bytes back into Python objects according to its extension."""
     if name.endswith(".safetensors"):
         tensors = parse_safetensors(buffer)

@@ -6,6 +6,11 @@ fails, :func:`explain_unreadable` looks at the file's first bytes and names what
 looks like: DataStates-LLM's own format (an 8-byte little-endian header length, then a
 JSON header with ``datastates_metadata``), safetensors, a truncated zip, a bare pickle,
 an empty file. (A ``manifest.json`` from a newer SAT: ``ckpt_engine.contract.check_manifest_format``.)
+
+Files load with ``weights_only=True``: tensors, containers and the few classes
+:func:`safe_globals` names, never an arbitrary pickle (a checkpoint planted in Object
+Storage must not run code in the training that resumes from it). A job that trusts its
+files and needs more sets ``CKPT_WEIGHTS_ONLY=0`` in its env (ADR 0020).
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import io
 import json
 import os
 import struct
+from contextlib import nullcontext
 from typing import Any
 
+from ckpt_engine.contract import WEIGHTS_ONLY_ENV
 from ckpt_engine.errors import UnreadableCheckpointError
 
 _HEAD_BYTES = 1 << 16
@@ -90,22 +97,78 @@ def explain_bytes(name: str, head: bytes, size: int, error: BaseException | None
                                      f"What to do: {todo}.")
 
 
+def weights_only_default() -> bool:
+    """``weights_only`` for a load that does not say: True unless the job's env sets ``CKPT_WEIGHTS_ONLY=0``."""
+    return os.environ.get(WEIGHTS_ONLY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def safe_globals() -> Any:
+    """The classes a ``weights_only`` load accepts beyond torch's own: numpy arrays (the RNG states
+    the Trainer and DeepSpeed save) and DeepSpeed's small records in its model and optimizer
+    states, when DeepSpeed is installed. None of them runs code when unpickled."""
+    import numpy as np
+    import torch
+
+    allow = getattr(torch.serialization, "safe_globals", None)
+    if allow is None:  # torch < 2.5: tensors and containers only
+        return nullcontext()
+    allowed: list[Any] = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype(np.float64)),
+                          type(np.dtype(np.int64))]
+    core = getattr(np, "_core", None) or np.core
+    allowed.append(core.multiarray._reconstruct)
+    return allow(allowed + _deepspeed_globals())
+
+
+def _deepspeed_globals() -> list[Any]:
+    """DeepSpeed's records in its checkpoints (enums, the loss scaler's fields); none unless this process
+    runs DeepSpeed (it is not imported for a load: that takes seconds)."""
+    import importlib
+    import sys
+
+    found: list[Any] = []
+    if "deepspeed" not in sys.modules:
+        return found
+    for module, names in _DEEPSPEED_GLOBALS:
+        try:
+            loaded = importlib.import_module(module)
+        except Exception:  # noqa: BLE001, S112 - not installed, or its import fails: nothing of it to allow
+            continue
+        found += [getattr(loaded, name) for name in names if hasattr(loaded, name)]
+    return found
+
+
+# What DeepSpeed's model and ZeRO optimizer states hold beyond tensors and builtins: plain records
+# whose unpickling sets attributes and runs nothing (checked by tests/ckpt_engine's DeepSpeed resumes).
+_DEEPSPEED_GLOBALS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
+    ("deepspeed.runtime.zero.config", ("ZeroStageEnum",)),
+    ("deepspeed.utils.tensor_fragment", ("fragment_address",)),
+)
+
+
 def load_torch_file(source: str | bytes | memoryview, *, name: str | None = None, map_location: Any = None,
-                    weights_only: bool = False) -> Any:
-    """``torch.load`` of a path or of bytes; an unreadable file raises UnreadableCheckpointError saying why."""
+                    weights_only: bool | None = None) -> Any:
+    """``torch.load`` of a path or of bytes; an unreadable file raises UnreadableCheckpointError saying why.
+
+    ``weights_only`` None: :func:`weights_only_default` (True unless the job opted out).
+    """
     import pickle
     import zipfile
 
     import torch
 
+    if weights_only is None:
+        weights_only = weights_only_default()
+    allowed = safe_globals() if weights_only else nullcontext()
     label = name or (source if isinstance(source, str) else "<bytes>")
     try:
-        if isinstance(source, str):
-            return torch.load(source, map_location=map_location, weights_only=weights_only)
-        return torch.load(io.BytesIO(source), map_location=map_location, weights_only=weights_only)
+        with allowed:
+            if isinstance(source, str):
+                return torch.load(source, map_location=map_location, weights_only=weights_only)
+            return torch.load(io.BytesIO(source), map_location=map_location, weights_only=weights_only)
     except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, RuntimeError, ValueError, struct.error) as exc:
-        if isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" in str(exc):
-            raise  # a readable file refused by weights_only: torch's own message says what to do
+        if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in str(exc):
+            raise  # a readable file whose pickle names a class weights_only refuses: torch's message says which
         if isinstance(source, str):
             raise explain_unreadable(source, exc) from exc
         data = bytes(source[:_HEAD_BYTES])

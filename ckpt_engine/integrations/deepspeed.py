@@ -29,8 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from ckpt_engine.contract import MANIFEST_NAME, TMP_PREFIX, FileEntry, Manifest
 from ckpt_engine.errors import CorruptCheckpointError, NotCommittedError, PersistError
 from ckpt_engine.formats import BytesFile, FilePlan, plan_torch_file
@@ -71,7 +69,7 @@ def _collecting_engine_class() -> type:
             self.files.append(plan_torch_file(name, state_dict))
 
         def load(self, path: str, map_location: Any = None) -> Any:
-            return torch.load(path, map_location=map_location, weights_only=False)
+            return load_torch_file(path, map_location=map_location)  # weights_only unless the job opted out
 
         def commit(self, info: Any) -> bool:
             return True

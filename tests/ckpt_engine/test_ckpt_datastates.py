@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from ckpt_engine.config import DataStatesConfig
+from ckpt_engine.contract import WEIGHTS_ONLY_ENV
 from ckpt_engine.errors import ConfigError, PersistError, UnreadableCheckpointError
 from ckpt_engine.integrations import datastates
 from ckpt_engine.integrations.deepspeed import DataStatesEngine
@@ -76,7 +77,8 @@ def assert_same(restored: dict[str, Any], expected: dict[str, Any]) -> None:
                                                                                  parser_threads=2), rank=0),
                  id="llm.Checkpointing"),
 ])
-def test_save_wait_commit_load_shutdown_round_trip(tmp_path: Path, make: Any) -> None:
+def test_save_wait_commit_load_shutdown_round_trip(tmp_path: Path, make: Any, monkeypatch) -> None:
+    monkeypatch.setenv(WEIGHTS_ONLY_ENV, "0")  # the custom object (Foo) loads only when the job trusts its pickles
     engine = make()
     state = sample_state()
     expected = {**state, "tensor2": state["tensor2"].clone()}
