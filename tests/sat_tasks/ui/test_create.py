@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sat_tasks.ui.create import FIELDS, SECTIONS, validate_form
+from tests.support.paths import REPO
 
 GOOD = {"name": "my-job", "learning_type": "on-demand", "framework": "pytorch", "nodes": "1",
         "resources.server_type": "cpu", "resources.gpus_per_node": "0",
@@ -98,3 +99,38 @@ def test_the_create_page_shows_sections_values_and_errors_next_to_their_fields()
     error = page.index("<div class='error' id='error-name'>name: must be 3-63 chars")
     assert 0 < error - name_input < 400  # right under its input
     assert "s3cr3t" not in page and "value='ab'" in page and "value='robot'" in page
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in sorted(REPO.glob("include/jobs/*.yaml"))])
+def test_clone_fills_the_form_so_that_it_gives_back_the_same_job(path):
+    from sat_tasks.spec import load_spec
+    from sat_tasks.ui.create import form_values
+
+    job = load_spec(path)
+    values = form_values(job)
+    assert "registry_password" not in values  # never filled in
+    result = validate_form(values)
+    assert result.errors == {} and result.job == job
+
+
+def test_spot_with_job_failover_is_a_problem_of_the_box_not_silently_off():
+    result = validate_form({**GOOD, "learning_type": "spot"})
+    assert result.job is None and result.errors == {
+        "job_failover": ["job_failover: not allowed with learning_type spot (Spot jobs resume instead)"]}
+    spot = validate_form({**{k: v for k, v in GOOD.items() if k != "job_failover"}, "learning_type": "spot"})
+    assert spot.errors == {} and spot.job.is_spot and spot.job.job_failover is False
+
+
+def test_notifications_from_the_form_and_back():
+    from sat_tasks.ui.create import form_values
+
+    result = validate_form({**GOOD, "notify_webhook": "team_hook", "notify_email": "a@example.com; b@example.com",
+                            "notify_on": "completed"})
+    assert [(n.webhook, n.email, [o.value for o in n.on]) for n in result.job.notifications] == [
+        ("team_hook", None, ["completed"]), (None, ["a@example.com", "b@example.com"], ["completed"])]
+    values = form_values(result.job)
+    assert (values["notify_webhook"], values["notify_email"], values["notify_on"], values["advanced"]) == (
+        "team_hook", "a@example.com, b@example.com", "completed", "")
+    finer = validate_form({**GOOD, "advanced": '{"notifications": [{"webhook": "h", "endpoint": "/x"}]}'})
+    assert "notify_webhook" not in form_values(finer.job)  # the form cannot say an endpoint: it stays in Advanced
+    assert '"endpoint": "/x"' in form_values(finer.job)["advanced"]
