@@ -162,3 +162,28 @@ def test_the_triggering_person_is_asked_of_the_auth_manager_and_runs_no_person_t
     stranger = triggering_person(run("mallory"))  # a name the auth manager does not know may use nothing
     assert stranger.user is None and not stranger.may_use_workspace("team-secret")
     assert not stranger.may_use_connection("c1")
+
+
+def test_kubernetes_objects_of_a_twin_run_have_other_names_and_labels_than_the_victims():
+    """On Kubernetes a run's pods, claim and helper pods are named and selected by job and run: a twin of
+    the generic DAG (same job name and run id) must neither share a name nor match a cleanup selector."""
+    from sat_tasks.backends.kubernetes import names
+
+    victim, twin = scoped(_demo_job(), DEMO), scoped(_demo_job(), GENERIC)
+    run_id = "manual__2026-01-01T00:00:00+00:00"
+    for name in (names.attempt_name, names.pod_name):
+        args = (run_id, 1) if name is names.attempt_name else (run_id, 1, 0)
+        assert name(victim, *args) != name(twin, *args)
+    assert names.run_volume_claim_name(victim, run_id) != names.run_volume_claim_name(twin, run_id)
+    assert names.run_volume_subpaths(victim, run_id) != names.run_volume_subpaths(twin, run_id)
+
+    def selects(selector: str, labels: dict[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in (part.split("=", 1) for part in selector.split(",")))
+
+    assert not selects(names.run_label_selector(twin, run_id), names.run_labels(victim, run_id))
+    assert not selects(names.run_label_selector(twin, run_id), names.labels(victim, run_id, 1))
+    assert not selects(names.attempt_label_selector(twin, run_id, 1), names.labels(victim, run_id, 1))
+    assert selects(names.run_label_selector(victim, run_id), names.labels(victim, run_id, 1))
+    legacy = _demo_job()  # a run validated before ADR 0024 keeps its names (its pods may still be running)
+    assert names.run_label_selector(legacy, run_id) == f"{names.LABEL_JOB}={DEMO},{names.LABEL_RUN_ID}=" \
+        + names.label_value(run_id)

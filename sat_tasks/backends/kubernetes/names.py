@@ -17,6 +17,8 @@ LABEL_JOB = "sat.ai/job"
 
 LABEL_RUN_ID = "sat.ai/run-id"
 
+LABEL_DAG = "sat.ai/dag"  # the run's DAG (ADR 0024): a run of another DAG with the same job name and run id is not it
+
 LABEL_ATTEMPT = "sat.ai/attempt"
 
 LABEL_NODE_RANK = "sat.ai/node-rank"
@@ -54,6 +56,11 @@ def _short_hash(value: str, length: int = 8) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:length]
 
 
+def _run_identity(job: TrainingJob, run_id: str) -> str:
+    """What the run hash in names is of: the run's DAG and run id (ADR 0024; a legacy job without a DAG: the run id)."""
+    return f"{job.results.dag_id}/{run_id}" if job.results.dag_id else run_id
+
+
 
 def _dns_part(value: str) -> str:
     """Lowercase letters, digits and single dashes only (job names may hold dots)."""
@@ -67,7 +74,7 @@ def attempt_name(job: TrainingJob, run_id: str, attempt: int) -> str:
     A DNS-1035 label short enough for `-r<rank>` to follow (pod hostnames <= 63 chars);
     the run hash keeps two runs of one job apart.
     """
-    suffix = f"-{_short_hash(run_id)}-a{attempt}"
+    suffix = f"-{_short_hash(_run_identity(job, run_id))}-a{attempt}"
     room = MAX_LABEL - len("sat-") - len(suffix) - len(f"-r{max(job.nodes - 1, 0)}")
     return f"sat-{_dns_part(job.name)[:room].rstrip('-')}{suffix}"
 
@@ -87,7 +94,7 @@ def pull_secret_name(registry_conn_id: str) -> str:
 
 def run_volume_claim_name(job: TrainingJob, run_id: str) -> str:
     """The per-run claim: `sat-<job>-<run hash>-data`."""
-    suffix = f"-{_short_hash(run_id)}-data"
+    suffix = f"-{_short_hash(_run_identity(job, run_id))}-data"
     return f"sat-{_dns_part(job.name)[: MAX_LABEL - 4 - len(suffix)].rstrip('-')}{suffix}"
 
 
@@ -100,7 +107,7 @@ def run_volume_subpaths(job: TrainingJob, run_id: str) -> dict[str, str]:
     shared claim safe for many runs.
     """
     # safe_run_id folds distinct ids together (`:` and `_` both become `_`): the hash keeps them apart.
-    root = f"{job.name}/{safe_run_id(run_id)[:80]}-{_short_hash(run_id)}"
+    root = f"{job.name}/{safe_run_id(run_id)[:80]}-{_short_hash(_run_identity(job, run_id))}"
     return {"data": f"{root}/data", "output": f"{root}/output", "code": f"{root}/code"}
 
 
@@ -115,6 +122,7 @@ def labels(job: TrainingJob, run_id: str, attempt: int) -> dict[str, str]:
     }
 
 
+        **_dag_label(job),
 
 def attempt_label_selector(job: TrainingJob, run_id: str, attempt: int) -> str:
     """Label selector matching every object of one attempt (for cleanup and for classify)."""
@@ -131,12 +139,17 @@ def annotations(job: TrainingJob, run_id: str) -> dict[str, str]:
 
 def run_label_selector(job: TrainingJob, run_id: str) -> str:
     """Label selector matching every object of one run (claim, helper pods, attempts)."""
-    return f"{LABEL_JOB}={job.name},{LABEL_RUN_ID}={label_value(run_id)}"
+    return f"{LABEL_JOB}={job.name},{LABEL_RUN_ID}={label_value(run_id)}" + "".join(
+        f",{key}={value}" for key, value in _dag_label(job).items())
 
 
 def run_labels(job: TrainingJob, run_id: str) -> dict[str, str]:
     """The labels of a run-level object (the claim, a staging or upload pod)."""
-    return {LABEL_JOB: job.name, LABEL_RUN_ID: label_value(run_id), **MANAGED_BY}
+    return {LABEL_JOB: job.name, LABEL_RUN_ID: label_value(run_id), **_dag_label(job), **MANAGED_BY}
+
+
+def _dag_label(job: TrainingJob) -> dict[str, str]:
+    return {LABEL_DAG: label_value(job.results.dag_id)} if job.results.dag_id else {}
 
 
 def helper_pod_name(job: TrainingJob, run_id: str, purpose: str) -> str:
