@@ -301,6 +301,7 @@ def form_values(job: TrainingJob) -> dict[str, str]:
         _drop(changed, form.spec_path)
     values[TAGS_FIELD] = "\n".join(f"{key}={value}" for key, value in job.tags.items())
     changed.pop("tags", None)
+    _drop(changed, "results.dag_id")  # the run's own DAG, which validate_spec sets: a new run gets its own
     notify = notify_fields(job.notifications)
     if notify is not None:  # else they stay in Advanced, as the spec has them
         values.update(notify)
