@@ -14,8 +14,12 @@ JSON (`/sat/api/...`):
 - `POST /api/jobs`: create a job from `{"form": {<field>: <value>, ...}}` (the Create
   form's fields): 201 with the run, or 422 with every problem as `{"field", "rule"}`.
 - `GET  /api/jobs/{dag_id}/runs/{run_id}`: the job page's data.
-- `GET  /api/jobs/{dag_id}/runs/{run_id}/log`: the job log (all attempts), a download;
-  404 until the run has uploaded it (at its end).
+- `GET  /api/jobs/{dag_id}/runs/{run_id}/log`: the job log (all attempts), a download streamed
+  from its freshest copy (while the job runs too); 404 before its first line.
+- `GET  /api/jobs/{dag_id}/runs/{run_id}/log/tail[?offset=N&limit=B]`: its last lines, or what
+  came after `offset` (the Logs tab follows the log with it).
+- `GET  /api/jobs/{dag_id}/runs/{run_id}/files[/<name>]`: the run's files with their sizes;
+  one of them, a download.
 - `POST /api/jobs/{dag_id}/runs/{run_id}/stop`: stop the job (202), naming who asked.
 - `PUT  /api/jobs/{dag_id}/runs/{run_id}/tags`: replace the run's tags (`{"tags": {...}}`).
 - `DELETE /api/jobs/{dag_id}/runs/{run_id}[?delete_results=true]`: delete the run; its

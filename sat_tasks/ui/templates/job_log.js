@@ -3,18 +3,19 @@
 (function(){var pre=document.getElementById('job-log');if(!pre)return;
 var api=pre.dataset.tail,offset=Number(pre.dataset.offset),ended=pre.dataset.ended==='yes';
 var marker=new RegExp(pre.dataset.marker),state=document.getElementById('log-state');
-var follow=document.getElementById('log-follow'),KEEP=2000000;
+var follow=document.getElementById('log-follow'),KEEP=2000000,kept=pre.textContent.length;
 function shown(){var s=document.getElementById('logs');return !s||s.style.display!=='none';}
-function line(text,cls){if(cls){var s=document.createElement('span');s.className=cls;s.textContent=text;
-pre.appendChild(s);pre.appendChild(document.createTextNode('\n'));}else{pre.appendChild(document.createTextNode(text+'\n'));}}
+function line(text,cls){kept+=text.length+1;if(cls){var s=document.createElement('span');s.className=cls;
+s.textContent=text;pre.appendChild(s);pre.appendChild(document.createTextNode('\n'));}
+else{pre.appendChild(document.createTextNode(text+'\n'));}}
 function add(text){var lines=text.split('\n');if(lines[lines.length-1]==='')lines.pop();
 lines.forEach(function(l){line(l,marker.test(l)?'marker':'');});
-while(pre.textContent.length>KEEP&&pre.firstChild)pre.removeChild(pre.firstChild);
+while(kept>KEEP&&pre.firstChild){kept-=pre.firstChild.textContent.length;pre.removeChild(pre.firstChild);}
 if(follow&&follow.checked)pre.scrollTop=pre.scrollHeight;}
 function poll(){if(!shown()){setTimeout(poll,2000);return;}
 fetch(api+'?offset='+offset,{credentials:'same-origin'}).then(function(r){return r.ok?r.json():null;}).then(function(p){
 if(!p){setTimeout(poll,10000);return;}
-if(p.restarted){pre.textContent='';}
+if(p.restarted){pre.textContent='';kept=0;}
 if(p.skipped)line('... '+p.skipped+' bytes left out here (the download has them) ...','skipped');
 if(p.text)add(p.text);offset=p.offset;
 if(p.source)state.textContent=p.size+' bytes so far, from '+p.source+(p.ended?'; the run has ended.':'; new lines follow as the job writes them.');
