@@ -278,3 +278,28 @@ def test_a_local_attempt_mirrors_its_own_checkpoints_and_cannot_write_another_ru
     assert any("scoped to" in line for line in lines)  # the job log says what the attempt may touch
     assert LOCAL_SECRET_KEY not in output and not any(LOCAL_SECRET_KEY in line for line in lines)
     assert json.loads(s3_hook.read_key(run.status_uri.split("/", 3)[3], bucket_name=BUCKET))  # SAT's own records
+
+
+# ---- Kubernetes: each attempt's pods read their own Secret, SAT's helper pods the shared one ------------
+def test_training_pods_reference_their_attempts_secret_and_helper_pods_the_shared_one():
+    from sat_tasks.backends.kubernetes import names, pods, staging
+    from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+
+    job = _job("job-k8s").with_backend("kubernetes")
+    settings = KubernetesSettings()
+    for attempt in (1, 2):
+        rendered = pods.render_attempt_manifests(job, run_id="run-1", plan=Plan(attempt=attempt), settings=settings)
+        refs = {env["name"]: env["valueFrom"]["secretKeyRef"] for pod in rendered if pod["kind"] == "Pod"
+                for env in pod["spec"]["containers"][0]["env"] if "secretKeyRef" in env.get("valueFrom", {})}
+        own = names.attempt_credentials_name(job, "run-1", attempt)
+        assert refs == {"AWS_ACCESS_KEY_ID": {"name": own, "key": "access_key_id"},
+                        "AWS_SECRET_ACCESS_KEY": {"name": own, "key": "secret_access_key"},
+                        "AWS_SESSION_TOKEN": {"name": own, "key": "session_token"}}
+    secret = pods.attempt_credentials_secret(job, run_id="run-1", attempt=2, namespace="sat-jobs", credentials={
+        "AWS_ACCESS_KEY_ID": "ASIA1", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t"})
+    assert secret["metadata"]["labels"][names.LABEL_ATTEMPT_ID] == names.attempt_name(job, "run-1", 2)  # cleanup
+    assert secret["stringData"] == {"access_key_id": "ASIA1", "secret_access_key": "s", "session_token": "t"}
+    helper = staging.build_staging_pod(job, "run-1", namespace="sat-jobs", settings=settings)
+    helper_refs = {env["valueFrom"]["secretKeyRef"]["name"] for env in helper["spec"]["containers"][0]["env"]
+                   if "secretKeyRef" in env.get("valueFrom", {})}
+    assert helper_refs == {settings.object_storage_secret}  # staging is SAT's own task: the service keys

@@ -3,8 +3,8 @@
 `RecordedCluster` stands in for the client's urllib3 pool manager (`rest_client.pool_manager`),
 so the real `CoreV1Api` builds every request (its own models, serialised) and parses every
 answer; every request is recorded with its method, path, query and body. It serves what
-the tests need of the core API: pods, services, events, persistent volume claims (list,
-get, create, patch, delete), nodes (get), pod logs (plain or followed). With `kubelet`
+the tests need of the core API: pods, services, events, persistent volume claims, secrets
+(list, get, create, patch, delete), nodes (get), pod logs (plain or followed). With `kubelet`
 set, a created pod "runs" at once: it gets a node, a log and a terminated state
 (`kubelet(pod) -> (exit code, log text)`).
 """
@@ -20,8 +20,9 @@ from urllib.parse import parse_qsl, unquote, urlparse
 from kubernetes.client import ApiClient
 
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict"}
-_KINDS = {"pods": "Pod", "services": "Service", "events": "Event", "persistentvolumeclaims": "PersistentVolumeClaim"}
-_ROUTE = re.compile(r"/api/v1/namespaces/([^/]+)/(pods|events|services|persistentvolumeclaims)(?:/([^/]+))?(/log)?")
+_KINDS = {"pods": "Pod", "services": "Service", "events": "Event", "persistentvolumeclaims": "PersistentVolumeClaim",
+          "secrets": "Secret"}
+_ROUTE = re.compile(r"/api/v1/namespaces/([^/]+)/(pods|events|services|persistentvolumeclaims|secrets)(?:/([^/]+))?(/log)?")
 Kubelet = Callable[[dict], "tuple[int, str]"]
 
 
@@ -92,6 +93,7 @@ class RecordedCluster:
                  kubelet: Kubelet | None = None):
         self.pods, self.events, self.nodes = list(pods), list(events), list(nodes)
         self.services, self.claims = list(services), list(claims)
+        self.secrets: list[dict] = []
         self.logs = dict(logs or {})
         self.forbidden_namespaces = set(forbidden_namespaces)
         self.kubelet = kubelet
@@ -120,7 +122,7 @@ class RecordedCluster:
 
     def objects(self, kind: str) -> list[dict]:
         return {"pods": self.pods, "events": self.events, "services": self.services,
-                "persistentvolumeclaims": self.claims}[kind]
+                "persistentvolumeclaims": self.claims, "secrets": self.secrets}[kind]
 
     # ---- the kubelet ---------------------------------------------------------------------------
     def _run(self, pod: dict) -> None:

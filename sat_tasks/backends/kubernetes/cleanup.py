@@ -60,18 +60,19 @@ def _delete_all(kinds: Iterable[tuple[str, Callable, Callable]], namespace: str,
 
 
 def cleanup_attempt(client: CoreV1Api, job: TrainingJob, *, run_id: str, attempt: int, namespace: str) -> list[str]:
-    """Delete an attempt's pods and rendezvous Service (after classify has read them).
+    """Delete an attempt's pods, rendezvous Service and credentials Secret (after classify has read them).
 
     The run's claim stays: the next attempt resumes from it (`cleanup_run` deletes it).
     """
     return _delete_all(
         (("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
-         ("service", client.list_namespaced_service, client.delete_namespaced_service)),
+         ("service", client.list_namespaced_service, client.delete_namespaced_service),
+         ("secret", client.list_namespaced_secret, client.delete_namespaced_secret)),
         namespace, names.attempt_label_selector(job, run_id, attempt))
 
 
 def cleanup_run(client: CoreV1Api, job: TrainingJob, *, run_id: str, namespace: str, keep_claim: bool = False) -> list[str]:
-    """Delete everything the run still has: pods and Services of any attempt, helper pods, the claim.
+    """Delete everything the run still has: pods, Services and Secrets of any attempt, helper pods, the claim.
 
     Runs once the outputs are uploaded (the claim holds them until then). A claim named by
     `pvc_name` (a long-lived shared one) carries no run labels and is never deleted.
@@ -79,7 +80,8 @@ def cleanup_run(client: CoreV1Api, job: TrainingJob, *, run_id: str, namespace: 
     job's next run, which `warm.release_warm` deletes later.
     """
     kinds = [("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
-             ("service", client.list_namespaced_service, client.delete_namespaced_service)]
+             ("service", client.list_namespaced_service, client.delete_namespaced_service),
+             ("secret", client.list_namespaced_secret, client.delete_namespaced_secret)]
     if not keep_claim:
         kinds.append(("persistentvolumeclaim", client.list_namespaced_persistent_volume_claim,
                       client.delete_namespaced_persistent_volume_claim))

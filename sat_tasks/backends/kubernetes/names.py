@@ -85,6 +85,12 @@ def pod_name(job: TrainingJob, run_id: str, attempt: int, rank: int) -> str:
 
 
 
+def attempt_credentials_name(job: TrainingJob, run_id: str, attempt: int) -> str:
+    """`sat-<job>-<run hash>-a<attempt>-s3`: the Secret with the attempt's scoped Object Storage credentials."""
+    return f"{attempt_name(job, run_id, attempt)}-s3"
+
+
+
 def pull_secret_name(registry_conn_id: str) -> str:
     """The image pull Secret named after the registry connection (`sat_registry_x` -> `sat-registry-x`)."""
     name = re.sub(r"[^a-z0-9.-]+", "-", registry_conn_id.lower()).strip("-.")
@@ -116,13 +122,13 @@ def labels(job: TrainingJob, run_id: str, attempt: int) -> dict[str, str]:
     return {
         LABEL_JOB: job.name,
         LABEL_RUN_ID: label_value(run_id),
+        **_dag_label(job),
         LABEL_ATTEMPT: str(attempt),
         LABEL_ATTEMPT_ID: attempt_name(job, run_id, attempt),
         **MANAGED_BY,
     }
 
 
-        **_dag_label(job),
 
 def attempt_label_selector(job: TrainingJob, run_id: str, attempt: int) -> str:
     """Label selector matching every object of one attempt (for cleanup and for classify)."""

@@ -213,7 +213,8 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
 
     Everything that depends on the run (the pod, its name, node exclusions, `CKPT_LAST_STEP`)
     is built at `execute`, never at parse time, and never through Jinja. The pod gets no
-    secret: the image pull Secret is referenced by name only.
+    secret in its spec: the image pull Secret and the attempt's Object Storage credentials
+    (`create_attempt_credentials`, before the pod) are referenced by name only.
 
     Args:
         attempt: 1-based attempt number.
@@ -337,6 +338,40 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         self.log.info("created the rendezvous Service %s/%s", self.target_namespace(), body["metadata"]["name"])
         return True
 
+    def create_attempt_credentials(self, job: TrainingJob, run_id: str, plan: Plan) -> bool:
+        """The attempt's Secret with Object Storage credentials scoped to its run (ADR 0020); True when created.
+
+        SAT's keys ask STS for them (`io.scoped_credentials`); the pods reference the Secret
+        (`pods.training_key_env`), `cleanup_attempt` deletes it. Every rank's task tries; the
+        first creates it, the others find it (409). Nothing with `[sat] scoped_credentials = off`.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        from sat_tasks.backends.kubernetes.pods import attempt_credentials_secret
+        from sat_tasks.io.object_storage import object_storage_hook
+        from sat_tasks.io.scoped_credentials import (
+            scoped_credentials_on,
+            training_credentials,
+        )
+
+        if not scoped_credentials_on():
+            self.log.warning("[sat] scoped_credentials = off: the training pods get the shared Object Storage "
+                             "Secret and can read and write every job's data and results")
+            return False
+        hook = object_storage_hook(sat_setting("object_storage_conn_id"))
+        credentials = training_credentials(JobRun(job, run_id), hook, plan.attempt, self.log.info)
+        body = attempt_credentials_secret(job, run_id=run_id, attempt=plan.attempt,
+                                          namespace=self.target_namespace(), credentials=credentials)
+        try:
+            self.client.create_namespaced_secret(self.target_namespace(), body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        self.log.info("created the attempt's credentials Secret %s/%s", self.target_namespace(),
+                      body["metadata"]["name"])
+        return True
+
     def prepare(self, context: Context) -> tuple[TrainingJob, Plan]:
         """`build_plan`, then the pod of this rank onto the operator (before the provider builds it)."""
         job, plan = self.build_plan(context)
@@ -440,6 +475,7 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         self.await_workspace(job, context["run_id"], plan)
         self.await_rank0(job, context, plan)  # before the Service and this rank's pod
         self.create_rendezvous_service(job, context["run_id"], plan)
+        self.create_attempt_credentials(job, context["run_id"], plan)
         if self.node_rank == 0:  # one Running entry per attempt
             JobRun(job, context["run_id"]).record_attempt_start(plan, self.log.info)
         return super().execute(context)

@@ -56,6 +56,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # Env var -> key in the Object Storage Secret (`KubernetesSettings.object_storage_secret`).
 OBJECT_STORAGE_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key"}
+# Env var -> key in an attempt's own Secret (`names.attempt_credentials_name`, ADR 0020).
+ATTEMPT_SECRET_KEYS = {**OBJECT_STORAGE_SECRET_KEYS, "AWS_SESSION_TOKEN": "session_token"}
 
 
 def pod_memory(job: TrainingJob) -> str:
@@ -105,7 +107,7 @@ def _env(
             env.append({"name": f"PET_{key}", "value": value})  # torchrun's env defaults
     for key, path in field_refs.items():
         env.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": path}}})
-    env += object_storage_key_env(settings)
+    env += training_key_env(job, run_id=run_id, attempt=plan.attempt, settings=settings)
     return env
 
 
@@ -118,6 +120,35 @@ def object_storage_key_env(settings: KubernetesSettings) -> list[dict[str, Any]]
     """
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": settings.object_storage_secret, "key": key}}}
             for name, key in OBJECT_STORAGE_SECRET_KEYS.items()]
+
+
+def training_key_env(job: TrainingJob, *, run_id: str, attempt: int, settings: KubernetesSettings) -> list[dict[str, Any]]:
+    """A training pod's Object Storage keys: references into its attempt's own Secret (ADR 0020).
+
+    The launch task creates that Secret (`attempt_credentials_secret`) before the pods, with
+    the temporary credentials STS issued for the run's prefixes only; `cleanup_attempt`
+    deletes it. With `[sat] scoped_credentials = off`: the shared Secret, as SAT's own pods.
+    """
+    from sat_tasks.io.scoped_credentials import scoped_credentials_on
+
+    if not scoped_credentials_on():
+        return object_storage_key_env(settings)
+    secret = names.attempt_credentials_name(job, run_id, attempt)
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for name, key in ATTEMPT_SECRET_KEYS.items()]
+
+
+def attempt_credentials_secret(job: TrainingJob, *, run_id: str, attempt: int, namespace: str,
+                               credentials: dict[str, str]) -> dict[str, Any]:
+    """The attempt's Secret: `credentials` (`io.scoped_credentials.training_credentials`) under the
+    keys `training_key_env` references, and the attempt's labels (its cleanup deletes it). Never
+    rendered by `sat render`: it exists only while the attempt does."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": names.attempt_credentials_name(job, run_id, attempt), "namespace": namespace,
+                     "labels": names.labels(job, run_id, attempt)},
+        "stringData": {key: credentials[name] for name, key in ATTEMPT_SECRET_KEYS.items() if name in credentials},
+    }
 
 
 def _resources(job: TrainingJob, settings: KubernetesSettings) -> dict[str, Any]:

@@ -232,11 +232,14 @@ def test_pod_gets_no_secret(captured, bucket, monkeypatch):
     assert pod["spec"]["imagePullSecrets"] == [{"name": "sat-registry-main"}]
     container = pod["spec"]["containers"][0]
     assert not container.get("envFrom")
-    # The only Secret references: the Object Storage keys for the checkpoint mirror (ADR 0009).
+    # The only Secret references: the attempt's own Object Storage credentials for the checkpoint mirror
+    # (ADR 0009), scoped to its run (ADR 0020).
     secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]
                    if "secretKeyRef" in (e.get("valueFrom") or {})}
-    assert secret_refs == {"AWS_ACCESS_KEY_ID": {"name": "sat-object-storage", "key": "access_key_id"},
-                           "AWS_SECRET_ACCESS_KEY": {"name": "sat-object-storage", "key": "secret_access_key"}}
+    own = k8s_names.attempt_credentials_name(TrainingJob.model_validate(spec), RUN_ID, 1)
+    assert secret_refs == {"AWS_ACCESS_KEY_ID": {"name": own, "key": "access_key_id"},
+                           "AWS_SECRET_ACCESS_KEY": {"name": own, "key": "secret_access_key"},
+                           "AWS_SESSION_TOKEN": {"name": own, "key": "session_token"}}
     assert pod["spec"]["automountServiceAccountToken"] is False
 
 

@@ -132,8 +132,15 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
 
     # Every object `sat render` prints was created, in apply order, with the same body. The
     # provider adds its own labels to a pod (dag_id, task_id, try_number, ...); nothing else.
-    created = [(kind, body) for kind, body in cluster.created
-               if kind != "Pod" or body["metadata"]["labels"].get("app.kubernetes.io/component") == "training"]
+    created = [(kind, body) for kind, body in cluster.created if kind != "Secret" and (
+        kind != "Pod" or body["metadata"]["labels"].get("app.kubernetes.io/component") == "training")]
+    # Not rendered: the attempt's Object Storage credentials (ADR 0020), one Secret its pods reference.
+    secrets = [body for kind, body in cluster.created if kind == "Secret"]
+    assert len(secrets) == 1 and set(secrets[0]["stringData"]) == {"access_key_id", "secret_access_key",
+                                                                   "session_token"}
+    assert all(ref["valueFrom"]["secretKeyRef"]["name"] == secrets[0]["metadata"]["name"]
+               for doc in rendered if doc["kind"] == "Pod" for ref in doc["spec"]["containers"][0]["env"]
+               if ref["name"].startswith("AWS_") and "valueFrom" in ref)
     assert [(kind, body["metadata"]["name"]) for kind, body in created] == [
         (doc["kind"], doc["metadata"]["name"]) for doc in rendered]
     for (kind, body), doc in zip(created, rendered):
@@ -148,8 +155,8 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
 
     # The attempt's cleanup, then the run's end: outputs uploaded from the claim, then nothing left.
     deleted = backend.cleanup_attempt(run, 1, said.append)
-    assert sorted(deleted) == sorted(f"{doc['kind'].lower()}/{doc['metadata']['name']}" for doc in rendered
-                                     if doc["kind"] in ("Pod", "Service"))
+    assert sorted(deleted) == sorted([f"{doc['kind'].lower()}/{doc['metadata']['name']}" for doc in rendered
+                                      if doc["kind"] in ("Pod", "Service")] + [f"secret/{secrets[0]['metadata']['name']}"])
     assert backend.upload_outputs(run, said.append) == UPLOADED
     upload_pod = next(body for kind, body in cluster.created
                       if body["metadata"]["labels"].get("app.kubernetes.io/component") == "upload")
@@ -157,7 +164,7 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
         "upload", "--source", "/opt/sat/output", "--dest", run.output_uri]
     deleted = backend.cleanup_run(run, said.append)
     assert deleted == [f"persistentvolumeclaim/{rendered[0]['metadata']['name']}"]
-    assert cluster.pods == [] and cluster.services == [] and cluster.claims == []
+    assert cluster.pods == [] and cluster.services == [] and cluster.claims == [] and cluster.secrets == []
     assert backend.cleanup_run(run, said.append) == []  # idempotent
 
 

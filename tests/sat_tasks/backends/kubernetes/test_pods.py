@@ -181,8 +181,10 @@ def test_env_contract_with_pod_paths():
     assert env["SAT_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
-def test_checkpoint_mirror_env_points_at_the_runs_results_prefix():
+def test_checkpoint_mirror_env_points_at_the_runs_results_prefix(monkeypatch):
     from sat_tasks.io.run_layout import JobRun
+
+    monkeypatch.setenv("AIRFLOW__SAT__SCOPED_CREDENTIALS", "off")  # the shared Secret (on: tests/security)
 
     job = _job("deepspeed-g2-2nodes")
     settings = k8s_settings.KubernetesSettings(object_storage_endpoint="https://storage.example.com",
@@ -197,7 +199,8 @@ def test_checkpoint_mirror_env_points_at_the_runs_results_prefix():
             "secretKeyRef": {"name": "team-a-object-storage", "key": "secret_access_key"}}
 
 
-def test_default_endpoint_is_aws_and_default_secret_is_sat_object_storage():
+def test_default_endpoint_is_aws_and_default_secret_is_sat_object_storage(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SAT__SCOPED_CREDENTIALS", "off")  # the shared Secret (on: tests/security)
     env = _env(_pods(_render(_job("spot-g3")))[0])
     assert "CKPT_S3_ENDPOINT_URL" not in env  # boto3's own AWS endpoints
     assert env["AWS_ACCESS_KEY_ID"]["secretKeyRef"]["name"] == "sat-object-storage"
@@ -749,9 +752,10 @@ def test_pod_operator_builds_the_rendered_pod(key, rank):
     assert operator.kubernetes_conn_id == "k8s_prod"
     built_env = {e["name"]: e for e in _container(built)["env"]}
     assert built_env["CKPT_MIRROR_URL"]["value"].endswith("/checkpoints/")
-    for name, key in (("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key")):
+    for name, key in (("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
+                      ("AWS_SESSION_TOKEN", "session_token")):  # the attempt's own Secret (ADR 0020)
         assert built_env[name] == {"name": name, "valueFrom": {"secretKeyRef": {
-            "name": SETTINGS.object_storage_secret, "key": key}}}
+            "name": k8s_names.attempt_credentials_name(job, RUN_ID, 2), "key": key}}}
     _validate(built)
 
 
@@ -804,6 +808,12 @@ class _FakeCoreV1:
 
     def delete_namespaced_service(self, name, namespace):
         self.deleted.append(("service", name, None))
+
+    def list_namespaced_secret(self, namespace, label_selector):
+        return self._select([], label_selector)  # the attempt's credentials Secret: tests/security
+
+    def delete_namespaced_secret(self, name, namespace):  # pragma: no cover - none listed here
+        self.deleted.append(("secret", name, None))
 
 
 def _with_phase(pod: dict, phase: str) -> dict:

@@ -84,6 +84,7 @@ class _TI:
 def calls(monkeypatch) -> list:
     """Recorded calls; the provider's execute records `create_pod`, and sleeping moves a fake clock."""
     recorded: list = []
+    monkeypatch.setenv("AIRFLOW__SAT__SCOPED_CREDENTIALS", "off")  # no per-attempt Secret here (tests/security)
 
     def fake_execute(self, context):
         recorded.append(("create_pod", self.name))
