@@ -90,8 +90,10 @@ def training_environment(
     `CKPT_S3_ENDPOINT_URL`. With `metrics_dir` the engine's recorder (`ckpt_engine.metrics`)
     writes the job's series there every `SAT_METRICS_INTERVAL_SECONDS` (`[sat]
     metrics_interval_seconds` unless the job's env sets it) and copies them to `metrics_url`
-    (`<results prefix>metrics/`); `[sat] otlp_endpoint` becomes `SAT_OTLP_ENDPOINT`. Credentials are not part of this contract: the launcher adds
-    `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` to the process environment only.
+    (`<results prefix>metrics/`); `[sat] otlp_endpoint` becomes `SAT_OTLP_ENDPOINT`. Credentials are not part of this contract: the launcher adds the
+    attempt's own `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`, scoped to
+    the run's data and results prefix (`io.scoped_credentials`, ADR 0020), to the process
+    environment only (a pod: references into the attempt's Secret).
 
     After SIGTERM the engine has `[sat] final_checkpoint_grace_seconds` for its final
     checkpoint (`CKPT_GRACE_SECONDS`, unless the job's env sets it); the local runner and
@@ -145,8 +147,8 @@ def host_environment(host: Mapping[str, str]) -> dict[str, str]:
     """What a training process keeps of `host` (the starting process's environment): `HOST_ENV_ALLOWED` only.
 
     Not kept, among the rest: every `AIRFLOW__*` setting and `AIRFLOW_CONN_*` connection (the
-    service's secrets), the host's `AWS_*` credentials and profile (the launcher passes the keys
-    the engine's mirror needs, and nothing else), proxies (their URLs may carry credentials).
+    service's secrets), the host's `AWS_*` credentials and profile (the launcher passes the
+    attempt's scoped credentials, and nothing else), proxies (their URLs may carry credentials).
     """
     return {name: value for name, value in host.items()
             if name in HOST_ENV_ALLOWED or name.startswith(HOST_ENV_ALLOWED_PREFIXES)}
@@ -156,7 +158,7 @@ def process_environment(training: Mapping[str, str], host: Mapping[str, str]) ->
     """The whole environment of a training process: `host_environment(host)`, then `training`.
 
     `training` is what SAT means the process to have: `training_environment` (the contract
-    and the job's `env`) and the Object Storage keys its launcher adds; nothing else of
+    and the job's `env`) and the scoped Object Storage credentials its launcher adds; nothing else of
     `host` reaches the process. Every launcher builds its process's environment here.
     """
     return {**host_environment(host), **training}
