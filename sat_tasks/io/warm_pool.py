@@ -79,7 +79,11 @@ def warm_roots() -> list[str]:
 
 
 def state_uri(job: TrainingJob) -> str:
-    return f"{warm_root(job)}{getattr(job, 'workspace', None) or NO_WORKSPACE}/{job.name}.json"
+    """`<root><workspace>/<job>.json`; a run of a DAG that is not the job's own (the generic one) keys it
+    `<job>@<dag_id>.json`, so it never takes over what a job DAG of that name kept warm (ADR 0024)."""
+    dag_id = getattr(getattr(job, "results", None), "dag_id", None)
+    key = job.name if dag_id in (None, job.name) else f"{job.name}@{dag_id}"
+    return f"{warm_root(job)}{getattr(job, 'workspace', None) or NO_WORKSPACE}/{key}.json"
 
 
 # ---- the store ---------------------------------------------------------------------------------

@@ -187,3 +187,12 @@ def test_kubernetes_objects_of_a_twin_run_have_other_names_and_labels_than_the_v
     legacy = _demo_job()  # a run validated before ADR 0024 keeps its names (its pods may still be running)
     assert names.run_label_selector(legacy, run_id) == f"{names.LABEL_JOB}={DEMO},{names.LABEL_RUN_ID}=" \
         + names.label_value(run_id)
+
+
+def test_a_generic_twin_keeps_its_own_warm_state_not_the_job_dags():
+    from sat_tasks.io.warm_pool import state_uri
+
+    demo = _demo_job()
+    assert state_uri(scoped(demo, DEMO)) == state_uri(demo)  # a job DAG's runs keep the state they had
+    assert state_uri(scoped(demo, GENERIC)) != state_uri(demo)
+    assert state_uri(scoped(demo, GENERIC)).endswith(f"/{DEMO}@{GENERIC}.json")
