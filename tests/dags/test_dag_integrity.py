@@ -72,6 +72,15 @@ def test_job_dag_shape(bag):
     assert spot.get_task("attempt_2.wait_for_capacity").mode == "reschedule"
 
 
+def test_each_job_dag_lives_in_the_shard_file_of_its_spec(bag):
+    """The stable assignment end to end: the DAG of `x.yaml` is defined by `dags/sat_jobs_<shard_of('x.yaml')>.py`."""
+    from sat_tasks.airflow.shards import shard_of
+
+    for path in JOBS.glob("*.yaml"):
+        dag = bag.dags[yaml.safe_load(path.read_text())["name"]]
+        assert dag.fileloc == str(ROOT / "dags" / f"sat_jobs_{shard_of(path.name):02d}.py")
+
+
 def test_generic_dag_form(bag):
     dag = bag.dags["sat_training_job"]
     params = dag.params
