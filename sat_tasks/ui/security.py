@@ -4,7 +4,10 @@ Reading needs GET on the job's DAG; Create needs POST on the generic DAG's runs 
 connections, when it stores a registry login: `may_store_connection`); Stop and Tags need
 PUT, Delete DELETE on the DAG's runs; the Workspaces need Airflow's pool permissions; a job
 that names a workspace needs GET on the workspace's pool (`may_use_workspace`). No token or
-session cookie: 401 (Airflow's dependencies answer it).
+session cookie: 401 (Airflow's dependencies answer it). Every route that names a run checks the
+permission on the run's own DAG (the path's `dag_id`), and then reads and acts only on the
+objects of the run's recorded results prefix (`sources.find_job_run`: 404 for a run whose record
+reaches another DAG's prefix, ADR 0024), never on a prefix rebuilt from what the URL names.
 
 Cross-site requests (ADR 0019): every state-changing request (`refuse_cross_site_writes`, on
 the whole app) is refused when its Origin (or, without one, its Referer) is another site, and
