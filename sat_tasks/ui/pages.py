@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import yaml
 
@@ -34,11 +35,33 @@ TABS = (("details", "Details"), ("attempts", "Attempts"), ("checkpoints", "Check
 # The guide's words for the spec's values (the list's cells and filter menus).
 LEARNING_TYPES = {"on-demand": "On-Demand", "spot": "Spot"}
 FRAMEWORKS = {"pytorch": "PyTorch", "deepspeed": "DeepSpeed"}
+# The list's columns a person may sort by: (sort key, header); the others are plain headers.
+SORTABLE = {"job": "Job", "status": "Status", "submitted": "Submitted", "started": "Started",
+            "gpu_hours": "GPU-hours", "creator": "Created by", "workspace": "Workspace"}
 
 
-def list_page(rows: list[dict[str, Any]], status: str | None = None) -> str:
-    """The Training Jobs list: newest first, a status filter, one row per run, the Create button."""
-    return render("jobs.html", rows=rows, status=status, statuses=[s.value for s in JobStatus])
+def list_page(found: Any, choices: dict[str, list[str]] | None = None, problem: Any = None) -> str:
+    """The Training Jobs list: search, filters, sortable headers and pages over every run (`run_index.JobsPage`)."""
+    query = found.query
+
+    def href(**changes: Any) -> str:
+        params = query.params(**changes)
+        return "/sat/jobs" + ("?" + urlencode(params) if params else "")
+
+    def sort_href(key: str) -> str:
+        order = "asc" if query.sort == key and query.order == "desc" else "desc"
+        return href(sort=key, order=order, page=1)
+
+    first = (query.page - 1) * query.per_page + 1 if found.rows else 0
+    # `until` is exclusive (the day after the one asked for, at midnight): the date field shows the day asked for.
+    until_day = (query.until - timedelta(seconds=1)).date().isoformat() if query.until else ""
+    return render("jobs.html", found=found, query=query, rows=found.rows, problem=problem, href=href,
+                  sort_href=sort_href, sortable=SORTABLE, statuses=[s.value for s in JobStatus],
+                  learning_types=LEARNING_TYPES, frameworks=FRAMEWORKS, choices=choices or {},
+                  since_day=query.since.date().isoformat() if query.since else "", until_day=until_day,
+                  first=first, last=first + len(found.rows) - 1 if found.rows else 0,
+                  filtered=bool(query.params(sort="started", order="desc", page=1, per_page=query.per_page)),
+                  scheduled=any(row["schedule"] for row in found.rows))
 
 
 # ---- the Create Training Job form ------------------------------------------------------------------

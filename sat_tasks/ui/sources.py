@@ -12,18 +12,24 @@ from airflow.models.dagrun import DagRun
 from fastapi import HTTPException
 
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
-from sat_tasks.airflow.job_dags import load_job_dags
 from sat_tasks.config import sat_setting
-from sat_tasks.io.object_storage import ObjectStream, object_storage_hook, open_object_stream, read_json
+from sat_tasks.io.object_storage import (
+    ObjectStream,
+    object_storage_hook,
+    open_object_stream,
+    read_json,
+)
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, split_s3_uri
 from sat_tasks.ui import dag_runs
 from sat_tasks.ui.jobs import ReadJson, RunRef, job_of, job_page
+from sat_tasks.ui.run_index import SPECS
 
 
 def job_specs() -> dict[str, TrainingJob]:
-    """The job DAGs' specs by DAG id, from `[sat] jobs_dir` (read on each request: a new file counts at once)."""
-    return load_job_dags(sat_setting("jobs_dir"), build=False).jobs
+    """The job DAGs' specs by DAG id, from `[sat] jobs_dir` (a new or changed file counts at once; each is parsed
+    once per change: `run_index.SPECS`)."""
+    return SPECS.jobs(sat_setting("jobs_dir"))
 
 
 def object_storage() -> Any:

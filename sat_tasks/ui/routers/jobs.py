@@ -21,7 +21,7 @@ from sat_tasks.core.workspaces import job_problems
 from sat_tasks.io.workspaces import WorkspaceStore
 from sat_tasks.pipeline.actions import VIA, VIA_API
 from sat_tasks.spec.model import backend_problem
-from sat_tasks.ui import dag_runs, pages
+from sat_tasks.ui import dag_runs, pages, run_index
 from sat_tasks.ui.create import (
     ADVANCED_FIELD,
     FormResult,
@@ -29,7 +29,6 @@ from sat_tasks.ui.create import (
     form_values,
     validate_form,
 )
-from sat_tasks.ui.jobs import list_rows
 from sat_tasks.ui.security import (
     CREATE_JOBS,
     READ_JOBS,
@@ -46,20 +45,41 @@ from sat_tasks.ui.sources import (
     uri_exists,
 )
 
-LIST_LIMIT = 200  # runs in the list, newest first
-
 router = APIRouter(tags=["Training Jobs"])
 STATUS = Query(None, description="a status word, e.g. Running or Completed")
+SEARCH = Query(None, description="a part of the job's name or run id")
+TAG = Query(None, description="a tag: key or key=value")
+PAGE = Query(None, description="the page (from 1); more filters and sort: see the description")
 
 
 @router.get("/api/jobs", dependencies=READ_JOBS)
-def list_jobs(user: GetUserDep, session: SessionDep, status: str | None = STATUS):
-    return {"jobs": job_rows(user, session, status)}
+def list_jobs(request: Request, user: GetUserDep, session: SessionDep, status: str | None = STATUS,
+              q: str | None = SEARCH, tag: str | None = TAG, page: int | None = PAGE):
+    """Every run of the Training Jobs the person may read: filtered, sorted and paged in the query (ADR 0022).
+
+    Filters: `status`, `q` (a part of the name or run id), `tag` (`key` or `key=value`),
+    `framework`, `learning_type`, `workspace`, `creator`, `since`/`until` (submitted; a date
+    or an ISO time); `sort` (one of `run_index.SORTS`) and `order` (`asc`/`desc`); `page`,
+    `per_page` (at most 200). The answer: `jobs` (this page), `total`, `pages`, and
+    `gpu_hours_by_workspace` over every matching run.
+    """
+    try:
+        query = run_index.parse_query(request.query_params)
+    except run_index.ListQueryError as exc:
+        return JSONResponse({"detail": "the list query is not valid", "errors": [{"field": exc.field, "rule": exc.rule}]},
+                            status_code=422)
+    return jobs_page(user, session, query).to_dict()
 
 
 @router.get("/jobs", dependencies=READ_JOBS, response_class=HTMLResponse)
-def jobs_view(user: GetUserDep, session: SessionDep, status: str | None = STATUS):
-    return pages.list_page(job_rows(user, session, status), status or None)
+def jobs_view(request: Request, user: GetUserDep, session: SessionDep):
+    try:
+        query, problem = run_index.parse_query(request.query_params), None
+    except run_index.ListQueryError as exc:
+        query, problem = run_index.ListQuery(), exc
+    found = jobs_page(user, session, query)
+    return HTMLResponse(pages.list_page(found, run_index.choices(session, found.readable), problem),
+                        status_code=422 if problem else 200)
 
 
 @router.get("/jobs/new", dependencies=CREATE_JOBS, response_class=HTMLResponse)
@@ -96,13 +116,20 @@ def create_job(body: dict[str, Any], user: GetUserDep, session: SessionDep, dag_
             "page": f"/sat/{pages.job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}"}
 
 
-def job_rows(user: Any, session: Any, status: str | None) -> list[dict[str, Any]]:
-    """The list's rows: the newest runs of the Training Job DAGs the person may read, filtered by status word."""
+def jobs_page(user: Any, session: Any, query: run_index.ListQuery) -> run_index.JobsPage:
+    """The page of the list `query` asks for, over every run of the Training Job DAGs the person may read.
+
+    The index follows Airflow and the pipeline first (`run_index.sync`: the metadata DB only,
+    unless a run must be read once); specs come from the cache (parsed once per file change).
+    """
     jobs = job_specs()
     readable = readable_dag_ids(user, set(jobs) | {GENERIC_DAG_ID})
-    refs = dag_runs.latest_runs(session, readable, limit=LIST_LIMIT,
-                                scheduled={dag_id for dag_id, job in jobs.items() if job.schedule})
-    return list_rows(refs, jobs, json_reader(object_storage()), GENERIC_DAG_ID, status=status or None)
+    run_index.ensure_table(session)
+    run_index.sync(session, jobs, GENERIC_DAG_ID, read_json=lambda: json_reader(object_storage()))
+    scheduled = {dag_id for dag_id, job in jobs.items() if job.schedule} & readable
+    found = run_index.list_runs(session, query, readable, next_runs=run_index.next_runs(session, scheduled))
+    found.readable = readable
+    return found
 
 
 def workspace_problems(job: Any) -> list[Any]:

@@ -163,8 +163,14 @@ def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
     job = scoped(_job("demo-job", tags={"team": "<script>alert(1)</script>"}), "demo-job")  # as job_of gives it
     store = _written(job, "manual__1")
     ref = RunRef("demo-job", "manual__1", "running", start_date=T0)
-    html = list_page(list_rows([ref], {"demo-job": job}, store.get, GENERIC), status="Running")
-    assert "<script>" not in html and "&lt;script&gt;" in html
+    from sat_tasks.ui.run_index import JobsPage, ListQuery
+
+    # the list's extra columns (ADR 0022) beside the row this module builds
+    extra = {"gpus_per_node": 0, "creator": None, "workspace": None, "submitted": None, "queue_s": None,
+             "running": True, "gpu_hours": 0.0, "goodput": None}
+    rows = [{**row, **extra} for row in list_rows([ref], {"demo-job": job}, store.get, GENERIC)]
+    html = list_page(JobsPage(rows, len(rows), ListQuery(status="Running")))
+    assert "<script>alert" not in html and "&lt;script&gt;" in html  # (the page's own script is its last block)
     assert "href='/sat/jobs/demo-job/runs/manual__1'" in html and ">Running</span>" in html
     assert "<option value='Running' selected>" in html
     page = job_page_html(job_page(ref, job, store.get))
@@ -176,7 +182,7 @@ def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
     assert "id='stop'" in page and "id='delete'" in page  # a running job can be stopped
     assert "data-api='/sat/api/jobs/demo-job/runs/manual__1'" in page  # the live status reads the page's API
     assert "href='/sat/api/jobs/demo-job/runs/manual__1/log'" in page and "download job.log" in page
-    assert "No Training Jobs yet." in list_page([])
+    assert "No Training Jobs yet." in list_page(JobsPage([], 0, ListQuery()))
 
 
 def test_job_page_reads_each_file_once():

@@ -1,0 +1,595 @@
+"""The Training Jobs list's query layer: an index table of SAT's own in the metadata DB, kept in step, and queried.
+
+ADR 0022. Call order, per list request (`sat_tasks.ui.routers.jobs`):
+
+1. `ensure_table(session)`: `sat_job_index` exists (created once per process, if missing);
+2. `sync(session, jobs, ...)`: the index follows Airflow and the pipeline: new `sat_summary`
+   XComs, changed DAG-run columns, runs not indexed yet, deleted runs. Only a run that
+   became terminal, or that predates the index, is read from Object Storage (once);
+3. `list_runs(session, query, dag_ids, ...)`: one count and one page query over every run,
+   filtered and sorted in SQL, and GPU-hours per workspace in one `GROUP BY`.
+
+`SpecCache` parses each spec file once per change (path, mtime, size). `parse_query` turns a
+request's query string into a `ListQuery`, or a `ListQueryError` naming the field and rule.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.models.dag import DagModel
+from airflow.models.dagrun import DagRun
+from airflow.models.xcom import XComModel
+from airflow.utils.sqlalchemy import UtcDateTime
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    and_,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from sat_tasks.core.run_summary import (
+    SUMMARY_KEY,
+    RunSummary,
+    gpu_hours,
+    running_seconds,
+    summarize_history,
+)
+from sat_tasks.core.status import TERMINAL, JobStatus
+from sat_tasks.io.run_layout import RunLayout
+from sat_tasks.spec import SpecError, TrainingJob, dag_id_for, load_spec
+from sat_tasks.ui import dag_runs
+from sat_tasks.ui.jobs import ReadJson, job_of, read_history, read_progress
+
+TABLE_NAME = "sat_job_index"
+TERMINAL_WORDS = frozenset(status.value for status in TERMINAL)
+TERMINAL_STATES = ("success", "failed")
+PER_PAGE = 50
+MAX_PER_PAGE = 200
+# What the status is while the pipeline has said nothing (or could not), by DAG-run state.
+STATUS_BEFORE_HISTORY = {"queued": JobStatus.PENDING.value, "running": JobStatus.PENDING.value,
+                         "failed": JobStatus.FAILED.value, "success": JobStatus.COMPLETED.value}
+SUMMARY_OVERLAP = timedelta(seconds=10)  # XComs re-examined behind the newest applied (commits land out of order)
+
+metadata = MetaData()
+INDEX = Table(
+    TABLE_NAME, metadata,
+    Column("dag_id", String(250), primary_key=True),
+    Column("run_id", String(250), primary_key=True),
+    Column("listed", Boolean, nullable=False, default=True),  # False: not a Training Job's run (no valid spec)
+    Column("job", String(250), nullable=False, default=""),
+    Column("learning_type", String(32)),
+    Column("framework", String(32)),
+    Column("nodes", Integer, nullable=False, default=0),
+    Column("gpus_per_node", Integer, nullable=False, default=0),
+    Column("workspace", String(250)),
+    Column("creator", String(250)),
+    Column("tags", Text, nullable=False, default="{}"),  # JSON object
+    Column("tags_text", Text, nullable=False, default="\n"),  # "\nkey=value\n...": what the tag filter matches
+    Column("schedule", String(500)),
+    Column("results", Text),
+    Column("status", String(64), nullable=False, default=JobStatus.PENDING.value),
+    Column("status_at", String(64)),
+    Column("attempt", Integer),
+    Column("last_checkpoint_step", Integer),
+    Column("run_state", String(32)),
+    Column("submitted_at", UtcDateTime),
+    Column("queued_at", UtcDateTime),
+    Column("start_date", UtcDateTime),
+    Column("end_date", UtcDateTime),
+    Column("running_s", Float, nullable=False, default=0.0),
+    Column("running_since", UtcDateTime),
+    Column("goodput", Float),
+    Column("summary_at", UtcDateTime),  # the newest `sat_summary` XCom applied
+    Index("idx_sat_job_index_submitted", "submitted_at"),
+    Index("idx_sat_job_index_status", "status"),
+    Index("idx_sat_job_index_job", "job"),
+    Index("idx_sat_job_index_workspace", "workspace"),
+)
+C = INDEX.c
+
+_created: set[str] = set()
+_create_lock = threading.Lock()
+
+
+def ensure_table(session: Any) -> None:
+    """Create `sat_job_index` (and its indexes) when this DB has none; once per process and DB."""
+    bind = session.get_bind()
+    key = str(bind.url)
+    if key in _created:
+        return
+    with _create_lock:
+        if key not in _created:
+            metadata.create_all(bind=bind, checkfirst=True)
+            _created.add(key)
+
+
+# ---- specs, parsed once per file change ------------------------------------------------------------
+class SpecCache:
+    """The job DAGs' specs by DAG id from a jobs directory; a file is parsed again only when its mtime or size changes.
+
+    As `load_job_dags(build=False)`: files in name order, a bad file left out, a second
+    file with a name already used left out.
+    """
+
+    def __init__(self, load: Callable[[Path], TrainingJob] = load_spec) -> None:
+        self._load = load
+        self._files: dict[Path, tuple[tuple[int, int], TrainingJob | None]] = {}
+        self._lock = threading.Lock()
+
+    def jobs(self, jobs_dir: str | Path) -> dict[str, TrainingJob]:
+        found: dict[str, TrainingJob] = {}
+        paths = sorted(Path(jobs_dir).glob("*.y*ml"))
+        with self._lock:
+            for path in paths:
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                key = (stat.st_mtime_ns, stat.st_size)
+                cached = self._files.get(path)
+                if cached is None or cached[0] != key:
+                    try:
+                        cached = (key, self._load(path))
+                    except (SpecError, OSError):
+                        cached = (key, None)
+                    self._files[path] = cached
+                job = cached[1]
+                if job is not None and dag_id_for(job) not in found:
+                    found[dag_id_for(job)] = job
+            for gone in set(self._files) - set(paths):
+                del self._files[gone]
+        return found
+
+
+SPECS = SpecCache()
+
+
+# ---- the list's query --------------------------------------------------------------------------------
+class ListQueryError(ValueError):
+    """A query parameter breaks its rule (`field`, `rule`)."""
+
+    def __init__(self, name: str, rule: str) -> None:
+        super().__init__(f"{name}: {rule}")
+        self.field = name
+        self.rule = rule
+
+
+SORTS = ("started", "submitted", "job", "status", "ended", "queue", "gpu_hours", "creator", "workspace",
+         "framework", "learning_type", "attempt")
+FILTERS = ("status", "q", "tag", "framework", "learning_type", "workspace", "creator")
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """What a person asked of the list: filters (None: any), the sort column and order, the page."""
+
+    status: str | None = None
+    q: str | None = None  # a part of the job's name or run id
+    tag: str | None = None  # `key` or `key=value`
+    framework: str | None = None
+    learning_type: str | None = None
+    workspace: str | None = None
+    creator: str | None = None
+    since: datetime | None = None  # submitted at or after
+    until: datetime | None = None  # submitted before
+    sort: str = "started"  # newest first: runs not started yet on top, then the latest start
+    order: str = "desc"
+    page: int = 1
+    per_page: int = PER_PAGE
+
+    def params(self, **changes: Any) -> dict[str, str]:
+        """The query string's parameters for this query with `changes` (links: other page, other sort)."""
+        query = replace(self, **changes)
+        out = {name: getattr(query, name) for name in FILTERS if getattr(query, name)}
+        for name in ("since", "until"):
+            if getattr(query, name) is not None:
+                out[name] = getattr(query, name).isoformat()
+        if query.sort != "started" or query.order != "desc":
+            out.update(sort=query.sort, order=query.order)
+        if query.page != 1:
+            out["page"] = query.page
+        if query.per_page != PER_PAGE:
+            out["per_page"] = query.per_page
+        return {key: str(value) for key, value in out.items()}
+
+
+def _time_param(name: str, value: str, *, end_of_day: bool) -> datetime:
+    try:
+        if len(value) == 10:
+            day = date.fromisoformat(value)
+            return datetime.combine(day + timedelta(days=1) if end_of_day else day, time(), tzinfo=UTC)
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        raise ListQueryError(name, "must be a date (YYYY-MM-DD) or an ISO 8601 time") from None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
+def _int_param(name: str, value: str, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ListQueryError(name, f"must be a whole number between {low} and {high}") from None
+    if not low <= number <= high:
+        raise ListQueryError(name, f"must be a whole number between {low} and {high}")
+    return number
+
+
+def parse_query(params: Mapping[str, str]) -> ListQuery:
+    """The list query in a request's parameters (empty ones mean "any"); a bad one raises `ListQueryError`."""
+    values = {name: value.strip() for name, value in params.items() if isinstance(value, str) and value.strip()}
+    found: dict[str, Any] = {name: values[name][:250] for name in FILTERS if name in values}
+    if "status" in found and found["status"] not in {s.value for s in JobStatus}:
+        raise ListQueryError("status", "must be one of " + ", ".join(s.value for s in JobStatus))
+    if "since" in values:
+        found["since"] = _time_param("since", values["since"], end_of_day=False)
+    if "until" in values:
+        found["until"] = _time_param("until", values["until"], end_of_day=True)
+    if "sort" in values:
+        if values["sort"] not in SORTS:
+            raise ListQueryError("sort", "must be one of " + ", ".join(SORTS))
+        found["sort"] = values["sort"]
+    if "order" in values:
+        if values["order"] not in ("asc", "desc"):
+            raise ListQueryError("order", "must be asc or desc")
+        found["order"] = values["order"]
+    if "page" in values:
+        found["page"] = _int_param("page", values["page"], 1, 1_000_000)
+    if "per_page" in values:
+        found["per_page"] = _int_param("per_page", values["per_page"], 1, MAX_PER_PAGE)
+    return ListQuery(**found)
+
+
+def _like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _where(query: ListQuery, dag_ids: set[str]) -> list[Any]:
+    clauses: list[Any] = [C.listed.is_(True), C.dag_id.in_(sorted(dag_ids))]
+    for name in ("status", "framework", "learning_type", "workspace", "creator"):
+        if getattr(query, name):
+            clauses.append(C[name] == getattr(query, name))
+    if query.q:
+        pattern = f"%{_like(query.q)}%"
+        clauses.append(or_(C.job.ilike(pattern, escape="\\"), C.run_id.ilike(pattern, escape="\\")))
+    if query.tag:  # `key=value`: that pair; `key`: any value
+        pattern = f"%\n{_like(query.tag)}\n%" if "=" in query.tag else f"%\n{_like(query.tag)}=%"
+        clauses.append(C.tags_text.like(pattern, escape="\\"))
+    if query.since is not None:
+        clauses.append(C.submitted_at >= query.since)
+    if query.until is not None:
+        clauses.append(C.submitted_at < query.until)
+    return clauses
+
+
+_GPU_SECONDS = C.running_s * C.nodes * C.gpus_per_node
+_SORT_COLUMNS = {"submitted": C.submitted_at, "job": C.job, "status": C.status, "started": C.start_date,
+                 "ended": C.end_date, "gpu_hours": _GPU_SECONDS, "creator": C.creator, "workspace": C.workspace,
+                 "framework": C.framework, "learning_type": C.learning_type, "attempt": C.attempt,
+                 "queue": C.queued_at}
+
+
+@dataclass
+class JobsPage:
+    """One page of the list: its rows, how many runs match, and GPU-hours per workspace over every match."""
+
+    rows: list[dict[str, Any]]
+    total: int
+    query: ListQuery
+    gpu_hours_by_workspace: dict[str, float] = field(default_factory=dict)
+    readable: set[str] = field(default_factory=set)  # the DAG ids the person may read (the filter menus' scope)
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.query.per_page))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"jobs": self.rows, "total": self.total, "page": self.query.page, "per_page": self.query.per_page,
+                "pages": self.pages, "sort": self.query.sort, "order": self.query.order,
+                "gpu_hours_by_workspace": self.gpu_hours_by_workspace}
+
+
+def list_runs(session: Any, query: ListQuery, dag_ids: set[str], *, now: datetime | None = None,
+              next_runs: Mapping[str, datetime | None] | None = None) -> JobsPage:
+    """The page `query` asks for, over every indexed run of `dag_ids` (the DAGs the person may read)."""
+    now = now or datetime.now(UTC)
+    where = _where(query, dag_ids)
+    total = session.execute(select(func.count()).select_from(INDEX).where(*where)).scalar_one()
+    column = _SORT_COLUMNS[query.sort]
+    ordered = column.asc() if query.order == "asc" else column.desc()
+    # A time not there yet (not started, not ended) is the newest: first when newest first, else last; any
+    # other missing value last either way. Then newest submitted first, then a stable tie-break.
+    missing = case((column.is_(None), 1), else_=0)
+    missing = missing.desc() if query.sort in ("started", "ended") and query.order == "desc" else missing.asc()
+    statement = (select(INDEX).where(*where)
+                 .order_by(missing, ordered, C.submitted_at.desc(), C.run_id.desc())
+                 .limit(query.per_page).offset((query.page - 1) * query.per_page))
+    rows = [row_of(record._mapping, now=now, next_run=(next_runs or {}).get(record.dag_id))
+            for record in session.execute(statement)]
+    by_workspace: dict[str, float] = {}
+    grouped = select(C.workspace, func.sum(_GPU_SECONDS)).where(*where).group_by(C.workspace)
+    for workspace, seconds in session.execute(grouped):
+        by_workspace[workspace or ""] = (seconds or 0.0) / 3600.0
+    live = select(C.workspace, C.nodes, C.gpus_per_node, C.running_since).where(*where, C.running_since.is_not(None))
+    for workspace, nodes, gpus, since in session.execute(live):
+        by_workspace[workspace or ""] = by_workspace.get(workspace or "", 0.0) + gpu_hours(
+            nodes, gpus, running_seconds(0.0, _aware(since), now))
+    return JobsPage(rows, total, query, {name: round(value, 3) for name, value in sorted(by_workspace.items())})
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _iso(value: datetime | None) -> str | None:
+    return _aware(value).isoformat() if value is not None else None
+
+
+def row_of(record: Mapping[str, Any], *, now: datetime, next_run: datetime | None = None) -> dict[str, Any]:
+    """A list row (the API's item, the page's row) from an index record; durations up to `now` while it runs."""
+    start, end, queued = _aware(record["start_date"]), _aware(record["end_date"]), _aware(record["queued_at"])
+    since = _aware(record["running_since"])
+    seconds = running_seconds(record["running_s"] or 0.0, since, now)
+    tags = json.loads(record["tags"] or "{}")
+    return {
+        "job": record["job"], "dag_id": record["dag_id"], "run_id": record["run_id"], "run_state": record["run_state"],
+        "learning_type": record["learning_type"], "framework": record["framework"], "nodes": record["nodes"],
+        "gpus_per_node": record["gpus_per_node"], "status": record["status"], "status_at": record["status_at"],
+        "attempt": record["attempt"], "last_checkpoint_step": record["last_checkpoint_step"],
+        "creator": record["creator"], "workspace": record["workspace"],
+        "submitted": _iso(record["submitted_at"]), "queued": _iso(queued), "started": _iso(start), "ended": _iso(end),
+        "queue_s": round((start - queued).total_seconds(), 1) if start and queued and start >= queued else None,
+        "duration_s": round(((end or now) - start).total_seconds(), 1) if start else None,
+        "running": end is None and record["run_state"] in ("queued", "running"),
+        "running_s": round(seconds, 1),
+        "gpu_hours": round(gpu_hours(record["nodes"], record["gpus_per_node"], seconds), 3),
+        "goodput": record["goodput"], "tags": tags if isinstance(tags, dict) else {},
+        "schedule": record["schedule"], "next_run": _iso(next_run), "results": record["results"],
+        "grid": f"/dags/{record['dag_id']}/runs/{record['run_id']}",
+    }
+
+
+# ---- keeping the index in step -------------------------------------------------------------------
+@dataclass
+class SyncCounts:
+    """What one `sync` did (the benchmark and the tests read it)."""
+
+    added: int = 0
+    summaries: int = 0
+    changed: int = 0
+    read_from_storage: int = 0
+    removed: int = 0
+
+
+def _tags_fields(tags: Mapping[str, Any]) -> dict[str, str]:
+    clean = {str(k): str(v) for k, v in tags.items()}
+    return {"tags": json.dumps(clean, sort_keys=True),
+            "tags_text": "\n" + "".join(f"{k}={v}\n" for k, v in sorted(clean.items()))}
+
+
+def _summary_fields(summary: RunSummary) -> dict[str, Any]:
+    fields: dict[str, Any] = {"running_s": summary.running_s,
+                              "running_since": datetime.fromisoformat(summary.running_since)
+                              if summary.running_since else None}
+    if summary.status is not None:
+        fields.update(status=summary.status, status_at=summary.status_at)
+    if summary.attempt is not None:
+        fields["attempt"] = summary.attempt
+    return fields
+
+
+def _from_published(value: Any) -> dict[str, Any]:
+    """The index fields in a `sat_summary` XCom (a whole summary, or finalize's `{"goodput": x}`)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, dict):
+        return {}
+    fields: dict[str, Any] = {}
+    if "status" in value:
+        fields.update(_summary_fields(RunSummary.from_dict(value)))
+    goodput = value.get("goodput")
+    if isinstance(goodput, (int, float)) and not isinstance(goodput, bool):
+        fields["goodput"] = float(goodput)
+    return fields
+
+
+def _from_storage(job: TrainingJob, run_id: str, read_json: ReadJson, *, history: bool = True) -> dict[str, Any]:
+    """What Object Storage says of a run (its status history unless not asked, progress, edited tags): 2-3 reads."""
+    layout = RunLayout(job, run_id)
+    fields: dict[str, Any] = {}
+    entries = read_history(read_json, layout.status_uri) if history else []
+    if entries:
+        fields.update(_summary_fields(summarize_history(entries)))
+    fields["last_checkpoint_step"] = read_progress(read_json, layout.progress_uri).last_committed_step
+    edited = read_json(layout.tags_uri)
+    if isinstance(edited, dict):
+        fields.update(_tags_fields(edited))
+    return fields
+
+
+def _creator(run: Any) -> str | None:
+    if run.triggering_user_name:
+        return run.triggering_user_name
+    kind = str(getattr(run.run_type, "value", run.run_type))
+    return {"scheduled": "schedule", "asset_triggered": "asset"}.get(kind)
+
+
+def _new_record(run: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str,
+                validated: dict[str, Any] | None) -> tuple[dict[str, Any], TrainingJob | None]:
+    state = dag_runs.run_state(run)
+    job = job_of(dag_runs.run_ref(run, validated=validated), dict(jobs), generic_dag_id)
+    record: dict[str, Any] = {
+        "dag_id": run.dag_id, "run_id": run.run_id, "listed": job is not None, "run_state": state,
+        "creator": _creator(run), "queued_at": run.queued_at, "start_date": run.start_date, "end_date": run.end_date,
+        "submitted_at": run.queued_at or run.run_after or run.start_date,
+        "status": STATUS_BEFORE_HISTORY.get(state, JobStatus.PENDING.value), "running_s": 0.0,
+        **_tags_fields(job.tags if job else {}),
+    }
+    if job is not None:
+        record.update(job=job.name, learning_type=job.learning_type.value, framework=job.framework.value,
+                      nodes=job.nodes, gpus_per_node=job.resources.gpus_per_node, workspace=job.workspace,
+                      schedule=job.schedule, results=RunLayout(job, run.run_id).results_uri)
+    return record, job
+
+
+def _latest_summaries(session: Any, where: Any) -> dict[tuple[str, str], tuple[datetime, dict[str, Any]]]:
+    """The `sat_summary` XComs matching `where`, merged per run in time order: (newest time, fields)."""
+    merged: dict[tuple[str, str], tuple[datetime, dict[str, Any]]] = {}
+    statement = (select(XComModel.dag_id, XComModel.run_id, XComModel.value, XComModel.timestamp)
+                 .where(XComModel.key == SUMMARY_KEY, where).order_by(XComModel.timestamp))
+    for dag_id, run_id, value, stamp in session.execute(statement):
+        before = merged.get((dag_id, run_id), (stamp, {}))[1]
+        merged[(dag_id, run_id)] = (stamp, {**before, **_from_published(value)})
+    return merged
+
+
+def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
+         read_json: Callable[[], ReadJson]) -> SyncCounts:
+    """Bring the index in step with Airflow's runs of the SAT DAGs and the pipeline's summaries; commit if it wrote.
+
+    `read_json()` makes the Object Storage reader; it is called only when a run must be read
+    (a run that predates the index, or that ended without telling): the steady path reads
+    the metadata DB only.
+    """
+    counts = SyncCounts()
+    reader: list[ReadJson] = []
+
+    def read(uri: str) -> Any:
+        if not reader:
+            reader.append(read_json())
+        return reader[0](uri)
+
+    dag_ids = sorted(set(jobs) | {generic_dag_id})
+    joined = and_(C.dag_id == DagRun.dag_id, C.run_id == DagRun.run_id)
+
+    # 1. runs not indexed yet
+    new_runs = session.scalars(select(DagRun).where(DagRun.dag_id.in_(dag_ids), ~exists().where(joined))).all()
+    if new_runs:
+        summaries = _latest_summaries(session, XComModel.dag_run_id.in_([run.id for run in new_runs]))
+        validated = dag_runs.validated_specs(session, list(new_runs))
+        records = []
+        for run in new_runs:
+            record, job = _new_record(run, jobs, generic_dag_id, validated.get(run.id))
+            published = summaries.get((run.dag_id, run.run_id))
+            if published is not None:
+                record.update(published[1], summary_at=published[0])
+            elif job is not None and run.start_date is not None:  # predates the index, or never pushed
+                record.update(_from_storage(job, run.run_id, read))
+                counts.read_from_storage += 1
+            records.append(record)
+        counts.added = _insert_new(session, records)
+
+    # 2. new summaries from the pipeline
+    newest = session.execute(select(func.max(C.summary_at))).scalar()
+    since = XComModel.timestamp > (_aware(newest) - SUMMARY_OVERLAP) if newest is not None else true()
+    published = _latest_summaries(session, since)
+    if published:
+        applied = {(d, r): _aware(at) for d, r, at in session.execute(
+            select(C.dag_id, C.run_id, C.summary_at).where(tuple_(C.dag_id, C.run_id).in_(list(published))))}
+        for key, (stamp, fields) in published.items():
+            if key not in applied or not fields or (applied[key] is not None and applied[key] >= _aware(stamp)):
+                continue  # not indexed yet (the next sync adds it), or already applied: no write
+            session.execute(update(INDEX).where(C.dag_id == key[0], C.run_id == key[1])
+                            .values(**fields, summary_at=stamp))
+            counts.summaries += 1
+
+    # 3. DAG-run columns that changed; a run that ended is read once when the pipeline did not say why
+    changed = session.execute(
+        select(C.dag_id, C.run_id, C.status, C.listed, DagRun).join(DagRun, joined).where(or_(
+            C.run_state.is_distinct_from(DagRun.state), C.start_date.is_distinct_from(DagRun.start_date),
+            C.end_date.is_distinct_from(DagRun.end_date), C.queued_at.is_distinct_from(DagRun.queued_at)))).all()
+    for _dag_id, _run_id, status, listed, run in changed:
+        state = dag_runs.run_state(run)
+        fields: dict[str, Any] = {"run_state": state, "queued_at": run.queued_at, "start_date": run.start_date,
+                                  "end_date": run.end_date}
+        if listed and state in TERMINAL_STATES:  # it ended: its last checkpoint (and, unless told, its status)
+            job = job_of(dag_runs.recorded_run_ref(session, run), dict(jobs), generic_dag_id)
+            if job is not None:
+                fields.update(_from_storage(job, run.run_id, read, history=status not in TERMINAL_WORDS))
+                counts.read_from_storage += 1
+            if "status" not in fields and status not in TERMINAL_WORDS:
+                fields["status"] = STATUS_BEFORE_HISTORY[state]
+        if state in TERMINAL_STATES:
+            fields["running_since"] = None  # a run that ended trains no more
+        session.execute(update(INDEX).where(C.dag_id == run.dag_id, C.run_id == run.run_id).values(**fields))
+        counts.changed += 1
+
+    # 4. runs deleted from Airflow's history
+    gone = session.execute(select(C.dag_id, C.run_id).where(~exists().where(joined))).all()
+    for dag_id, run_id in gone:
+        session.execute(delete(INDEX).where(C.dag_id == dag_id, C.run_id == run_id))
+    counts.removed = len(gone)
+
+    if counts.added or counts.summaries or counts.changed or counts.removed:
+        session.commit()
+    return counts
+
+
+def _insert_new(session: Any, records: list[dict[str, Any]]) -> int:
+    """Insert the new rows; one another request inserted meanwhile is left as it is."""
+    defaults = {column.name: column.default.arg if column.default is not None else None for column in INDEX.c}
+    rows = [{name: record.get(name, default) for name, default in defaults.items()} for record in records]
+    try:
+        with session.begin_nested():
+            session.execute(insert(INDEX), rows)
+        return len(rows)
+    except IntegrityError:
+        added = 0
+        for row in rows:
+            try:
+                with session.begin_nested():
+                    session.execute(insert(INDEX).values(**row))
+                added += 1
+            except IntegrityError:
+                continue
+        return added
+
+
+def note_tags(session: Any, dag_id: str, run_id: str, tags: Mapping[str, Any]) -> None:
+    """The view saved a run's tags: the index shows them at once (the caller commits)."""
+    ensure_table(session)
+    session.execute(update(INDEX).where(C.dag_id == dag_id, C.run_id == run_id).values(**_tags_fields(tags)))
+
+
+def next_runs(session: Any, dag_ids: set[str]) -> dict[str, datetime | None]:
+    """The next scheduled run of each of `dag_ids` (the scheduled job DAGs)."""
+    if not dag_ids:
+        return {}
+    return dict(session.execute(select(DagModel.dag_id, DagModel.next_dagrun_create_after)
+                                .where(DagModel.dag_id.in_(sorted(dag_ids)))).all())
+
+
+def choices(session: Any, dag_ids: set[str]) -> dict[str, list[str]]:
+    """The values the filter menus offer (those in the index: workspaces, creators)."""
+    out = {}
+    for name in ("workspace", "creator"):
+        out[name] = [value for (value,) in session.execute(
+            select(C[name]).where(C.listed.is_(True), C.dag_id.in_(sorted(dag_ids)), C[name].is_not(None))
+            .distinct().order_by(C[name]))]
+    return out
