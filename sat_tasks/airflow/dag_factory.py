@@ -34,7 +34,7 @@ GENERIC_MAX_ATTEMPTS = 6  # 1 + max(3 failovers, 5 Spot resumes)
 # can fail for a moment (a stalled execution API, a busy S3 endpoint): those are retried. A
 # task that decides the job ends (JobStopped -> AirflowFailException) is never retried. A failed
 # attempt is the next attempt group's business: the local `launch` fails it without a retry, and
-# takes one retry only for a try that died, which resumes the attempt from its last checkpoint.
+# takes retries only for a try that died, which resumes the attempt from its last checkpoint.
 DEFAULT_ARGS = {
     "owner": "sat",
     "retries": 2,

@@ -11,6 +11,7 @@ local backend is one host by definition. `runner.LocalAttempt` runs one attempt,
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,9 @@ from sat_tasks.spec import TrainingJob
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import BaseOperator
 
+# A `launch` try that died before SAT's code ran (its worker lost, a metadata DB error at start) is
+# retried this soon (5-10 s with the DAG's backoff): a retried launch, not a failed job (issue 31.3).
+LAUNCH_RETRY_DELAY = timedelta(seconds=5)
 
 
 class LocalBackend(Backend):
@@ -74,14 +78,19 @@ class LocalBackend(Backend):
                          job: TrainingJob | None) -> list[BaseOperator]:
         from sat_tasks.backends.local.operator import LocalLaunchOperator
 
-        return [LocalLaunchOperator(task_id="launch", attempt=attempt,
-                                    previous_decide_task_id=previous_decide_task_id)]
+        return [LocalLaunchOperator(task_id="launch", attempt=attempt, previous_decide_task_id=previous_decide_task_id,
+                                    retry_delay=LAUNCH_RETRY_DELAY)]
 
     def read_attempt_record(self, run: JobRun, attempt: int, log: Log) -> AttemptRecord | None:
         return run.load_record(attempt)  # `launch` stored it when the attempt ended
 
     def cleanup_attempt(self, run: JobRun, attempt: int, log: Log) -> list[str]:
-        return []  # the runner ends every process of an attempt before `launch` returns
+        """The runner ends every process of an attempt before `launch` returns; a `launch` whose process
+        died (no retry left) may have left its training running: it is stopped here."""
+        from sat_tasks.backends.local.launch import stop_left_running
+
+        left = stop_left_running(run, attempt, log)
+        return [f"{left} training process(es) of attempt {attempt} left running"] if left else []
 
     def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
         """The pool's (or the job's workspace's) nodes not excluded; none until `capacity_at` (the demo's Spot market)."""

@@ -6,9 +6,9 @@ attempt resumes from its last committed checkpoint (`Interruption`), without a f
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from ckpt_engine.contract import (
     CONCURRENT_DIR,
@@ -38,13 +38,20 @@ from sat_tasks.core.runtime_env import (
 )
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.scoped_credentials import training_credentials
 
 
-def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
+class AttemptInterrupted(RuntimeError):
+    """The launch task was asked to stop while its attempt ran: the attempt did not end, it resumes when the task runs again."""
+
+
+def launch_attempt(run: JobRun, plan: Plan, log: Log, interrupt: threading.Event | None = None) -> AttemptRecord:
     """Run one attempt on the first healthy node of the pool (or of its workspace, when free) and store its record.
 
     Run again for an attempt that already ended (its record is stored), it returns that record;
-    for one whose earlier run was interrupted (`find_interruption`), it resumes it.
+    for one whose earlier run was interrupted (`find_interruption`), it resumes it. `interrupt`
+    set while it runs (the task's on_kill) stops the training (its final checkpoint) and raises
+    AttemptInterrupted without storing a record: the attempt has not ended.
     """
     ended = run.load_record(plan.attempt)
     if ended is not None:
@@ -55,7 +62,7 @@ def launch_attempt(run: JobRun, plan: Plan, log: Log) -> AttemptRecord:
     if interruption is not None:
         plan = resume_interrupted(plan, interruption.resume_step)
     with attempt_nodes(run, plan, log) as nodes:
-        return _run_on(run, plan, nodes, log, interruption)
+        return _run_on(run, plan, nodes, log, interruption, interrupt)
 
 
 def find_interruption(run: JobRun, plan: Plan, log: Log) -> Interruption | None:
@@ -69,12 +76,18 @@ def find_interruption(run: JobRun, plan: Plan, log: Log) -> Interruption | None:
     if not started:
         return None
     job_log_seen, progress_seen = _mtime(run.job_log), _mtime(run.output_dir / CONCURRENT_DIR / PROGRESS_NAME)
-    left = stop_left_processes(procs_file(run, plan.attempt),
-                               final_checkpoint_grace_seconds(run.job) + LAUNCHER_GRACE_MARGIN_S, log)
+    left = stop_left_running(run, plan.attempt, log)
     seen = job_log_seen if left else max(filter(None, (job_log_seen, progress_seen)), default=None)
     step = last_committed_step(run.output_dir)
     return Interruption(attempt=plan.attempt, left_running=left, resume_step=resume_interrupted(plan, step).resume_step,
                         last_seen=datetime.fromtimestamp(seen, UTC) if seen else None)
+
+
+def stop_left_running(run: JobRun, attempt: int, log: Log) -> int:
+    """Stop the training an earlier run of attempt `attempt`'s task left running (SIGTERM, SIGKILL after the
+    grace period); how many of its processes there were."""
+    grace = final_checkpoint_grace_seconds(run.job) + LAUNCHER_GRACE_MARGIN_S
+    return stop_left_processes(procs_file(run, attempt), grace, log)
 
 
 def last_committed_step(output_dir: Path) -> int | None:
@@ -114,8 +127,8 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: Interruption | None = None
-            ) -> AttemptRecord:
+def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: Interruption | None = None,
+            interrupt: threading.Event | None = None) -> AttemptRecord:
     job = run.job
     node = nodes[0]
     run.record_attempt_start(plan, log, where=", ".join(nodes))
@@ -138,7 +151,8 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         metrics_url=run.metrics_uri,
     )
     env[RUN_ID_ENV] = run.run_id
-    env.update(_object_storage_keys(object_storage))  # the training process only: never logged or recorded
+    # credentials scoped to this run (ADR 0020), for the training process only: never logged or recorded
+    env.update(training_credentials(run, run.hook(), plan.attempt, log))
     runner = LocalAttempt(
         job=job.name,
         attempt=plan.attempt,
@@ -158,18 +172,12 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         stop_requested=run.stop_request,
         node_labels=local_node_labels(node, job.workspace),
         procs_file=procs_file(run, plan.attempt),
+        interrupt=interrupt,
     )
     record = runner.run(log)
+    if runner.interrupted and record.exit_code != 0:  # not its end: the task's next run resumes it (find_interruption)
+        raise AttemptInterrupted(f"attempt {plan.attempt} on {node} was interrupted (its launch task was asked to "
+                                 f"stop); its last committed checkpoint: {record.last_committed_step}")
     run.store_record(record)
     return record
 
-
-def _object_storage_keys(conn_config: Any) -> dict[str, str]:
-    """The connection's keys as the standard AWS variables (none when it relies on a role or profile)."""
-    keys = {
-        "AWS_ACCESS_KEY_ID": conn_config.aws_access_key_id,
-        "AWS_SECRET_ACCESS_KEY": conn_config.aws_secret_access_key,
-        "AWS_SESSION_TOKEN": conn_config.aws_session_token,
-        "AWS_DEFAULT_REGION": conn_config.region_name,
-    }
-    return {name: value for name, value in keys.items() if value}

@@ -122,6 +122,11 @@ class LocalAttempt:
     # Where the attempt's tag is kept while it runs (`stop_left_processes` reads it when the launch
     # task is run again after it died: the training it left must not write beside the new try).
     procs_file: Path | None = None
+    # Set when the launch task is asked to stop (its on_kill: a service stop, a host shutdown): the training
+    # gets SIGTERM (its final checkpoint) and the attempt is interrupted, not ended (`interrupted` on return).
+    interrupt: threading.Event | None = field(default=None, repr=False)
+    # Whether `interrupt` reached the training (SIGTERM) before it ended of itself: its record is then not its end.
+    interrupted: bool = field(default=False, init=False, repr=False)
 
     def run(self, log: Log = print) -> AttemptRecord:
         """Start the command, stream its output, inject faults, watch for hangs; return the record."""
@@ -175,7 +180,9 @@ class LocalAttempt:
                 for line in sidecar.stop(log) if sidecar is not None else ():
                     job_log.write(line + "\n")
                     log(line)
-                footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode)
+                footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode,
+                                        note="interrupted: it resumes when its launch task runs again"
+                                        if self.interrupted else None)
                 job_log.write(footer + "\n")
                 log(footer)
         finally:
@@ -224,6 +231,12 @@ class LocalAttempt:
         next_stop_check = started
         while proc.poll() is None:
             time.sleep(self.poll_seconds)
+            if self.interrupt is not None and self.interrupt.is_set() and state.kill_at is None:
+                self.interrupted = True
+                state.kill_at = time.monotonic() + self.grace_seconds
+                log(f"[sat] the launch task was asked to stop (a service stop, a host shutdown): SIGTERM to the "
+                    f"training on {self.node}; its final checkpoint has {self.grace_seconds:.0f}s")
+                procs.signal_group(signal.SIGTERM)
             if self.stop_requested is not None and state.kill_at is None and time.monotonic() >= next_stop_check:
                 next_stop_check = time.monotonic() + self.stop_poll_seconds
                 self._check_stop(procs, state, log)
