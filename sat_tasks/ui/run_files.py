@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from ckpt_engine import contract
 from sat_tasks.io.run_layout import RunLayout
 from sat_tasks.spec import split_s3_uri
@@ -26,6 +28,7 @@ from sat_tasks.spec import split_s3_uri
 CHUNK_BYTES = 1 << 20  # a streamed download's piece
 MAX_LISTED = 1000  # the Outputs tab lists at most this many of a run's objects
 _ATTEMPT_LOG = re.compile(r"attempt-(\d+)\.log$")
+READ_ERRORS = (BotoCoreError, ClientError, OSError)  # a store or a disk that cannot be read now
 
 
 class ByteSource(Protocol):

@@ -34,6 +34,7 @@ from sat_tasks.ui.log_tail import (
     read_log,
 )
 from sat_tasks.ui.run_files import (
+    READ_ERRORS,
     BadFileName,
     attachment_headers,
     check_file_name,
@@ -65,10 +66,17 @@ def job_view(dag_id: str, run_id: str, session: SessionDep):
 
 
 def files_data(found: JobRunFound) -> dict[str, Any]:
-    """What the Logs and Outputs tabs show first: the job log's tail (its lines, markers flagged) and the results' files."""
-    tail = log_answer(found)
+    """What the Logs and Outputs tabs show first: the job log's tail (its lines, markers flagged) and the results' files.
+
+    A store that cannot be read leaves both tabs saying so (`files_problem`); the rest of the page shows.
+    """
+    try:
+        tail = log_answer(found)
+        outputs = list_result_files(object_storage(), found.layout.results_uri).as_dict()
+    except READ_ERRORS as error:
+        return {"log_tail": None, "outputs": None, "files_problem": f"could not read them: {type(error).__name__}"}
     tail.update(lines=[(line, is_marker(line)) for line in tail["text"].splitlines()], marker=MARKER.pattern)
-    return {"log_tail": tail, "outputs": list_result_files(object_storage(), found.layout.results_uri).as_dict()}
+    return {"log_tail": tail, "outputs": outputs}
 
 
 def log_answer(found: JobRunFound, offset: int | None = None, limit: int = TAIL_BYTES) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import re
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from fastapi import FastAPI
@@ -41,7 +41,7 @@ def run(s3_hook, tmp_path, monkeypatch):
     spec = copy.deepcopy(BASE)
     spec.update(name=DAG, results={"destination": f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/"})
     found = sources.JobRunFound(None, RunRef(DAG, RUN_ID, "running",  # type: ignore[arg-type]
-                                             start_date=datetime(2026, 12, 2, 7, tzinfo=timezone.utc)),
+                                             start_date=datetime(2026, 12, 2, 7, tzinfo=UTC)),
                                 parse_spec(spec))
     state = {"found": found}
     monkeypatch.setattr(runs, "find_job_run", lambda session, dag_id, run_id: state["found"])
@@ -213,3 +213,15 @@ def test_the_page_links_stay_inside_the_embedded_views_sandbox(client, run):
     assert re.search(r"target=", page) is None
     assert f"<a href='/dags/{DAG}/runs/{QUOTED}' data-airflow-link>" in page
     assert f"<a href='/sat/jobs/{DAG}/runs/" in page and "id='report-link'" in page
+
+
+def test_a_store_that_cannot_be_read_leaves_the_logs_and_outputs_saying_so(client, run, monkeypatch):
+    from botocore.exceptions import EndpointConnectionError
+
+    def unreachable(*args, **kwargs):
+        raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+
+    monkeypatch.setattr(runs, "list_result_files", unreachable)
+    page = client.get(f"/sat/jobs/{DAG}/runs/{RUN_ID}")
+    assert page.status_code == 200 and "id='job-log'" not in page.text
+    assert page.text.count("could not read them: EndpointConnectionError") == 2  # the Logs and the Outputs tabs
