@@ -200,6 +200,25 @@ def test_the_temporary_key_without_its_token_or_an_unknown_key_is_refused(store,
         sts.assume_role(RoleArn="arn:aws:iam::123456789012:role/sat-training", RoleSessionName="wider")
 
 
+def test_a_dag_scoped_percent_encoded_prefix_is_granted_exactly(store):
+    """Issue 29.4's prefix (`<destination>/<dag>/<job>/<run_key>/`, `%3A` in the key) through the gate."""
+    from sat_tasks.io.run_layout import scoped
+
+    sts = boto3.client("sts", endpoint_url=store.endpoint_url, region_name=LOCAL_REGION,
+                       aws_access_key_id=LOCAL_ACCESS_KEY, aws_secret_access_key=LOCAL_SECRET_KEY)
+    layout = JobRun(scoped(_job("job-a"), "team_dag"), "manual__2026-01-01T00:00:00+00:00")
+    issued = assume_run_role(sts, layout, attempt=1)
+    client = _client(store, aws_access_key_id=issued.access_key_id, aws_secret_access_key=issued.secret_access_key,
+                     aws_session_token=issued.session_token)
+    _, prefix = layout.results_uri[len("s3://"):].split("/", 1)
+    assert "%3A" in prefix and "/team_dag/" in layout.results_uri
+    client.put_object(Bucket=BUCKET, Key=prefix + "checkpoints/x", Body=b"x")
+    twin = prefix.replace("%3A", "_", 1)  # the legacy lossy key of a distinct run id
+    with pytest.raises(ClientError) as raised:
+        client.put_object(Bucket=BUCKET, Key=twin + "checkpoints/x", Body=b"x")
+    assert raised.value.response["Error"]["Code"] == "AccessDenied"
+
+
 def test_the_service_keys_still_do_everything(store):
     client = _client(store)
     assert client.list_objects_v2(Bucket=BUCKET)["KeyCount"] >= 5
