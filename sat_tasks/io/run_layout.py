@@ -48,7 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
 
-
 def results_prefix(destination: str, dag_id: str, job_name: str, run_id: str) -> str:
     """The one rule: `<destination>/<dag_id>/<job>/<run_key(run_id)>/` (ADR 0024).
 
@@ -92,6 +91,7 @@ def ownership_problem(layout: RunLayout, dag_id: str, job_dag_ids: Collection[st
     return (f"it was validated before results were scoped by DAG, and its job name {layout.job.name!r} is the "
             f"job DAG {layout.job.name!r}'s: its legacy prefix would reach that DAG's results")
 
+
 @dataclass(frozen=True)
 class RunLayout:
     """Where one run of a Training Job keeps its files and objects: paths and URIs only, no I/O.
@@ -103,7 +103,6 @@ class RunLayout:
     job: TrainingJob
     run_id: str
 
-    # ---- this worker's disk (the local backend's node disk) ----------------------------------
     @classmethod
     def of(cls, job: TrainingJob, dag_id: str, run_id: str) -> Self:
         """The layout of run `run_id` of DAG `dag_id` (the job's own `results.dag_id` replaced)."""
@@ -114,6 +113,7 @@ class RunLayout:
         """The DAG whose run this is; None for a run validated before results were scoped (legacy)."""
         return self.job.results.dag_id
 
+    # ---- this worker's disk (the local backend's node disk) ----------------------------------
     @property
     def run_dir(self) -> Path:
         return config.run_dir(self.job.name, self.run_id, self.dag_id)
