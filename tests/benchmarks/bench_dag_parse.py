@@ -73,7 +73,7 @@ def _parse_in_child(file: str, dags_folder: str, conn) -> None:
     out["message_s"] = time.perf_counter() - start
     out["dags"] = len(serialized)
     out["import_errors"] = len(bag.import_errors)
-    out["error"] = "\n".join(bag.import_errors.values())[:300]
+    out["error"] = "\n".join(bag.import_errors.values())[-3000:]
     conn.send(out)
     conn.close()
 
@@ -112,6 +112,13 @@ def write_specs(jobs: Path, count: int, shipped: Path) -> None:
     for i in range(count):
         spec = {**templates[i % len(templates)], "name": f"generated-job-{i:05d}"}
         (jobs / f"generated-job-{i:05d}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+def _gist(error: str) -> str:
+    """The line of an import error (or its traceback) that says what happened."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    said = [line for line in lines if "stopped after" in line or "are invalid" in line or "Error" in line[:40]]
+    return (said or lines or ["?"])[0][:90]
 
 
 def main() -> None:
@@ -154,7 +161,7 @@ def main() -> None:
               f"{'wall_s':>7}  verdict")
         for row in rows:
             verdict = ("KILLED: nothing recorded" if row.killed else
-                       f"import error: {row.error.splitlines()[0][:60]}" if row.import_errors else "ok")
+                       f"import error: {_gist(row.error)}" if row.import_errors else "ok")
             print(f"  {row.file:28} {row.dags:5d} {row.import_errors:6d} {row.import_s:9.2f} {row.serialize_s:11.2f} "
                   f"{row.message_s:9.2f} {row.wall_s:7.2f}  {verdict}")
         built = sum(row.dags for row in rows)
