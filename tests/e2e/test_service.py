@@ -362,6 +362,7 @@ def _create_stop_and_delete_in_the_browser(page, api, deployment, registry, dead
     expect(page.locator("#status")).to_have_text("Running", timeout=max(1, deadline - time.monotonic()) * 1000)
     time.sleep(3)  # a few checkpoints (every 5 steps of 0.05 s)
     page.locator("#stop").click()
+    page.locator("#confirm-stop").click()  # Stop asks first, as Delete does
     page.locator("#stop-notice").wait_for()
     page.screenshot(path=str(SCREENSHOTS / "08-stop-requested.png"), full_page=True)
     expect(page.locator("#status")).to_have_text("Stopped", timeout=max(1, deadline - time.monotonic()) * 1000)
@@ -456,8 +457,11 @@ def test_the_registry_password_appears_nowhere(deployment, api, runs):
                                   "/sat/api/jobs/tiny-llama-demo/runs/any/log", "/sat/jobs"])
 def test_the_training_jobs_api_needs_a_login(deployment, path):
     for headers in ({}, {"Authorization": "Bearer not-a-token"}):
-        response = requests.get(deployment.url + path, headers=headers, timeout=30)
-        assert response.status_code in (401, 403), (path, response.status_code, response.text[:200])
+        response = requests.get(deployment.url + path, headers=headers, timeout=30, allow_redirects=False)
+        if path.startswith("/sat/api/") or headers:
+            assert response.status_code in (401, 403), (path, response.status_code, response.text[:200])
+        else:  # a page sends a person without a login to Airflow's login page, which comes back to it
+            assert response.status_code == 303 and response.headers["location"].startswith("/auth/login?next=")
 
 
 def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
@@ -579,6 +583,7 @@ def test_a_person_stops_a_job_then_deletes_it_keeping_its_results(deployment, ru
     assert "Running" in stopped["history"]  # the image check passed with the login typed in the form
     assert "Stopped" in stopped["history"] and "stopped by admin at " in stopped["history"]
     assert "stopped by admin" in stopped["attempts"]  # the attempt's training got the SIGTERM
+    assert "STOPPED" in stopped["attempts"] and "HARDWARE" not in stopped["attempts"]  # a person's stop, not the node
     assert "results were kept" in stopped["deleted"]
     assert "svc-stop" not in stopped["listed"] and not stopped["in_airflow"]
     kept = deployment.storage.client().list_objects_v2(
@@ -707,6 +712,160 @@ def test_a_person_reads_the_node_health_ledger_and_releases_a_node_from_airflows
     page.screenshot(path=str(SCREENSHOTS / "18-node-released.png"))
     page.close()
     assert ledger()[node] is False
+
+
+# ---- issue 30 items 4 and 6 inside Airflow's navigation ------------------------------------------------
+def _frame_of(page, part: str):
+    """The embedded view's frame (Playwright's Frame, which can be sent to a URL) once it shows `part`."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = next((f for f in page.frames if part in f.url), None)
+        if found is not None:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"no frame at {part}: {[f.url for f in page.frames]}")
+
+
+def test_the_views_refusals_say_what_to_do_inside_airflow(deployment, api, runs, browser):
+    """Issue 30.4 in the embedded view: Spot disables Job failover; a workspace that does not exist is refused under
+    its field and nothing starts; a refused tag edit stays on the Tags tab with the error and what was typed; an
+    empty filter says no job matches; a deleted run is a not-found page; without a login, Airflow's login page."""
+    from urllib.parse import quote
+
+    page = _logged_in_page(deployment, browser)
+    try:
+        page.locator("a[href$='plugin/create-training-job']").click()  # the Create form in Airflow's navigation
+        frame = page.frame_locator("iframe")
+        frame.get_by_role("heading", name="Create Training Job").wait_for()
+        assert frame.locator("#job_failover").is_checked()
+        frame.locator("#learning_type").select_option("spot")
+        expect(frame.locator("#job_failover")).to_be_disabled()
+        assert not frame.locator("#job_failover").is_checked()  # Spot jobs resume instead: the box says so
+        page.screenshot(path=str(SCREENSHOTS / "22-create-spot-disables-failover.png"), full_page=True)
+        frame.locator("#learning_type").select_option("on-demand")
+        expect(frame.locator("#job_failover")).to_be_enabled()
+
+        before = _generic_runs(api)
+        for name, value in {"name": "svc-no-workspace", "workspace": "team-zz", "command": "python fake_train.py",
+                            "storage.script_url": f"s3://{BUCKET}/scripts/fake_train.py"}.items():
+            frame.locator(f"[name='{name}']").fill(value)
+        frame.get_by_role("button", name="Create Training Job").click()
+        error = frame.locator("[id='error-workspace']")
+        error.wait_for()
+        assert error.inner_text().startswith("workspace: no workspace named 'team-zz'"), error.inner_text()
+        assert frame.locator("#workspace").input_value() == "team-zz" and _generic_runs(api) == before
+        page.screenshot(path=str(SCREENSHOTS / "23-create-unknown-workspace.png"), full_page=True)
+
+        demo = quote(runs["demo"].dag_run_id, safe="")
+        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}")
+        frame.get_by_role("link", name="Tags", exact=True).click()
+        typed = "team=platform\nbad key!=x"
+        frame.locator("#tags-text").fill(typed)
+        frame.get_by_role("button", name="Save tags").click()
+        frame.locator("#tag-errors").wait_for()
+        assert frame.locator("#tag-errors").inner_text().startswith("tags: key 'bad key!' must be")
+        expect(frame.locator("#tags")).to_be_visible()
+        expect(frame.locator("#details")).to_be_hidden()  # the page opens on the Tags tab, not Details
+        assert frame.locator("#tags-text").input_value() == typed  # nothing typed is lost
+        page.screenshot(path=str(SCREENSHOTS / "24-tags-refused-in-airflow.png"), full_page=True)
+
+        view = _frame_of(page, "/sat/jobs")
+        view.goto(f"{deployment.url}/sat/jobs?q=no-such-job-zzz")
+        expect(frame.locator("#no-jobs")).to_contain_text("match these filters")
+        deleted = quote(runs["browser"]["stopped"]["run_id"], safe="")
+        view.goto(f"{deployment.url}/sat/jobs/sat_training_job/runs/{deleted}")
+        frame.get_by_role("heading", name="Not found").wait_for()
+        assert "The run may have been deleted" in frame.locator("#not-found").inner_text()
+        page.screenshot(path=str(SCREENSHOTS / "25-deleted-run-not-found-in-airflow.png"))
+    finally:
+        page.close()
+    stranger = browser.new_context()
+    try:
+        anonymous = stranger.new_page()
+        anonymous.goto(f"{deployment.url}/sat/jobs")  # no login: Airflow's login page, then back here
+        anonymous.wait_for_url("**/auth/login**")
+        anonymous.locator("input[name=username]").wait_for()
+    finally:
+        stranger.close()
+
+
+def test_a_person_clones_reruns_and_stops_a_job_inside_airflow(deployment, api, runs, browser):
+    """Issue 30.6 and Stop's confirmation in the embedded view: Clone opens the Create form filled in from a run
+    (the registry password never, the registry connection kept); the copy starts under a new name; Stop asks
+    first (Cancel stops nothing), then the attempt is STOPPED by the person through the view; Re-run starts the
+    run's spec again as a new run."""
+    from urllib.parse import quote
+
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    headers = {"Authorization": f"Bearer {_token(deployment.url, _password(deployment))}"}
+
+    def job_api(run_id: str) -> str:
+        return f"{deployment.url}/sat/api/jobs/sat_training_job/runs/{quote(run_id, safe='')}"
+
+    source = runs["generic"].dag_run_id  # svc-generic: its image on the password-protected registry
+    page = _logged_in_page(deployment, browser)
+    started: list[str] = []
+    try:
+        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{quote(source, safe='')}")
+        frame = page.frame_locator("iframe")
+        frame.locator("#clone").click()
+        frame.get_by_role("heading", name="Create Training Job").wait_for()
+        assert "A copy of svc-generic" in frame.locator(".notice").inner_text()
+        assert frame.locator("#name").input_value() == "svc-generic"
+        assert frame.locator("#registry_password").input_value() == ""  # never copied
+        advanced = json.loads(frame.locator("#advanced").input_value())
+        assert advanced["image"]["registry_conn_id"] == "sat_registry_svc"  # pulls with the same login
+        page.screenshot(path=str(SCREENSHOTS / "26-clone-form-in-airflow.png"), full_page=True)
+        advanced["env"]["FAKE_STEPS"] = "100000"  # long enough to stop
+        before = _generic_runs(api)
+        frame.locator("#name").fill("svc-clone")
+        frame.locator("#advanced").fill(json.dumps(advanced))
+        frame.get_by_role("button", name="Create Training Job").click()
+        frame.locator("#stop").wait_for()
+        (clone,) = _generic_runs(api) - before
+        started.append(clone)
+        assert frame.locator("h1").inner_text().startswith("svc-clone")
+        expect(frame.locator("#status")).to_have_text("Running", timeout=300_000)
+
+        frame.locator("#stop").click()  # Stop asks first
+        frame.locator("#confirm-stop").wait_for()
+        page.screenshot(path=str(SCREENSHOTS / "27-stop-asks-first-in-airflow.png"))
+        frame.locator("#cancel-stop").click()
+        frame.locator("#stop").wait_for()
+        assert requests.get(job_api(clone), headers=headers, timeout=60).json()["stop_requested"] is None
+        frame.locator("#stop").click()
+        frame.locator("#confirm-stop").click()
+        frame.locator("#stop-notice").wait_for()
+        assert _wait_for_run(api, "sat_training_job", clone, deadline=time.monotonic() + 300).state == "failed"
+        stopped = requests.get(job_api(clone), headers=headers, timeout=60).json()
+        assert stopped["status"] == "Stopped" and stopped["stop_requested"]["via"] == "the Training Jobs view"
+        verdict = stopped["attempts"][-1]
+        assert verdict["verdict"] == "STOPPED" and "node-side kill" not in (verdict["reason"] or ""), verdict
+        assert verdict["evidence"][0].startswith("stop requested by admin at ")
+        assert verdict["evidence"][0].endswith("through the Training Jobs view")
+
+        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{quote(source, safe='')}")
+        before = _generic_runs(api)
+        frame.locator("#rerun").click()
+        deadline = time.monotonic() + 60
+        while not _generic_runs(api) - before and time.monotonic() < deadline:
+            time.sleep(1)
+        (again,) = _generic_runs(api) - before
+        started.append(again)
+        assert _frame_of(page, quote(again, safe="")).url.endswith(quote(again, safe=""))
+        runs_api = DagRunApi(api)
+        assert runs_api.get_dag_run("sat_training_job", again).conf == runs_api.get_dag_run(
+            "sat_training_job", source).conf  # the same spec again
+        page.screenshot(path=str(SCREENSHOTS / "28-rerun-in-airflow.png"))
+        assert requests.post(job_api(again) + "/stop", headers=headers, timeout=60).status_code == 202
+        assert _wait_for_run(api, "sat_training_job", again, deadline=time.monotonic() + 300).state == "failed"
+        assert requests.get(job_api(again), headers=headers, timeout=60).json()["stop_requested"]["via"] == \
+            "the REST API"
+    finally:
+        page.close()
+        for run_id in started:  # nothing of this test runs on into `sat down`
+            requests.post(job_api(run_id) + "/stop", headers=headers, timeout=60)
 
 
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------
