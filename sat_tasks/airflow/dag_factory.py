@@ -15,8 +15,8 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from sat_tasks.airflow.notify import job_end_callbacks
 from sat_tasks.airflow import summary_xcom
+from sat_tasks.airflow.notify import job_end_callbacks
 from sat_tasks.backends import backend_for
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import plan_attempt
