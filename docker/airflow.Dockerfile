@@ -5,23 +5,23 @@
 #
 #   docker build -f docker/airflow.Dockerfile -t registry.example.com/sat/airflow:0.1.0 .
 #
-# Airflow itself stays the base image's 3.3.2; everything else is installed at the versions
-# in requirements.lock. Training never runs here (the kubernetes backend runs it in pods),
-# so torch comes as the CPU wheel: the scheduler and workers only import it lazily.
+# Airflow itself stays the base image's 3.3.2; everything else is installed from
+# requirements-airflow.lock: requirements.lock's pins for the base and the [airflow] extra
+# only. Training never runs here (the kubernetes backend runs it in pods from the training
+# image), and no sat_tasks module imports torch, transformers or deepspeed at import time
+# (tests/test_docker.py checks it), so none of them is in this image: no deepspeed sdist to
+# build, no CUDA wheels in every scheduler, API server and task pod.
 FROM apache/airflow:3.3.2-python3.11
 
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-
 USER airflow
-COPY --chown=airflow:0 requirements.lock pyproject.toml /opt/sat/src/
+COPY --chown=airflow:0 requirements-airflow.lock requirements.lock pyproject.toml /opt/sat/src/
 COPY --chown=airflow:0 sat_tasks /opt/sat/src/sat_tasks
 COPY --chown=airflow:0 ckpt_engine /opt/sat/src/ckpt_engine
 
 # The lock first, every package checked against its hashes (it pins apache-airflow to the
 # base image's 3.3.2, so pip never swaps Airflow), then the project itself without
 # touching a dependency.
-RUN pip install --no-cache-dir --require-hashes --extra-index-url ${TORCH_INDEX_URL} \
-        -r /opt/sat/src/requirements.lock \
+RUN pip install --no-cache-dir --require-hashes -r /opt/sat/src/requirements-airflow.lock \
  && pip install --no-cache-dir --no-deps /opt/sat/src
 
 COPY --chown=airflow:0 dags /opt/airflow/dags
@@ -37,6 +37,7 @@ ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/plugins \
     AIRFLOW__CORE__LOAD_EXAMPLES=False \
     AIRFLOW__SAT__JOBS_DIR=/opt/airflow/include/jobs \
+    AIRFLOW__SAT__WORKSPACES_DIR=/opt/airflow/include/workspaces \
     AIRFLOW__SAT__WORK_DIR=/opt/airflow/sat-work \
     AIRFLOW__SAT__BACKEND=kubernetes \
     SAT_INCLUDE_DIR=/opt/airflow/include

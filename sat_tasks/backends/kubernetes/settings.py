@@ -47,6 +47,8 @@ class KubernetesSettings:
         staging_image: the image of the run's helper pods (staging, upload:
             `sat_tasks.backends.kubernetes.staging`): SAT's Airflow image, which has
             `sat_tasks` and the Amazon provider.
+        staging_pull_secret: the image pull Secret (in the jobs' namespace) of `staging_image`;
+            empty: none (a public image, or a node that may pull it).
     """
 
     termination_grace_seconds: int = 120
@@ -65,6 +67,7 @@ class KubernetesSettings:
     object_storage_endpoint: str = ""
     object_storage_secret: str = "sat-object-storage"
     staging_image: str = "registry.example.com/sat/airflow:0.1.0"
+    staging_pull_secret: str = ""
     workspace_label: str = "sat.ai/workspace"
     kueue: bool = False
 

@@ -127,6 +127,7 @@ def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args:
     if settings.object_storage_endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_storage_endpoint})  # boto3 reads it
     env += object_storage_key_env(settings)
+    pull_secrets = [{"name": settings.staging_pull_secret}] if settings.staging_pull_secret else None
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -145,6 +146,7 @@ def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args:
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
             "volumes": volumes,
+            **({"imagePullSecrets": pull_secrets} if pull_secrets else {}),
             "enableServiceLinks": False,
             "automountServiceAccountToken": False,
         },
