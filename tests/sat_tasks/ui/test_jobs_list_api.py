@@ -141,3 +141,18 @@ def test_the_page_links_its_pages_and_keeps_the_filters(client, admin, many_runs
     assert html.status_code == 200 and f"Runs 51&ndash;100 of {many_runs}" in html.text
     assert "href='/sat/jobs?q=bulk-job&amp;page=3' id='page-next'" in html.text
     assert "href='/sat/jobs?q=bulk-job' id='page-prev'" in html.text and "value='bulk-job'" in html.text
+
+
+def test_a_list_on_a_quiet_deployment_writes_and_reads_nothing_more(client, admin, many_runs):  # noqa: F811
+    from airflow.utils.session import create_session
+
+    from sat_tasks.ui import run_index
+    from sat_tasks.ui.sources import job_specs
+
+    _list(client, admin)
+
+    def no_reader():
+        raise AssertionError("the sync read Object Storage")
+
+    with create_session() as session:
+        assert run_index.sync(session, job_specs(), GENERIC, read_json=no_reader) == run_index.SyncCounts()
