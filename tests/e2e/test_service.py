@@ -2,9 +2,11 @@
 
 One deployment for the module (free loopback ports, a temporary Airflow home): the
 API server, the scheduler, the DAG processor and the embedded Object Storage, with
-authentication on. Through `apache-airflow-client` it logs in, triggers the demo job and
-the generic `sat_training_job` DAG (a fast job whose image is on a real registry with a
-password kept as an Airflow connection), and waits; a cron-scheduled spec and an
+authentication on, and its metadata DB in a private PostgreSQL cluster (`sat up --db
+postgres`, issue 31.3: SQLite stays covered by tests/e2e/test_demo_job.py and `make demo`;
+one run of this module, not two, fits the suite's budget). Through `apache-airflow-client`
+it logs in, triggers the demo job and the generic `sat_training_job` DAG (a fast job whose
+image is on a real registry with a password kept as an Airflow connection), and waits; a cron-scheduled spec and an
 Asset-scheduled spec start on their own. Then it checks the status history, the
 attempts and the report, that the registry password shows up nowhere, and that `sat up`
 / `sat down` restart the deployment with its secrets and its objects.
@@ -16,7 +18,6 @@ import json
 import os
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ import yaml
 from playwright.sync_api import expect
 
 from sat_tasks.io.local_s3 import PersistentS3Server, free_port, state_file_name
+from sat_tasks.service.postgres import cluster_dir
 from sat_tasks.service.secrets import SECRETS_FILE
 from sat_tasks.service.stack import ServiceStack, processes_of
 from tests.support.paths import REPO
@@ -77,9 +79,13 @@ def deployment(tmp_path_factory):
     (jobs / "svc-asset.yaml").write_text(yaml.safe_dump(_fast_spec(
         "svc-asset", schedule=f"asset:{WATCHED}", data={"source": WATCHED})))
     stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
-                         storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work",
+                         storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work", db="postgres",
                          extra_env={"AIRFLOW__SAT__WORKSPACES_DIR": str(root / "workspaces"),  # not the repo's
                                     "AIRFLOW__SAT__DATA_WATCH_INTERVAL_SECONDS": "10",
+                                    # the module's five concurrent jobs and a failover's excluded node never
+                                    # queue for a slot: the status histories below have no wait in them
+                                    # (queueing: tests/sat_tasks/backends/local/test_pool_slots.py)
+                                    "AIRFLOW__SAT__LOCAL_NODE_SLOTS": "2",
                                     "AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS": "20",
                                     # the generic run's login is shared, not sat_registry_<its name>
                                     "AIRFLOW__SAT__SHARED_REGISTRY_CONNECTIONS": "sat_registry_svc",
@@ -91,6 +97,7 @@ def deployment(tmp_path_factory):
     client.upload_file(str(REPO / "tests" / "e2e" / "scripts" / "fake_train.py"), BUCKET, "scripts/fake_train.py")
     yield stack
     stack.stop()
+    shutil.rmtree(cluster_dir(stack.home), ignore_errors=True)  # outside the temporary home when run as root
 
 
 def _password(stack: ServiceStack) -> str:
@@ -446,10 +453,34 @@ def test_the_registry_password_appears_nowhere(deployment, api, runs):
     seen += [p.read_text(errors="replace") for p in (deployment.home / "logs").rglob("*") if p.is_file()]
     leaks = [text[max(0, text.find(REGISTRY_PASSWORD) - 80):][:200] for text in seen if REGISTRY_PASSWORD in text]
     assert leaks == []
-    with sqlite3.connect(deployment.home / "airflow.db") as db:
-        stored, encrypted = db.execute("SELECT password, is_encrypted FROM connection WHERE conn_id = ?",
-                                       ("sat_registry_svc",)).fetchone()
+    stored, encrypted = _metadata_db_row(deployment, "SELECT password, is_encrypted FROM connection "
+                                                     "WHERE conn_id = :id", id="sat_registry_svc")
     assert encrypted and REGISTRY_PASSWORD not in stored  # Fernet-encrypted with the kept key
+
+
+def test_the_metadata_db_is_postgresql_and_its_password_appears_in_no_log(deployment, runs):
+    """Every run of this module went through the deployment's PostgreSQL (issue 31.3); its generated password,
+    kept with the other secrets, is in no log (the components', the tasks', the server's)."""
+    url = deployment.environment()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert url.startswith("postgresql+psycopg2://sat:") and "@127.0.0.1:" in url
+    assert not (deployment.home / "airflow.db").exists()
+    assert _metadata_db_row(deployment, "SELECT count(*) FROM dag_run WHERE state = 'success'")[0] >= 2
+    password = json.loads((deployment.home / SECRETS_FILE).read_text())["db_password"]
+    logs = [p for p in (deployment.home / "logs").rglob("*") if p.is_file()]
+    assert any(p.name == "postgres.log" for p in logs)
+    assert [p for p in logs if password in p.read_text(errors="replace")] == []
+
+
+def _metadata_db_row(stack: ServiceStack, sql: str, **params):
+    """One row of the deployment's metadata DB (PostgreSQL here), through the URL its components use."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(stack.environment()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with engine.connect() as connection:
+            return connection.execute(sqlalchemy.text(sql), params).one()
+    finally:
+        engine.dispose()
 
 
 # ---- the Training Jobs API (plugins/sat_training_jobs.py) ---------------------------------------------
@@ -878,7 +909,7 @@ def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deploymen
     deployment.stop()  # the module's own stack: the CLI takes over the same home
     storage_port = free_port()
     env = {**os.environ, "AIRFLOW_HOME": str(deployment.home), "SAT_PORT": str(deployment.port),
-           "SAT_STORAGE_PORT": str(storage_port), "SAT_STORAGE_DIR": str(storage_dir)}
+           "SAT_STORAGE_PORT": str(storage_port), "SAT_STORAGE_DIR": str(storage_dir), "SAT_DB": "postgres"}
     sat = str(Path(sys.executable).with_name("sat"))
     up = subprocess.Popen([sat, "up"], env=env, stdout=open(tmp_path / "up.log", "w"), stderr=subprocess.STDOUT,
                           start_new_session=True)
