@@ -40,10 +40,13 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	@touch $@
 
 # Debian's registry server (and htpasswd) for the image-check tests against a real registry,
-# and Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium: no browser download).
+# Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium: no browser download),
+# and Debian's PostgreSQL server for `sat up --db postgres` and the service tests that run on it.
 system-deps:
-	@command -v docker-registry >/dev/null && command -v htpasswd >/dev/null && command -v chromium >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry apache2-utils chromium >/dev/null; }
+	@command -v docker-registry >/dev/null && command -v htpasswd >/dev/null && command -v chromium >/dev/null && \
+	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      docker-registry apache2-utils chromium postgresql >/dev/null; }
 
 demo: .venv
 	$(VENV)/bin/sat demo
@@ -53,8 +56,9 @@ test: .venv system-deps
 
 # SAT as a service on this host: embedded Object Storage, metadata DB, API server (UI and
 # REST API on http://127.0.0.1:8080), scheduler, DAG processor. Ctrl-C or `make down` stops it.
+# DB=postgres: the metadata DB in a private PostgreSQL cluster (`make system-deps` installs it).
 up: .venv
-	$(VENV)/bin/sat up
+	$(VENV)/bin/sat up $(if $(DB),--db $(DB))
 
 down:
 	@test -x $(VENV)/bin/sat || { echo "nothing to stop: no .venv"; exit 0; }
