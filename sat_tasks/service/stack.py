@@ -130,7 +130,18 @@ class ServiceStack:
 
     # ---- start ----------------------------------------------------------------------------------
     def start(self, timeout: float = 180) -> ServiceStack:
-        """Start everything; returns once the API server answers (`first_answer_s` says after how long)."""
+        """Start everything; returns once the API server answers (`first_answer_s` says after how long).
+
+        A start that fails stops what it had started (the PostgreSQL server runs in a session of
+        its own: it would outlive the caller) and raises.
+        """
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop(grace=10)
+            raise
+
+    def _start(self, timeout: float) -> ServiceStack:
         from sat_tasks.io.local_s3 import PersistentS3Server, seed_demo_bucket
 
         started = time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 
 import pytest
@@ -119,3 +120,30 @@ def test_a_private_cluster_answers_with_the_generated_password_only_and_logs_no_
     assert "database system is ready to accept connections" in logged
     assert kept.db_password not in logged and kept.db_password not in repr(cluster)
     assert not cluster.directory.exists()
+
+
+def test_a_start_that_fails_after_the_cluster_started_leaves_no_server_behind(tmp_path):
+    """The server runs in a session of its own: a failed `start()` stops it (and the storage) before raising."""
+    import subprocess
+
+    from sat_tasks.service.postgres import cluster_dir
+    from sat_tasks.service.stack import ServiceError
+
+    class FailsAfterTheDatabase(ServiceStack):
+        def environment(self):
+            if self.database is not None:
+                raise ServiceError("planted: a failure after the server started")
+            return super().environment()
+
+    home = tmp_path / "home"
+    stack = FailsAfterTheDatabase(home=home, storage_port=0, db="postgres", log=lambda _line: None)
+    try:
+        with pytest.raises(ServiceError, match="planted"):
+            stack.start()
+        assert stack.database is None and stack.storage is None
+        assert "ready to accept connections" in (stack.logs_dir / "postgres.log").read_text()
+        left = subprocess.run(["pgrep", "-f", str(cluster_dir(home) / "data")], capture_output=True, text=True,
+                              check=False).stdout.split()
+        assert left == []
+    finally:
+        shutil.rmtree(cluster_dir(home), ignore_errors=True)
