@@ -246,3 +246,332 @@ def test_vendor_dir_imports_on_its_own(tmp_path):
     assert lines[1].startswith(str(vendor) + "/datastates/")
     assert lines[2] == "leaked: []"
     assert lines[3] == "repo on path: False"
+
+
+# ---- the Helm path: the chart's schema, the airflow.cfg it renders, the RBAC, the slim lock ----------
+VALUES = DOCKER / "helm-values.yaml"
+CHART_SCHEMA = REPO / "tests" / "fixtures" / "airflow_chart_values.schema.subset.json"
+HEAVY = ("torch", "transformers", "deepspeed", "accelerate", "datasets", "safetensors", "tokenizers")
+# The chart's own `config:` defaults (chart/values.yaml, as of the schema's commit), the keys that matter here:
+# it sets no dags_are_paused_at_creation, import timeout or auth manager, so Airflow's defaults apply.
+CHART_CONFIG_DEFAULTS = {
+    "core": {"load_examples": "False", "colored_console_log": "False", "remote_logging": "False"},
+    "logging": {"remote_logging": "False", "colored_console_log": "False"},
+    "scheduler": {"standalone_dag_processor": "True", "run_duration": "41460"},
+    "triggerer": {"default_capacity": "1000"},
+}
+
+
+def _values() -> dict:
+    return yaml.safe_load(VALUES.read_text(encoding="utf-8"))
+
+
+def _airflow_defaults() -> dict[str, dict[str, str]]:
+    """Airflow's own defaults, from the installed package's config.yml (what applies where no file sets a key)."""
+    import importlib.util
+
+    path = Path(importlib.util.find_spec("airflow").origin).parent / "config_templates" / "config.yml"
+    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {section: {key: str(option.get("default")) for key, option in (body.get("options") or {}).items()
+                      if option.get("default") is not None} for section, body in spec.items()}
+
+
+def render_chart_config(values: dict) -> dict[str, dict[str, str]]:
+    """What Airflow reads in a chart pod: its defaults < the chart's airflow.cfg (chart defaults < values `config:`)
+    < the image's ENV < the values' `env:` (AIRFLOW__SECTION__KEY variables win over any file)."""
+    rendered = {section: dict(body) for section, body in _airflow_defaults().items()}
+    for layer in (CHART_CONFIG_DEFAULTS, values.get("config", {})):
+        for section, body in layer.items():
+            rendered.setdefault(section, {}).update({key: str(value) for key, value in body.items()})
+    image_env = {}
+    for keyword, args in _instructions(DOCKER / "airflow.Dockerfile"):
+        if keyword == "ENV":
+            image_env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
+    values_env = {item["name"]: item["value"] for item in values.get("env", [])}
+    for name, value in {**image_env, **values_env}.items():
+        match = re.fullmatch(r"AIRFLOW__([A-Z0-9_]+?)__([A-Z0-9_]+)", name)
+        if match:
+            rendered.setdefault(match.group(1).lower(), {})[match.group(2).lower()] = value
+    return rendered
+
+
+def _project_cfg() -> dict[str, dict[str, str]]:
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(REPO / "airflow.cfg", encoding="utf-8")
+    return {section: dict(parser[section]) for section in parser.sections()}
+
+
+def test_helm_values_pass_the_chart_schema():
+    import jsonschema
+
+    schema = json.loads(CHART_SCHEMA.read_text(encoding="utf-8"))
+    values = _values()
+    jsonschema.validate(values, schema)
+    unknown = set(values) - set(schema["x-sat-top-level"])
+    assert not unknown, f"helm-values.yaml sets top-level keys the chart does not declare: {sorted(unknown)}"
+    assert set(values) <= set(schema["properties"]), "every key the values set has its schema subtree vendored"
+
+
+@pytest.mark.parametrize("path, bad", [
+    pytest.param(("dags", "gitSync", "subpath"), "dags", id="misspelt-gitSync-key"),
+    pytest.param(("dags", "persistence", "accessMode"), "ReadWriteAll", id="accessMode-not-in-enum"),
+    pytest.param(("config", "core", "dagbag_import_timeout"), ["60"], id="config-value-not-scalar"),
+    pytest.param(("env",), [{"name": "X", "valueFrom": {}}], id="env-without-value"),
+])
+def test_the_chart_schema_rejects_what_the_chart_rejects(path, bad):
+    import copy
+
+    import jsonschema
+
+    schema = json.loads(CHART_SCHEMA.read_text(encoding="utf-8"))
+    values = copy.deepcopy(_values())
+    node = values
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = bad
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(values, schema)
+
+
+def test_the_chart_renders_the_config_sat_depends_on():
+    values = _values()
+    cfg = render_chart_config(values)
+    project = _project_cfg()
+    airflow = _airflow_defaults()
+    assert cfg["core"]["dags_are_paused_at_creation"] == "False", "job DAGs would start paused"
+    assert cfg["core"]["dags_are_paused_at_creation"] == project["core"]["dags_are_paused_at_creation"]
+    assert float(cfg["core"]["dagbag_import_timeout"]) == float(project["core"]["dagbag_import_timeout"])
+    processor_timeout = project.get("dag_processor", {}).get("dag_file_processor_timeout") \
+        or airflow["dag_processor"]["dag_file_processor_timeout"]
+    assert float(cfg["dag_processor"]["dag_file_processor_timeout"]) >= float(processor_timeout)
+    assert float(cfg["dag_processor"]["dag_file_processor_timeout"]) > float(cfg["core"]["dagbag_import_timeout"])
+    assert int(cfg["dag_processor"]["parsing_processes"]) >= 1
+    # authentication on, with users, passwords kept where every API server replica reads them
+    assert cfg["core"]["auth_manager"].endswith("SimpleAuthManager")
+    assert cfg["core"]["simple_auth_manager_all_admins"] == "False"
+    assert cfg["core"]["simple_auth_manager_users"].split(",")[0].split(":") == ["admin", "admin"]
+    mounts = [m["mountPath"] for m in values["volumeMounts"]]
+    assert any(cfg["core"]["simple_auth_manager_passwords_file"].startswith(m + "/") for m in mounts)
+    # task logs survive the KubernetesExecutor's pods
+    assert cfg["logging"]["remote_logging"] == "True"
+    assert cfg["logging"]["remote_log_conn_id"] == cfg["sat"]["object_storage_conn_id"] == "sat_object_storage"
+    assert cfg["logging"]["remote_base_log_folder"].startswith("s3://")
+    # SAT's own section
+    assert cfg["sat"]["backend"] == "kubernetes"
+    for key in ("object_storage_conn_id", "kubernetes_namespace", "kubernetes_conn_id",
+                "final_checkpoint_grace_seconds", "metrics_interval_seconds"):
+        assert cfg["sat"][key] == project["sat"][key], key
+    assert cfg["sat"]["k8s_object_storage_secret"] == "sat-object-storage"
+    # specs arrive by git-sync: the DAGs folder and jobs_dir lie in its checkout; workspaces on the shared claim
+    sync = values["dags"]["gitSync"]
+    assert sync["enabled"] and values["dags"]["persistence"]["accessMode"] == "ReadWriteMany"
+    checkout = "/opt/airflow/dags/repo"
+    assert cfg["core"]["dags_folder"] == f"{checkout}/{sync['subPath']}"
+    assert cfg["sat"]["jobs_dir"] == f"{checkout}/include/jobs"
+    assert any(cfg["sat"]["workspaces_dir"].startswith(m + "/") for m in mounts)
+    assert "site-packages" not in cfg["sat"]["workspaces_dir"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in values["volumes"]}
+    assert claims == {"sat-shared": "sat-shared"}
+    api_mounts = {m["mountPath"] for m in values["apiServer"]["extraVolumeMounts"]}
+    assert "/opt/airflow/dags" in api_mounts, "the API server reads the specs too (Training Jobs list)"
+
+
+def test_the_render_sees_what_the_chart_alone_would_give():
+    """Without the values' config the chart leaves Airflow's defaults: paused DAGs, a 30 s import timeout."""
+    cfg = render_chart_config({"config": {}, "env": []})
+    assert cfg["core"]["dags_are_paused_at_creation"] == "True"
+    assert float(cfg["core"]["dagbag_import_timeout"]) == 30.0
+    assert cfg["logging"]["remote_logging"] == "False"
+
+
+def test_pgbouncer_is_off_or_has_its_secrets():
+    pgbouncer = _values().get("pgbouncer", {})
+    if pgbouncer.get("enabled"):
+        assert pgbouncer.get("configSecretName"), "pgbouncer with an external database needs configSecretName"
+        assert (pgbouncer.get("metricsExporterSidecar") or {}).get("statsSecretName")
+
+
+def test_dag_processor_is_sized():
+    processor = _values()["dagProcessor"]
+    assert processor["enabled"]
+    assert processor["resources"]["requests"]["cpu"] and processor["resources"]["limits"]["memory"]
+
+
+# Kubernetes API calls of the backend -> (api group, resource, verb, cluster-wide?)
+_K8S_CALLS = {
+    "create_namespaced_pod": ("", "pods", "create", False),
+    "read_namespaced_pod": ("", "pods", "get", False),
+    "list_namespaced_pod": ("", "pods", "list", False),
+    "patch_namespaced_pod": ("", "pods", "patch", False),
+    "delete_namespaced_pod": ("", "pods", "delete", False),
+    "read_namespaced_pod_log": ("", "pods/log", "get", False),
+    "list_pod_for_all_namespaces": ("", "pods", "list", True),
+    "create_namespaced_service": ("", "services", "create", False),
+    "list_namespaced_service": ("", "services", "list", False),
+    "delete_namespaced_service": ("", "services", "delete", False),
+    "create_namespaced_secret": ("", "secrets", "create", False),
+    "list_namespaced_secret": ("", "secrets", "list", False),
+    "delete_namespaced_secret": ("", "secrets", "delete", False),
+    "create_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "create", False),
+    "read_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "get", False),
+    "list_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "list", False),
+    "delete_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "delete", False),
+    "list_namespaced_event": ("", "events", "list", False),
+    "read_node": ("", "nodes", "get", True),
+    "list_node": ("", "nodes", "list", True),
+    "patch_node": ("", "nodes", "patch", True),
+    "read_priority_class": ("scheduling.k8s.io", "priorityclasses", "get", True),
+}
+# Calls the manifests deliberately do not grant, and why.
+_NOT_GRANTED = {
+    # the PriorityClass is shipped in k8s-rbac.yaml; SAT only creates it where it may (a 403 is one log line)
+    "create_priority_class": "shipped by the manifest",
+}
+
+
+def _backend_calls() -> set[str]:
+    """Kubernetes API methods (of CoreV1Api / SchedulingV1Api) named anywhere in sat_tasks/backends/kubernetes/."""
+    from kubernetes.client import CoreV1Api, SchedulingV1Api
+
+    names = set()
+    for path in (REPO / "sat_tasks" / "backends" / "kubernetes").glob("*.py"):
+        names |= set(re.findall(r"\.((?:create|read|list|patch|delete|replace|watch|connect)_[a-z_]+)\b",
+                                path.read_text(encoding="utf-8")))
+    return {name for name in names if hasattr(CoreV1Api, name) or hasattr(SchedulingV1Api, name)}
+
+
+def _grants() -> set[tuple[str, str, str, bool]]:
+    """(group, resource, verb, cluster-wide) for the Airflow worker's account."""
+    documents = [d for d in yaml.safe_load_all((DOCKER / "k8s-rbac.yaml").read_text(encoding="utf-8")) if d]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in documents if d["kind"] in ("Role", "ClusterRole")}
+    granted = set()
+    for binding in (d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(s["name"] == "airflow-worker" for s in binding["subjects"]):
+            continue
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        cluster = binding["kind"] == "ClusterRoleBinding"
+        if not cluster and binding["metadata"]["namespace"] != "sat-jobs":
+            continue
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb, cluster))
+    return granted
+
+
+def test_rbac_grants_every_call_of_the_kubernetes_backend():
+    calls = _backend_calls()
+    assert {"list_pod_for_all_namespaces", "create_namespaced_secret", "read_priority_class"} <= calls  # the grep works
+    unknown = calls - set(_K8S_CALLS) - set(_NOT_GRANTED)
+    assert not unknown, f"new Kubernetes calls in sat_tasks/backends/kubernetes/: map them in _K8S_CALLS: {unknown}"
+    granted = _grants()
+    missing = []
+    for call in sorted(calls - set(_NOT_GRANTED)):
+        group, resource, verb, cluster = _K8S_CALLS[call]
+        if (group, resource, verb, True) not in granted and (cluster or (group, resource, verb, False) not in granted):
+            missing.append(f"{call}: {verb} {resource}" + (" (cluster-wide)" if cluster else " in sat-jobs"))
+    assert not missing, "k8s-rbac.yaml lacks: " + "; ".join(missing)
+
+
+def test_rbac_ships_the_warm_pool_priority_class():
+    from sat_tasks.backends.kubernetes.warm import render_priority_class
+
+    documents = [d for d in yaml.safe_load_all((DOCKER / "k8s-rbac.yaml").read_text(encoding="utf-8")) if d]
+    shipped = [d for d in documents if d["kind"] == "PriorityClass"]
+    assert shipped == [render_priority_class()]
+
+
+def test_staging_and_upload_pods_carry_the_pull_secret():
+    from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+    from sat_tasks.backends.kubernetes.staging import build_upload_pod
+    from sat_tasks.spec.loading import load_spec
+
+    job = load_spec(REPO / "include" / "jobs" / "tiny-llama-demo.yaml")
+    with_secret = build_upload_pod(job, "manual__1", namespace="sat-jobs",
+                                   settings=KubernetesSettings(staging_pull_secret="sat-airflow-image-pull"))
+    assert with_secret["spec"]["imagePullSecrets"] == [{"name": "sat-airflow-image-pull"}]
+    without = build_upload_pod(job, "manual__1", namespace="sat-jobs", settings=KubernetesSettings())
+    assert "imagePullSecrets" not in without["spec"]
+    assert _values()["config"]["sat"]["k8s_staging_pull_secret"] == _values()["registry"]["secretName"]
+
+
+def _locked(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", line)
+        if match:
+            pins[_normalise(match.group(1))] = match.group(2)
+    return pins
+
+
+def test_airflow_lock_is_the_project_lock_without_the_training_stack():
+    slim, full = _locked(REPO / "requirements-airflow.lock"), _locked(REPO / "requirements.lock")
+    assert slim and set(slim) <= set(full)
+    assert {name: version for name, version in slim.items() if full[name] != version} == {}
+    assert not set(HEAVY) & set(slim), "the Airflow image must not carry the training stack"
+    assert {"apache-airflow", "apache-airflow-providers-cncf-kubernetes", "apache-airflow-providers-amazon",
+            "boto3"} <= set(slim)
+    assert full["torch"].startswith("2.13.0")
+    runs = " ".join(a for k, a in _instructions(DOCKER / "airflow.Dockerfile") if k == "RUN")
+    assert "--require-hashes -r /opt/sat/src/requirements-airflow.lock" in runs
+    assert "requirements.lock" not in runs.replace("requirements-airflow.lock", "")
+    assert "deepspeed" not in runs and "TORCH_INDEX_URL" not in runs
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Modules imported when `path` is imported (not inside functions; TYPE_CHECKING blocks skipped)."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+    visit(tree.body)
+    return found
+
+
+def test_no_airflow_side_module_imports_the_training_stack_at_import_time():
+    """The slim Airflow image holds only if sat_tasks (and what it imports of ckpt_engine) imports no torch & co."""
+    def module_file(name: str) -> Path | None:
+        parts = name.split(".")
+        if parts[0] not in ("sat_tasks", "ckpt_engine"):
+            return None
+        base = REPO.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    roots = [p for p in (REPO / "sat_tasks").rglob("*.py") if "__pycache__" not in p.parts]
+    roots += [p for p in (REPO / "dags").glob("*.py")] + [p for p in (REPO / "plugins").glob("*.py")]
+    offenders = []
+    for root in roots:
+        seen, queue = set(), [root]
+        while queue:
+            path = queue.pop()
+            if path in seen:
+                continue
+            seen.add(path)
+            for name in _module_level_imports(path):
+                if name.split(".")[0] in HEAVY:
+                    offenders.append(f"{root.relative_to(REPO)} -> {path.relative_to(REPO)} imports {name}")
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # a package's __init__ runs too
+                    found = module_file(".".join(parts[:i]))
+                    if found is not None:
+                        queue.append(found)
+    assert not offenders, "\n".join(sorted(set(offenders))[:20])
