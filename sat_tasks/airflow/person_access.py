@@ -15,6 +15,7 @@ know may use nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 # dag.test() (`airflow dags test`, `sat run`, the tests) names this person: whoever runs it has the
@@ -24,10 +25,14 @@ DAG_TEST_PERSON = "dag_test"
 
 @dataclass(frozen=True)
 class PersonAccess:
-    """The auth manager's answers for one person (`steps.PersonAccess`)."""
+    """The auth manager's answers for one person (`steps.PersonAccess`), asked only when a job needs them."""
 
     name: str
-    user: Any  # the auth manager's user object; None: a person it does not know
+
+    @cached_property
+    def user(self) -> Any:
+        """The auth manager's user object; None: a person it does not know."""
+        return find_user(self.name)
 
     def may_use_workspace(self, workspace: str) -> bool:
         from airflow.api_fastapi.auth.managers.models.resource_details import (
@@ -83,4 +88,4 @@ def triggering_person(dag_run: Any) -> PersonAccess | None:
     run_type = str(getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", "")))
     if not name or name == DAG_TEST_PERSON or run_type != "manual":
         return None
-    return PersonAccess(name, find_user(name))
+    return PersonAccess(name)
