@@ -38,6 +38,7 @@ FRAMEWORKS = {"pytorch": "PyTorch", "deepspeed": "DeepSpeed"}
 # The list's columns a person may sort by: (sort key, header); the others are plain headers.
 SORTABLE = {"job": "Job", "status": "Status", "submitted": "Submitted", "started": "Started",
             "gpu_hours": "GPU-hours", "creator": "Created by", "workspace": "Workspace"}
+WORD_COLUMNS = {"job", "status", "creator", "workspace"}
 
 
 def list_page(found: Any, choices: dict[str, list[str]] | None = None, problem: Any = None) -> str:
@@ -48,8 +49,9 @@ def list_page(found: Any, choices: dict[str, list[str]] | None = None, problem: 
         params = query.params(**changes)
         return "/sat/jobs" + ("?" + urlencode(params) if params else "")
 
-    def sort_href(key: str) -> str:
-        order = "asc" if query.sort == key and query.order == "desc" else "desc"
+    def sort_href(key: str) -> str:  # words sort A-Z first, times and amounts newest/largest first; a click flips
+        first = "asc" if key in WORD_COLUMNS else "desc"
+        order = ("desc" if query.order == "asc" else "asc") if query.sort == key else first
         return href(sort=key, order=order, page=1)
 
     first = (query.page - 1) * query.per_page + 1 if found.rows else 0

@@ -899,6 +899,60 @@ def test_a_person_clones_reruns_and_stops_a_job_inside_airflow(deployment, api, 
             requests.post(job_api(run_id) + "/stop", headers=headers, timeout=60)
 
 
+def test_a_person_finds_jobs_by_search_filter_sort_and_page_inside_airflow(deployment, runs, browser):
+    """Issue 30.7-8 in the embedded view at 1280 px: search by name, a status menu that applies at once, a sorted
+    column, pages of 2 followed by their links; who created each job, GPU-hours, times relative in the browser's
+    zone (no raw UTC with microseconds), and a list that fits the window."""
+    import re
+
+    page = _logged_in_page(deployment, browser)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.locator("a[href$='plugin/training-jobs']").click()  # the "Training Jobs" entry of Airflow's navigation
+    page.wait_for_url("**/plugin/training-jobs")
+    frame = page.frame_locator("iframe")
+    frame.get_by_role("heading", name="Training Jobs").wait_for()
+
+    frame.locator("#filter-q").fill(DEMO_NAME[len("tiny-"):])  # a part of the name
+    frame.locator("#apply-filters").click()
+    frame.locator("#clear-filters").wait_for()
+    names = frame.locator("tr.job-row").evaluate_all("rows => rows.map(r => r.dataset.job)")
+    assert names and set(names) == {DEMO_NAME}, names
+    demo = frame.locator(f"tr.job-row[data-job='{DEMO_NAME}']").first
+    cells = demo.inner_text()
+    assert "admin" in cells and "Completed" in cells, cells  # created by, status
+    assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d+", cells) and " UTC" not in cells, cells  # relative, local
+    assert "ago" in demo.locator("time.when").first.inner_text()
+    float(demo.locator(".gpu-hours").inner_text())  # GPU-hours, a number
+
+    frame.locator("#clear-filters").click()
+    frame.locator("#filter-status").select_option("Completed")  # a menu applies at once
+    frame.locator("#filter-status option[value='Completed'][selected]").wait_for(state="attached")
+    statuses = frame.locator("tr.job-row .status").all_inner_texts()
+    assert statuses and set(statuses) == {"Completed"}, statuses
+    frame.locator("th a[data-sort='job']").click()
+    frame.locator("th a.sorted[data-sort='job']").wait_for()
+    names = frame.locator("tr.job-row").evaluate_all("rows => rows.map(r => r.dataset.job)")
+    assert names == sorted(names), names
+
+    listing = next(f for f in page.frames if "/sat/jobs" in f.url)
+    listing.goto(f"{deployment.url}/sat/jobs?per_page=2")  # small pages: the links take over
+    total = int(re.search(r"of (\d+)", frame.locator("#list-summary").inner_text()).group(1))
+    assert total > 2 and frame.locator("tr.job-row").count() == 2
+    seen = set(frame.locator("tr.job-row .run-id").all_inner_texts())
+    frame.locator("#page-next").click()
+    frame.get_by_text("Page 2 of").wait_for()
+    second = set(frame.locator("tr.job-row .run-id").all_inner_texts())
+    assert second and not second & seen, (seen, second)
+    fits = page.locator("iframe").element_handle().content_frame().evaluate(
+        "document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    page.screenshot(path=str(SCREENSHOTS / "19-jobs-list-pages-in-airflow.png"))
+    listing.goto(f"{deployment.url}/sat/jobs")
+    frame.locator("tr.job-row").first.wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "20-jobs-list-in-airflow-1280.png"))
+    assert fits, "the list is wider than a 1280 px window"
+    page.close()
+
+
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------
 def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""

@@ -231,6 +231,9 @@ def test_the_list_page_shows_the_services_words_escapes_and_links_pages(session)
     assert "Runs 1&ndash;50 of 60" in html and "href='/sat/jobs?page=2'" in html
     assert "class='duration ticking'" in html and "<time class='when'" in html and "On-Demand" in html
     assert "<a href='/sat/workspaces' class='workspace'>ws-a</a>" in html
+    assert "href='/sat/jobs?sort=job&amp;order=asc'" in html  # a name sorts A-Z first
+    assert "href='/sat/jobs?sort=gpu_hours&amp;order=desc'" in html  # an amount, largest first
+    assert "href='/sat/jobs?sort=started&amp;order=asc'" in html  # the sorted column flips
     filtered = list_runs(session, ListQuery(status="Failed"), DAGS, now=T0)
     assert "No Training Jobs match these filters." in list_page(filtered)
     selected = list_page(list_runs(session, ListQuery(status="Running"), DAGS, now=T0))
