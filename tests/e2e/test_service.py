@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -951,6 +952,87 @@ def test_a_person_finds_jobs_by_search_filter_sort_and_page_inside_airflow(deplo
     page.screenshot(path=str(SCREENSHOTS / "20-jobs-list-in-airflow-1280.png"))
     assert fits, "the list is wider than a 1280 px window"
     page.close()
+
+
+# ---- the job page inside Airflow: live log, outputs, links (issue 30 items 2, 3, 11) ---------------------
+def test_a_person_follows_a_running_jobs_log_and_opens_its_files_report_and_grid_inside_airflow(deployment, api, runs,
+                                                                                                browser):
+    """Inside Airflow's navigation (the view's sandboxed iframe): a running job's Logs tab shows its log from the
+    first attempt's marker on and follows new lines without a reload; the log downloads while the job runs; the
+    finished demo's Outputs list its files with sizes and each downloads; "open the job report" opens in place and
+    "Airflow grid and task logs" moves Airflow's own page (issue 30 items 2, 3, 11). No navigation is refused."""
+    from urllib.parse import quote
+
+    from airflow_client.client import TriggerDAGRunPostBody
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    from sat_tasks.airflow.params import params_from_spec
+    from sat_tasks.spec import parse_spec
+
+    headers = {"Authorization": f"Bearer {_token(deployment.url, _password(deployment))}"}
+    ticking = parse_spec(_fast_spec("svc-live-log", env={**FAST_ENV, "FAKE_STEPS": "100000"},
+                                    command="(for i in $(seq 1 100000); do echo tick $i; sleep 0.5; done) & "
+                                            "python fake_train.py"))
+    run_id = _retrying(lambda: DagRunApi(api).trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(
+        logical_date=None, conf=params_from_spec(ticking)))).dag_run_id
+    job_api = f"{deployment.url}/sat/api/jobs/sat_training_job/runs/{quote(run_id, safe='')}"
+    page = _logged_in_page(deployment, browser)
+    refused: list[str] = []
+    page.on("console", lambda message: refused.append(message.text) if "Unsafe attempt" in message.text else None)
+    try:
+        frame = page.frame_locator("iframe")
+        job_link = frame.get_by_role("link", name="svc-live-log").first
+        listed_by = time.monotonic() + 180
+        while True:  # the "Training Jobs" entry of Airflow's navigation; the list shows the run once it is indexed
+            page.locator("a[href$='plugin/training-jobs']").click()
+            frame.locator("table").first.wait_for()
+            if job_link.count() or time.monotonic() > listed_by:
+                break
+            time.sleep(5)
+        job_link.click()
+        frame.locator("#status").wait_for()
+        frame.get_by_role("link", name="Logs", exact=True).click()
+        log = frame.locator("#job-log")
+        expect(log).to_contain_text("tick 3", timeout=240_000)  # the job runs: its lines, while it runs
+        assert "Starting dataset initialization" in frame.locator("#job-log .marker").first.inner_text()
+        seen = log.inner_text()
+        last = max(int(number) for number in re.findall(r"tick (\d+)", seen))
+        expect(log).to_contain_text(f"tick {last + 1}", timeout=120_000)  # a new line comes without a reload
+        page.screenshot(path=str(SCREENSHOTS / "19-live-log-in-airflow.png"))
+        with page.expect_download() as download:  # the whole log while the job runs (allow-downloads)
+            frame.get_by_role("link", name="download job.log").click()
+        whole = Path(download.value.path()).read_text()
+        assert whole.count("Starting dataset initialization") == 1 and "tick 1\n" in whole
+        assert requests.post(job_api + "/stop", headers=headers, timeout=60).status_code == 202
+        assert _wait_for_run(api, "sat_training_job", run_id, deadline=time.monotonic() + 300).state == "failed"
+        tail = requests.get(job_api + "/log/tail", headers=headers, timeout=60).json()
+        assert tail["ended"] and "SIGTERM: final checkpoint" in requests.get(job_api + "/log", headers=headers,
+                                                                             timeout=60).text
+
+        demo = quote(runs["demo"].dag_run_id, safe="")
+        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}")  # in the iframe
+        frame.get_by_role("link", name="Outputs", exact=True).click()
+        outputs = frame.locator("#outputs")
+        expect(outputs).to_contain_text("Model and outputs")
+        assert "Checkpoints" in outputs.inner_text() and "report.json" in outputs.inner_text()
+        assert "KiB" in outputs.inner_text() or "MiB" in outputs.inner_text()
+        page.screenshot(path=str(SCREENSHOTS / "20-outputs-in-airflow.png"))
+        with page.expect_download() as download:
+            frame.get_by_role("link", name="report.json", exact=True).click()
+        assert json.loads(Path(download.value.path()).read_text())["status"] == "Completed"
+        frame.get_by_role("link", name="Monitoring", exact=True).click()
+        frame.locator("#report-link").click()  # opens in place: Airflow's address follows the iframe
+        page.wait_for_url(f"**/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}/report")
+        frame.locator("img").first.wait_for()
+        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}")
+        frame.get_by_role("link", name="Airflow grid and task logs").click()  # Airflow's page, not inside the frame
+        page.wait_for_url(f"**/dags/sat_training_job/runs/{demo}**")
+        expect(page.locator("iframe")).to_have_count(0)
+        page.get_by_text("finalize").or_(page.get_by_text(runs["demo"].dag_run_id)).first.wait_for()  # Airflow's page
+        page.screenshot(path=str(SCREENSHOTS / "21-airflow-run-from-the-job-page.png"))
+    finally:
+        page.close()
+    assert refused == []
 
 
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------

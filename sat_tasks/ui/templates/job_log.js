@@ -12,7 +12,7 @@ function add(text){var lines=text.split('\n');if(lines[lines.length-1]==='')line
 lines.forEach(function(l){line(l,marker.test(l)?'marker':'');});
 while(kept>KEEP&&pre.firstChild){kept-=pre.firstChild.textContent.length;pre.removeChild(pre.firstChild);}
 if(follow&&follow.checked)pre.scrollTop=pre.scrollHeight;}
-function poll(){if(!shown()){setTimeout(poll,2000);return;}
+function poll(){var calm=shown()?2000:10000;  // another tab open: keep up, less often
 fetch(api+'?offset='+offset,{credentials:'same-origin'}).then(function(r){return r.ok?r.json():null;}).then(function(p){
 if(!p){setTimeout(poll,10000);return;}
 if(p.restarted){pre.textContent='';kept=0;}
@@ -20,6 +20,6 @@ if(p.skipped)line('... '+p.skipped+' bytes left out here (the download has them)
 if(p.text)add(p.text);offset=p.offset;
 if(p.source)state.textContent=p.size+' bytes so far, from '+p.source+(p.ended?'; the run has ended.':'; new lines follow as the job writes them.');
 if(p.ended&&p.offset>=p.size)return;
-setTimeout(poll,p.offset<p.size?200:2000);}).catch(function(){setTimeout(poll,10000);});}
+setTimeout(poll,p.offset<p.size?200:calm);}).catch(function(){setTimeout(poll,10000);});}
 if(follow&&follow.checked)pre.scrollTop=pre.scrollHeight;
 if(!ended)setTimeout(poll,2000);})();
