@@ -984,8 +984,8 @@ def test_a_person_follows_a_running_jobs_log_and_opens_its_files_report_and_grid
         seen = log.inner_text()
         last = max(int(number) for number in re.findall(r"tick (\d+)", seen))
         expect(log).to_contain_text(f"tick {last + 1}", timeout=120_000)  # a new line comes without a reload
-        page.screenshot(path=str(SCREENSHOTS / "19-live-log-in-airflow.png"))
         frame.get_by_role("link", name="Logs", exact=True).click()  # a reload (a new status) opens on Details
+        page.screenshot(path=str(SCREENSHOTS / "19-live-log-in-airflow.png"))
         with page.expect_download() as download:  # the whole log while the job runs (allow-downloads)
             frame.get_by_role("link", name="download job.log").click()
         whole = Path(download.value.path()).read_text()
