@@ -397,7 +397,7 @@ def test_the_demo_job_fails_over_resumes_and_completes_under_the_scheduler(deplo
 
     run = runs["demo"]
     assert run.state == "success", run
-    report = _report(deployment, DEMO_NAME, run.dag_run_id)
+    report = _report(deployment, DEMO_NAME, run.dag_run_id, "sat_training_job")  # created in the form
     assert [e["status"] for e in report["history"]] == [
         "Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
     first, second = report["attempts"]
@@ -533,7 +533,8 @@ def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
     assert DEMO_NAME in html.text and "Completed" in html.text
     view = requests.get(f"{deployment.url}/sat/jobs/sat_training_job/runs/{demo_run}", headers=headers, timeout=60)
     assert view.status_code == 200 and "HARDWARE" in view.text and "Xid" in view.text
-    assert requests.get(f"{deployment.url}/sat/jobs", timeout=60).status_code in (401, 403)
+    anonymous = requests.get(f"{deployment.url}/sat/jobs", timeout=60, allow_redirects=False)  # a page: to the login
+    assert anonymous.status_code in (302, 303, 307) and "login" in anonymous.headers["location"], anonymous.headers
 
     # The Logs tab: the single job log across attempts, as a download.
     log_url = f"{deployment.url}/sat/api/jobs/sat_training_job/runs/{demo_run}/log"
@@ -554,7 +555,8 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
 
     page.goto(f"{deployment.url}/sat/jobs")  # what the "Training Jobs" menu entry shows
     page.get_by_role("link", name=DEMO_NAME).first.wait_for()
-    assert "Completed" in page.inner_text("table") and "team=platform, purpose=demo" in page.inner_text("table")
+    demo_row = page.locator(f"tr.job-row[data-job='{DEMO_NAME}']").first.inner_text()
+    assert "Completed" in demo_row and "team=platform" in demo_row and "purpose=demo" in demo_row, demo_row
     page.screenshot(path=str(SCREENSHOTS / "02-training-jobs.png"), full_page=True)
 
     page.get_by_role("link", name=DEMO_NAME).first.click()
@@ -790,7 +792,7 @@ def test_the_views_refusals_say_what_to_do_inside_airflow(deployment, api, runs,
 
         view = _frame_of(page, "/sat/jobs")
         view.goto(f"{deployment.url}/sat/jobs?q=no-such-job-zzz")
-        expect(frame.locator("#no-jobs")).to_contain_text("match these filters")
+        expect(frame.locator("#no-jobs")).to_contain_text("match these filters", timeout=60_000)
         deleted = quote(runs["browser"]["stopped"]["run_id"], safe="")
         view.goto(f"{deployment.url}/sat/jobs/sat_training_job/runs/{deleted}")
         frame.get_by_role("heading", name="Not found").wait_for()
@@ -905,7 +907,7 @@ def test_a_person_finds_jobs_by_search_filter_sort_and_page_inside_airflow(deplo
     names = frame.locator("tr.job-row").evaluate_all("rows => rows.map(r => r.dataset.job)")
     assert names and set(names) == {DEMO_NAME}, names
     demo = frame.locator(f"tr.job-row[data-job='{DEMO_NAME}']").first
-    cells = demo.inner_text()
+    cells = demo.inner_text().replace(runs["demo"].dag_run_id, "")  # the run id names its own time
     assert "admin" in cells and "Completed" in cells, cells  # created by, status
     assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d+", cells) and " UTC" not in cells, cells  # relative, local
     assert "ago" in demo.locator("time.when").first.inner_text()
@@ -1027,7 +1029,7 @@ def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deploymen
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""
     password = _password(deployment)
     result_key = next(iter(deployment.storage.client().list_objects_v2(
-        Bucket=BUCKET, Prefix=f"results/{DEMO_NAME}/")["Contents"]))["Key"]
+        Bucket=BUCKET, Prefix=_key_prefix(DEMO_NAME, runs["demo"].dag_run_id, "sat_training_job"))["Contents"]))["Key"]
     storage_dir = deployment.storage.state_dir
     deployment.stop()  # the module's own stack: the CLI takes over the same home
     storage_port = free_port()
