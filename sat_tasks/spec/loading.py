@@ -156,9 +156,22 @@ def parse_spec(data: Any, source: str = "<spec>") -> TrainingJob:
 
 
 def _yaml_depth(text: str, limit: int = MAX_NESTING) -> int:
-    """How deeply the YAML text nests, from the parser's events (the parser keeps a stack, it does not recurse)."""
+    """How deeply the YAML text nests, from the parser's events (the parser keeps a stack, it does not recurse).
+
+    libyaml (CSafeLoader) refuses very deep flow collections with a parse error of its own; the pure-Python
+    parser then counts them, stopping one level past `limit`, so such a file still gets the nesting rule.
+    """
+    try:
+        return _events_depth(yaml.parse(text, Loader=_YAML_LOADER), limit)
+    except yaml.YAMLError:
+        if _YAML_LOADER is yaml.SafeLoader:
+            raise
+        return _events_depth(yaml.parse(text, Loader=yaml.SafeLoader), limit)
+
+
+def _events_depth(events: Any, limit: int) -> int:
     depth = deepest = 0
-    for event in yaml.parse(text, Loader=_YAML_LOADER):
+    for event in events:
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             deepest = max(deepest, depth)

@@ -753,7 +753,8 @@ def _frame_of(page, part: str):
     """The embedded view's frame (Playwright's Frame, which can be sent to a URL) once it shows `part`."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        found = next((f for f in page.frames if part in f.url), None)
+        # not the main frame: Airflow's own address ends with the view's path too (/plugin/<entry>/sat/...)
+        found = next((f for f in page.frames if f != page.main_frame and part in f.url), None)
         if found is not None:
             return found
         time.sleep(0.5)
@@ -923,7 +924,7 @@ def test_a_person_finds_jobs_by_search_filter_sort_and_page_inside_airflow(deplo
     names = frame.locator("tr.job-row").evaluate_all("rows => rows.map(r => r.dataset.job)")
     assert names == sorted(names), names
 
-    listing = next(f for f in page.frames if "/sat/jobs" in f.url)
+    listing = _frame_of(page, "/sat/jobs")
     listing.goto(f"{deployment.url}/sat/jobs?per_page=2")  # small pages: the links take over
     total = int(re.search(r"of (\d+)", frame.locator("#list-summary").inner_text()).group(1))
     assert total > 2 and frame.locator("tr.job-row").count() == 2

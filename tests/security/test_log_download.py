@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from sat_tasks.io.object_storage import STREAM_CHUNK_BYTES, open_object_stream
+from sat_tasks.io.run_layout import RunLayout
 from sat_tasks.spec import load_spec
 from tests.conftest import ROOT
 
@@ -36,10 +37,17 @@ class _Hook:
     def __init__(self, body: _BoundedBody):
         self.body = body
         missing = type("NoSuchKey", (Exception,), {})
-        self.client = SimpleNamespace(exceptions=SimpleNamespace(NoSuchKey=missing), get_object=self._get)
+        self.client = SimpleNamespace(exceptions=SimpleNamespace(NoSuchKey=missing), get_object=self._get,
+                                      list_objects_v2=self._list)
+        self.keys: list[str] = []
 
-    def _get(self, Bucket, Key):  # noqa: N803 (boto3's names)
+    def _get(self, Bucket, Key, Range=None):  # noqa: N803 (boto3's names)
+        self.keys.append(Key)
+        assert Range in (None, f"bytes=0-{len(self.body.data) - 1}"), Range  # the whole object, streamed
         return {"ContentLength": len(self.body.data), "Body": self.body}
+
+    def _list(self, Bucket, Prefix, MaxKeys=1000):  # noqa: N803
+        return {"Contents": [{"Key": Prefix, "Size": len(self.body.data)}]}  # the job log is there
 
     def get_conn(self):
         return self.client
@@ -64,17 +72,22 @@ def test_log_route_streams_the_object_in_bounded_chunks(monkeypatch):
     data = bytes(range(256)) * (3 * STREAM_CHUNK_BYTES // 256) + b"tail\n"
     body = _BoundedBody(data)
     job = load_spec(ROOT / "include" / "jobs" / "tiny-llama-demo.yaml")
-    monkeypatch.setattr(sources, "object_storage", lambda: _Hook(body))
-    monkeypatch.setattr(runs, "find_job_run", lambda session, dag_id, run_id: SimpleNamespace(job=job))
+    hook = _Hook(body)
+    monkeypatch.setattr(sources, "object_storage", lambda: hook)
+    monkeypatch.setattr(runs, "object_storage", lambda: hook)
+    layout = RunLayout.of(job, job.name, "manual__2026-01-01T00:00:00+00:00")
+    assert not layout.job_log.is_file()  # no local copy: the Object Storage one is read
+    monkeypatch.setattr(runs, "find_job_run", lambda session, dag_id, run_id: SimpleNamespace(job=job, layout=layout))
 
     response = runs.job_log(job.name, "manual__2026-01-01T00:00:00+00:00", session=None)
     assert isinstance(response, StreamingResponse)
-    assert response.headers["content-disposition"] == (
+    assert response.headers["content-disposition"].startswith(
         f'attachment; filename="{job.name}-manual__2026-01-01T00_00_00_00_00.log"')
     assert response.headers["content-length"] == str(len(data))
     assert response.media_type.startswith("text/plain")
     assert _consume(response) == data
     assert len(body.sizes) >= 4 and body.closed
+    assert hook.keys and all(key.endswith("/job.log") for key in hook.keys)
 
 
 def test_open_object_stream_reads_a_real_object_in_chunks(s3_hook):

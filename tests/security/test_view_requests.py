@@ -93,7 +93,8 @@ def test_pages_may_be_framed_by_this_origin_only(client, admin, path):
 
 
 def test_the_api_description_needs_a_login(client, admin):
-    assert client.get("/sat/docs").status_code == 401
+    docs = client.get("/sat/docs", follow_redirects=False)  # a page: to the login, as every page
+    assert docs.status_code == 303 and "login" in docs.headers["location"]
     assert client.get("/sat/openapi.json").status_code == 401
     schema = client.get("/sat/openapi.json", headers=admin)
     assert schema.status_code == 200 and "/api/jobs" in schema.json()["paths"]
@@ -131,7 +132,13 @@ def test_create_over_an_existing_registry_login_needs_the_permission_to_edit_it(
     assert client.post("/sat/api/jobs", headers=mallory, json={"form": fresh}).status_code == 201
 
 
-def test_create_in_a_workspace_needs_the_permission_on_its_pool(client, admin, auth_manager, monkeypatch):
+def test_create_in_a_workspace_needs_the_permission_on_its_pool(client, admin, auth_manager, monkeypatch, tmp_path):
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    monkeypatch.setenv("AIRFLOW__SAT__WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    monkeypatch.setenv("AIRFLOW__SAT__WORK_DIR", str(tmp_path / "work"))
+    WorkspaceStore().create({"name": "team-secret", "nodes": 2, "contract": {"start": "2026-01-01", "end": "2099-12-31"},
+                             "resources": {"server_type": "cpu", "gpus_per_node": 0, "memory": "64Gi", "cpu": "8"}})
     allowed = auth_manager.is_authorized_pool
     asked = []
 
@@ -148,7 +155,8 @@ def test_create_in_a_workspace_needs_the_permission_on_its_pool(client, admin, a
     assert response.status_code == 403 and "sat-workspace-team-secret" in response.json()["detail"]
     assert client.get(f"/api/v2/dags/{GENERIC}/dagRuns", headers=admin).json()["total_entries"] == runs_before
     assert ("outsider", "GET", "sat-workspace-team-secret") in asked
-    assert client.post("/sat/api/jobs", headers=admin, json={"form": form}).status_code == 201
+    created = client.post("/sat/api/jobs", headers=admin, json={"form": form})
+    assert created.status_code == 201, created.text
 
 
 def test_create_refuses_a_backend_the_deployment_does_not_allow(client, admin):

@@ -151,11 +151,12 @@ def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any
         result.add(ADVANCED_FIELD, *refused.split(": ", 1))
         result.job = None
         return result, None
-    if add_problems(result, workspace_problems(result.job)).job is None:  # as validate_spec would, before it runs
-        return result, None
+    # The permission first: whether a workspace exists is not told to a person who may not use it.
     if result.job.workspace is not None and not may_use_workspace(user, result.job.workspace):
         raise HTTPException(403, f"workspace: running a job in workspace {result.job.workspace} needs the "
                                  f"permission to read its pool {workspace_pool_name(result.job.workspace)}")
+    if add_problems(result, workspace_problems(result.job)).job is None:  # as validate_spec would, before it runs
+        return result, None
     if result.registry is not None:
         exists = dag_runs.connection_exists(session, result.registry.conn_id)
         if not may_store_connection(user, result.registry.conn_id, exists=exists):
