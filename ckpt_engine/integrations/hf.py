@@ -129,6 +129,31 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         self.owner.wait()
         if self.owner.engine.metrics is not None and not self.owner.termination.requested:
             self.owner.engine.metrics.sample()  # the end of training is in the series, not an interval later
+        release_process_group_at_exit()
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def release_process_group_at_exit() -> None:
+    """After a training that ended normally, destroy the default process group when the interpreter exits.
+
+    Scripts of the original service never call ``destroy_process_group``. Left to the
+    interpreter's finalization, gloo's worker threads may still hold work objects whose
+    tensors need the GIL: the process then dies with ``terminate called without an active
+    exception`` (SIGABRT) after training succeeded, and torchrun reports the job failed
+    (pytorch/pytorch#190489; torch's own atexit handler for it was abandoned, #179291).
+    Registered only when ``train()`` reached its end, as torchtitan does (a rank that failed
+    mid-collective must not block in a teardown); the user's own later call makes it a no-op.
+    """
+    import atexit
+
+    atexit.unregister(_destroy_process_group)  # once, however many trainers ended
+    atexit.register(_destroy_process_group)
 
 
 def _samples_per_step(args: Any) -> float | None:

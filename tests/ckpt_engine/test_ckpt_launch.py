@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,28 @@ def test_runs_a_script_and_a_module_as_main(tmp_path: Path) -> None:
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert f"argv ['--local_rank=1', '--a', '1'] name __main__ file {name}" in result.stdout
+
+
+def test_process_group_destroyed_at_exit_after_training_ended(tmp_path: Path) -> None:
+    """A script that never calls destroy_process_group: the engine destroys the group before finalization.
+
+    Left to the interpreter's teardown, gloo's worker threads can abort the process (SIGABRT,
+    "terminate called without an active exception") after a successful training.
+    """
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, os, sys
+        import torch.distributed as dist
+        from ckpt_engine.integrations.hf import release_process_group_at_exit
+        # registered first, so it runs last: it sees what the engine's handler left
+        atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+        release_process_group_at_exit()
+        release_process_group_at_exit()  # a second trainer in the same script: still one handler
+        print("initialized after training:", dist.is_initialized(), flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "rendezvous")], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "initialized after training: True" in done.stdout
+    assert "initialized at the end: False" in done.stdout
