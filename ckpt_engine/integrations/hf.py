@@ -90,6 +90,11 @@ class ConcurrentCheckpointCallback(TrainerCallback):
     def __init__(self, owner: DecoratedCheckpointing) -> None:
         self.owner = owner
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer has loaded the checkpoint it resumes from (model, optimizer, scheduler): the restore's end."""
+        if self.owner.restored_at is None:
+            self.owner.restored_at = time.time()
+
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Lazy staging must finish before parameters change."""
         self.owner.engine.wait_staged()
@@ -100,6 +105,8 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         if self.owner.engine.metrics is not None:  # an append; the sampler thread does the rest
             self.owner.engine.metrics.note_step(state.global_step, _samples_per_step(args),
                                                 getattr(state, "num_input_tokens_seen", None))
+        if not self.owner.first_step_noted:
+            self.owner.note_first_step(state.global_step)
         self.owner.engine.raise_if_failed()
         if self.owner.stop_requested():
             control.should_save = True
@@ -203,6 +210,9 @@ class DecoratedCheckpointing:
         self._trainer_train = trainer.train
         trainer._save_checkpoint = self._save_checkpoint
         trainer.train = self.train
+        from ckpt_engine.integrations.elastic import adapt_to_world_size
+
+        adapt_to_world_size(trainer)  # another world size than the checkpoint's (ADR 0029): global batch, RNG states
         if hasattr(trainer, "_load_best_model"):  # load_best_model_at_end: the best checkpoint may be in flight
             self._trainer_load_best_model = trainer._load_best_model
             trainer._load_best_model = self._load_best_model
@@ -211,6 +221,11 @@ class DecoratedCheckpointing:
         self._warned_zero3_weights = False
         self._multirank_off = ""  # why the multi-rank commit is not in use, when it is not
         self.stop_vote: StopVote | None = None  # several ranks: they agree on when to stop for SIGTERM
+        # How this process's training started (time.time()): train() called, checkpoint loaded, first step done
+        self.restore_started_at: float | None = None
+        self.restored_at: float | None = None
+        self.resumed_from_step: int | None = None
+        self.first_step_noted = False
         if trainer.args.world_size > 1:
             self._setup_multirank()
 
@@ -290,10 +305,14 @@ class DecoratedCheckpointing:
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train`` with ``True`` / ``CKPT_LAST_STEP`` resolved to a verified checkpoint path."""
+        if self.restore_started_at is None:  # the script is ready: imports, model and data are done
+            self.restore_started_at = time.time()
         if resume_from_checkpoint is True:
             step = self.requested_step()
             self.restore_from_mirror(step)
             resume_from_checkpoint = self.resolve_resume(step)
+        elif isinstance(resume_from_checkpoint, str):
+            self.resumed_from_step = parse_step(os.path.basename(os.path.normpath(resume_from_checkpoint)))
         try:
             output = self._trainer_train(resume_from_checkpoint, *args, **kwargs)
         finally:
@@ -346,6 +365,7 @@ class DecoratedCheckpointing:
                             "checkpoint-%d", step, found)
             log.info("[Concurrent Checkpoint] Resuming from checkpoint-%d (%s)", found, path)
             self.engine.record_resume(found)
+            self.resumed_from_step = found
             return path
         log.info("[Concurrent Checkpoint] No Checkpoint found with step: %d", step)
         return None
@@ -364,6 +384,26 @@ class DecoratedCheckpointing:
         if not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
             return f"no {TRAINER_STATE_NAME} (incomplete Trainer checkpoint)"
         return None
+
+    def note_first_step(self, step: int) -> None:
+        """The first optimizer step of this process is done: log and record how the training started.
+
+        restore = ``train()`` called -> the Trainer's ``on_train_begin`` (the checkpoint found,
+        verified and loaded); first step = from there to the end of the first step (the RNG
+        states, the data loader skipping to the resume point, one step). The job report
+        splits each fault's recovery with them (``MetricsRecorder.note_restore``).
+        """
+        self.first_step_noted = True
+        now = time.time()
+        started, restored = self.restore_started_at, self.restored_at
+        if started is None or not self.is_writer:
+            return
+        if self.resumed_from_step is not None and restored is not None:
+            log.info("[Concurrent Checkpoint] restored checkpoint-%d in %.2fs; first step (%d) done %.2fs later",
+                     self.resumed_from_step, restored - started, step, now - restored)
+        if self.engine.metrics is not None:
+            self.engine.metrics.note_restore(step=self.resumed_from_step, started_at=started, restored_at=restored,
+                                             first_step=step, first_step_at=now)
 
     # ---- save ---------------------------------------------------------------------------------
 

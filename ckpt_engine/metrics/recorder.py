@@ -99,6 +99,7 @@ class MetricsRecorder:
         self._checkpoint: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._flush = threading.Event()  # a record the training thread noted should be written now
         self._thread: threading.Thread | None = None
         self._remote: Any = None
         self._remote_failed = False
@@ -181,6 +182,25 @@ class MetricsRecorder:
             self._pending.append(self._stamp("job", {"event": "first_step", "step": step,
                                                      "attempt": self.identity["attempt"]}))
 
+    def note_restore(self, *, step: int | None, started_at: float, restored_at: float | None,
+                     first_step: int, first_step_at: float) -> None:
+        """How this attempt's training started (the training thread, at its first step; once per process).
+
+        One ``checkpoint`` record ``restore``: ``started_at`` (the script handed over to the
+        trainer: its imports, model and data are ready), ``restored_at`` (the checkpoint
+        ``step`` is loaded, None when unknown; ``step`` None: a fresh start) and
+        ``first_step_at`` (its first optimizer step ``first_step`` is done). The job report
+        splits each fault's recovery with them. Written at once (the sampler is woken), not
+        an interval later: the attempt may be killed before its next sample.
+        """
+        if "checkpoint" not in self.series:
+            return
+        self._pending.append(self._stamp("checkpoint", {
+            "event": "restore", "step": step, "started_at": round(started_at, 3),
+            "restored_at": round(restored_at, 3) if restored_at is not None else None,
+            "first_step": first_step, "first_step_at": round(first_step_at, 3)}))
+        self._flush.set()
+
     def note_checkpoint_state(self, **state: Any) -> None:
         """Newest committed / mirrored step (the engine's progress)."""
         self._checkpoint.update({k: v for k, v in state.items() if v is not None})
@@ -201,11 +221,28 @@ class MetricsRecorder:
 
     def _run(self, idle: bool = False) -> None:
         yield_cpu(threading.get_native_id(), idle=idle)
-        while not self._stop.wait(self.interval_s):
+        due = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            flush = self._flush.wait(max(0.0, due - time.monotonic()))
+            if self._stop.is_set():
+                break
             try:
+                if flush:  # between samples: write and upload what was noted, keep the sampling interval
+                    self._flush.clear()
+                    self.write_pending()
+                    continue
                 self.sample()
             except Exception as exc:  # noqa: BLE001 - metrics never stop training
                 self.say(f"[sat metrics] sample failed: {type(exc).__name__}: {exc}")
+            due = time.monotonic() + self.interval_s
+
+    def write_pending(self) -> None:
+        """Write and upload the records noted since the last sample (no new sample)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._write(pending)
+        if pending:
+            self._upload()
 
     def sample(self, status: str | None = None) -> None:
         """Take one sample of every series this process writes, append them, upload the files.
@@ -343,6 +380,7 @@ class MetricsRecorder:
             return
         self._closed = True
         self._stop.set()
+        self._flush.set()  # wakes the sampler
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         if self.writes_any:

@@ -1,9 +1,10 @@
-"""The job report (`report.json`): status, history, attempts, losses and checkpoints, read from Object Storage only.
+"""The job report (`report.json`): status, history, attempts, losses, checkpoints, recovery; from Object Storage only.
 
 Everything comes from `<results>/<job>/<run_id>/` (see `io.run_layout`), so any worker
 can write it, on any backend: the attempts' records and verdicts, the Trainer's
 `trainer_state.json` (from the uploaded outputs, else from the newest mirrored
-checkpoint), and the committed checkpoints (uploaded, else mirrored).
+checkpoint), the committed checkpoints (uploaded, else mirrored), and the run's metrics
+series, from which each fault's recovery is split into phases (`recovery_per_fault`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ def _trainer_state(run: JobRun, hook: Any, mirrored: list[int]) -> dict[str, Any
     return {}
 
 
-def build_report(run: JobRun, entries: list[dict]) -> dict:
-    """The job report: status, history, attempts, losses and checkpoints."""
+def build_report(run: JobRun, entries: list[dict], metrics: Any = None) -> dict:
+    """The job report: status, history, attempts, losses, checkpoints and the recovery of each fault.
+
+    `metrics` is the run's series as read (`sat_tasks.io.metrics.RunMetrics`); read here when None.
+    """
     hook = run.hook()
     attempts = []
     for n in range(1, run.job.max_attempts() + 1):
@@ -88,8 +92,148 @@ def build_report(run: JobRun, entries: list[dict]) -> dict:
         "last_loss": losses[-1] if losses else None,
         "checkpoints": [checkpoint_dir(step) for step in (uploaded or mirrored)],
         "results": run.results_uri,
+        "recovery": _recovery_section(run, hook, metrics),
         **_warm_section(run, hook),
     }
+
+
+# ---- recovery per fault, by phase ------------------------------------------------------------
+#: The phases of a fault's recovery, in order, and the moments that bound each (the names of `_moments`).
+RECOVERY_PHASES: tuple[tuple[str, str, str], ...] = (
+    ("detect", "fault", "classified"),         # the attempt's processes end -> SAT's decision on its verdict
+    ("schedule", "classified", "launched"),    # -> the next attempt's command starts on its node
+    ("start", "launched", "ready"),            # -> the script hands over to the trainer (imports, model, data)
+    ("restore", "ready", "restored"),          # -> the checkpoint is found, verified and loaded
+    ("first_step", "restored", "first_step"),  # -> its first optimizer step is done
+)
+
+
+def _ms(value: Any) -> int | None:
+    """A Unix time in whole milliseconds (the phases then add up exactly), None when not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return round(value * 1000)
+
+
+def _history_ms(entry: dict[str, Any]) -> int | None:
+    from datetime import datetime
+
+    try:
+        return _ms(datetime.fromisoformat(entry["at"]).timestamp())
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def recovery_per_fault(metrics: Any) -> list[dict[str, Any]]:
+    """Each fault that another attempt recovered from: its recovery time, split into phases.
+
+    From the run's series (`RunMetrics`): SAT's `attempt_end` job records (when the attempt's
+    processes ended, when `decide` acted on its verdict, when the attempt started) and the
+    engine's `restore` checkpoint record of the next attempt (`MetricsRecorder.note_restore`:
+    training handed over, checkpoint loaded, first step done); the status history's entries
+    stand in for a missing job record. recovery = the fault (the attempt's end) -> the next
+    attempt's first step; the phases (`RECOVERY_PHASES`) partition it. A phase whose two
+    moments are not both recorded, or one of them recorded before an earlier moment (the
+    clocks of two machines), is None, never 0, and `unknown` says why.
+    """
+    ends: dict[int, dict[str, Any]] = {}
+    for record in metrics.records.get("job", []):
+        if record.get("event") == "attempt_end" and isinstance(record.get("attempt"), int):
+            ends[record["attempt"]] = record  # the last one (an attempt run again after an interruption)
+    restores: dict[int, dict[str, Any]] = {}
+    for record in metrics.records.get("checkpoint", []):  # sorted by time: the first is the attempt's start
+        if record.get("event") == "restore" and isinstance(record.get("attempt"), int):
+            restores.setdefault(record["attempt"], record)
+    history = metrics.history or []
+    faults = []
+    for attempt in sorted(ends):
+        end = ends[attempt]
+        following = attempt + 1
+        if end.get("verdict") == "SUCCEEDED" or end.get("action") in ("upload", "stop"):
+            continue
+        if following not in ends and following not in restores:
+            continue  # not recovered (the job stopped there)
+        after = ends.get(following, {})
+        restore = restores.get(following, {})
+        decided = [e for e in history if e.get("attempt") == attempt and e.get("task") == "decide"]
+        running = [e for e in history if e.get("attempt") == following and e.get("status") == "Running"]
+        moments = {
+            "fault": _ms(end.get("ended_at")),
+            "classified": _ms(end.get("time")) or (_history_ms(decided[0]) if decided else None),
+            "launched": _ms(after.get("started_at")) or (_history_ms(running[0]) if running else None),
+            "ready": _ms(restore.get("started_at")),
+            "restored": _ms(restore.get("restored_at")),
+            "first_step": _ms(restore.get("first_step_at")),
+        }
+        missing = {
+            "fault": f"attempt {attempt}'s end time is not recorded",
+            "classified": f"no record of SAT's decision on attempt {attempt}'s verdict",
+            "launched": f"attempt {following}'s start time is not recorded",
+            "ready": f"attempt {following} wrote no restore record (no checkpoint engine metrics from its trainer)",
+            "restored": f"attempt {following}'s trainer did not report the end of its checkpoint load",
+            "first_step": f"attempt {following} wrote no restore record (no checkpoint engine metrics from its trainer)",
+        }
+        _drop_out_of_order(moments, missing)
+        phases: dict[str, float | None] = {}
+        unknown: dict[str, str] = {}
+        for name, begin, finish in RECOVERY_PHASES:
+            phases[name], why = _span(moments, begin, finish, missing)
+            if why:
+                unknown[name] = why
+        total, why = _span(moments, "fault", "first_step", missing)
+        faults.append({
+            "attempt": attempt, "next_attempt": following, "node": end.get("node"), "next_node": after.get("node"),
+            "verdict": end.get("verdict"), "resumed_from_step": restore.get("step"),
+            "recovery_s": total, "phases": phases, **({"unknown": unknown} if unknown else {}),
+        })
+    return faults
+
+
+def _drop_out_of_order(moments: dict[str, int | None], missing: dict[str, str]) -> None:
+    """A moment recorded before an earlier one (the clocks of two machines disagree) is not used, nor its phases.
+
+    So the phases that are known never overlap and never add up to more than the recovery.
+    """
+    last: tuple[str, int] | None = None
+    for name, value in moments.items():
+        if value is None:
+            continue
+        if last is not None and value < last[1]:
+            moments[name] = None
+            missing[name] = (f"{name.replace('_', ' ')} ({value / 1000:.3f}) is recorded before {last[0]} "
+                             f"({last[1] / 1000:.3f}): the clocks disagree")
+            continue
+        last = (name, value)
+
+
+def _span(moments: dict[str, int | None], begin: str, finish: str,
+          missing: dict[str, str]) -> tuple[float | None, str | None]:
+    """Seconds from one moment to a later one, or None and why."""
+    start, end = moments[begin], moments[finish]
+    if start is None or end is None:
+        return None, missing[begin if start is None else finish]
+    return (end - start) / 1000, None
+
+
+def _recovery_section(run: JobRun, hook: Any, metrics: Any) -> list[dict[str, Any]]:
+    if metrics is None:
+        from sat_tasks.io.metrics import read_object_storage
+
+        try:
+            metrics = read_object_storage(run.results_uri, hook)
+        except Exception:  # noqa: BLE001 - the report is written without the recovery phases
+            return []
+    return recovery_per_fault(metrics)
+
+
+def format_recovery(fault: dict[str, Any]) -> str:
+    """One line: `attempt 1 (node-a) -> 2 (node-b): 8.2s = detect 0.4s + ... + first step 0.3s`."""
+    def seconds(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.1f}s"
+
+    parts = " + ".join(f"{name.replace('_', ' ')} {seconds(fault['phases'][name])}" for name, _, _ in RECOVERY_PHASES)
+    return (f"recovery after attempt {fault['attempt']} ({fault['node']}, {fault['verdict']}) -> attempt "
+            f"{fault['next_attempt']} ({fault['next_node']}): {seconds(fault['recovery_s'])} = {parts}")
 
 
 def _warm_section(run: JobRun, hook: Any) -> dict[str, Any]:
@@ -122,6 +266,8 @@ def format_report(report: dict) -> list[str]:
                      f"{report['last_loss'][1]:.4f} (step {report['last_loss'][0]})")
     if report.get("checkpoints"):
         lines.append(f"  checkpoints: {', '.join(report['checkpoints'])}")
+    for fault in report.get("recovery") or []:
+        lines.append(f"  {format_recovery(fault)}")
     for line in (report.get("warm") or {}).get("lines", []):
         lines.append(f"  {line}")
     lines.append(f"  results: {report['results']}")

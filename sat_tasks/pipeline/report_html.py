@@ -2,9 +2,9 @@
 
 Loss across attempts with each failover and resume marked, throughput, checkpoint stalls
 and persist time, CPU and memory, GPU utilization and memory per device, goodput and the
-recovery time of each fault. The plots are PNGs inside the page, so it is one file that
-opens anywhere. Lines of the series that cannot be read are listed at the top by file and
-line; the rest still renders.
+recovery time of each fault, split into phases (`report.recovery_per_fault`). The plots
+are PNGs inside the page, so it is one file that opens anywhere. Lines of the series that
+cannot be read are listed at the top by file and line; the rest still renders.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sat_tasks.io.metrics import RunMetrics, job_summary, monitoring_series
+from sat_tasks.pipeline.report import RECOVERY_PHASES, recovery_per_fault
 
 STYLE = ("<style>body{font-family:sans-serif;margin:24px;max-width:1150px}table{border-collapse:collapse}"
-         "td{padding:3px 10px;border-bottom:1px solid #ddd;vertical-align:top}"
+         "td,th{padding:3px 10px;border-bottom:1px solid #ddd;vertical-align:top;text-align:left}"
          ".problems{background:#fde8e8;border:1px solid #d62728;padding:8px 14px}img{max-width:100%}</style>")
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
@@ -142,6 +143,56 @@ def _plots(series: dict[str, Any], t0: float) -> list[tuple[str, str]]:
     return plots
 
 
+def _recovery_plot(faults: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each fault's recovery as one bar, stacked by phase; an unknown phase is left out of its bar and named."""
+    if not faults:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(12, 0.6 + 0.5 * len(faults)))
+    names = [f"attempt {f['attempt']} -> {f['next_attempt']}" for f in faults]
+    left = [0.0] * len(faults)
+    for color, (phase, _, _) in zip(COLORS, RECOVERY_PHASES):
+        widths = [f["phases"][phase] or 0.0 for f in faults]
+        axis.barh(names, widths, left=left, color=color, label=phase.replace("_", " "))
+        left = [a + b for a, b in zip(left, widths)]
+    for y, fault in enumerate(faults):
+        if fault.get("unknown"):
+            axis.annotate("unknown: " + ", ".join(p.replace("_", " ") for p in fault["unknown"]), (left[y], y),
+                          fontsize=7, va="center", xytext=(4, 0), textcoords="offset points")
+    axis.set(xlabel="seconds from the fault to the next attempt's first step", title="Recovery per fault, by phase")
+    axis.legend(fontsize=8, ncol=len(RECOVERY_PHASES), loc="lower right")
+    return [("Recovery phases", _png(figure))]
+
+
+def _recovery_table(faults: list[dict[str, Any]]) -> str:
+    """The phases of each fault's recovery in seconds; an unknown phase says `unknown` and why (never 0)."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(p.replace('_', ' '))}</th>" for p, _, _ in RECOVERY_PHASES)
+    def cell(value: float | None, why: str | None) -> str:
+        if value is None:
+            return f"<td title='{esc(why or '')}'><i>unknown</i></td>"
+        return f"<td>{value:.2f}s</td>"
+
+    rows = []
+    for fault in faults:
+        unknown = fault.get("unknown") or {}
+        cells = "".join(cell(fault["phases"][p], unknown.get(p)) for p, _, _ in RECOVERY_PHASES)
+        what = (f"attempt {fault['attempt']} on {fault['node']} ({fault['verdict']}) -> attempt "
+                f"{fault['next_attempt']} on {fault['next_node']}")
+        rows.append(f"<tr><td>{esc(what)}</td>{cell(fault['recovery_s'], 'see the phases')}{cells}</tr>")
+    reasons = [f"attempt {f['attempt']} -> {f['next_attempt']}, {p.replace('_', ' ')}: {why}"
+               for f in faults for p, why in (f.get("unknown") or {}).items()]
+    return ("<h2>Recovery per fault</h2><p>From the fault (the attempt's processes end) to the next attempt's first "
+            "step: detect (SAT classifies it), schedule (the next attempt starts on a node), start (imports, model, "
+            "data), restore (the checkpoint is found, verified and loaded), first step.</p>"
+            f"<table class='recovery'><tr><th>fault</th><th>recovery</th>{head}</tr>{''.join(rows)}</table>"
+            + ("<ul>" + "".join(f"<li>unknown: {esc(r)}</li>" for r in reasons) + "</ul>" if reasons else ""))
+
+
 def _fault_text(fault: dict[str, Any]) -> str:
     how = fault["verdict"] or fault["status"] or "ended"
     text = f"attempt {fault['attempt']} on {fault['node']}: {how} at step {fault['last_step']}"
@@ -177,7 +228,10 @@ def render_report_html(metrics: RunMetrics, *, title: str = "", omit: tuple[str,
     if metrics.problems:
         parts.append("<div class='problems'><b>Some metrics could not be read (the rest is shown):</b><ul>"
                      + "".join(f"<li><code>{esc(p)}</code></li>" for p in metrics.problems) + "</ul></div>")
-    plots = _plots(series, t0)
+    recovery = recovery_per_fault(metrics)
+    if recovery:
+        parts.append(_recovery_table(recovery))
+    plots = _plots(series, t0) + _recovery_plot(recovery)
     if not plots:
         parts.append("<p>No metrics series were found for this run.</p>")
     for name, png in [(name, png) for name, png in plots if name not in omit]:

@@ -241,3 +241,28 @@ def test_throughput_is_measured_from_the_first_step_and_a_sliver_after_a_sample_
     assert first["steps_per_second"] == pytest.approx(0.5) and first["samples_per_second"] == pytest.approx(4.0)
     assert "steps_per_second" not in sliver and sliver["global_step"] == 51
     assert stalled["steps_per_second"] == 0.0
+
+
+def test_the_restore_record_is_written_at_once_not_an_interval_later(tmp_path):
+    """The attempt may be killed before its next sample (300 s here): the restore record is written when noted."""
+    rec = MetricsRecorder(tmp_path, interval_s=300, attempt=2, node="n1", series=("training", "checkpoint"),
+                          say=lambda m: None).start()
+    checkpoint = tmp_path / "attempt-2" / "n1" / "checkpoint.jsonl"
+    try:
+        rec.note_step(61)
+        rec.note_restore(step=60, started_at=1000.0, restored_at=1001.25, first_step=61, first_step_at=1001.5)
+        wait_for(checkpoint.exists, "the restore record")
+        (written,) = lines(checkpoint)
+        assert {k: written[k] for k in ("event", "step", "started_at", "restored_at", "first_step", "first_step_at",
+                                        "attempt", "node")} == {
+            "event": "restore", "step": 60, "started_at": 1000.0, "restored_at": 1001.25, "first_step": 61,
+            "first_step_at": 1001.5, "attempt": 2, "node": "n1"}
+        assert not (tmp_path / "attempt-2" / "n1" / "training.jsonl").exists()  # no sample was taken early
+        assert rec._thread.is_alive()
+    finally:
+        rec.close()
+    assert [r["event"] for r in lines(checkpoint)] == ["restore"]  # close: the last sample (no state to add)
+    assert len(lines(tmp_path / "attempt-2" / "n1" / "training.jsonl")) == 1
+    fresh = MetricsRecorder(tmp_path / "fresh", attempt=1, node="n0", series=("training",), say=lambda m: None)
+    fresh.note_restore(step=None, started_at=1.0, restored_at=None, first_step=1, first_step_at=2.0)
+    assert fresh._pending == []  # a process that writes no checkpoint series records none
