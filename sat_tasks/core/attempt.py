@@ -32,6 +32,8 @@ class AttemptRecord(BaseModel):
         attempt: 1-based attempt number.
         backend: the name of the backend that ran it (`local`, `kubernetes`, any installed one).
         node: the node the attempt ran on (local pool name or k8s node name).
+        nodes: every node the attempt held, `node` first (empty when only `node` is known); fewer than
+            the job's `nodes` after an elastic failover resumed on fewer (ADR 0029).
         exit_code: exit status of the main process/container; negative values from
             `subprocess` mean "killed by signal -exit_code".
         signal: signal number that killed the process (local backend, or the k8s
@@ -68,6 +70,7 @@ class AttemptRecord(BaseModel):
     attempt: int = Field(ge=1)
     backend: str
     node: str | None = None
+    nodes: list[str] = Field(default_factory=list)
     exit_code: int | None = None
     signal: int | None = None
     termination_reason: str | None = None

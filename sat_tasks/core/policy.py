@@ -7,6 +7,8 @@ status history. ADR 0001 and ADR 0004 say why each verdict leads where it does.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict, VerdictKind
 from sat_tasks.core.node_health import ACROSS_NODES, RELOCATION
 from sat_tasks.core.status import JobStatus
@@ -131,3 +133,49 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
     return Decision(**{**base, "failovers": plan.failovers + 1, "exclude_nodes": failed_nodes},
                     action=Action.FAILOVER, status=JobStatus.FAILOVER_IN_PROGRESS,
                     why=f"{fault}: {evidence}; {move} (failover {plan.failovers + 1} of {job.max_failovers})")
+
+
+# ---- elastic failover (issue 32, ADR 0029) ---------------------------------------------------------
+class ElasticShrink(NamedTuple):
+    """How many nodes an elastic failover resumes on, and what that does to the training.
+
+    `nodes`: the node count to ask for (None: no shrink is allowed; `why` says which rule refused it).
+    `accumulation_scale`: the factor the gradient accumulation is multiplied by so that the global
+    batch stays `job.nodes` nodes' worth (`job.nodes // nodes`).
+    """
+
+    nodes: int | None
+    accumulation_scale: int
+    why: str
+
+
+def elastic_shrink(job: TrainingJob, healthy: int) -> ElasticShrink:
+    """The node count an elastic job's failover resumes on when only `healthy` nodes are left for it.
+
+    The largest count `n` with `elastic.min_nodes <= n <= healthy`, `n < job.nodes`, that divides
+    `job.nodes`: each rank then accumulates `job.nodes // n` times the micro-batches it did, so the
+    global batch (ranks x per-device batch x accumulation) is unchanged. A count that does not divide
+    `job.nodes` would change the global batch, so it is skipped, and when none is left the shrink is
+    refused with the reason (the failover then waits for the full count, as a job without `elastic`).
+    """
+    elastic = job.elastic
+    if elastic is None:
+        return ElasticShrink(None, 1, "the job is not elastic (no elastic field)")
+    top = min(healthy, job.nodes - 1)
+    if top < elastic.min_nodes:
+        return ElasticShrink(None, 1, f"elastic: {healthy} healthy node(s) left, fewer than elastic.min_nodes "
+                                      f"({elastic.min_nodes})")
+    for count in range(top, elastic.min_nodes - 1, -1):
+        if job.nodes % count == 0:
+            return ElasticShrink(count, job.nodes // count, f"resumed on {count} of {job.nodes} nodes")
+    return ElasticShrink(None, 1, (
+        f"elastic: refused to resume on {top} of {job.nodes} nodes: no count from {elastic.min_nodes} to {top} "
+        f"divides {job.nodes}, so the gradient accumulation could not keep the global batch"))
+
+
+def shrink_reason(shrink: ElasticShrink, excluded: dict[str, str]) -> str:
+    """The status history's words for a shrink: 'resumed on 1 of 2 nodes (local-node-0 excluded: HARDWARE)'."""
+    why = ", ".join(f"{node} excluded: {cause}" for node, cause in excluded.items())
+    scale = (f"; gradient accumulation x{shrink.accumulation_scale} keeps the global batch"
+             if shrink.accumulation_scale > 1 else "")
+    return shrink.why + (f" ({why})" if why else "") + scale

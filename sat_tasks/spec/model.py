@@ -255,6 +255,45 @@ class WarmPool(_Model):
     )
 
 
+#: The frameworks an elastic job may use: DDP's replicated state loads on any world size (ADR 0029).
+ELASTIC_FRAMEWORKS = ("pytorch",)
+MAX_ELASTIC_WAIT_SECONDS = 86400
+
+
+class Elastic(_Model):
+    """Fail over onto fewer nodes when no spare is healthy (issue 32, ADR 0029): off unless set.
+
+    A failover that finds fewer than `nodes` healthy nodes within `wait_seconds` resumes on as
+    many as it has, down to `min_nodes`, with the global batch kept (gradient accumulation
+    scaled by the node ratio, so only node counts that divide `nodes` are used).
+    """
+
+    min_nodes: int = ruled(rule="must be >= 1 and less than nodes", ge=1,
+                           description="the fewest nodes a failover may resume on (1 <= min_nodes < nodes)")
+    wait_seconds: float = ruled(
+        0, rule=f"must be between 0 and {MAX_ELASTIC_WAIT_SECONDS}", ge=0, le=MAX_ELASTIC_WAIT_SECONDS,
+        description="seconds a failover waits for `nodes` healthy nodes before it resumes on fewer")
+
+
+def elastic_problems(data: dict[str, Any]) -> list[str]:
+    """The elastic field's cross-field rules as `elastic.<field>: <rule>` lines (empty: none broken or no elastic)."""
+    elastic = data.get("elastic")
+    if not isinstance(elastic, dict):
+        return []
+    problems = []
+    if data.get("job_failover") is not True:
+        problems.append("elastic: only with job_failover: true (a shrink is a failover onto fewer nodes)")
+    nodes, low = data.get("nodes", 1), elastic.get("min_nodes")
+    if isinstance(nodes, int) and isinstance(low, int) and not low < nodes:
+        problems.append(f"elastic.min_nodes: must be less than nodes ({nodes}), got {low}")
+    framework = data.get("framework", Framework.PYTORCH.value)
+    if framework not in ELASTIC_FRAMEWORKS:
+        problems.append(f"elastic: not allowed with framework {framework}: allowed with "
+                        f"{' or '.join(ELASTIC_FRAMEWORKS)} (DDP) only; DeepSpeed's universal checkpoints are not "
+                        "wired in yet (ADR 0029)")
+    return problems
+
+
 class NotifyOn(str, Enum):
     """A job's ends a notification is for (the status words: Completed; Failed; any Pending - *; Stopped)."""
 
@@ -388,6 +427,9 @@ class TrainingJob(_Model):
         description=f"at most {MAX_NOTIFICATIONS}: a webhook or e-mail told of the job's end (completed, failed, "
                     "pending, stopped), through Airflow's notifiers",
         json_schema_extra={"x-rule": f"at most {MAX_NOTIFICATIONS} notifications"})
+    elastic: Elastic | None = Field(
+        None, description="fail over onto fewer nodes (down to min_nodes) when no spare node is healthy within "
+                          "wait_seconds; only with job_failover and framework pytorch (ADR 0029)")
     workspace: str | None = ruled(
         None, rule="must be a workspace name: 1-63 chars of lowercase letters, digits, '-' or '.'",
         max_length=63, pattern=r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$",
@@ -481,6 +523,7 @@ def cross_field_problems(data: dict[str, Any]) -> list[str]:
         problems.append("job_failover: not allowed with learning_type spot (Spot jobs resume instead)")
     if data.get("warm_pool") and data.get("learning_type") == LearningType.SPOT.value:
         problems.append("warm_pool: not allowed with learning_type spot (Spot capacity cannot be held between runs)")
+    problems.extend(elastic_problems(data))
     backend = data.get("backend")
     if data.get("faults") and backend in {b.value for b in BackendKind} and backend not in FAULT_INJECTING_BACKENDS:
         problems.append(f"faults: fault injection is only allowed on the {' or '.join(FAULT_INJECTING_BACKENDS)} "

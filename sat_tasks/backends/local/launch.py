@@ -6,6 +6,7 @@ attempt resumes from its last committed checkpoint (`Interruption`), without a f
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,10 +15,12 @@ from ckpt_engine.contract import (
     CONCURRENT_DIR,
     GRACE_ENV,
     MANIFEST_NAME,
+    NODES_ENV,
     PROGRESS_NAME,
     RUN_ID_ENV,
     ProgressRecord,
 )
+from ckpt_engine.integrations.elastic import ACCUMULATION_SCALE_ENV
 from ckpt_engine.vendor import write_vendor_dir
 from sat_tasks.backends.local.runner import (
     LocalAttempt,
@@ -131,7 +134,8 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
             interrupt: threading.Event | None = None) -> AttemptRecord:
     job = run.job
     node = nodes[0]
-    run.record_attempt_start(plan, log, where=", ".join(nodes))
+    note = getattr(nodes, "note", "")  # an elastic failover on fewer nodes says so (HeldNodes)
+    run.record_attempt_start(plan, log, where=", ".join(nodes) + (f"; {note}" if note else ""))
     if interruption is not None:  # after the start entry (the earlier run's, not repeated): the why of this run
         run.history(log).record(JobStatus.RUNNING, interruption.reason, attempt=plan.attempt, task="launch")
         run.job_log.parent.mkdir(parents=True, exist_ok=True)
@@ -153,11 +157,17 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
     env[RUN_ID_ENV] = run.run_id
     # credentials scoped to this run (ADR 0020), for the training process only: never logged or recorded
     env.update(training_credentials(run, run.hook(), plan.attempt, log))
+    command = job.command
+    if job.elastic is not None:  # one rank per node it holds (ADR 0029)
+        env[NODES_ENV] = str(len(nodes))
+        if len(nodes) < job.nodes:
+            env[ACCUMULATION_SCALE_ENV] = str(job.nodes // len(nodes))  # the global batch stays the planned one
+        command = elastic_command(command, len(nodes))
     runner = LocalAttempt(
         job=job.name,
         attempt=plan.attempt,
         node=node,
-        command=warm_command(run, job.command),
+        command=warm_command(run, command),
         env=env,
         cwd=run.code_dir,
         output_dir=run.output_dir,
@@ -178,6 +188,25 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
     if runner.interrupted and record.exit_code != 0:  # not its end: the task's next run resumes it (find_interruption)
         raise AttemptInterrupted(f"attempt {plan.attempt} on {node} was interrupted (its launch task was asked to "
                                  f"stop); its last committed checkpoint: {record.last_committed_step}")
+    record = record.model_copy(update={"nodes": list(nodes)})
     run.store_record(record)
     return record
+
+
+# `python [flags] script.py ...` or `python -m module ...`, not a launcher's own module (those run as written).
+_PYTHON_COMMAND = re.compile(r"^\s*python(?:3(?:\.\d+)?)?(?:\s+-[uBOEsI]+)*\s+(?P<rest>-m\s+\S.*|[^-\s].*)$", re.DOTALL)
+_LAUNCHER_MODULE = re.compile(r"^-m\s+(torch\.distributed\.(run|launch)|deepspeed|accelerate|ckpt_engine\.launch)\b")
+
+
+def elastic_command(command: str, ranks: int) -> str:
+    """An elastic job's command on the local backend: `python ...` as `torchrun` with one rank per node held.
+
+    The local "nodes" are this host, so the ranks meet on a standalone rendezvous (gloo on CPU,
+    a free port each time); any other command (an explicit launcher, a shell script) runs as
+    written and reads `SAT_NODES`, the number of nodes the attempt holds.
+    """
+    match = _PYTHON_COMMAND.match(command)
+    if not match or _LAUNCHER_MODULE.match(match.group("rest")):
+        return command
+    return f"torchrun --standalone --nnodes=1 --nproc_per_node={ranks} {match.group('rest')}"
 

@@ -1,6 +1,7 @@
 """The shared local pool's capacity: each node of `[sat] local_nodes` runs up to `[sat] local_node_slots` attempts at once.
 
-A job without a workspace takes one slot (the local backend runs every rank on one host).
+A job without a workspace takes one slot (the local backend runs every rank on one host), an
+elastic job one slot on each of `nodes` distinct nodes (it runs a rank per node it holds, ADR 0029).
 `place` is the rule, a pure function: requests are served in the order they queued; each
 takes the least-loaded healthy node with a free slot (the node its warm run kept first,
 then the pool's order), and a request none of whose healthy nodes has a free slot waits
@@ -49,7 +50,7 @@ def node_pool_now() -> NodePool:
 
 
 def place(pool: NodePool, ticket: str, queue: Sequence[SlotRequest], holdings: Sequence[Holding]) -> Admission:
-    """Whether the queued request `ticket` may start now, on which node (a 1-tuple), and if not, why."""
+    """Whether the queued request `ticket` may start now, on which nodes (`request.slots` distinct ones), and if not, why."""
     request = next((r for r in queue if r.ticket == ticket), None)
     if request is None:
         raise KeyError(f"ticket {ticket} is not queued")
@@ -57,17 +58,23 @@ def place(pool: NodePool, ticket: str, queue: Sequence[SlotRequest], holdings: S
     if not healthy:
         return Admission(None, f"no healthy node left in the local pool: nodes {list(pool.nodes)}, "
                                f"excluded {list(request.exclude)}", lacks_healthy_nodes=True)
+    if len(healthy) < request.slots:
+        return Admission(None, f"too few healthy nodes in the local pool: {request.slots} needed, "
+                               f"{len(healthy)} healthy of {list(pool.nodes)} (excluded {list(request.exclude)})",
+                         lacks_healthy_nodes=True)
     load = {n: 0 for n in pool.nodes}
     for holding in holdings:
         for node in holding.nodes:
             load[node] = load.get(node, 0) + 1
-    for queued in queue:  # first come, first served; each one takes a slot in the tally
-        node = _least_loaded(pool, queued, load)
+    for queued in queue:  # first come, first served; each one takes a slot (one per node it needs) in the tally
+        nodes = _least_loaded(pool, queued, load)
         if queued.ticket == ticket:
-            if node is not None:
-                return Admission((node,), f"admitted to {node} ({load[node]} of {pool.slots} slot(s) in use)")
+            if nodes is not None:
+                used = "; ".join(f"{n}: {load[n]} of {pool.slots}" for n in nodes) if len(nodes) > 1 \
+                    else f"{load[nodes[0]]} of {pool.slots}"
+                return Admission(nodes, f"admitted to {', '.join(nodes)} ({used} slot(s) in use)")
             break
-        if node is not None:
+        for node in nodes or ():
             load[node] += 1
     holders = sorted({h.request.job for h in holdings})
     ahead = [r.job for r in queue[:queue.index(request)]]
@@ -79,12 +86,14 @@ def place(pool: NodePool, ticket: str, queue: Sequence[SlotRequest], holdings: S
         position=len(ahead) + 1, lacks_healthy_nodes=request.failover, waiting_for=holders + ahead)
 
 
-def _least_loaded(pool: NodePool, request: SlotRequest, load: dict[str, int]) -> str | None:
+def _least_loaded(pool: NodePool, request: SlotRequest, load: dict[str, int]) -> tuple[str, ...] | None:
+    """`request.slots` distinct nodes with a free slot, least loaded first (its preferred ones before); None: too few."""
     free = [n for n in pool.nodes if n not in request.exclude and load[n] < pool.slots]
-    if not free:
+    if len(free) < max(request.slots, 1):
         return None
     order = {n: i for i, n in enumerate(request.prefer)}
-    return min(free, key=lambda n: (order.get(n, len(order)), load[n], pool.nodes.index(n)))
+    ranked = sorted(free, key=lambda n: (order.get(n, len(order)), load[n], pool.nodes.index(n)))
+    return tuple(ranked[:max(request.slots, 1)])
 
 
 class PoolBoard(SlotBoard):
