@@ -4,7 +4,8 @@
 unchanged files instead of downloading them) and holds the node the last attempt ran on;
 `release_warm` deletes the directory (only below `[sat] work_dir`) and lets the node go.
 `release_for_capacity` is what a workspace's queue calls when warm states hold the nodes
-a waiting job needs.
+a waiting job needs. `warm_command` also runs a failover's attempt in the run's standby
+interpreter (`standby_eligible`, ADR 0031).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from sat_tasks import config
@@ -64,18 +66,95 @@ def interpreter_eligible(job) -> bool:
 
 
 def warm_command(run: JobRun, command: str) -> str:
-    """The attempt's command: through the warm interpreter this run took over, if any; else as it is."""
+    """The attempt's command: through the warm interpreter this run took over, or its failover standby; else as it is."""
+    if run.job.warm_pool is not None and interpreter_eligible(run.job):
+        handed = _handed_over(run)
+        if handed and _alive(handed["pid"]):
+            return _through(handed["socket"], command)
+    if standby_eligible(run.job):
+        return _through_standby(run, command)
+    return command
+
+
+def _through(socket: str, command: str) -> str:
     from sat_tasks.backends.local import warm_interpreter
 
-    if run.job.warm_pool is None or not interpreter_eligible(run.job):
-        return command
-    handed = _handed_over(run)
-    if not handed or not _alive(handed["pid"]):
-        return command
     rest = _PYTHON_SCRIPT.sub("", command, count=1)
     # by its file, not `-m`: the client imports the standard library only, not sat_tasks' packages (0.6 s)
     return (f"{shlex.quote(sys.executable)} {shlex.quote(warm_interpreter.__file__)} run "
-            f"--socket {shlex.quote(handed['socket'])} -- {rest}")
+            f"--socket {shlex.quote(socket)} -- {rest}")
+
+
+# ---- the failover standby (ADR 0031) ------------------------------------------------------------
+#: How long a standby stays after the launch that owns it is gone: the verdict, the decision and the next launch.
+STANDBY_GRACE_S = 300.0
+
+
+def standby_eligible(job) -> bool:
+    """A failover job gets a standby warm interpreter for its next attempt (`[sat] failover_warm_interpreter`).
+
+    The job's first attempt starts one beside it (imports at SCHED_IDLE); a failover's attempt
+    runs its script in it instead of a new interpreter, as `interpreter_eligible`'s jobs do,
+    and with the same limits: one node, `python SCRIPT.py ...`. An injected hang (SIGSTOP)
+    would stop the client but not the child, so a job with one starts cold; a hardware fault
+    or a node loss (SIGKILL) ends the child with its client, and a preemption's SIGTERM is
+    forwarded to it.
+    """
+    from sat_tasks.spec.model import FaultKind
+
+    enabled = config.sat_setting("failover_warm_interpreter", "false").strip().lower() in ("1", "true", "yes")
+    return (enabled and bool(job.job_failover) and job.nodes == 1 and _preload() != "none"
+            and bool(_PYTHON_SCRIPT.match(job.command)) and not any(f.kind is FaultKind.HANG for f in job.faults))
+
+
+def standby_socket_path(run: JobRun) -> str:
+    """The standby's socket: one per run (`socket_path`'s directory and rules)."""
+    key = f"{config.work_dir()}/{run.job.name}/{run.run_id}/standby"
+    return os.path.join(os.path.dirname(socket_path(run.job)), f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.sock")
+
+
+def _through_standby(run: JobRun, command: str) -> str:
+    """Through the run's standby when one answers (this launch then owns it); else start one, this attempt cold.
+
+    The standby stays while the launch that owns it runs, and `STANDBY_GRACE_S` after; each
+    launch takes it over, so it outlives every attempt of the run by that much at most.
+    """
+    from sat_tasks.backends.local import warm_interpreter
+
+    path = standby_socket_path(run)
+    if warm_interpreter.extend(path, time.time() + STANDBY_GRACE_S, owner=os.getpid()):
+        return _through(path, command)
+    env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
+    subprocess.Popen(
+        [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
+         "--until", str(time.time() + STANDBY_GRACE_S), "--owner", str(os.getpid()), "--grace", str(STANDBY_GRACE_S)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return command
+
+
+def release_standby(run: JobRun) -> list[str]:
+    """Stop the run's standby interpreter, if one runs (SIGTERM); `process/warm-interpreter-<pid>`.
+
+    Found by its socket in its command line: it is nobody's warm state, only the run's.
+    """
+    path = standby_socket_path(run).encode()
+    released = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in cmdline and path in cmdline and any(b"warm_interpreter" in part for part in cmdline):
+            try:
+                os.kill(int(entry), signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            released.append(f"process/warm-interpreter-{entry}")
+    return released
 
 
 def _preload() -> str:

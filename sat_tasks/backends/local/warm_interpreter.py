@@ -48,14 +48,21 @@ BANNER = "[sat] warm pool: warm interpreter"
 
 
 # ---- the server ------------------------------------------------------------------------------
-def serve(socket_path: str, preload: Sequence[str], until: float) -> int:
-    """Bind the socket first (early clients queue), import `preload`, then fork a child per request."""
+def serve(socket_path: str, preload: Sequence[str], until: float, *, owner: int | None = None,
+          grace: float = 0.0) -> int:
+    """Bind the socket first (early clients queue), import `preload`, then fork a child per request.
+
+    `owner`: a process (a launch task) for as long as which the server stays; once it is gone
+    the deadline is at least `grace` seconds later (the next attempt's launch names itself
+    the new owner with an `until` request). Without one, `until` alone decides.
+    """
     server = bind_private(socket_path)
     server.listen(8)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     loaded = []
     _set_policy(getattr(os, "SCHED_IDLE", None))  # import on idle CPU: never slow the runs on this host
+    _hurry_when_a_client_waits(server)
     for name in preload:
         try:
             importlib.import_module(name)
@@ -65,16 +72,20 @@ def serve(socket_path: str, preload: Sequence[str], until: float) -> int:
     _set_policy(getattr(os, "SCHED_OTHER", None))  # the children train at normal priority
     sys.stdout.flush()
     children: dict[int, socket.socket] = {}
+    lease = {"owner": owner}
     try:
         while not stopping:
             _reap(children)
-            if not children and time.time() >= until:
+            if lease["owner"] is not None and not _pid_alive(lease["owner"]):
+                lease["owner"] = None
+                until = max(until, time.time() + grace)
+            if not children and lease["owner"] is None and time.time() >= until:
                 break
             ready, _, _ = select.select([server], [], [], 0.2)
             if not ready:
                 continue
             conn, _ = server.accept()
-            until = _handle(server, conn, children, loaded, until)
+            until = _handle(server, conn, children, loaded, until, lease)
     finally:
         server.close()
         if os.path.exists(socket_path):
@@ -130,12 +141,47 @@ def _set_policy(policy: int | None) -> None:
         pass
 
 
-def _handle(server: socket.socket, conn: socket.socket, children: dict, loaded: list[str], until: float) -> float:
+def _pid_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _hurry_when_a_client_waits(server: socket.socket) -> None:
+    """Import at normal priority once a client is queued: SCHED_IDLE imports starve on a busy host.
+
+    A thread waits for the listening socket to become readable (a connection in its backlog)
+    and moves the main thread, which is importing, to SCHED_OTHER.
+    """
+    main = threading.get_native_id()
+
+    def watch() -> None:
+        try:
+            select.select([server], [], [])
+        except (OSError, ValueError):
+            return
+        try:
+            os.sched_setscheduler(main, os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
+
+    threading.Thread(target=watch, daemon=True, name="sat-warm-hurry").start()
+
+
+def _handle(server: socket.socket, conn: socket.socket, children: dict, loaded: list[str], until: float,
+            lease: dict | None = None) -> float:
+    """Serve one request; returns the deadline (an `until` request moves it, and `lease`'s owner with it)."""
     if not same_user(conn):  # another user's process: not one byte read, nothing run for it
         conn.close()
         return until
     header, fds = _recv_request(conn)
     if header.get("op") == "until":
+        if lease is not None and header.get("owner"):
+            lease["owner"] = int(header["owner"])
         _send(conn, {"ok": True, "until": header["until"]})
         conn.close()
         return float(header["until"])
@@ -251,15 +297,16 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return (json.loads(data) if data else {}), list(fds)
 
 
-def extend(socket_path: str, until: float, timeout: float = 5.0) -> bool:
-    """Move a running server's deadline to `until`; False when none answers on `socket_path`."""
+def extend(socket_path: str, until: float, timeout: float = 5.0, *, owner: int | None = None) -> bool:
+    """Move a running server's deadline to `until` (and its owner process to `owner`); False when none answers."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
             conn.connect(socket_path)
             if not same_user(conn):
                 return False
-            conn.sendall(json.dumps({"op": "until", "until": until}).encode() + b"\n")
+            request = {"op": "until", "until": until, **({"owner": owner} if owner else {})}
+            conn.sendall(json.dumps(request).encode() + b"\n")
             return bool((_recv_line(conn) or {}).get("ok"))
     except OSError:
         return False
@@ -311,12 +358,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_p.add_argument("--socket", required=True)
     serve_p.add_argument("--preload", default="")
     serve_p.add_argument("--until", type=float, required=True)
+    serve_p.add_argument("--owner", type=int, default=None, help="stay while this process lives")
+    serve_p.add_argument("--grace", type=float, default=0.0, help="seconds to stay after the owner is gone")
     run_p = sub.add_parser("run")
     run_p.add_argument("--socket", required=True)
     run_p.add_argument("script", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return serve(args.socket, [m for m in args.preload.split(",") if m], args.until)
+        return serve(args.socket, [m for m in args.preload.split(",") if m], args.until, owner=args.owner,
+                     grace=args.grace)
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     return run_client(args.socket, script)
 

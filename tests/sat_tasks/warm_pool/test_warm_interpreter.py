@@ -186,3 +186,55 @@ def test_the_child_trains_at_normal_priority_though_the_preload_ran_idle(tmp_pat
                               cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     out, _ = client.communicate(timeout=60)
     assert f"policy {os.SCHED_OTHER}" in out
+
+
+def test_a_server_with_an_owner_serves_past_its_deadline_until_the_owner_is_gone(tmp_path):
+    """The failover standby's lease (ADR 0031): while its owner (a launch) runs the deadline does not end it."""
+    owners = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+    sock = str(tmp_path / "s.sock")
+    proc = subprocess.Popen([sys.executable, "-m", MODULE, "serve", "--socket", sock, "--preload", "json",
+                             "--until", str(time.time() - 1), "--owner", str(owners[0].pid), "--grace", "0"])
+    try:
+        _wait_for(lambda: os.path.exists(sock), "the server's socket")
+        out, _ = _client(tmp_path, sock, "0").communicate(timeout=60)
+        assert "json preloaded True" in out  # served by the warm child, its deadline long past
+        assert warm_interpreter.extend(sock, time.time() - 1, owner=owners[1].pid)  # the next launch takes it over
+        owners[0].kill()
+        owners[0].wait(timeout=30)
+        out, _ = _client(tmp_path, sock, "0").communicate(timeout=60)
+        assert "json preloaded True" in out  # the first owner is gone, the second still runs
+        owners[1].kill()
+        owners[1].wait(timeout=30)
+        assert proc.wait(timeout=60) == 0 and not os.path.exists(sock)
+    finally:
+        for process in (*owners, proc):
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+
+
+def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
+    monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "true")
+    hardware = [{"kind": "hardware", "attempt": 1, "at_step": 5}]
+    job = warm_job.job(job_failover=True, warm_pool=None, faults=hardware)
+    run = JobRun(job, warm_job.run_id())
+    path = local_warm.standby_socket_path(run)
+    try:
+        assert local_warm.warm_command(run, "python train.py 5") == "python train.py 5"  # attempt 1 cold; one starts
+        _wait_for(lambda: os.path.exists(path), "the standby's socket")
+        command = local_warm.warm_command(run, "python train.py 5")  # a failover's attempt
+        assert command.endswith(f"{warm_interpreter.__file__} run --socket {path} -- train.py 5")
+        (tmp_path / "train.py").write_text(SCRIPT)
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 5 and "json preloaded True" in done.stdout
+    finally:
+        released = local_warm.release_standby(run)
+    assert len(released) == 1 and released[0].startswith("process/warm-interpreter-")
+    _wait_for(lambda: not os.path.exists(path), "the standby to stop")
+    hang = [{"kind": "hang", "attempt": 1, "after_seconds": 5}]
+    for other in (warm_job.job(job_failover=True, warm_pool=None, faults=hang), warm_job.job(warm_pool=None),
+                  warm_job.job(job_failover=True, warm_pool=None, command="torchrun --nproc_per_node 2 train.py")):
+        assert not local_warm.standby_eligible(other)
+    monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "false")
+    assert not local_warm.standby_eligible(job)
