@@ -1,4 +1,4 @@
-"""A run's status history in a few fields (what the Training Jobs list keeps), GPU-hours, and who hears of each change.
+"""A run's status history in a few fields (what the Training Jobs list keeps), GPU-hours, and who hears of it.
 
 Call order: the status history is saved, then `publish(summarize_history(entries).to_dict())`
 hands the summary to every registered `SummaryListener` (the Airflow layer registers one
@@ -9,12 +9,15 @@ the summary is derived data, the history is the record.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 SUMMARY_KEY = "sat_summary"  # the XCom key the summaries travel under
 RUNNING = "Running"  # the status word of a job whose nodes train (JobStatus.RUNNING)
+# An elastic attempt's Running entry names the nodes it holds of the job's ("resumed on 1 of 2 nodes", ADR 0029).
+HELD_NODES = re.compile(r"\bon (\d+) of (\d+) nodes\b")
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,9 @@ class RunSummary:
 
     `running_s`: seconds spent in `Running` in closed intervals (every attempt, failovers
     included); `running_since`: the start of the open interval (the job is Running now).
+    `short_node_s`: node-seconds of those closed intervals that the job's nodes did not run
+    (an elastic failover resumed on fewer nodes, ADR 0029); `running_short_nodes`: the nodes the
+    open interval's attempt runs without. Node-seconds = nodes x running time - the shortfall.
     """
 
     status: str | None = None
@@ -30,6 +36,8 @@ class RunSummary:
     attempt: int | None = None
     running_s: float = 0.0
     running_since: str | None = None
+    short_node_s: float = 0.0
+    running_short_nodes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,12 +50,16 @@ class RunSummary:
         def text(name: str) -> str | None:
             return raw.get(name) if isinstance(raw.get(name), str) else None
 
+        def number(name: str) -> float:
+            value = raw.get(name)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
         attempt = raw.get("attempt")
-        running = raw.get("running_s")
         return cls(status=text("status"), status_at=text("status_at"),
                    attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
-                   running_s=float(running) if isinstance(running, (int, float)) and not isinstance(running, bool)
-                   else 0.0, running_since=text("running_since"))
+                   running_s=number("running_s"), running_since=text("running_since"),
+                   short_node_s=max(0.0, number("short_node_s")),
+                   running_short_nodes=max(0, int(number("running_short_nodes"))))
 
 
 def _time(value: Any) -> datetime | None:
@@ -63,27 +75,45 @@ def summarize_history(entries: list[dict[str, Any]]) -> RunSummary:
 
     A `Running` interval opens at a `Running` entry and closes at the next entry with another
     status (consecutive `Running` entries are one interval); entries without a readable time
-    are skipped for the arithmetic.
+    are skipped for the arithmetic. Within it, an attempt whose entry says it runs "on K of N
+    nodes" (an elastic failover) runs N - K nodes short from that entry until another attempt's
+    entry or another count (`short_node_s`, `running_short_nodes`).
     """
     entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("status"), str)]
     if not entries:
         return RunSummary()
-    closed = 0.0
+    closed = short = 0.0
     opened: datetime | None = None
+    segment: tuple[datetime, int, Any] | None = None  # (since, nodes short, attempt) of the open interval's part
     for entry in entries:
         at = _time(entry.get("at"))
         if at is None:
             continue
         if entry["status"] == RUNNING:
             opened = opened or at
+            found, attempt = _nodes_short(entry), entry.get("attempt")
+            if segment is None or (found is not None and found != segment[1]) or (
+                    attempt is not None and segment[2] is not None and attempt != segment[2]):
+                if segment is not None:
+                    short += segment[1] * max(0.0, (at - segment[0]).total_seconds())
+                segment = (at, found or 0, attempt)
         elif opened is not None:
             closed += max(0.0, (at - opened).total_seconds())
-            opened = None
+            if segment is not None:
+                short += segment[1] * max(0.0, (at - segment[0]).total_seconds())
+            opened, segment = None, None
     attempts = [a for e in entries if isinstance(a := e.get("attempt"), int) and not isinstance(a, bool)]
     last = entries[-1]
     return RunSummary(status=last["status"], status_at=last.get("at") if isinstance(last.get("at"), str) else None,
                       attempt=max(attempts) if attempts else None, running_s=round(closed, 3),
-                      running_since=opened.isoformat() if opened is not None else None)
+                      running_since=opened.isoformat() if opened is not None else None,
+                      short_node_s=round(short, 3), running_short_nodes=segment[1] if segment is not None else 0)
+
+
+def _nodes_short(entry: dict[str, Any]) -> int | None:
+    """How many of the job's nodes a Running entry's attempt runs without ("on 1 of 2 nodes": 1); None: not said."""
+    found = HELD_NODES.search(str(entry.get("reason") or ""))
+    return max(0, int(found[2]) - int(found[1])) if found else None
 
 
 def running_seconds(running_s: float, running_since: datetime | None, now: datetime) -> float:
@@ -94,6 +124,31 @@ def running_seconds(running_s: float, running_since: datetime | None, now: datet
 def gpu_hours(nodes: int, gpus_per_node: int, seconds_running: float) -> float:
     """GPU-hours: nodes x GPUs per node x running time (hours)."""
     return nodes * gpus_per_node * seconds_running / 3600.0
+
+
+def node_hours(nodes: int, seconds_running: float) -> float:
+    """Node-hours: nodes x running time (hours); what a job without GPUs (a CPU job) used."""
+    return nodes * seconds_running / 3600.0
+
+
+def short_node_seconds(short_node_s: float, running_short_nodes: int, running_since: datetime | None,
+                       now: datetime) -> float:
+    """Node-seconds the job's nodes did not run so far (elastic attempts on fewer nodes): closed plus open part."""
+    return (short_node_s or 0.0) + (running_short_nodes or 0) * running_seconds(0.0, running_since, now)
+
+
+def usage(nodes: int | None, gpus_per_node: int | None, seconds_running: float,
+          short_node_s: float = 0.0) -> dict[str, Any]:
+    """What a run used while `Running` (every attempt, failovers included), as the view shows it.
+
+    Node-seconds = nodes x `seconds_running` - `short_node_s` (what elastic attempts on fewer
+    nodes did not hold). `gpu_hours` (x GPUs per node) and `node_hours`, 3 decimals; `cpu_only`:
+    the job asked for no GPU, so its GPU-hours are 0 and its node-hours say what it used.
+    """
+    nodes, gpus = nodes or 0, gpus_per_node or 0
+    node_s = max(0.0, nodes * seconds_running - (short_node_s or 0.0))
+    return {"gpu_hours": round(gpus * node_s / 3600.0, 3), "node_hours": round(node_s / 3600.0, 3),
+            "cpu_only": gpus == 0}
 
 
 class SummaryListener:

@@ -37,6 +37,7 @@ from ckpt_engine.errors import CheckpointError
 from sat_tasks.airflow.params import spec_from_params
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Verdict
+from sat_tasks.core.run_summary import running_seconds, short_node_seconds, summarize_history, usage
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun, ownership_problem, scoped
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
@@ -145,7 +146,7 @@ def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime
         "learning_type": job.learning_type.value, "framework": job.framework.value, "nodes": job.nodes,
         "status": status, "attempt": max(attempts) if attempts else None,
         "last_checkpoint_step": progress.last_committed_step,
-        "started": _iso(run.start_date),
+        "started": _iso(run.start_date), "ended": _iso(run.end_date),
         "duration_s": round((end - run.start_date).total_seconds(), 1) if run.start_date else None,
         "tags": dict(edited_tags) if isinstance(edited_tags, dict) else dict(job.tags), "schedule": job.schedule, "next_run": _iso(run.next_run),
         "results": layout.results_uri, "grid": f"/dags/{run.dag_id}/runs/{run.run_id}",
@@ -179,17 +180,34 @@ def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: Lis
     read_json = functools.lru_cache(maxsize=None)(read_json)  # the row and the page read status and progress once
     layout = JobRun(job, run.run_id)
     row = job_row(run, job, read_json)
+    history = read_history(read_json, layout.status_uri)
     attempts = [attempt_row(number, read_json(layout.attempt_uri(number)), read_json(layout.verdict_uri(number)))
                 for number in range(1, min(row["attempt"] or 0, job.max_attempts()) + 1)]
     progress = read_progress(read_json, layout.progress_uri)
     stop = read_json(layout.stop_uri)
     return {**row, "spec": job.to_dict(), "log": job_log_uri(job, run.run_id),
-            "history": read_history(read_json, layout.status_uri), "attempts": attempts,
+            "history": history, "attempts": attempts, **run_usage(run, job, history),
             "stop_requested": stop if isinstance(stop, dict) else None,
             "checkpoints": {"committed_steps": progress.committed_steps,
                             "last_mirrored_step": progress.last_mirrored_step,
                             "steps": checkpoint_rows(layout, progress, read_json, list_sizes)},
             "monitoring": monitoring(layout, progress, attempts, read_json)}
+
+
+def run_usage(run: RunRef, job: TrainingJob, history: list[dict[str, Any]], *,
+              now: datetime | None = None) -> dict[str, Any]:
+    """Time in `Running` over every attempt (failovers included) and the GPU-/node-hours it makes (less what elastic
+    attempts on fewer nodes did not hold), from the status history; while the job runs, up to `now`
+    (`running_since`: the open interval's start). A run that ended while its history still said `Running` counts
+    up to the run's end, as the list does."""
+    summary = summarize_history(history)
+    since = datetime.fromisoformat(summary.running_since) if summary.running_since else None
+    ended = run.state not in ("queued", "running")
+    until = (run.end_date if ended else None) or now or datetime.now(timezone.utc)
+    seconds = running_seconds(summary.running_s, since, until)
+    short = short_node_seconds(summary.short_node_s, summary.running_short_nodes, since, until)
+    return {"running_s": round(seconds, 1), "running_since": None if ended else summary.running_since,
+            **usage(job.nodes, job.resources.gpus_per_node, seconds, short)}
 
 
 def attempt_row(number: int, raw_record: Any, raw_verdict: Any) -> dict[str, Any]:

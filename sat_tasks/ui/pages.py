@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -63,7 +63,12 @@ def list_page(found: Any, choices: dict[str, list[str]] | None = None, problem: 
                   since_day=query.since.date().isoformat() if query.since else "", until_day=until_day,
                   first=first, last=first + len(found.rows) - 1 if found.rows else 0,
                   filtered=bool(query.params(sort="started", order="desc", page=1, per_page=query.per_page)),
-                  scheduled=any(row["schedule"] for row in found.rows))
+                  scheduled=any(row["schedule"] for row in found.rows), now=_now())
+
+
+def _now() -> str:
+    """When a page is made (ISO, UTC): what a running job's GPU-hours count on from in the browser."""
+    return datetime.now(UTC).isoformat()
 
 
 # ---- the Create Training Job form ------------------------------------------------------------------
@@ -181,7 +186,7 @@ def job_page_html(page: dict[str, Any], tag_errors: list[str] | None = None, tag
         seen=seen, terminal=json.dumps(sorted(s.value for s in TERMINAL)), stopped=JobStatus.STOPPED.value,
         airflow_failed_because=airflow_failed_because,
         spec_yaml=yaml.safe_dump(page["spec"], sort_keys=False, allow_unicode=True), charts=monitoring_charts(page["monitoring"]),
-        learning_types=LEARNING_TYPES, frameworks=FRAMEWORKS,
+        learning_types=LEARNING_TYPES, frameworks=FRAMEWORKS, now=_now(),
         tags_text=tags_typed if tags_typed is not None else "\n".join(f"{k}={v}" for k, v in page["tags"].items()),
         open_tab="tags" if tag_errors else None)
 

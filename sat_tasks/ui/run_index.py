@@ -7,7 +7,11 @@ ADR 0022. Call order, per list request (`sat_tasks.ui.routers.jobs`):
    XComs, changed DAG-run columns, runs not indexed yet, deleted runs. Only a run that
    became terminal, or that predates the index, is read from Object Storage (once);
 3. `list_runs(session, query, dag_ids, ...)`: one count and one page query over every run,
-   filtered and sorted in SQL, and GPU-hours per workspace in one `GROUP BY`.
+   filtered and sorted in SQL, and GPU- and node-hours per workspace in one `GROUP BY`
+   (`usage_by_workspace`, which the Workspaces page asks over every run too).
+
+The job page asks `run_facts(session, run)`: who created the run, its queue time and the goodput
+`finalize` published (the metadata DB only).
 
 `SpecCache` parses each spec file once per change (path, mtime, size). `parse_query` turns a
 request's query string into a `ListQuery`, or a `ListQueryError` naming the field and rule.
@@ -43,20 +47,22 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    inspect,
     or_,
     select,
     true,
     tuple_,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from sat_tasks.core.run_summary import (
     SUMMARY_KEY,
     RunSummary,
-    gpu_hours,
     running_seconds,
+    short_node_seconds,
     summarize_history,
+    usage,
 )
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.io.run_layout import RunLayout
@@ -104,6 +110,9 @@ INDEX = Table(
     Column("running_since", UtcDateTime),
     Column("goodput", Float),
     Column("summary_at", UtcDateTime),  # the newest `sat_summary` XCom applied
+    # Added after the first release (ADR 0033): nullable, so `ensure_table` can add them to an existing table.
+    Column("short_node_s", Float, default=0.0),  # node-seconds elastic attempts ran without (closed intervals)
+    Column("running_short_nodes", Integer, default=0),  # nodes the open interval's attempt runs without
     Index("idx_sat_job_index_submitted", "submitted_at"),
     Index("idx_sat_job_index_status", "status"),
     Index("idx_sat_job_index_job", "job"),
@@ -116,7 +125,8 @@ _create_lock = threading.Lock()
 
 
 def ensure_table(session: Any) -> None:
-    """Create `sat_job_index` (and its indexes) when this DB has none; once per process and DB."""
+    """Create `sat_job_index` (and its indexes) when this DB has none, or add the columns an older SAT's table
+    lacks (ADR 0033); once per process and DB."""
     bind = session.get_bind()
     key = str(bind.url)
     if key in _created:
@@ -124,7 +134,38 @@ def ensure_table(session: Any) -> None:
     with _create_lock:
         if key not in _created:
             metadata.create_all(bind=bind, checkfirst=True)
+            add_missing_columns(bind)
             _created.add(key)
+
+
+def add_missing_columns(bind: Any) -> list[str]:
+    """`ALTER TABLE ... ADD COLUMN` for each column of `INDEX` the table in `bind`'s DB lacks; the names added.
+
+    Idempotent: a column there is left alone, and one another API server added meanwhile (its
+    ALTER won the race) counts as there. Only nullable columns are added this way (a table with
+    rows cannot take a NOT NULL column without a default on every dialect): new columns are
+    nullable and the queries read NULL as their default.
+    """
+    missing = [column for column in INDEX.c if column.name not in _columns(bind)]
+    added = []
+    for column in missing:
+        if not column.nullable:
+            raise RuntimeError(f"{TABLE_NAME}.{column.name}: a column added after the first release must be nullable")
+        preparer = bind.dialect.identifier_preparer
+        statement = (f"ALTER TABLE {preparer.quote(TABLE_NAME)} ADD COLUMN {preparer.quote(column.name)} "
+                     f"{column.type.compile(dialect=bind.dialect)}")
+        try:
+            with bind.begin() as connection:
+                connection.exec_driver_sql(statement)
+            added.append(column.name)
+        except DBAPIError:
+            if column.name not in _columns(bind):  # not a lost race: a real failure
+                raise
+    return added
+
+
+def _columns(bind: Any) -> set[str]:
+    return {column["name"] for column in inspect(bind).get_columns(TABLE_NAME)}
 
 
 # ---- specs, parsed once per file change ------------------------------------------------------------
@@ -285,7 +326,9 @@ def _where(query: ListQuery, dag_ids: set[str]) -> list[Any]:
     return clauses
 
 
-_GPU_SECONDS = C.running_s * C.nodes * C.gpus_per_node
+# Node-seconds in Running (closed intervals): nodes x time, less what elastic attempts ran without (NULL: none).
+_NODE_SECONDS = C.running_s * C.nodes - func.coalesce(C.short_node_s, 0.0)
+_GPU_SECONDS = _NODE_SECONDS * C.gpus_per_node
 _SORT_COLUMNS = {"submitted": C.submitted_at, "job": C.job, "status": C.status, "started": C.start_date,
                  "ended": C.end_date, "gpu_hours": _GPU_SECONDS, "creator": C.creator, "workspace": C.workspace,
                  "framework": C.framework, "learning_type": C.learning_type, "attempt": C.attempt,
@@ -294,13 +337,21 @@ _SORT_COLUMNS = {"submitted": C.submitted_at, "job": C.job, "status": C.status, 
 
 @dataclass
 class JobsPage:
-    """One page of the list: its rows, how many runs match, and GPU-hours per workspace over every match."""
+    """One page of the list: its rows, how many runs match, and GPU-/node-hours per workspace over every match.
+
+    `usage_by_workspace`: workspace ("" for none) -> `gpu_hours`, `node_hours`, `runs`;
+    `gpu_hours_by_workspace` is its GPU-hours alone (the API's field since ADR 0022).
+    """
 
     rows: list[dict[str, Any]]
     total: int
     query: ListQuery
-    gpu_hours_by_workspace: dict[str, float] = field(default_factory=dict)
+    usage_by_workspace: dict[str, dict[str, float]] = field(default_factory=dict)
     readable: set[str] = field(default_factory=set)  # the DAG ids the person may read (the filter menus' scope)
+
+    @property
+    def gpu_hours_by_workspace(self) -> dict[str, float]:
+        return {name: used["gpu_hours"] for name, used in self.usage_by_workspace.items()}
 
     @property
     def pages(self) -> int:
@@ -309,7 +360,7 @@ class JobsPage:
     def to_dict(self) -> dict[str, Any]:
         return {"jobs": self.rows, "total": self.total, "page": self.query.page, "per_page": self.query.per_page,
                 "pages": self.pages, "sort": self.query.sort, "order": self.query.order,
-                "gpu_hours_by_workspace": self.gpu_hours_by_workspace}
+                "gpu_hours_by_workspace": self.gpu_hours_by_workspace, "usage_by_workspace": self.usage_by_workspace}
 
 
 def list_runs(session: Any, query: ListQuery, dag_ids: set[str], *, now: datetime | None = None,
@@ -329,15 +380,35 @@ def list_runs(session: Any, query: ListQuery, dag_ids: set[str], *, now: datetim
                  .limit(query.per_page).offset((query.page - 1) * query.per_page))
     rows = [row_of(record._mapping, now=now, next_run=(next_runs or {}).get(record.dag_id))
             for record in session.execute(statement)]
-    by_workspace: dict[str, float] = {}
-    grouped = select(C.workspace, func.sum(_GPU_SECONDS)).where(*where).group_by(C.workspace)
-    for workspace, seconds in session.execute(grouped):
-        by_workspace[workspace or ""] = (seconds or 0.0) / 3600.0
-    live = select(C.workspace, C.nodes, C.gpus_per_node, C.running_since).where(*where, C.running_since.is_not(None))
-    for workspace, nodes, gpus, since in session.execute(live):
-        by_workspace[workspace or ""] = by_workspace.get(workspace or "", 0.0) + gpu_hours(
-            nodes, gpus, running_seconds(0.0, _aware(since), now))
-    return JobsPage(rows, total, query, {name: round(value, 3) for name, value in sorted(by_workspace.items())})
+    return JobsPage(rows, total, query, _usage(session, where, now))
+
+
+def usage_by_workspace(session: Any, dag_ids: set[str], *, now: datetime | None = None) -> dict[str, dict[str, float]]:
+    """GPU-hours, node-hours and the number of runs per workspace ("" for none) over every indexed run of `dag_ids`.
+
+    Every attempt's time in `Running` counts (failovers included); a run that runs now adds
+    its open interval up to `now`. The Workspaces page's totals (the list's are over its filter).
+    """
+    return _usage(session, [C.listed.is_(True), C.dag_id.in_(sorted(dag_ids))], now or datetime.now(UTC))
+
+
+def _usage(session: Any, where: list[Any], now: datetime) -> dict[str, dict[str, float]]:
+    """The closed running time summed in one `GROUP BY`, then the open intervals of the running rows."""
+    totals: dict[str, dict[str, float]] = {}
+    grouped = (select(C.workspace, func.sum(_GPU_SECONDS), func.sum(_NODE_SECONDS), func.count())
+               .where(*where).group_by(C.workspace))
+    for workspace, gpu_seconds, node_seconds, runs in session.execute(grouped):
+        totals[workspace or ""] = {"gpu_hours": (gpu_seconds or 0.0) / 3600.0,
+                                   "node_hours": (node_seconds or 0.0) / 3600.0, "runs": runs}
+    live = (select(C.workspace, C.nodes, C.gpus_per_node, C.running_since, C.running_short_nodes)
+            .where(*where, C.running_since.is_not(None)))
+    for workspace, nodes, gpus, since, short in session.execute(live):
+        node_s = max(0, (nodes or 0) - (short or 0)) * running_seconds(0.0, _aware(since), now)
+        used = totals.setdefault(workspace or "", {"gpu_hours": 0.0, "node_hours": 0.0, "runs": 0})
+        used["gpu_hours"] += node_s * (gpus or 0) / 3600.0
+        used["node_hours"] += node_s / 3600.0
+    return {name: {"gpu_hours": round(used["gpu_hours"], 3), "node_hours": round(used["node_hours"], 3),
+                   "runs": int(used["runs"])} for name, used in sorted(totals.items())}
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -346,6 +417,11 @@ def _aware(value: datetime | None) -> datetime | None:
 
 def _iso(value: datetime | None) -> str | None:
     return _aware(value).isoformat() if value is not None else None
+
+
+def _queue_seconds(queued: datetime | None, start: datetime | None) -> float | None:
+    """How long a run waited between queued and started (None until it started)."""
+    return round((start - queued).total_seconds(), 1) if start and queued and start >= queued else None
 
 
 def row_of(record: Mapping[str, Any], *, now: datetime, next_run: datetime | None = None) -> dict[str, Any]:
@@ -361,11 +437,12 @@ def row_of(record: Mapping[str, Any], *, now: datetime, next_run: datetime | Non
         "attempt": record["attempt"], "last_checkpoint_step": record["last_checkpoint_step"],
         "creator": record["creator"], "workspace": record["workspace"],
         "submitted": _iso(record["submitted_at"]), "queued": _iso(queued), "started": _iso(start), "ended": _iso(end),
-        "queue_s": round((start - queued).total_seconds(), 1) if start and queued and start >= queued else None,
+        "queue_s": _queue_seconds(queued, start),
         "duration_s": round(((end or now) - start).total_seconds(), 1) if start else None,
         "running": end is None and record["run_state"] in ("queued", "running"),
-        "running_s": round(seconds, 1),
-        "gpu_hours": round(gpu_hours(record["nodes"], record["gpus_per_node"], seconds), 3),
+        "running_s": round(seconds, 1), "running_since": _iso(since),
+        **usage(record["nodes"], record["gpus_per_node"], seconds, short_node_seconds(
+            record["short_node_s"] or 0.0, record["running_short_nodes"] or 0, since, now)),
         "goodput": record["goodput"], "tags": tags if isinstance(tags, dict) else {},
         "schedule": record["schedule"], "next_run": _iso(next_run), "results": record["results"],
         "grid": f"/dags/{record['dag_id']}/runs/{record['run_id']}",
@@ -393,12 +470,26 @@ def _tags_fields(tags: Mapping[str, Any]) -> dict[str, str]:
 def _summary_fields(summary: RunSummary) -> dict[str, Any]:
     fields: dict[str, Any] = {"running_s": summary.running_s,
                               "running_since": datetime.fromisoformat(summary.running_since)
-                              if summary.running_since else None}
+                              if summary.running_since else None,
+                              "short_node_s": summary.short_node_s, "running_short_nodes": summary.running_short_nodes}
     if summary.status is not None:
         fields.update(status=summary.status, status_at=summary.status_at)
     if summary.attempt is not None:
         fields["attempt"] = summary.attempt
     return fields
+
+
+def closed_at_end(running_s: float | None, running_since: datetime | str | None, short_node_s: float | None,
+                  running_short_nodes: int | None, end: datetime | None) -> dict[str, Any]:
+    """The running-time fields of a run that ended while its history still said `Running` (a DAG run a person
+    marked failed, a task that could not write the end): the open interval counts up to the run's end."""
+    since = _aware(datetime.fromisoformat(running_since) if isinstance(running_since, str) else running_since)
+    closed, short = running_s or 0.0, short_node_s or 0.0
+    if since is not None and end is not None:
+        closed = running_seconds(closed, since, _aware(end))
+        short = short_node_seconds(short, running_short_nodes or 0, since, _aware(end))
+    return {"running_s": round(closed, 3), "running_since": None, "short_node_s": round(short, 3),
+            "running_short_nodes": 0}
 
 
 def _from_published(value: Any) -> dict[str, Any]:
@@ -433,7 +524,8 @@ def _from_storage(job: TrainingJob, run_id: str, read_json: ReadJson, *, history
     return fields
 
 
-def _creator(run: Any) -> str | None:
+def creator_of(run: Any) -> str | None:
+    """Who created a DAG run: the person who triggered it, else `schedule` or `asset`."""
     if run.triggering_user_name:
         return run.triggering_user_name
     kind = str(getattr(run.run_type, "value", run.run_type))
@@ -446,7 +538,7 @@ def _new_record(run: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str,
     job = job_of(dag_runs.run_ref(run, validated=validated), dict(jobs), generic_dag_id)
     record: dict[str, Any] = {
         "dag_id": run.dag_id, "run_id": run.run_id, "listed": job is not None, "run_state": state,
-        "creator": _creator(run), "queued_at": run.queued_at, "start_date": run.start_date, "end_date": run.end_date,
+        "creator": creator_of(run), "queued_at": run.queued_at, "start_date": run.start_date, "end_date": run.end_date,
         "submitted_at": run.queued_at or run.run_after or run.start_date,
         "status": STATUS_BEFORE_HISTORY.get(state, JobStatus.PENDING.value), "running_s": 0.0,
         **_tags_fields(job.tags if job else {}),
@@ -521,10 +613,11 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
 
     # 3. DAG-run columns that changed; a run that ended is read once when the pipeline did not say why
     changed = session.execute(
-        select(C.dag_id, C.run_id, C.status, C.listed, DagRun).join(DagRun, joined).where(or_(
+        select(C.status, C.listed, C.running_s, C.running_since, C.short_node_s, C.running_short_nodes, DagRun)
+        .join(DagRun, joined).where(or_(
             C.run_state.is_distinct_from(DagRun.state), C.start_date.is_distinct_from(DagRun.start_date),
             C.end_date.is_distinct_from(DagRun.end_date), C.queued_at.is_distinct_from(DagRun.queued_at)))).all()
-    for _dag_id, _run_id, status, listed, run in changed:
+    for status, listed, running_s, running_since, short_node_s, running_short_nodes, run in changed:
         state = dag_runs.run_state(run)
         fields: dict[str, Any] = {"run_state": state, "queued_at": run.queued_at, "start_date": run.start_date,
                                   "end_date": run.end_date}
@@ -535,8 +628,11 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
                 counts.read_from_storage += 1
             if "status" not in fields and status not in TERMINAL_WORDS:
                 fields["status"] = STATUS_BEFORE_HISTORY[state]
-        if state in TERMINAL_STATES:
-            fields["running_since"] = None  # a run that ended trains no more
+        if state in TERMINAL_STATES:  # a run that ended trains no more: an interval still open closes at its end
+            kept = {"running_s": running_s, "running_since": running_since, "short_node_s": short_node_s,
+                    "running_short_nodes": running_short_nodes}
+            fields.update(closed_at_end(**{name: fields.get(name, value) for name, value in kept.items()},
+                                        end=run.end_date))
         session.execute(update(INDEX).where(C.dag_id == run.dag_id, C.run_id == run.run_id).values(**fields))
         counts.changed += 1
 
@@ -569,6 +665,20 @@ def _insert_new(session: Any, records: list[dict[str, Any]]) -> int:
             except IntegrityError:
                 continue
         return added
+
+
+def run_facts(session: Any, run: Any) -> dict[str, Any]:
+    """What the job page shows of a DAG run from the metadata DB alone: who created it, when it was queued,
+    how long it waited, and the goodput `finalize` published (its `sat_summary` XCom, else the index row's;
+    None until the run has ended)."""
+    queued, start = _aware(run.queued_at), _aware(run.start_date)
+    published = _latest_summaries(session, XComModel.dag_run_id == run.id).get((run.dag_id, run.run_id))
+    goodput = (published[1] if published else {}).get("goodput")
+    if goodput is None:
+        ensure_table(session)
+        goodput = session.execute(select(C.goodput).where(C.dag_id == run.dag_id, C.run_id == run.run_id)).scalar()
+    return {"creator": creator_of(run), "queued": _iso(queued), "queue_s": _queue_seconds(queued, start),
+            "goodput": goodput}
 
 
 def note_tags(session: Any, dag_id: str, run_id: str, tags: Mapping[str, Any]) -> None:

@@ -83,14 +83,17 @@ def done_notice(*, created: str | None = None, resized: str | None = None, delet
     return f"workspace {name}: {workspace.nodes} node(s) from the next job that starts"
 
 
-def workspace_row(workspace: Workspace, uses: list[WorkspaceUse]) -> dict[str, Any]:
-    """One workspace for the list and the JSON API: its fields, who runs and who waits."""
+def workspace_row(workspace: Workspace, uses: list[WorkspaceUse], used: dict[str, float] | None = None
+                  ) -> dict[str, Any]:
+    """One workspace for the list and the JSON API: its fields, who runs and who waits, and `usage`: the GPU-hours,
+    node-hours and number of its jobs' runs (`run_index.usage_by_workspace`; zeros when none ran there)."""
     return {
         **workspace.to_dict(),
         "running": [{"job": u.job, "run_id": u.run_id, "nodes": u.slots, "on": list(u.nodes)}
                     for u in uses if u.state == "running"],
         "queued": [{"job": u.job, "run_id": u.run_id, "nodes": u.slots} for u in uses if u.state == "queued"],
         "nodes_used": sum(u.slots for u in uses if u.state == "running"),
+        "usage": dict(used) if used else {"gpu_hours": 0.0, "node_hours": 0.0, "runs": 0},
     }
 
 

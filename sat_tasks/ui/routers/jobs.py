@@ -122,14 +122,26 @@ def jobs_page(user: Any, session: Any, query: run_index.ListQuery) -> run_index.
     The index follows Airflow and the pipeline first (`run_index.sync`: the metadata DB only,
     unless a run must be read once); specs come from the cache (parsed once per file change).
     """
-    jobs = job_specs()
+    jobs = synced_index(session)
     readable = readable_dag_ids(user, set(jobs) | {GENERIC_DAG_ID})
-    run_index.ensure_table(session)
-    run_index.sync(session, jobs, GENERIC_DAG_ID, read_json=lambda: json_reader(object_storage()))
     scheduled = {dag_id for dag_id, job in jobs.items() if job.schedule} & readable
     found = run_index.list_runs(session, query, readable, next_runs=run_index.next_runs(session, scheduled))
     found.readable = readable
     return found
+
+
+def synced_index(session: Any) -> dict[str, Any]:
+    """Bring the index in step with Airflow and the pipeline (`run_index.sync`); the job DAGs' specs it used."""
+    jobs = job_specs()
+    run_index.ensure_table(session)
+    run_index.sync(session, jobs, GENERIC_DAG_ID, read_json=lambda: json_reader(object_storage()))
+    return jobs
+
+
+def usage_by_workspace(user: Any, session: Any) -> dict[str, dict[str, float]]:
+    """GPU-hours, node-hours and runs per workspace over every run of the Training Jobs the person may read."""
+    jobs = synced_index(session)
+    return run_index.usage_by_workspace(session, readable_dag_ids(user, set(jobs) | {GENERIC_DAG_ID}))
 
 
 def workspace_problems(job: Any) -> list[Any]:

@@ -56,13 +56,20 @@ def _page_href(dag_id: str, run_id: str) -> str:
 # ---- read ------------------------------------------------------------------------------------------
 @router.get("/api" + RUN, dependencies=READ_JOBS)
 def job_detail(dag_id: str, run_id: str, session: SessionDep):
-    return page_data(find_job_run(session, dag_id, run_id))
+    """The run's page as JSON: its status, history, attempts, checkpoints, monitoring, who created it, its queue
+    time, the time it ran and the GPU-/node-hours that makes (failovers included), and its goodput once it ended."""
+    return job_data(session, find_job_run(session, dag_id, run_id))
 
 
 @router.get(RUN, dependencies=READ_JOBS, response_class=HTMLResponse)
 def job_view(dag_id: str, run_id: str, session: SessionDep):
     found = find_job_run(session, dag_id, run_id)
-    return pages.job_page_html({**page_data(found), **files_data(found)})
+    return pages.job_page_html({**job_data(session, found), **files_data(found)})
+
+
+def job_data(session: Any, found: JobRunFound) -> dict[str, Any]:
+    """The page's data: what the run's records say (Object Storage), and what the metadata DB says of the run."""
+    return {**page_data(found), **run_index.run_facts(session, found.run)}
 
 
 def files_data(found: JobRunFound) -> dict[str, Any]:
@@ -204,7 +211,7 @@ async def tags_from_page(dag_id: str, run_id: str, request: Request, session: Se
     text = str((await request.form()).get("tags") or "")
     tags, problems = set_tags(dag_id, run_id, text, session)
     if tags is None:
-        page = page_data(find_job_run(session, dag_id, run_id))
+        page = job_data(session, find_job_run(session, dag_id, run_id))
         return HTMLResponse(pages.job_page_html(page, tag_errors=problems, tags_typed=text), status_code=422)
     return RedirectResponse(_page_href(dag_id, run_id) + "#tags", status_code=303)
 

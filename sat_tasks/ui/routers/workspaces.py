@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
@@ -38,6 +39,7 @@ from sat_tasks.spec.workspace import Workspace, parse_workspace
 from sat_tasks.ui import dag_runs
 from sat_tasks.ui import workspaces as pages
 from sat_tasks.ui.jobs import job_of
+from sat_tasks.ui.routers.jobs import usage_by_workspace
 from sat_tasks.ui.security import (
     CHANGE_POOLS,
     CREATE_POOLS,
@@ -52,8 +54,9 @@ router = APIRouter(tags=["Training Workspaces"])
 
 # ---- JSON ------------------------------------------------------------------------------------------
 @router.get("/api/workspaces", dependencies=READ_POOLS)
-def list_workspaces(session: SessionDep):
-    return {"workspaces": rows(session)}
+def list_workspaces(session: SessionDep, user: GetUserDep):
+    """Every workspace with who runs and waits there, and the GPU-/node-hours its jobs' runs used (`usage`)."""
+    return {"workspaces": rows(session, user)}
 
 
 @router.post("/api/workspaces", dependencies=CREATE_POOLS, status_code=201)
@@ -92,61 +95,61 @@ def _problems_json(exc: SpecError) -> JSONResponse:
 
 # ---- HTML ------------------------------------------------------------------------------------------
 @router.get("/workspaces", dependencies=READ_POOLS, response_class=HTMLResponse)
-def workspaces_view(session: SessionDep, created: str | None = None, resized: str | None = None,
+def workspaces_view(session: SessionDep, user: GetUserDep, created: str | None = None, resized: str | None = None,
                     deleted: str | None = None):
     notice = pages.done_notice(created=created, resized=resized, deleted=deleted)
-    return pages.workspaces_page(rows(session), notice=notice)
+    return pages.workspaces_page(rows(session, user), notice=notice)
 
 
 @router.post("/workspaces", dependencies=CREATE_POOLS + SAME_ORIGIN, response_class=HTMLResponse)
-async def create_from_form(request: Request, session: SessionDep):
+async def create_from_form(request: Request, session: SessionDep, user: GetUserDep):
     values = {key: str(value) for key, value in (await request.form()).items()}
-    return await run_in_threadpool(_create_and_answer, values, session)
+    return await run_in_threadpool(_create_and_answer, values, session, user)
 
 
-def _create_and_answer(values: dict[str, str], session: Any):
+def _create_and_answer(values: dict[str, str], session: Any, user: Any):
     try:
         workspace = create_workspace(pages.workspace_from_form(values), session)
     except SpecError as exc:
-        return HTMLResponse(pages.workspaces_page(rows(session), values=values,
+        return HTMLResponse(pages.workspaces_page(rows(session, user), values=values,
                                                   errors=pages.problems_by_field(exc.problems)), status_code=422)
     return _done(created=workspace.name)
 
 
 @router.post("/workspaces/{name}/nodes", dependencies=CHANGE_POOLS + SAME_ORIGIN, response_class=HTMLResponse)
-async def nodes_from_form(name: str, request: Request, session: SessionDep):
+async def nodes_from_form(name: str, request: Request, session: SessionDep, user: GetUserDep):
     text = str((await request.form()).get("nodes") or "").strip()
-    return await run_in_threadpool(_nodes_and_answer, name, text, session)
+    return await run_in_threadpool(_nodes_and_answer, name, text, session, user)
 
 
-def _nodes_and_answer(name: str, text: str, session: Any):
+def _nodes_and_answer(name: str, text: str, session: Any, user: Any):
     try:
         workspace = set_nodes(name, int(text) if text.lstrip("-").isdigit() else text, session)
     except SpecError as exc:
-        return HTMLResponse(pages.workspaces_page(rows(session), refusal="; ".join(map(str, exc.problems))),
+        return HTMLResponse(pages.workspaces_page(rows(session, user), refusal="; ".join(map(str, exc.problems))),
                             status_code=422)
     except WorkspaceRefused as exc:
-        return HTMLResponse(pages.workspaces_page(rows(session), refusal=str(exc)), status_code=409)
+        return HTMLResponse(pages.workspaces_page(rows(session, user), refusal=str(exc)), status_code=409)
     return _done(resized=workspace.name)
 
 
 @router.post("/workspaces/{name}/delete", dependencies=DELETE_POOLS + SAME_ORIGIN, response_class=HTMLResponse)
-async def delete_from_form(name: str, request: Request, session: SessionDep):
+async def delete_from_form(name: str, request: Request, session: SessionDep, user: GetUserDep):
     confirmed = (await request.form()).get("confirm") == "yes"
-    return await run_in_threadpool(_delete_and_answer, name, confirmed, session)
+    return await run_in_threadpool(_delete_and_answer, name, confirmed, session, user)
 
 
-def _delete_and_answer(name: str, confirmed: bool, session: Any):
+def _delete_and_answer(name: str, confirmed: bool, session: Any, user: Any):
     if not confirmed:  # the row's Delete asks first, as a job's Delete does
         try:
             WorkspaceStore().get(name)
         except WorkspaceNotFound as exc:
             raise HTTPException(404, str(exc)) from None
-        return pages.workspaces_page(rows(session), confirm_delete=name)
+        return pages.workspaces_page(rows(session, user), confirm_delete=name)
     try:
         workspace = delete_workspace(name, session)
     except WorkspaceRefused as exc:
-        return HTMLResponse(pages.workspaces_page(rows(session), refusal=str(exc)), status_code=409)
+        return HTMLResponse(pages.workspaces_page(rows(session, user), refusal=str(exc)), status_code=409)
     return _done(deleted=workspace.name)
 
 
@@ -167,9 +170,11 @@ def uses_of(name: str, session: Any) -> list[WorkspaceUse]:
     return merge_uses(SlotBoard(name).uses(), from_runs)
 
 
-def rows(session: Any) -> list[dict[str, Any]]:
-    """The list's rows: every workspace with who runs and who waits there."""
-    return [pages.workspace_row(ws, uses_of(ws.name, session)) for ws in WorkspaceStore().list()]
+def rows(session: Any, user: Any) -> list[dict[str, Any]]:
+    """The list's rows: every workspace with who runs and who waits there, and what its jobs' runs used (the runs
+    of the Training Jobs the person may read: GPU- and node-hours, every attempt, failovers included)."""
+    used = usage_by_workspace(user, session)
+    return [pages.workspace_row(ws, uses_of(ws.name, session), used.get(ws.name)) for ws in WorkspaceStore().list()]
 
 
 def create_workspace(data: dict[str, Any], session: Any) -> Workspace:

@@ -167,7 +167,8 @@ def test_html_list_and_job_page_show_the_services_words_and_escape_everything():
 
     # the list's extra columns (ADR 0022) beside the row this module builds
     extra = {"gpus_per_node": 0, "creator": None, "workspace": None, "submitted": None, "queue_s": None,
-             "running": True, "gpu_hours": 0.0, "goodput": None}
+             "running": True, "gpu_hours": 0.0, "node_hours": 0.0, "cpu_only": True, "running_since": None,
+             "goodput": None}
     rows = [{**row, **extra} for row in list_rows([ref], {"demo-job": job}, store.get, GENERIC)]
     html = list_page(JobsPage(rows, len(rows), ListQuery(status="Running")))
     assert "<script>alert" not in html and "&lt;script&gt;" in html  # (the page's own script is its last block)

@@ -47,6 +47,7 @@ def run(s3_hook, tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "find_job_run", lambda session, dag_id, run_id: state["found"])
     monkeypatch.setattr(runs, "object_storage", lambda: s3_hook)
     monkeypatch.setattr(sources, "object_storage", lambda: s3_hook)
+    monkeypatch.setattr(runs.run_index, "run_facts", lambda session, dag_run: {})  # no metadata DB here
     return state
 
 
