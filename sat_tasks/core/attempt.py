@@ -64,6 +64,10 @@ class AttemptRecord(BaseModel):
         image: the training image reference.
         stopped_by: who asked the service to stop the job while this attempt ran (the
             launcher passed the request on as SIGTERM; the engine's final checkpoint follows).
+        planned_restart: why the launcher stopped an elastic attempt on fewer nodes to grow back
+            (SIGTERM, the engine's final checkpoint; ADR 0029): not a fault. None otherwise.
+        readmitted_nodes: nodes the plan excluded that were released since and that the next
+            attempt takes back (with `planned_restart`).
     """
 
     job: str
@@ -92,6 +96,8 @@ class AttemptRecord(BaseModel):
     startup_timeout: bool = False
     image: str | None = None
     stopped_by: str | None = None
+    planned_restart: str | None = None
+    readmitted_nodes: list[str] = Field(default_factory=list)
 
     @field_validator("log_tail", "node_log", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ status history. ADR 0001 and ADR 0004 say why each verdict leads where it does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict, VerdictKind
@@ -60,11 +61,13 @@ def stopped_verdict(verdict: Verdict, request: dict) -> Verdict:
 
 
 def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
-                stop_request: dict | None = None) -> Decision:
+                stop_request: dict | None = None, readmitted: Sequence[str] = ()) -> Decision:
     """Turn a verdict into the next action and the job status it implies (`now`: epoch seconds).
 
     A person's stop request (`stop_request`) ends the job as Stopped whatever the verdict,
-    unless training finished anyway (then its results are uploaded as usual).
+    unless training finished anyway (then its results are uploaded as usual). An elastic
+    attempt stopped to grow back (`grow_verdict`) restarts on more nodes (`grow_decision`),
+    `readmitted` (its record's) no longer excluded.
     """
     attempt, node = plan.attempt, verdict.node
     exclude = list(plan.exclude_nodes)
@@ -86,6 +89,8 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
         why = stop_reason(stop_request) if stop_request is not None else verdict.reason
         return stop(JobStatus.STOPPED, why + "; last committed checkpoint: "
                     + ("none" if step is None else f"step {step}"))
+    if kind is VerdictKind.PREEMPTED and verdict.reason.startswith(GROW_BACK):
+        return grow_decision(job, plan, verdict, readmitted)
     if kind is VerdictKind.IMAGE_PULL:
         return stop(JobStatus.IMAGE_PULL_BACKOFF, f"image could not be pulled: {evidence}")
     if kind is VerdictKind.INTERNAL:
@@ -179,3 +184,56 @@ def shrink_reason(shrink: ElasticShrink, excluded: dict[str, str]) -> str:
     scale = (f"; gradient accumulation x{shrink.accumulation_scale} keeps the global batch"
              if shrink.accumulation_scale > 1 else "")
     return shrink.why + (f" ({why})" if why else "") + scale
+
+
+#: The reason of a verdict for an attempt stopped to grow back (`grow_verdict`); `decide_next` reads it.
+GROW_BACK = "planned restart to grow back"
+
+
+class GrowBack(NamedTuple):
+    """An elastic job running on fewer nodes may grow back: to `nodes`, taking back `readmitted` (excluded, then released)."""
+
+    nodes: int
+    readmitted: tuple[str, ...]
+    why: str
+
+
+def grow_back(job: TrainingJob, held: int, free: Sequence[str], readmitted: Sequence[str] = ()) -> GrowBack | None:
+    """Whether an elastic attempt on `held` nodes should restart on more, now that `free` healthy nodes have a slot.
+
+    The largest count above `held`, up to `job.nodes`, that divides `job.nodes` (the global batch
+    stays whole) and that `held + len(free)` covers; None when there is none. `readmitted`: nodes
+    the plan excluded that a person has released since (they are among `free` when free).
+    """
+    if job.elastic is None or held >= job.nodes:
+        return None
+    for count in range(min(job.nodes, held + len(free)), held, -1):
+        if job.nodes % count == 0:
+            back = [n for n in readmitted if n in free]
+            named = f" ({', '.join(back)} released)" if back else ""
+            return GrowBack(count, tuple(back), (
+                f"{GROW_BACK} from {held} to {count} of {job.nodes} nodes: capacity is back{named}"))
+    return None
+
+
+def grow_verdict(verdict: Verdict, why: str) -> Verdict:
+    """The verdict of an attempt the launcher stopped to grow back: not a fault (whatever its exit status says)."""
+    return verdict.model_copy(update={
+        "kind": VerdictKind.PREEMPTED, "reason": why,
+        "evidence": [f"the launcher stopped the attempt for a final checkpoint: {why}"] + list(verdict.evidence)[:2]})
+
+
+def grow_decision(job: TrainingJob, plan: Plan, verdict: Verdict, readmitted: Sequence[str]) -> Decision:
+    """The next attempt after a planned restart: all nodes again, from the final checkpoint; no failover spent.
+
+    A FAILOVER action (the next attempt is placed as a failover: it waits `elastic.wait_seconds`
+    for the full count and shrinks again if it lost the race), with the failover count unchanged
+    and the readmitted nodes no longer excluded; the job status stays Running.
+    """
+    step = verdict.last_committed_step
+    return Decision(attempt=plan.attempt, verdict=verdict.kind, action=Action.FAILOVER, status=JobStatus.RUNNING,
+                    exclude_nodes=[n for n in plan.exclude_nodes if n not in readmitted], failovers=plan.failovers,
+                    resumes=plan.resumes, resume_step=-1 if step is None else step,
+                    why=f"{verdict.reason}; attempt {plan.attempt + 1} resumes from "
+                        + ("the newest checkpoint" if step is None else f"checkpoint {step}")
+                        + f" (not a failover: {plan.failovers} of {job.max_failovers} used)")

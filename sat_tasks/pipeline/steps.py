@@ -19,7 +19,7 @@ from sat_tasks.backends.base import workspace_pool_name
 from sat_tasks.config import shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
-from sat_tasks.core.policy import decide_next, stop_reason, stopped_verdict
+from sat_tasks.core.policy import GROW_BACK, decide_next, grow_verdict, stop_reason, stopped_verdict
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io.run_layout import JobRun, scoped
@@ -239,6 +239,8 @@ def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = pri
     verdict, stop_request = classify(record), run.stop_request()
     if stop_request is not None and verdict.kind is not VerdictKind.SUCCEEDED:  # a person's stop, not the node's
         verdict = stopped_verdict(verdict, stop_request)
+    elif record.planned_restart and verdict.kind is not VerdictKind.SUCCEEDED:  # elastic growth (ADR 0029)
+        verdict = grow_verdict(verdict, record.planned_restart)
     else:
         verdict = diagnose_attempt(run, verdict, log)  # relocation, three nodes, the node ledger (ADR 0004)
     run.store_verdict(verdict)
@@ -251,7 +253,11 @@ def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = pri
 def decide(job: TrainingJob, run_id: str, plan: Plan, verdict: Verdict, log: Log = print) -> dict:
     """Turn a verdict into the next action (`core.policy.decide_next`) and record the status it implies."""
     run = JobRun(job, run_id)
-    decision = decide_next(job, plan, verdict, now=time.time(), stop_request=run.stop_request())
+    readmitted: list[str] = []
+    if verdict.kind is VerdictKind.PREEMPTED and verdict.reason.startswith(GROW_BACK):
+        record = run.load_record(plan.attempt)
+        readmitted = record.readmitted_nodes if record is not None else []
+    decision = decide_next(job, plan, verdict, now=time.time(), stop_request=run.stop_request(), readmitted=readmitted)
     if decision.status is not None:
         run.history(log).record(decision.status, decision.why, attempt=plan.attempt, task="decide")
     log(f"attempt {plan.attempt}: {verdict.kind.value} -> {decision.action.value} ({decision.why})")

@@ -28,7 +28,7 @@ from sat_tasks.backends.local.runner import (
     stop_left_processes,
 )
 from sat_tasks.backends.local.warm import warm_command
-from sat_tasks.backends.local.workspace import attempt_nodes
+from sat_tasks.backends.local.workspace import attempt_nodes, growth_watch
 from sat_tasks.core.attempt import AttemptRecord, Interruption
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Log, Plan
@@ -134,6 +134,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
             interrupt: threading.Event | None = None) -> AttemptRecord:
     job = run.job
     node = nodes[0]
+    grow_check = growth_watch(run, plan, list(nodes), log)  # elastic on fewer nodes: grow back (ADR 0029)
     note = getattr(nodes, "note", "")  # an elastic failover on fewer nodes says so (HeldNodes)
     run.record_attempt_start(plan, log, where=", ".join(nodes) + (f"; {note}" if note else ""))
     if interruption is not None:  # after the start entry (the earlier run's, not repeated): the why of this run
@@ -183,6 +184,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         node_labels=local_node_labels(node, job.workspace),
         procs_file=procs_file(run, plan.attempt),
         interrupt=interrupt,
+        grow_check=grow_check,
     )
     record = runner.run(log)
     if runner.interrupted and record.exit_code != 0:  # not its end: the task's next run resumes it (find_interruption)

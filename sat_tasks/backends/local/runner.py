@@ -27,6 +27,7 @@ from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
+from sat_tasks.core.policy import GrowBack
 from sat_tasks.core.procs import carries, marked, state_of, terminate
 from sat_tasks.core.runtime_env import process_environment
 from sat_tasks.errors import SatError
@@ -127,6 +128,11 @@ class LocalAttempt:
     interrupt: threading.Event | None = field(default=None, repr=False)
     # Whether `interrupt` reached the training (SIGTERM) before it ended of itself: its record is then not its end.
     interrupted: bool = field(default=False, init=False, repr=False)
+    # An elastic attempt on fewer nodes (ADR 0029): asked every `grow_poll_seconds` once training runs; an answer
+    # (`core.policy.GrowBack`) stops the training with SIGTERM (its final checkpoint) so that the next attempt
+    # runs on more nodes: a planned restart, recorded as `planned_restart`, not a fault.
+    grow_check: Callable[[], GrowBack | None] | None = field(default=None, repr=False)
+    grow_poll_seconds: float = 2.0
 
     def run(self, log: Log = print) -> AttemptRecord:
         """Start the command, stream its output, inject faults, watch for hangs; return the record."""
@@ -228,7 +234,7 @@ class LocalAttempt:
         progress_path = self.output_dir / PROGRESS_RELATIVE
         last_mtime = None
         state.training_started = not self.startup_timeout  # no start-up deadline: the heartbeat runs from now
-        next_stop_check = started
+        next_stop_check = next_grow_check = started
         while proc.poll() is None:
             time.sleep(self.poll_seconds)
             if self.interrupt is not None and self.interrupt.is_set() and state.kill_at is None:
@@ -240,6 +246,10 @@ class LocalAttempt:
             if self.stop_requested is not None and state.kill_at is None and time.monotonic() >= next_stop_check:
                 next_stop_check = time.monotonic() + self.stop_poll_seconds
                 self._check_stop(procs, state, log)
+            if (self.grow_check is not None and state.training_started and state.kill_at is None
+                    and not state.hung and time.monotonic() >= next_grow_check):
+                next_grow_check = time.monotonic() + self.grow_poll_seconds
+                self._check_growth(procs, state, log)
             if state.kill_at is not None and time.monotonic() >= state.kill_at:
                 procs.signal_all(signal.SIGKILL)  # the grace period after SIGTERM is over
             progress = _read_json(progress_path)
@@ -294,6 +304,21 @@ class LocalAttempt:
         state.kill_at = time.monotonic() + self.grace_seconds
         log(f"[sat] stop requested by {state.stopped_by} at {request.get('at')}: SIGTERM to the training on "
             f"{self.node}; its final checkpoint has {self.grace_seconds:.0f}s")
+        procs.signal_group(signal.SIGTERM)
+
+    def _check_growth(self, procs: AttemptProcesses, state: _WatchState, log: Log) -> None:
+        """Capacity is back for an elastic attempt on fewer nodes: SIGTERM (final checkpoint), then more nodes."""
+        try:
+            grow = self.grow_check()
+        except Exception as exc:  # noqa: BLE001 - the ledger or the board unreadable for a moment: look again later
+            log(f"[sat] elastic: could not check for capacity to grow back ({type(exc).__name__}: {exc})")
+            return
+        if grow is None:
+            return
+        state.grow = grow
+        state.kill_at = time.monotonic() + self.grace_seconds
+        log(f"[sat] elastic: {grow.why}: SIGTERM to the training on {self.node} for its final checkpoint; the next "
+            f"attempt runs on {grow.nodes} nodes (a planned restart, not a failover)")
         procs.signal_group(signal.SIGTERM)
 
     def _inject(self, fault: Fault, procs: AttemptProcesses, state: _WatchState, kern_log: Path, step: int,
@@ -382,6 +407,8 @@ class LocalAttempt:
             startup_timeout=state.startup_timeout,
             image=self.image,
             stopped_by=state.stopped_by,
+            planned_restart=state.grow.why if state.grow is not None else None,
+            readmitted_nodes=list(state.grow.readmitted) if state.grow is not None else [],
             node_labels_at_start=dict(self.node_labels),
         )
 
@@ -397,6 +424,7 @@ class _WatchState:
     hung: bool = False
     kill_at: float | None = None  # monotonic time of the SIGKILL after a Spot notice or a stop request
     stopped_by: str | None = None
+    grow: GrowBack | None = None  # the launcher stopped the attempt to grow back (elastic)
 
 
 class AttemptProcesses:

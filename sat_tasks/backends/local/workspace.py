@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from sat_tasks import config
 from sat_tasks.backends.local.runner import pick_node
 from sat_tasks.core.contracts import Log, Plan
-from sat_tasks.core.policy import elastic_shrink, shrink_reason
+from sat_tasks.core.policy import GrowBack, elastic_shrink, grow_back, shrink_reason
 from sat_tasks.core.status import JobStatus
 from sat_tasks.core.workspaces import Admission, workspace_nodes
 from sat_tasks.io.run_layout import JobRun
@@ -175,3 +175,48 @@ def _pool_holder(run: JobRun, plan: Plan, exclude: list[str], failover: bool,
         return (lambda: board.release(ticket)), tuple(nodes)
 
     return hold
+
+
+def growth_watch(run: JobRun, plan: Plan, nodes: list[str], log: Log) -> Callable[[], GrowBack | None] | None:
+    """For an elastic attempt on fewer nodes than the job's: the runner's question "may it grow back now?".
+
+    None when there is nothing to ask: not elastic, all nodes held, or no attempt left after this one
+    (a planned restart takes an attempt of the DAG, though no failover). The answer counts nodes that
+    are healthy (not quarantined; not excluded by the plan unless a person released them after this
+    attempt was placed), not held by this attempt, with a free slot, while no other job waits for
+    one (`core.policy.grow_back`).
+    """
+    job = run.job
+    if job.elastic is None or len(nodes) >= job.nodes or plan.attempt >= job.max_attempts():
+        return None
+    since, held = time.time(), set(nodes)
+
+    def check() -> GrowBack | None:
+        from sat_tasks.io.node_ledger import NodeLedger
+
+        ledger = NodeLedger.for_job(job, run.hook())
+        released = sorted({r.node for r in ledger.releases() if r.at >= since and r.node in plan.exclude_nodes})
+        quarantined = set(ledger.quarantined())
+        usable = [n for n in node_pool(job.workspace) if n not in held and n not in quarantined
+                  and (n not in plan.exclude_nodes or n in released)]
+        return grow_back(job, len(nodes), _with_free_slot(run, usable), released)
+
+    return check
+
+
+def _with_free_slot(run: JobRun, candidates: list[str]) -> list[str]:
+    """The candidates with a free slot on the job's board now; none while another run waits for one."""
+    if run.job.workspace is None:
+        from sat_tasks.backends.local.pool import PoolBoard, node_pool_now
+
+        board, slots = PoolBoard(), node_pool_now().slots
+    else:
+        board, slots = SlotBoard(run.job.workspace), 1
+    uses = board.uses()
+    if any(u.state == "queued" and u.run_id != run.run_id for u in uses):
+        return []
+    load: dict[str, int] = {}
+    for use in uses:
+        for node in use.nodes:
+            load[node] = load.get(node, 0) + 1
+    return [n for n in candidates if load.get(n, 0) < slots]

@@ -7,8 +7,16 @@ import pytest
 from sat_tasks.backends.local.launch import elastic_command
 from sat_tasks.backends.local.pool import NodePool, place
 from sat_tasks.backends.local.workspace import attempt_nodes
-from sat_tasks.core.contracts import Plan
-from sat_tasks.core.policy import elastic_shrink, shrink_reason
+from sat_tasks.core.contracts import Action, Plan, Verdict, VerdictKind
+from sat_tasks.core.policy import (
+    GROW_BACK,
+    GrowBack,
+    decide_next,
+    elastic_shrink,
+    grow_back,
+    grow_verdict,
+    shrink_reason,
+)
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.core.workspaces import Holding, SlotRequest
 from sat_tasks.spec import SpecError, parse_spec
@@ -148,3 +156,67 @@ def test_a_shrink_below_min_nodes_is_refused_in_the_history_and_waits(two_local_
     reasons = [e["reason"] for e in run.entries]
     assert any("no count from 3 to 3 divides 4" in r for r in reasons), reasons
     assert run.entries[-1]["status"] == JobStatus.FAILED.value
+
+
+# ---- growing back --------------------------------------------------------------------------------
+@pytest.mark.parametrize(("nodes", "held", "free", "expected"), [
+    pytest.param(2, 1, ["local-node-0"], 2, id="1-to-2"),
+    pytest.param(2, 1, [], None, id="nothing-free"),
+    pytest.param(4, 2, ["a"], None, id="3-does-not-divide-4"),
+    pytest.param(8, 2, ["a", "b", "c"], 4, id="2-to-4-of-8"),
+    pytest.param(2, 2, ["a"], None, id="already-whole"),
+])
+def test_growing_back_takes_the_largest_count_that_keeps_the_global_batch(nodes, held, free, expected):
+    grow = grow_back(job(nodes=nodes), held, free, readmitted=["local-node-0"])
+    assert (grow.nodes if grow else None) == expected
+
+
+def test_a_planned_restart_is_no_failover_and_takes_the_released_node_back():
+    training_job = job()
+    plan = Plan(attempt=2, exclude_nodes=["local-node-0"], failovers=1, resume_step=5)
+    grow = grow_back(training_job, 1, ["local-node-0"], readmitted=["local-node-0"])
+    assert grow.why == f"{GROW_BACK} from 1 to 2 of 2 nodes: capacity is back (local-node-0 released)"
+    raw = Verdict(kind=VerdictKind.HARDWARE, reason="killed by SIGTERM", evidence=["exit 143"], attempt=2,
+                  node="local-node-1", last_committed_step=17)
+    verdict = grow_verdict(raw, grow.why)
+    decision = decide_next(training_job, plan, verdict, now=0.0, readmitted=list(grow.readmitted))
+    assert (decision.action, decision.status, decision.failovers, decision.exclude_nodes, decision.resume_step) == (
+        Action.FAILOVER, JobStatus.RUNNING, 1, [], 17)
+    assert decision.why.endswith("attempt 3 resumes from checkpoint 17 (not a failover: 1 of 3 used)")
+    stopped = decide_next(training_job, plan, verdict, now=0.0, stop_request={"by": "ann", "at": "now"})
+    assert stopped.status is JobStatus.STOPPED  # a person's stop still wins
+
+
+def test_the_runner_stops_an_attempt_that_may_grow_with_a_final_checkpoint_and_records_why(tmp_path):
+    from sat_tasks.backends.local.runner import LocalAttempt
+
+    trainer = tmp_path / "code" / "t.py"
+    trainer.parent.mkdir()
+    trainer.write_text(
+        "import json, os, signal, sys, time\n"
+        "out = os.path.join(os.environ['SAT_OUTPUT_DIR'], 'concurrent_checkpoint'); os.makedirs(out, exist_ok=True)\n"
+        "stop = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: stop.append(1))\n"
+        "for step in range(1, 100000):\n"
+        "    time.sleep(0.02)\n"
+        "    json.dump({'step': step, 'last_committed_step': step if stop else step - step % 5},\n"
+        "              open(os.path.join(out, 'p.tmp'), 'w'))\n"
+        "    os.replace(os.path.join(out, 'p.tmp'), os.path.join(out, 'progress.json'))\n"
+        "    if stop: print('final checkpoint', step, flush=True); sys.exit(143)\n")
+    asked: list[int] = []
+
+    def grow_check():
+        asked.append(1)
+        return GrowBack(2, ("local-node-0",), "planned restart to grow back from 1 to 2 of 2 nodes") \
+            if len(asked) >= 2 else None
+
+    lines: list[str] = []
+    record = LocalAttempt(
+        job="unit-job", attempt=2, node="local-node-1", command="python t.py",
+        env={"SAT_OUTPUT_DIR": str(tmp_path / "out")}, cwd=trainer.parent, output_dir=tmp_path / "out",
+        job_log=tmp_path / "job.log", node_dir=tmp_path / "nodes" / "local-node-1", grace_seconds=30,
+        poll_seconds=0.05, grow_check=grow_check, grow_poll_seconds=0.1).run(lines.append)
+    assert record.exit_code == 143 and "final checkpoint" in "\n".join(record.log_tail)
+    assert record.planned_restart == "planned restart to grow back from 1 to 2 of 2 nodes"
+    assert record.readmitted_nodes == ["local-node-0"]
+    assert any("a planned restart, not a failover" in line for line in lines)
