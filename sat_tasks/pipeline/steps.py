@@ -19,7 +19,13 @@ from sat_tasks.backends.base import workspace_pool_name
 from sat_tasks.config import shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
-from sat_tasks.core.policy import GROW_BACK, decide_next, grow_verdict, stop_reason, stopped_verdict
+from sat_tasks.core.policy import (
+    GROW_BACK,
+    decide_next,
+    grow_verdict,
+    stop_reason,
+    stopped_verdict,
+)
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io.run_layout import JobRun, scoped

@@ -16,9 +16,14 @@ import time
 
 import torch
 from datasets import Dataset
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, default_data_collator
-
 from datastates.llm import DecoratedCheckpointing
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+)
 
 VOCAB, LENGTH = 64, 32
 
@@ -102,7 +107,7 @@ def main():
 
     # --- the service's documented lines, unchanged ---
     config = {"host_cache_size": 1, "parser_threads": 1, "pin_host_cache": False, "trainer": trainer}
-    ckpt_engine = DecoratedCheckpointing(runtime_config=config, rank=int(os.getenv("LOCAL_RANK", "-1")))
+    ckpt_engine = DecoratedCheckpointing(runtime_config=config, rank=int(os.getenv("LOCAL_RANK", "-1")))  # noqa: F841
     resume_from_checkpoint = os.getenv("CKPT_LAST_STEP") is not None
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     # ---

@@ -138,9 +138,9 @@ def test_a_job_without_elastic_still_fails_at_the_deadline_with_too_few_nodes(tw
     plan = Plan(attempt=2, exclude_nodes=["local-node-0", "local-node-1"], failovers=1)
     from sat_tasks.backends.local.runner import NoHealthyNodeError
 
-    with pytest.raises((NoHealthyNodeError, WorkspaceWaitTimeout)):
-        with attempt_nodes(run, plan, lambda _line: None, poll_seconds=0.02):
-            pass
+    with pytest.raises((NoHealthyNodeError, WorkspaceWaitTimeout)), \
+            attempt_nodes(run, plan, lambda _line: None, poll_seconds=0.02):
+        pass
 
 
 def test_a_shrink_below_min_nodes_is_refused_in_the_history_and_waits(two_local_nodes, monkeypatch):
@@ -150,9 +150,8 @@ def test_a_shrink_below_min_nodes_is_refused_in_the_history_and_waits(two_local_
     monkeypatch.setenv("AIRFLOW__SAT__WORKSPACE_WAIT_SECONDS", "1")
     run = FakeRun(job(nodes=4, elastic={"min_nodes": 3}))
     plan = Plan(attempt=2, exclude_nodes=["local-node-0"], failovers=1)
-    with pytest.raises(WorkspaceWaitTimeout):
-        with attempt_nodes(run, plan, lambda _line: None, poll_seconds=0.02):
-            pass
+    with pytest.raises(WorkspaceWaitTimeout), attempt_nodes(run, plan, lambda _line: None, poll_seconds=0.02):
+        pass
     reasons = [e["reason"] for e in run.entries]
     assert any("no count from 3 to 3 divides 4" in r for r in reasons), reasons
     assert run.entries[-1]["status"] == JobStatus.FAILED.value
