@@ -27,6 +27,8 @@ from sat_tasks.service.stack import ServiceStack, processes_of
 from tests.support.paths import REPO
 
 BUCKET = "sat-demo"
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = REPO / "build" / "screenshots"
 JOB = "svc-restart"
 STEPS = 300  # 0.2 s each: the training the killed task leaves must outlast the retry's start (~30-60 s here)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -102,6 +104,38 @@ def _launch_task_pid(work: Path) -> int:
         return int(handle.read().rpartition(")")[2].split()[1])
 
 
+def _the_job_page_inside_airflow_says_so(stack: ServiceStack, run_id: str, resumed_at: int) -> None:
+    """What a person sees afterwards: the job page in Airflow's navigation (the embedded view, Debian's chromium)
+    tells both interruptions in its status history, with the checkpoint it resumed from, and no failover."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import sync_playwright
+
+    password = json.loads((stack.home / SECRETS_FILE).read_text())["admin_password"]
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(f"{stack.url}/auth/login")
+            page.fill("input[name=username]", "admin")
+            page.fill("input[name=password]", password)
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url(lambda url: "/auth/login" not in url)
+            page.goto(f"{stack.url}/plugin/training-jobs/sat/jobs/{JOB}/runs/{quote(run_id, safe='')}")
+            frame = page.frame_locator("iframe")  # the view inside Airflow's navigation
+            history = frame.locator("table", has=frame.locator("th", has_text="Reason"))
+            history.get_by_text("interrupted by a service restart").first.wait_for()
+            text = history.inner_text()
+            assert f"resumed from checkpoint-{resumed_at} (not a failover: none spent)" in text, text
+            assert "its launch task died" in text and "failoverinprogress" not in text.lower().replace(" ", ""), text
+            history.scroll_into_view_if_needed()
+            page.screenshot(path=str(SCREENSHOTS / "29-restart-resumed-inside-airflow.png"))
+        finally:
+            browser.close()
+
+
 def test_a_running_job_resumes_after_make_down_and_up_and_after_its_task_is_killed(tmp_path):
     root = tmp_path
     (root / "jobs").mkdir()
@@ -146,6 +180,7 @@ def test_a_running_job_resumes_after_make_down_and_up_and_after_its_task_is_kill
         final = _progress(root / "work")
         # never back to step 0 (a fresh start would commit 5, 10, ... again after the later ones)
         assert final["step"] == STEPS and final["committed_steps"] == sorted(final["committed_steps"])
+        _the_job_page_inside_airflow_says_so(stack, run_id, resumed_at)
     finally:
         stack.stop()
         shutil.rmtree(root / "work", ignore_errors=True)
