@@ -10,13 +10,21 @@ image is on a real registry with a password kept as an Airflow connection), and 
 Asset-scheduled spec start on their own. Then it checks the status history, the
 attempts and the report, that the registry password shows up nowhere, and that `sat up`
 / `sat down` restart the deployment with its secrets and its objects.
+
+Tenancy (issue 29): a job DAG whose command is a co-tenant's probe (tests/e2e/scripts/tenancy_probe.py)
+runs with the others; its log shows none of the deployment's secrets, the embedded store refuses
+everything its credentials try outside its own run, and it still trains and mirrors its checkpoints. A
+second person, `outsider`, whom the deployment's auth manager denies that DAG (tests/e2e/service_auth.py:
+the simple auth manager's roles are global), reaches none of its runs through the API server.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -29,9 +37,15 @@ import requests
 import yaml
 from playwright.sync_api import expect
 
-from sat_tasks.io.local_s3 import PersistentS3Server, free_port, state_file_name
+from sat_tasks.io.local_s3 import (
+    LOCAL_ACCESS_KEY,
+    LOCAL_SECRET_KEY,
+    PersistentS3Server,
+    free_port,
+    state_file_name,
+)
 from sat_tasks.service.postgres import cluster_dir
-from sat_tasks.service.secrets import SECRETS_FILE
+from sat_tasks.service.secrets import PASSWORDS_FILE, SECRETS_FILE, load_or_create
 from sat_tasks.service.stack import ServiceStack, processes_of
 from tests.support.paths import REPO
 
@@ -44,6 +58,14 @@ DEMO_COMMAND = ('python train_tiny_llama.py --data_dir "$SAT_DATA_DIR" --output_
                 "--max_steps 80 --save_steps 20")  # the demo's command, half its steps: CPU time on 2 cores
 DEADLINE = 900  # seconds all the runs together may take on a busy 2-core machine
 pytestmark = pytest.mark.timeout(DEADLINE + 600)  # the deployment's start and stop come on top
+# Tenancy (issue 29): the probing job's DAG, which `outsider` may not touch (tests/e2e/service_auth.py)
+TENANCY = "svc-tenancy"
+OUTSIDER = "outsider"
+OTHER_BUCKET = "sat-other"  # a bucket of no job of this module
+OTHER_RUN = "manual__2026-01-01T00:00:00+00:00"  # another run of the probing job, planted (and a generic twin)
+VICTIM = b"another run's result: not the probing job's to read or change"
+PROBE_MARK = "SAT-TENANCY-PROBE "
+TENANCY_STEPS = 20
 
 
 def _fast_spec(name: str, **fields) -> dict:
@@ -57,6 +79,34 @@ def _fast_spec(name: str, **fields) -> dict:
     }
     spec.update(fields)
     return spec
+
+
+def _tenancy_targets() -> dict[str, str]:
+    """What the probe tries (its `env`): its data and scripts, another run of its job, a generic twin, a bucket."""
+    from sat_tasks.io.run_layout import results_prefix
+
+    destination = f"s3://{BUCKET}/results/"
+    return {"SAT_PROBE_DATA": f"s3://{BUCKET}/datasets/tiny-corpus/", "SAT_PROBE_SCRIPTS": f"s3://{BUCKET}/scripts/",
+            "SAT_PROBE_OTHER_RUN": results_prefix(destination, TENANCY, TENANCY, OTHER_RUN),
+            "SAT_PROBE_TWIN_RUN": results_prefix(destination, "sat_training_job", TENANCY, OTHER_RUN),
+            "SAT_PROBE_OTHER_BUCKET": OTHER_BUCKET}
+
+
+def _tenancy_spec() -> dict:
+    """The probe, then the tiny Llama for a few steps with the checkpoint engine (its mirror: the job's credentials)."""
+    return _fast_spec(TENANCY, storage={"script_url": f"s3://{BUCKET}/scripts/"}, env=_tenancy_targets(),
+                      command='python tenancy_probe.py && python train_tiny_llama.py --data_dir "$SAT_DATA_DIR" '
+                              f'--output_dir "$SAT_OUTPUT_DIR" --max_steps {TENANCY_STEPS} --save_steps 10')
+
+
+def _people(root: Path, home: Path) -> Path:
+    """The API server's passwords file: the deployment's admin (its kept password) and `outsider` (mode 0600)."""
+    kept = load_or_create(home)  # the deployment's secrets, made as `sat up` makes them (it keeps them)
+    path = root / "people.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"admin": kept.admin_password, OUTSIDER: secrets.token_urlsafe(18)}, handle)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +129,8 @@ def deployment(tmp_path_factory):
     (jobs / "svc-cron.yaml").write_text(yaml.safe_dump(_fast_spec("svc-cron", schedule="* * * * *")))
     (jobs / "svc-asset.yaml").write_text(yaml.safe_dump(_fast_spec(
         "svc-asset", schedule=f"asset:{WATCHED}", data={"source": WATCHED})))
+    (jobs / f"{TENANCY}.yaml").write_text(yaml.safe_dump(_tenancy_spec()))
+    people = _people(root, root / "home")
     stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
                          storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work", db="postgres",
                          extra_env={"AIRFLOW__SAT__WORKSPACES_DIR": str(root / "workspaces"),  # not the repo's
@@ -91,11 +143,24 @@ def deployment(tmp_path_factory):
                                     # the generic run's login is shared, not sat_registry_<its name>
                                     "AIRFLOW__SAT__SHARED_REGISTRY_CONNECTIONS": "sat_registry_svc",
                                     "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
-                                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10"},
+                                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+                                    # a second person, denied the tenancy job's DAG: the simple auth manager
+                                    # with per-DAG answers (tests/e2e/service_auth.py), imported by name
+                                    "AIRFLOW__CORE__AUTH_MANAGER": "tests.e2e.service_auth.ServiceDagScopedAuthManager",
+                                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"admin:admin,{OUTSIDER}:admin",
+                                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(people),
+                                    "PYTHONPATH": str(REPO)},
                          log=lambda _line: None)
     stack.start()
     client = stack.storage.client()
-    client.upload_file(str(REPO / "tests" / "e2e" / "scripts" / "fake_train.py"), BUCKET, "scripts/fake_train.py")
+    for script in ("fake_train.py", "tenancy_probe.py"):
+        client.upload_file(str(REPO / "tests" / "e2e" / "scripts" / script), BUCKET, f"scripts/{script}")
+    # what the probe must not reach: another run of its job, a generic twin of the same name, another bucket
+    for target in ("SAT_PROBE_OTHER_RUN", "SAT_PROBE_TWIN_RUN"):
+        client.put_object(Bucket=BUCKET, Key=_tenancy_targets()[target][len(f"s3://{BUCKET}/"):] + "victim.txt",
+                          Body=VICTIM)
+    client.create_bucket(Bucket=OTHER_BUCKET)
+    client.put_object(Bucket=OTHER_BUCKET, Key="victim.txt", Body=VICTIM)
     yield stack
     stack.stop()
     shutil.rmtree(cluster_dir(stack.home), ignore_errors=True)  # outside the temporary home when run as root
@@ -105,8 +170,8 @@ def _password(stack: ServiceStack) -> str:
     return json.loads((stack.home / SECRETS_FILE).read_text())["admin_password"]
 
 
-def _token(url: str, password: str) -> str:
-    response = requests.post(f"{url}/auth/token", json={"username": "admin", "password": password}, timeout=30)
+def _token(url: str, password: str, username: str = "admin") -> str:
+    response = requests.post(f"{url}/auth/token", json={"username": username, "password": password}, timeout=30)
     response.raise_for_status()
     return response.json()["access_token"]
 
@@ -273,10 +338,11 @@ def runs(deployment, api, registry, browser):
     generic = parse_spec(_fast_spec("svc-generic", image={
         "url": f"{registry.host}/sat/train:1.0", "registry_conn_id": "sat_registry_svc", "insecure": True}))
     dag_runs = DagRunApi(api)
-    _wait_for_dags(api, ["tiny-llama-demo", "sat_training_job", "svc-cron", "svc-asset", "sat_data_changes"],
+    _wait_for_dags(api, ["tiny-llama-demo", "sat_training_job", "svc-cron", "svc-asset", "sat_data_changes", TENANCY],
                    deadline=time.monotonic() + 300)
     triggered = time.monotonic()
     deadline = triggered + DEADLINE
+    tenancy = _retrying(lambda: dag_runs.trigger_dag_run(TENANCY, TriggerDAGRunPostBody(logical_date=None)))
     page = _logged_in_page(deployment, browser)
     created = {"demo": _create_demo_in_the_browser(page, api, deployment)}
     form = _retrying(lambda: dag_runs.trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(
@@ -295,6 +361,7 @@ def runs(deployment, api, registry, browser):
     _pause(api, "sat_data_changes")
     finished["demo"] = _wait_for_run(api, "sat_training_job", created["demo"]["run_id"], deadline=deadline)
     finished["generic"] = _wait_for_run(api, "sat_training_job", form.dag_run_id, deadline=deadline)
+    finished["tenancy"] = _wait_for_run(api, TENANCY, tenancy.dag_run_id, deadline=deadline)
     finished["seconds"] = time.monotonic() - triggered
     finished["browser"] = created
     return finished
@@ -482,6 +549,208 @@ def _metadata_db_row(stack: ServiceStack, sql: str, **params):
             return connection.execute(sqlalchemy.text(sql), params).one()
     finally:
         engine.dispose()
+
+
+# ---- tenancy: what a Training Job sees and reaches, what a person without its DAG reaches (issue 29) ----------
+def _admin_headers(deployment) -> dict[str, str]:
+    return {"Authorization": f"Bearer {_token(deployment.url, _password(deployment))}"}
+
+
+def _run_api(deployment, dag_id: str, run_id: str) -> str:
+    from urllib.parse import quote
+
+    return f"{deployment.url}/sat/api/jobs/{dag_id}/runs/{quote(run_id, safe='')}"
+
+
+def _tenancy_log(deployment, runs) -> tuple[str, dict]:
+    """The probing job's whole job.log, as a viewer of its DAG downloads it, and what its probe printed in it."""
+    run = runs["tenancy"]
+    assert run.state == "success", run
+    log = requests.get(_run_api(deployment, TENANCY, run.dag_run_id) + "/log", headers=_admin_headers(deployment),
+                       timeout=60)
+    assert log.status_code == 200, log.text[:500]
+    printed = [line.partition(PROBE_MARK)[2] for line in log.text.splitlines() if PROBE_MARK in line]
+    assert len(printed) == 1, log.text[-3000:]
+    return log.text, json.loads(printed[0])
+
+
+def _objects(stack: ServiceStack, bucket: str, prefix: str = "") -> dict[str, str]:
+    """Every object under `prefix` with its ETag, read with the service's keys."""
+    pages = stack.storage.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
+
+
+def _sha256(value: str) -> str:
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+
+
+def test_a_training_job_sees_none_of_the_services_secrets(deployment, api, runs):
+    """Its command prints its whole environment into job.log: none of the values the components run with is there
+    (the JWT secret, the Fernet key, the API secret key, the metadata DB URL and password, the Object Storage keys
+    and connection, the admin password and its file's path), nor in its launch task's log, and no variable of
+    theirs beyond the allow-list."""
+    from sat_tasks.core.runtime_env import HOST_ENV_ALLOWED
+
+    text, probe = _tenancy_log(deployment, runs)
+    launch_log = _launch_log(api, runs["tenancy"].dag_run_id)
+    assert PROBE_MARK in launch_log  # the training's output is there too
+    text += launch_log
+    kept = json.loads((deployment.home / SECRETS_FILE).read_text())
+    component = deployment.environment()  # what the API server, the scheduler and their tasks run with
+    assert (component["AIRFLOW__API_AUTH__JWT_SECRET"], component["AIRFLOW__CORE__FERNET_KEY"],
+            component["AIRFLOW__API__SECRET_KEY"]) == (kept["jwt_secret"], kept["fernet_key"], kept["api_secret_key"])
+    people = Path(component["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+    service = {**{f"{SECRETS_FILE}: {name}": value for name, value in kept.items()},
+               **{f"{people.name}: {name}": value for name, value in json.loads(people.read_text()).items()},
+               "the metadata DB URL": component["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+               "the Object Storage connection": component["AIRFLOW_CONN_SAT_OBJECT_STORAGE"],
+               "the Object Storage secret key": LOCAL_SECRET_KEY,
+               "the admin password file's path": str(people),
+               "the default password file's path": str(deployment.home / PASSWORDS_FILE),
+               "the registry password": REGISTRY_PASSWORD}
+    assert all(service.values()) and LOCAL_SECRET_KEY in service["the Object Storage connection"]
+    env = probe["env"]
+    seen = [text, *env.values()]  # the log, and each value as the probe had it (the log holds them JSON-escaped)
+    assert [name for name, value in service.items() if any(value in where for where in seen)] == []
+
+    assert env["SAT_JOB_NAME"] == TENANCY and env["CKPT_MIRROR_URL"].endswith("/checkpoints/")  # the contract: there
+    assert [name for name in env if name.upper().startswith("AIRFLOW")] == []
+    # Its Object Storage keys are STS's temporary ones, not the service's (the values: digests in the log).
+    assert env["AWS_ACCESS_KEY_ID"] != LOCAL_ACCESS_KEY and LOCAL_ACCESS_KEY not in env.values()
+    assert env["AWS_SECRET_ACCESS_KEY"].startswith("sha256:") and env["AWS_SESSION_TOKEN"].startswith("sha256:")
+    assert env["AWS_SECRET_ACCESS_KEY"] != _sha256(LOCAL_SECRET_KEY)
+    # Nothing else of the components' environment, unless allowed (runtime_env.HOST_ENV_ALLOWED), set by the
+    # runtime contract to the same value, or bash's own.
+    same_by_itself = {"PYTHONUNBUFFERED", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                      "PWD", "OLDPWD", "SHLVL", "_"}
+    inherited = sorted(name for name, value in env.items() if component.get(name) == value
+                       and name not in HOST_ENV_ALLOWED | same_by_itself and not name.startswith("LC_"))
+    assert inherited == []
+
+
+# Each with the job's own credentials, answered by the embedded store's gate (sat_tasks/io/s3_gate.py).
+OWN_RUN_PROBES = ("list its data", "read its data", "write its own results", "read its own results",
+                  "list its own results", "delete its own results")
+
+
+def test_a_training_job_reaches_only_its_own_runs_objects(deployment, runs):
+    """Allowed: its data and its own results prefix. Refused by the store (AccessDenied), and nothing of it landed:
+    writing its data or scripts, reading, listing, writing, stopping, copying or deleting another run of its job or
+    a generic-DAG twin of the same name, another bucket, listing the bucket or the buckets, a new bucket, STS."""
+    _, probe = _tenancy_log(deployment, runs)
+    answers = probe["probes"]
+    assert {name: answers.get(name) for name in OWN_RUN_PROBES} == dict.fromkeys(OWN_RUN_PROBES, "allowed")
+    refused = {name: answer for name, answer in answers.items() if name not in OWN_RUN_PROBES}
+    assert len(refused) >= 18, answers  # every probe of tenancy_probe.py ran
+    sts = "get wider credentials from STS"
+    assert answers[sts] in ("AccessDenied", "HTTP 403"), answers  # moto's STS error shape: a 403 without a code
+    assert {name: answer for name, answer in refused.items() if name != sts} == \
+        dict.fromkeys(set(refused) - {sts}, "AccessDenied")
+
+    planted = {key: etag for bucket in (BUCKET, OTHER_BUCKET) for key, etag in _objects(deployment, bucket).items()
+               if "planted" in key or "tenancy-probe/" in key}
+    assert planted == {}  # not written, copied, or left behind (its own probe object: deleted, as allowed)
+    targets = _tenancy_targets()
+    for target in ("SAT_PROBE_OTHER_RUN", "SAT_PROBE_TWIN_RUN"):
+        prefix = targets[target][len(f"s3://{BUCKET}/"):]
+        assert list(_objects(deployment, BUCKET, prefix)) == [prefix + "victim.txt"], target  # no stop.json, ...
+        assert deployment.storage.client().get_object(Bucket=BUCKET, Key=prefix + "victim.txt")["Body"].read() \
+            == VICTIM
+    buckets = {b["Name"] for b in deployment.storage.client().list_buckets()["Buckets"]}
+    assert OTHER_BUCKET in buckets and "sat-tenancy-planted" not in buckets
+    assert list(_objects(deployment, OTHER_BUCKET)) == ["victim.txt"]
+
+
+def _launch_log(api, run_id: str) -> str:
+    """The tenancy job's launch task log, as the API server serves it (SAT's notes, the training's output)."""
+    from airflow_client.client.api.task_instance_api import TaskInstanceApi
+
+    answer = TaskInstanceApi(api).get_log(TENANCY, run_id, "attempt_1.launch", 1, full_content=True)
+    return "\n".join(line if isinstance(line, str) else str(line.event) for line in answer.content.actual_instance)
+
+
+def test_a_training_job_with_scoped_credentials_mirrors_its_checkpoints_and_completes(deployment, api, runs):
+    """The same credentials carried its checkpoints to its own prefix: the engine's mirror, with manifests."""
+    _tenancy_log(deployment, runs)
+    run = runs["tenancy"]
+    prefix = _key_prefix(TENANCY, run.dag_run_id)
+    note = f"Object Storage credentials scoped to s3://{BUCKET}/{prefix} (read-write)"  # SAT's, in the launch log
+    assert note in _launch_log(api, run.dag_run_id)
+    report = _report(deployment, TENANCY, run.dag_run_id)
+    assert report["status"] == "Completed" and report["global_step"] == TENANCY_STEPS, report
+    assert [attempt["verdict"] for attempt in report["attempts"]] == ["SUCCEEDED"]
+    mirror = prefix + "checkpoints/"
+    mirrored = _objects(deployment, BUCKET, mirror)
+    steps = {int(m.group(1)) for key in mirrored if (m := re.match(r"checkpoint-(\d+)/", key[len(mirror):]))}
+    assert {10, TENANCY_STEPS} <= steps, sorted(mirrored)
+    page = requests.get(_run_api(deployment, TENANCY, run.dag_run_id), headers=_admin_headers(deployment),
+                        timeout=60).json()
+    newest = page["checkpoints"]["steps"][0]
+    assert (newest["step"], newest["mirrored"], newest["verified"]) == (TENANCY_STEPS, True, True), newest
+
+
+def _outsider_password(stack: ServiceStack) -> str:
+    return json.loads((stack.home.parent / "people.json").read_text())[OUTSIDER]
+
+
+def _view_run_routes(deployment, headers: dict[str, str]) -> list[tuple[str, str]]:
+    """Every /sat route that names a run, from the API server's own description of the view (a later one counts)."""
+    response = requests.get(f"{deployment.url}/sat/openapi.json", headers=headers, timeout=60)
+    assert response.status_code == 200, response.text[:300]
+    return [(method.upper(), "/sat" + path) for path, operations in response.json()["paths"].items()
+            if "{dag_id}" in path and "{run_id}" in path for method in sorted(operations)]
+
+
+def test_a_person_without_the_dags_permissions_neither_reads_nor_acts_on_its_runs(deployment, runs):
+    """`outsider` (logged in through the API server like anyone) against the probing job's finished run: every /sat
+    route that names a run, and Airflow's REST API for the DAG, its runs, task instances, logs and XComs, are refused
+    (403); the lists do not show it; its run and its objects are as they were. The admin reads it (the routes are
+    there). The same per route against a victim's run, and a twin run of the generic DAG, in process:
+    tests/security/test_view_requests.py (issue 29.4)."""
+    from urllib.parse import quote
+
+    run_id = runs["tenancy"].dag_run_id
+    admin = _admin_headers(deployment)
+    outsider = {"Authorization": f"Bearer {_token(deployment.url, _outsider_password(deployment), OUTSIDER)}",
+                "Origin": deployment.url}
+    before = _objects(deployment, BUCKET, _key_prefix(TENANCY, run_id))
+    assert before and requests.get(_run_api(deployment, TENANCY, run_id), headers=admin, timeout=60).status_code == 200
+
+    run = quote(run_id, safe="")
+    dag = f"/api/v2/dags/{TENANCY}"
+    routes = [(method, path.replace("{dag_id}", TENANCY).replace("{run_id}", run)
+               .replace("{name}", "job.log")) for method, path in _view_run_routes(deployment, admin)]
+    assert len(routes) >= 12, routes  # the page, its JSON, log, files, report, stop, tags, delete, clone, re-run
+    routes += [("GET", dag), ("GET", f"{dag}/details"), ("PATCH", dag), ("DELETE", dag), ("GET", f"{dag}/dagRuns"),
+               ("POST", f"{dag}/dagRuns"), ("GET", f"{dag}/dagRuns/{run}"), ("PATCH", f"{dag}/dagRuns/{run}"),
+               ("DELETE", f"{dag}/dagRuns/{run}"), ("POST", f"{dag}/dagRuns/{run}/clear"),
+               ("GET", f"{dag}/dagRuns/{run}/taskInstances"), ("POST", f"{dag}/clearTaskInstances"),
+               ("GET", f"{dag}/dagRuns/{run}/taskInstances/attempt_1.launch/logs/1"),
+               ("GET", f"{dag}/dagRuns/{run}/taskInstances/validate_spec/xcomEntries")]
+    bodies = {"PATCH": {"state": "failed", "is_paused": True}, "POST": {"tags": {"team": "outsiders"},
+                                                                         "logical_date": None, "dry_run": False}}
+    answered = {(method, path): requests.request(method, deployment.url + path, headers=outsider,
+                                                 json=bodies.get(method), timeout=60, allow_redirects=False)
+                for method, path in routes}
+    assert {route: r.status_code for route, r in answered.items() if r.status_code != 403} == {}
+    assert [route for route, r in answered.items() if PROBE_MARK.strip() in r.text] == []  # nothing of its log
+
+    def listed(path: str, rows: str, headers: dict[str, str]) -> set[str]:
+        """The DAG ids of what a list shows `headers`' person."""
+        response = requests.get(deployment.url + path, params={"limit": 100}, headers=headers, timeout=60)
+        assert response.status_code == 200, (path, response.text[:300])
+        return {row["dag_id"] for row in response.json()[rows]}
+
+    for path, rows in (("/sat/api/jobs", "jobs"), ("/api/v2/dags/~/dagRuns", "dag_runs"), ("/api/v2/dags", "dags")):
+        seen = listed(path, rows, outsider)
+        assert seen and TENANCY not in seen, (path, seen)  # the other DAGs' runs: theirs to see
+        assert TENANCY in listed(path, rows, admin), path  # the admin's list has it: the check above means something
+
+    assert _objects(deployment, BUCKET, _key_prefix(TENANCY, run_id)) == before  # no stop.json, tags, deletion
+    after = requests.get(f"{deployment.url}{dag}/dagRuns/{run}", headers=admin, timeout=60).json()
+    assert after["state"] == "success" and len(requests.get(
+        f"{deployment.url}{dag}/dagRuns", headers=admin, timeout=60).json()["dag_runs"]) == 1
+    assert requests.get(f"{deployment.url}{dag}", headers=admin, timeout=60).json()["is_paused"] is False
 
 
 # ---- the Training Jobs API (plugins/sat_training_jobs.py) ---------------------------------------------
