@@ -412,6 +412,7 @@ _K8S_CALLS = {
     "list_namespaced_service": ("", "services", "list", False),
     "delete_namespaced_service": ("", "services", "delete", False),
     "create_namespaced_secret": ("", "secrets", "create", False),
+    "patch_namespaced_secret": ("", "secrets", "patch", False),
     "list_namespaced_secret": ("", "secrets", "list", False),
     "delete_namespaced_secret": ("", "secrets", "delete", False),
     "create_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "create", False),
@@ -474,6 +475,16 @@ def test_rbac_grants_every_call_of_the_kubernetes_backend():
         if (group, resource, verb, True) not in granted and (cluster or (group, resource, verb, False) not in granted):
             missing.append(f"{call}: {verb} {resource}" + (" (cluster-wide)" if cluster else " in sat-jobs"))
     assert not missing, "k8s-rbac.yaml lacks: " + "; ".join(missing)
+
+
+def test_rbac_grants_on_secrets_exactly_what_the_backend_calls():
+    """Secrets hold credentials: the Role grants on them exactly the verbs the backend's calls use, no more
+    (no `get`/`watch`: SAT never reads a Secret back), and nothing cluster-wide (ADR 0032)."""
+    calls = _backend_calls()
+    assert {"create_namespaced_secret", "patch_namespaced_secret", "delete_namespaced_secret"} <= calls
+    called = {_K8S_CALLS[c][2] for c in calls if _K8S_CALLS.get(c, ("", ""))[1] == "secrets"}
+    granted = {(verb, cluster) for group, resource, verb, cluster in _grants() if resource == "secrets"}
+    assert granted == {(verb, False) for verb in called}, granted
 
 
 def test_rbac_ships_the_warm_pool_priority_class():

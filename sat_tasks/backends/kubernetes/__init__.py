@@ -82,11 +82,12 @@ class KubernetesBackend(Backend):
 
     # ---- before training -----------------------------------------------------------------------
     def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
-        """Create the run's claim (once), then fill it with the staging pod; its report.
+        """Create the run's claim (once) and its image pull Secret (ADR 0032), then fill the claim with the staging pod; its report.
 
         `reuse` (a warm-pool Claim) with a kept volume claim: the staging pod copies the
         unchanged objects from it (`staging.WarmSource`) instead of downloading them.
         """
+        from sat_tasks.backends.kubernetes.pull_secret import ensure_pull_secret
         from sat_tasks.backends.kubernetes.staging import (
             WarmSource,
             ensure_run_volume,
@@ -96,6 +97,7 @@ class KubernetesBackend(Backend):
         client, namespace = self.client, self.namespace
         if ensure_run_volume(run.job, run.run_id, client=client, namespace=namespace):
             log(f"created the run volume claim in {namespace}")
+        ensure_pull_secret(run.job, run.run_id, client=client, namespace=namespace, log=log)  # before any pod
         warm = (WarmSource(reuse.volume, reuse.state.run_id, dict(reuse.objects))
                 if reuse is not None and reuse.volume else None)
         return stage_into_volume(run.job, run.run_id, client=client, namespace=namespace, log=log, warm=warm)
@@ -150,10 +152,16 @@ class KubernetesBackend(Backend):
 
     # ---- after training ------------------------------------------------------------------------
     def upload_outputs(self, run: JobRun, log: Log) -> dict[str, Any]:
-        """The outputs are on the run's claim: an upload pod copies them to `run.output_uri`."""
+        """The outputs are on the run's claim: an upload pod copies them to `run.output_uri`.
+
+        The run's pull Secret is made again first (an operator may have deleted it, or the login changed).
+        """
+        from sat_tasks.backends.kubernetes.pull_secret import ensure_pull_secret
         from sat_tasks.backends.kubernetes.staging import upload_from_volume
 
-        return upload_from_volume(run.job, run.run_id, client=self.client, namespace=self.namespace, log=log)
+        client, namespace = self.client, self.namespace
+        ensure_pull_secret(run.job, run.run_id, client=client, namespace=namespace, log=log)
+        return upload_from_volume(run.job, run.run_id, client=client, namespace=namespace, log=log)
 
     def job_log(self, run: JobRun, log: Log) -> Path | None:
         """The job log assembled from the attempts' sections that classify stored."""

@@ -91,10 +91,26 @@ def attempt_credentials_name(job: TrainingJob, run_id: str, attempt: int) -> str
 
 
 
-def pull_secret_name(registry_conn_id: str) -> str:
-    """The image pull Secret named after the registry connection (`sat_registry_x` -> `sat-registry-x`)."""
-    name = re.sub(r"[^a-z0-9.-]+", "-", registry_conn_id.lower()).strip("-.")
-    return name[:253] or "registry"
+COMPONENT_REGISTRY_LOGIN = "registry-login"  # `app.kubernetes.io/component` of a run's image pull Secret
+
+
+def registry_secret_name(job: TrainingJob, run_id: str) -> str:
+    """`sat-<job>-<run hash>-registry`: the run's image pull Secret, made from its registry login (ADR 0032).
+
+    One per run (its cleanup deletes it; two runs of a job never share one), referenced by
+    every pod of the run: training, staging, upload and the warm pool's placeholders.
+    """
+    return registry_secret_name_of_claim(run_volume_claim_name(job, run_id))
+
+
+def registry_secret_name_of_claim(claim: str) -> str:
+    """The pull Secret of the run whose volume claim is `claim` (a warm state keeps both: ADR 0015, 0032)."""
+    return claim.removesuffix("-data") + "-registry"
+
+
+def registry_secret_labels(job: TrainingJob, run_id: str) -> dict[str, str]:
+    """The run's labels (the run's cleanup selects it) with the registry-login component."""
+    return {**run_labels(job, run_id), LABEL_COMPONENT: COMPONENT_REGISTRY_LOGIN}
 
 
 

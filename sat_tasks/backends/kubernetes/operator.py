@@ -213,8 +213,9 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
 
     Everything that depends on the run (the pod, its name, node exclusions, `CKPT_LAST_STEP`)
     is built at `execute`, never at parse time, and never through Jinja. The pod gets no
-    secret in its spec: the image pull Secret and the attempt's Object Storage credentials
-    (`create_attempt_credentials`, before the pod) are referenced by name only.
+    secret in its spec: the run's image pull Secret (`ensure_pull_secret`) and the attempt's
+    Object Storage credentials (`create_attempt_credentials`), both made before the pod, are
+    referenced by name only.
 
     Args:
         attempt: 1-based attempt number.
@@ -362,8 +363,9 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         credentials = training_credentials(JobRun(job, run_id), hook, plan.attempt, self.log.info)
         body = attempt_credentials_secret(job, run_id=run_id, attempt=plan.attempt,
                                           namespace=self.target_namespace(), credentials=credentials)
-        try:
-            self.client.create_namespaced_secret(self.target_namespace(), body)
+        try:  # the answer (the Secret with its keys) is not read: the client logs what it reads at DEBUG
+            response = self.client.create_namespaced_secret(self.target_namespace(), body, _preload_content=False)
+            getattr(response, "release_conn", lambda: None)()
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -371,6 +373,14 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         self.log.info("created the attempt's credentials Secret %s/%s", self.target_namespace(),
                       body["metadata"]["name"])
         return True
+
+    def ensure_pull_secret(self, job: TrainingJob, run_id: str) -> str | None:
+        """The run's image pull Secret from the job's registry login, created or updated before this rank's pod
+        (`pull_secret.ensure_pull_secret`, ADR 0032); its name, None when the job has no registry login."""
+        from sat_tasks.backends.kubernetes.pull_secret import ensure_pull_secret
+
+        return ensure_pull_secret(job, run_id, client=self.client, namespace=self.target_namespace(),
+                                  log=self.log.info)
 
     def prepare(self, context: Context) -> tuple[TrainingJob, Plan]:
         """`build_plan`, then the pod of this rank onto the operator (before the provider builds it)."""
@@ -476,6 +486,7 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         self.await_rank0(job, context, plan)  # before the Service and this rank's pod
         self.create_rendezvous_service(job, context["run_id"], plan)
         self.create_attempt_credentials(job, context["run_id"], plan)
+        self.ensure_pull_secret(job, context["run_id"])
         if self.node_rank == 0:  # one Running entry per attempt
             JobRun(job, context["run_id"]).record_attempt_start(plan, self.log.info)
         return super().execute(context)

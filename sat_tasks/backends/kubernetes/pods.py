@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ckpt_engine.contract import NODE_ENV, POD_NAME_ENV, PROGRESS_FILE_ENV, RUN_ID_ENV
 from sat_tasks.backends.kubernetes import names
+from sat_tasks.backends.kubernetes.pull_secret import pull_secret_refs
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
 from sat_tasks.backends.kubernetes.supervisor import (
     PROGRESS_FILE,
@@ -264,9 +265,8 @@ def attempt_pod_manifests(
     script = supervisor_script(job, settings)
     command = launch_command(job)
     startup_probe, liveness_probe = training_probes(job)
-    pull_secrets = None
-    if job.image.registry_conn_id:
-        pull_secrets = [{"name": names.pull_secret_name(job.image.registry_conn_id)}]
+    # The run's pull Secret, made from the job's registry login before the pods start (ADR 0032).
+    pull_secrets = pull_secret_refs(job, run_id) or None
 
     queue_labels, queue_annotations = workspace_pod_metadata(job, run_id, attempt, settings)
     pods = []

@@ -31,6 +31,7 @@ from sat_tasks.backends.kubernetes.pods import (
     object_storage_key_env,
     render_run_volume_claim,
 )
+from sat_tasks.backends.kubernetes.pull_secret import pull_secret_refs
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.runtime_env import POD_CODE_DIR, POD_DATA_DIR, POD_OUTPUT_DIR
@@ -127,7 +128,9 @@ def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args:
     if settings.object_storage_endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_storage_endpoint})  # boto3 reads it
     env += object_storage_key_env(settings)
-    pull_secrets = [{"name": settings.staging_pull_secret}] if settings.staging_pull_secret else None
+    # SAT's image with its own Secret, and the run's pull Secret from the job's registry login (ADR 0032).
+    pull_secrets = ([{"name": settings.staging_pull_secret}] if settings.staging_pull_secret else []) + [
+        ref for ref in pull_secret_refs(job, run_id) if ref["name"] != settings.staging_pull_secret]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

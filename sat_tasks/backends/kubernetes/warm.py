@@ -26,6 +26,10 @@ from typing import Any
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pods import pod_memory
+from sat_tasks.backends.kubernetes.pull_secret import (
+    delete_pull_secret,
+    pull_secret_refs,
+)
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.warm_pool import WarmState
@@ -92,8 +96,8 @@ def render_placeholder_pods(job: TrainingJob, *, run_id: str, nodes: list[str], 
         }
         if tolerations:
             spec["tolerations"] = tolerations
-        if job.image.registry_conn_id:
-            spec["imagePullSecrets"] = [{"name": names.pull_secret_name(job.image.registry_conn_id)}]
+        if job.image.registry_conn_id:  # the run's pull Secret, kept with the warm state (ADR 0032)
+            spec["imagePullSecrets"] = pull_secret_refs(job, run_id)
         pods.append({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -215,9 +219,12 @@ def delete_claim(client: Any, namespace: str, claim: str | None) -> list[str]:
 
 
 def release_warm(client: Any, namespace: str, state: WarmState, log: Log) -> list[str]:
-    """Delete the state's placeholder pods and its kept claim: nothing of it is left on the cluster."""
+    """Delete the state's placeholder pods, its kept claim and the run's pull Secret: nothing of it is left."""
     ns = state.namespace or namespace
-    return delete_placeholders(client, ns, state.placeholders) + delete_claim(client, ns, state.claim)
+    deleted = delete_placeholders(client, ns, state.placeholders) + delete_claim(client, ns, state.claim)
+    if state.claim:  # the kept run's pull Secret (none when the job has no registry login: 404, skipped)
+        deleted += delete_pull_secret(client, ns, names.registry_secret_name_of_claim(state.claim))
+    return deleted
 
 
 def release_for_capacity(workspace: str, nodes_needed: int, log: Log = print, *, client: Any = None,

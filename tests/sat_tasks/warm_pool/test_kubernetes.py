@@ -8,6 +8,7 @@ import time
 import pytest
 
 from sat_tasks.backends import kubernetes as k8s_backend
+from sat_tasks.backends.kubernetes import names as k8s_names
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import warm as k8s_warm
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
@@ -87,14 +88,15 @@ def test_a_completed_run_leaves_placeholders_and_the_next_run_start_releases_the
     assert state.placeholders == [k8s_warm.placeholder_name(job, "gpu-node-7")] and state.namespace == NAMESPACE
     assert len(cluster.pods) == 1
 
-    # keep-alive over: the next run's start releases it (a DELETE of the placeholder and of the kept claim,
-    # here already gone: skipped), nothing is left
+    # keep-alive over: the next run's start releases it (a DELETE of the placeholder, of the kept claim and of
+    # the run's pull Secret (ADR 0032), here already gone: skipped), nothing is left
     claim = warm_pool.claim(job, warm_job.run_id(), warm_job.hook, pipeline_warm.release_state, log=lines.append,
                             now=time.time() + 601)
     assert claim is None
     deletes = [path for method, path, _, _ in cluster.requests if method == "DELETE"]
     assert deletes == [f"/api/v1/namespaces/{NAMESPACE}/pods/{state.placeholders[0]}",
-                       f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{state.claim}"]
+                       f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{state.claim}",
+                       f"/api/v1/namespaces/{NAMESPACE}/secrets/{k8s_names.registry_secret_name(job, first)}"]
     assert cluster.pods == [] and warm_pool.WarmPoolStore(warm_job.hook).load(job) is None
     assert f"warm pool: released pod/{state.placeholders[0]}" in lines
 

@@ -240,10 +240,12 @@ def test_release_deletes_the_placeholders_and_the_claim_and_skips_what_is_gone(w
                         f"persistentvolumeclaim/{state.claim}"]
     assert cluster.claims == [] and not any(p["metadata"]["name"] == state.placeholders[0] for p in cluster.pods)
     before = len(cluster.requests)
-    assert pipeline_warm.release_state(state, lines.append) == []  # again: both 404, skipped
+    assert pipeline_warm.release_state(state, lines.append) == []  # again: all 404, skipped
     assert [(m, p) for m, p, _, _ in cluster.requests[before:]] == [
         ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{state.placeholders[0]}"),
-        ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{state.claim}")]
+        ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{state.claim}"),
+        # the kept run's image pull Secret (ADR 0032; this job has no registry login: none was made)
+        ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/secrets/{k8s_names.registry_secret_name_of_claim(state.claim)}")]
 
 
 def test_release_for_capacity_deletes_the_claim_too(warm_job, cluster, lines, monkeypatch):

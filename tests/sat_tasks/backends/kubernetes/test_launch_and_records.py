@@ -229,7 +229,9 @@ def test_pod_gets_no_secret(captured, bucket, monkeypatch):
     operator.execute(_context(operator, {"validate_spec": spec}))
     ((pod, op),) = captured
     assert password not in json.dumps(pod) and password not in repr(op.full_pod_spec)
-    assert pod["spec"]["imagePullSecrets"] == [{"name": "sat-registry-main"}]
+    # the run's pull Secret, made from the registry login before the pod (ADR 0032), by name only
+    assert pod["spec"]["imagePullSecrets"] == [
+        {"name": k8s_names.registry_secret_name(TrainingJob.model_validate(spec), RUN_ID)}]
     container = pod["spec"]["containers"][0]
     assert not container.get("envFrom")
     # The only Secret references: the attempt's own Object Storage credentials for the checkpoint mirror

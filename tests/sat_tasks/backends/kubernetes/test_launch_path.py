@@ -16,6 +16,7 @@ import yaml
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
 from sat_tasks.backends.kubernetes import KubernetesBackend
+from sat_tasks.backends.kubernetes import names as k8s_names
 from sat_tasks.backends.kubernetes import staging as k8s_staging
 from sat_tasks.backends.kubernetes.operator import make_launch_operators
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
@@ -134,8 +135,11 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
     # provider adds its own labels to a pod (dag_id, task_id, try_number, ...); nothing else.
     created = [(kind, body) for kind, body in cluster.created if kind != "Secret" and (
         kind != "Pod" or body["metadata"]["labels"].get("app.kubernetes.io/component") == "training")]
-    # Not rendered: the attempt's Object Storage credentials (ADR 0020), one Secret its pods reference.
-    secrets = [body for kind, body in cluster.created if kind == "Secret"]
+    # Not rendered: the attempt's Object Storage credentials (ADR 0020), one Secret its pods reference,
+    # and the run's image pull Secret (ADR 0032, tested in test_pull_secret.py), made by stage_data.
+    pull = [body for kind, body in cluster.created if kind == "Secret" and body["type"] == "kubernetes.io/dockerconfigjson"]
+    assert [body["metadata"]["name"] for body in pull] == [k8s_names.registry_secret_name(job, RUN_ID)]
+    secrets = [body for kind, body in cluster.created if kind == "Secret" and body not in pull]
     assert len(secrets) == 1 and set(secrets[0]["stringData"]) == {"access_key_id", "secret_access_key",
                                                                    "session_token"}
     assert all(ref["valueFrom"]["secretKeyRef"]["name"] == secrets[0]["metadata"]["name"]
@@ -163,7 +167,7 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
     assert upload_pod["spec"]["containers"][0]["command"][3:] == [
         "upload", "--source", "/opt/sat/output", "--dest", run.output_uri]
     deleted = backend.cleanup_run(run, said.append)
-    assert deleted == [f"persistentvolumeclaim/{rendered[0]['metadata']['name']}"]
+    assert deleted == [f"secret/{pull[0]['metadata']['name']}", f"persistentvolumeclaim/{rendered[0]['metadata']['name']}"]
     assert cluster.pods == [] and cluster.services == [] and cluster.claims == [] and cluster.secrets == []
     assert backend.cleanup_run(run, said.append) == []  # idempotent
 

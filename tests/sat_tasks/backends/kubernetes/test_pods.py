@@ -370,10 +370,12 @@ def test_a_jobs_own_grace_period_sizes_its_pods_and_launcher():
         assert int(_env(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 20
 
 
-def test_image_and_pull_secret_named_after_registry_connection():
-    for pod in _pods(_render(_job("deepspeed-g2-2nodes"))):
+def test_image_and_the_runs_pull_secret_when_the_job_has_a_registry_login():
+    job = _job("deepspeed-g2-2nodes")
+    for pod in _pods(_render(job)):
         assert _container(pod)["image"] == "registry.example.com/team/train:1.0"
-        assert pod["spec"]["imagePullSecrets"] == [{"name": "sat-registry-main"}]
+        # the run's own pull Secret (ADR 0032): made from the login before the pods, deleted with the run
+        assert pod["spec"]["imagePullSecrets"] == [{"name": k8s_names.registry_secret_name(job, RUN_ID)}]
     assert "imagePullSecrets" not in _pods(_render(_job("spot-g3")))[0]["spec"]
 
 
@@ -809,10 +811,10 @@ class _FakeCoreV1:
     def delete_namespaced_service(self, name, namespace):
         self.deleted.append(("service", name, None))
 
-    def list_namespaced_secret(self, namespace, label_selector):
+    def list_namespaced_secret(self, namespace, label_selector, **kwargs):
         return self._select([], label_selector)  # the attempt's credentials Secret: tests/security
 
-    def delete_namespaced_secret(self, name, namespace):  # pragma: no cover - none listed here
+    def delete_namespaced_secret(self, name, namespace, **kwargs):  # pragma: no cover - none listed here
         self.deleted.append(("secret", name, None))
 
 
