@@ -8,7 +8,7 @@ share within `parse_budget` and says which specs it skipped when it runs out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from sat_tasks.airflow.shards import (
     shard_of,
     spec_paths,
 )
-from sat_tasks.spec import SpecError, SpecFileErrors, dag_id_for
+from sat_tasks.spec import SpecError, SpecFileErrors, TrainingJob, dag_id_for
 from sat_tasks.spec.loading import load_spec_cached
 
 
@@ -66,8 +66,24 @@ def load_job_dags(jobs_dir: str | Path, fileloc: str | None = None, *, build: bo
     without validating it (a filter on its text).
     """
     result = JobDagSet()
-    seen: dict[str, str] = {}
-    for path in spec_paths(jobs_dir):
+    for _place, path, job, dag_id in _valid_specs(enumerate(spec_paths(jobs_dir)), result, budget, only):
+        if dag_id in result.paths:
+            result.errors[str(path)] = (f"{path}: name: job name {job.name!r} is already used by "
+                                        f"{result.paths[dag_id]}")
+            continue
+        _keep(result, dag_id, job, path, build=build, fileloc=fileloc)
+    return result
+
+
+def _valid_specs(candidates: Iterable[tuple[int, Path]], result: JobDagSet, budget: ParseBudget | None,
+                 only: Callable[[str], bool] | None = None) -> Iterator[tuple[int, Path, TrainingJob, str]]:
+    """`(place, path, job, dag_id)` of each valid spec of `candidates` (place, path), in their order.
+
+    The steps every loop over spec files shares: a file left when `budget` is spent goes to
+    `result.skipped`, one whose text `only` refuses is passed over unread, a bad spec's
+    problems go to `result.errors`.
+    """
+    for place, path in candidates:
         if budget is not None and budget.exhausted():
             result.skipped.append(str(path))
             continue
@@ -78,18 +94,17 @@ def load_job_dags(jobs_dir: str | Path, fileloc: str | None = None, *, build: bo
         except SpecError as exc:
             result.errors[str(path)] = str(exc)
             continue
-        dag_id = dag_id_for(job)
-        if dag_id in seen:
-            result.errors[str(path)] = f"{path}: name: job name {job.name!r} is already used by {seen[dag_id]}"
-            continue
-        seen[dag_id] = str(path)
-        result.jobs[dag_id] = job
-        result.paths[dag_id] = path
-        if build:
-            from sat_tasks.airflow.dag_factory import build_job_dag
+        yield place, path, job, dag_id_for(job)
 
-            result.dags[dag_id] = build_job_dag(job, **_dag_kwargs(job, path, fileloc))
-    return result
+
+def _keep(result: JobDagSet, dag_id: str, job: TrainingJob, path: Path, *, build: bool, fileloc: str | None) -> None:
+    """Record a valid spec with a name of its own, and build its DAG (`build`)."""
+    result.jobs[dag_id] = job
+    result.paths[dag_id] = path
+    if build:
+        from sat_tasks.airflow.dag_factory import build_job_dag
+
+        result.dags[dag_id] = build_job_dag(job, **_dag_kwargs(job, path, fileloc))
 
 
 def _text_passes(path: Path, only: Callable[[str], bool]) -> bool:
@@ -132,29 +147,15 @@ def load_shard_dags(jobs_dir: str | Path, shard: int, *, shards: int = JOB_DAG_F
     DAG here (`sat_job_spec_errors.py` reports it). Specs left when the budget runs out are
     listed in `skipped`, logged, and kept in a report for `sat_job_spec_errors.py`.
     """
-    from sat_tasks.airflow.dag_factory import build_job_dag
-
     result = JobDagSet()
     paths = spec_paths(jobs_dir)
     mine = {place for place, path in enumerate(paths) if shard_of(path.name, shards) == shard}
     by_hint = _names_by_hint([(place, path) for place, path in enumerate(paths) if place not in mine]) if mine else {}
-    for place in sorted(mine):
-        path = paths[place]
-        if budget is not None and budget.exhausted():
-            result.skipped.append(str(path))
-            continue
-        try:
-            job = load_spec_cached(path)
-        except SpecError as exc:
-            result.errors[str(path)] = str(exc)
-            continue
-        dag_id = dag_id_for(job)
+    for place, path, job, dag_id in _valid_specs(((place, paths[place]) for place in sorted(mine)), result, budget):
         if dag_id in result.jobs or _is_taken(dag_id, place, by_hint):
             result.errors[str(path)] = f"{path}: name: job name {job.name!r} is already used by an earlier spec file"
             continue
-        result.jobs[dag_id] = job
-        result.paths[dag_id] = path
-        result.dags[dag_id] = build_job_dag(job, **_dag_kwargs(job, path, fileloc))
+        _keep(result, dag_id, job, path, build=True, fileloc=fileloc)
     if fileloc is not None and budget is not None:
         record_pass(jobs_dir, SkipReport(Path(fileloc).name, tuple(result.skipped), len(result.dags),
                                          round(budget.spent(), 1), round(budget.seconds, 1)))
