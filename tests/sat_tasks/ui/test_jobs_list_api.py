@@ -156,3 +156,144 @@ def test_a_list_on_a_quiet_deployment_writes_and_reads_nothing_more(client, admi
 
     with create_session() as session:
         assert run_index.sync(session, job_specs(), GENERIC, read_json=no_reader) == run_index.SyncCounts()
+
+
+# ---- GPU-hours, node-hours and goodput: the list, the job page, the Workspaces page (issue 30.8-9) --------------
+U0 = datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
+FAILOVER_HISTORY = [  # two attempts: 30 + 30 minutes in Running, a failover between them
+    {"status": "Pending", "at": (U0 + timedelta(seconds=30)).isoformat(), "reason": "queued", "attempt": None},
+    {"status": "Running", "at": (U0 + timedelta(minutes=1)).isoformat(), "reason": "attempt 1 started", "attempt": 1},
+    {"status": "Pending - failoverinprogress", "at": (U0 + timedelta(minutes=31)).isoformat(),
+     "reason": "HARDWARE: Xid 79", "attempt": 1},
+    {"status": "Running", "at": (U0 + timedelta(minutes=33)).isoformat(), "reason": "attempt 2 started", "attempt": 2},
+    {"status": "Completed", "at": (U0 + timedelta(minutes=63, microseconds=123456)).isoformat(),
+     "reason": "results uploaded", "attempt": 2},
+]
+CPU_HISTORY = [
+    {"status": "Running", "at": (U0 + timedelta(minutes=1)).isoformat(), "reason": "attempt 1 started", "attempt": 1},
+    {"status": "Completed", "at": (U0 + timedelta(minutes=31)).isoformat(), "reason": "results uploaded", "attempt": 1},
+]
+
+
+def _indexed_run(client, admin, s3_hook, form: dict[str, str], history: list[dict], *,  # noqa: F811
+                 creator: str = "ana", goodput: float | None = None) -> str:
+    """A run of the generic DAG as the pipeline leaves it: created through the API, its DAG run ended, its status.json
+    in Object Storage, and the summaries its tasks pushed as XComs (the status history's, finalize's goodput)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    from sat_tasks.core.run_summary import SUMMARY_KEY, summarize_history
+    from sat_tasks.io.object_storage import write_json
+    from sat_tasks.io.run_layout import RunLayout
+    from sat_tasks.ui import dag_runs
+    from sat_tasks.ui.jobs import job_of
+    from sat_tasks.ui.sources import job_specs
+
+    response = client.post("/sat/api/jobs", headers=admin, json={"form": form})
+    assert response.status_code == 201, response.text
+    run_id = response.json()["run_id"]
+    with create_session() as session:
+        run = session.query(DagRun).filter_by(dag_id=GENERIC, run_id=run_id).one()
+        run.state, run.queued_at, run.start_date = "success", U0, U0 + timedelta(seconds=30)
+        run.end_date, run.triggering_user_name = U0 + timedelta(minutes=64), creator
+        job = job_of(dag_runs.recorded_run_ref(session, run), job_specs(), GENERIC)
+        write_json(s3_hook, RunLayout(job, run_id).status_uri, history)
+        XComModel.set(SUMMARY_KEY, summarize_history(history).to_dict(), dag_id=GENERIC, task_id="validate_spec",
+                      run_id=run_id, session=session)
+        if goodput is not None:
+            XComModel.set(SUMMARY_KEY, {"goodput": goodput}, dag_id=GENERIC, task_id="finalize", run_id=run_id,
+                          session=session)
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def usage_runs(client, admin, s3_hook):  # noqa: F811
+    """Workspace `gpu-team` with a GPU job's run that failed over (2 nodes x 4 GPUs, 30 + 30 min Running, goodput
+    0.8); workspace `cpu-team` with a CPU job's run (1 node, no GPU, 30 min Running)."""
+    for name, resources in (("gpu-team", {"server_type": "g3", "gpus_per_node": 8}), ("cpu-team", {})):
+        body = {"name": name, "nodes": 4, "resources": resources,
+                "contract": {"start": "2026-01-01", "end": "2099-12-31"}}
+        created = client.post("/sat/api/workspaces", headers=admin, json=body)
+        assert created.status_code == 201, created.text
+    gpu_form = _good_form("usage-gpu", nodes="2", workspace="gpu-team",
+                          **{"resources.server_type": "g3", "resources.gpus_per_node": "4"})
+    failover = _indexed_run(client, admin, s3_hook, gpu_form, FAILOVER_HISTORY, goodput=0.8)
+    cpu = _indexed_run(client, admin, s3_hook, _good_form("usage-cpu", workspace="cpu-team"), CPU_HISTORY, creator="bo")
+    yield {"failover": failover, "cpu": cpu}
+    for name in ("gpu-team", "cpu-team"):
+        client.delete(f"/sat/api/workspaces/{name}", headers=admin)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _workspaces_dir(tmp_path_factory):
+    """The module's workspaces (`gpu-team`) in a directory of its own."""
+    import os
+
+    saved = {name: os.environ.get(name) for name in ("AIRFLOW__SAT__WORKSPACES_DIR", "AIRFLOW__SAT__WORK_DIR")}
+    home = tmp_path_factory.mktemp("usage")
+    os.environ["AIRFLOW__SAT__WORKSPACES_DIR"] = str(home / "workspaces")
+    os.environ["AIRFLOW__SAT__WORK_DIR"] = str(home / "work")
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def test_gpu_hours_count_both_attempts_of_a_failover_and_goodput_shows_in_the_list(client, admin, usage_runs):  # noqa: F811
+    found = _list(client, admin, q="usage-", sort="job", order="asc")
+    rows = {row["run_id"]: row for row in found["jobs"]}
+    gpu, cpu = rows[usage_runs["failover"]], rows[usage_runs["cpu"]]
+    # 2 nodes x 4 GPUs x (30 + 30 minutes): both attempts of the failover count
+    assert (gpu["gpu_hours"], gpu["node_hours"], gpu["cpu_only"], gpu["goodput"]) == (8.0, 2.0, False, 0.8)
+    assert (gpu["creator"], gpu["workspace"], gpu["queue_s"], gpu["running"]) == ("ana", "gpu-team", 30.0, False)
+    # a CPU job: 0 GPU-hours, said as such, and its node-hours (1 node x 30 minutes)
+    assert (cpu["gpu_hours"], cpu["node_hours"], cpu["cpu_only"], cpu["goodput"]) == (0.0, 0.5, True, None)
+    assert found["usage_by_workspace"]["gpu-team"] == {"gpu_hours": 8.0, "node_hours": 2.0, "runs": 1}
+    assert found["usage_by_workspace"]["cpu-team"] == {"gpu_hours": 0.0, "node_hours": 0.5, "runs": 1}
+    assert found["gpu_hours_by_workspace"]["gpu-team"] == 8.0
+    html = client.get("/sat/jobs", headers=admin, params={"q": "usage-"}).text
+    assert "<span class='goodput' title='goodput: time training / wall time (the job report)'>80%</span>" in html
+    assert ">8.00</span>" in html and "CPU, <span class='hours'>0.50</span> node-h" in html
+    assert "<a href='/sat/workspaces#ws-gpu-team'>gpu-team</a> 8.00" in html
+    assert "<a href='/sat/workspaces#ws-cpu-team'>cpu-team</a> 0.00 (CPU, 0.50 node-h)" in html
+
+
+def test_the_job_page_shows_gpu_hours_goodput_queue_time_and_times_in_the_persons_zone(client, admin, usage_runs):  # noqa: F811
+    import re
+
+    run_id = usage_runs["failover"]
+    data = client.get(f"/sat/api/jobs/{GENERIC}/runs/{run_id}", headers=admin).json()
+    assert (data["gpu_hours"], data["node_hours"], data["running_s"], data["goodput"]) == (8.0, 2.0, 3600.1, 0.8)
+    assert (data["creator"], data["queue_s"], data["queued"]) == ("ana", 30.0, U0.isoformat())
+    html = client.get(f"/sat/jobs/{GENERIC}/runs/{run_id}", headers=admin).text
+    usage = re.search(r"<p id='run-usage'>(.*?)</p>", html, re.S).group(1)
+    assert ">8.00</span>" in usage and ">80%</span>" in usage and "data-rate" not in usage  # ended: it ticks no more
+    times = re.search(r"<p id='run-times'>(.*?)</p>", html, re.S).group(1)
+    started = (U0 + timedelta(seconds=30)).isoformat()
+    assert f"<time class='when' datetime='{started}' data-style='full' id='started-at'" in times
+    assert "2026-11-20 08:00:30 UTC</time>" in times and "waited <span id='queue-time'>0m 30s</span>" in times
+    assert "class='duration'" in times and "ticking" not in times  # the run has ended: its duration is fixed
+    assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d", re.sub(r"datetime='[^']*'", "", times))  # no microseconds shown
+    facts = re.search(r"<p id='run-facts'>(.*?)</p>", html, re.S).group(1)
+    assert "created by <span id='creator'>ana</span>" in facts and "href='/sat/workspaces#ws-gpu-team'" in facts
+    assert "2 node(s) &times; 4 GPU(s)" in facts
+    # the status history's times too: the person's zone by script, UTC to the second without it
+    history = re.sub(r"datetime='[^']*'", "", html.split("<h3>Status history</h3>")[1].split("</table>")[0])
+    assert "2026-11-20 09:03:00 UTC</time>" in history and ".123456" not in history
+    cpu = client.get(f"/sat/jobs/{GENERIC}/runs/{usage_runs['cpu']}", headers=admin).text
+    assert "CPU, <span class='hours'>0.50</span> node-h" in re.search(r"<p id='run-usage'>(.*?)</p>", cpu, re.S).group(1)
+
+
+def test_the_workspaces_page_sums_gpu_and_node_hours_over_its_jobs_runs(client, admin, usage_runs):  # noqa: F811
+    listed = {w["name"]: w for w in client.get("/sat/api/workspaces", headers=admin).json()["workspaces"]}
+    assert listed["gpu-team"]["usage"] == {"gpu_hours": 8.0, "node_hours": 2.0, "runs": 1}
+    assert listed["cpu-team"]["usage"] == {"gpu_hours": 0.0, "node_hours": 0.5, "runs": 1}
+    html = client.get("/sat/workspaces", headers=admin).text
+    row = html.split("id='ws-gpu-team'")[1].split("</tr>")[0]
+    assert "<span class='gpu-hours'>8.00</span>" in row and "2.00 node-h</small>" in row
+    assert "href='/sat/jobs?workspace=gpu-team'>1 run(s)</a>" in row
+    cpu = html.split("id='ws-cpu-team'")[1].split("</tr>")[0]
+    assert "<span class='gpu-hours'>0.00</span>" in cpu and "0.50 node-h (CPU)</small>" in cpu

@@ -230,7 +230,7 @@ def test_the_list_page_shows_the_services_words_escapes_and_links_pages(session)
     assert "href='/sat/jobs/sat_training_job/runs/manual__0060'" in html and ">Running</span>" in html
     assert "Runs 1&ndash;50 of 60" in html and "href='/sat/jobs?page=2'" in html
     assert "class='duration ticking'" in html and "<time class='when'" in html and "On-Demand" in html
-    assert "<a href='/sat/workspaces' class='workspace'>ws-a</a>" in html
+    assert "<a href='/sat/workspaces#ws-ws-a' class='workspace'>ws-a</a>" in html
     assert "href='/sat/jobs?sort=job&amp;order=asc'" in html  # a name sorts A-Z first
     assert "href='/sat/jobs?sort=gpu_hours&amp;order=desc'" in html  # an amount, largest first
     assert "href='/sat/jobs?sort=started&amp;order=asc'" in html  # the sorted column flips
