@@ -51,6 +51,7 @@ def test_demo_job_fails_over_resumes_learns_and_uploads(s3_hook, demo_bucket, ai
     assert f"Resuming from checkpoint-{committed}" in log
     assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
     assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix)
+    assert_the_report_splits_the_recovery(s3_hook, report, committed, prefix)
     assert_the_output_is_what_a_person_follows(out, report, committed)
 
 
@@ -132,3 +133,22 @@ def assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix):
     assert prefix + "report.html" in keys
     page = s3_hook.read_key(prefix + "report.html", bucket_name=report["results"].split("/")[2])
     assert "alt='Loss'" in page and "alt='Checkpoints'" in page and "resumed at step" in page
+
+
+def assert_the_report_splits_the_recovery(s3_hook, report, committed, prefix):
+    """The fault's recovery in report.json and report.html: five measured phases that add up to it (issue 32.4)."""
+    from sat_tasks.pipeline.report import RECOVERY_PHASES
+
+    (fault,) = report["recovery"]
+    first, second = report["attempts"]
+    assert (fault["attempt"], fault["next_attempt"], fault["verdict"]) == (1, 2, "HARDWARE")
+    assert (fault["node"], fault["next_node"], fault["resumed_from_step"]) == (first["node"], second["node"], committed)
+    phases = [fault["phases"][name] for name, _, _ in RECOVERY_PHASES]
+    assert "unknown" not in fault and all(p is not None and p >= 0 for p in phases), fault
+    assert 0 < fault["recovery_s"] < 600 and sum(phases) <= fault["recovery_s"] + 1e-9, fault
+    assert fault["phases"]["start"] > 0 and fault["phases"]["first_step"] > 0, fault  # imports; one step
+    page = s3_hook.read_key(prefix + "report.html", bucket_name=report["results"].split("/")[2])
+    table = page[page.index("<h2>Recovery per fault</h2>"):]
+    table = table[:table.index("</table>")]
+    assert "<i>unknown</i>" not in table and f"<td>{fault['phases']['restore']:.2f}s</td>" in table
+    assert "alt='Recovery phases'" in page
