@@ -18,7 +18,9 @@ from sat_tasks.core.run_summary import (
     RunSummary,
     gpu_hours,
     running_seconds,
+    short_node_seconds,
     summarize_history,
+    usage,
 )
 from sat_tasks.spec import parse_spec
 from sat_tasks.ui import run_index
@@ -43,7 +45,8 @@ def _record(n: int, **fields) -> dict:
         "creator": "admin", "status": "Completed", "run_state": "success",
         "submitted_at": T0 + timedelta(minutes=n), "queued_at": T0 + timedelta(minutes=n),
         "start_date": T0 + timedelta(minutes=n, seconds=30), "end_date": T0 + timedelta(minutes=n + 5),
-        "running_s": 0.0, "running_since": None, "tags": "{}", "tags_text": "\n",
+        "running_s": 0.0, "running_since": None, "tags": "{}", "tags_text": "\n", "short_node_s": 0.0,
+        "running_short_nodes": 0,
     }
     tags = fields.pop("tag_map", None)
     if tags is not None:
@@ -300,3 +303,106 @@ def test_the_xcom_listener_pushes_in_a_task_merges_finalizes_goodput_and_is_quie
     listener.summary_published({"goodput": 0.9})
     assert ti.pushed == [(SUMMARY_KEY, {"status": "Failed", "attempt": 2}),
                          (SUMMARY_KEY, {"status": "Failed", "attempt": 2, "goodput": 0.9})]
+
+
+# ---- elastic attempts on fewer nodes, CPU jobs, and an older deployment's table (ADR 0033) -------------------------
+def test_an_elastic_attempt_on_fewer_nodes_counts_only_the_nodes_it_held():
+    history = [
+        {"status": "Running", "at": "2026-12-01T10:00:00+00:00", "attempt": 1, "reason": "attempt 1 started on a, b"},
+        {"status": "Pending - failoverinprogress", "at": "2026-12-01T10:30:00+00:00", "attempt": 1},
+        {"status": "Running", "at": "2026-12-01T10:40:00+00:00", "attempt": 2,
+         "reason": "attempt 2 started on b; resumed on 1 of 2 nodes (a excluded: HARDWARE)"},
+        {"status": "Completed", "at": "2026-12-01T11:10:00+00:00", "attempt": 2},
+    ]
+    summary = summarize_history(history)
+    assert (summary.running_s, summary.short_node_s, summary.running_short_nodes) == (3600.0, 1800.0, 0)
+    # 2 nodes x 30 min + 1 node x 30 min = 1.5 node-hours; x 8 GPUs = 12 GPU-hours (not 16)
+    assert usage(2, 8, summary.running_s, summary.short_node_s) == {"gpu_hours": 12.0, "node_hours": 1.5,
+                                                                    "cpu_only": False}
+    running = summarize_history(history[:3])  # the shrunk attempt runs now: its open interval is 1 node short
+    assert (running.short_node_s, running.running_short_nodes) == (0.0, 1)
+    now = datetime(2026, 12, 1, 11, 10, tzinfo=UTC)
+    since = datetime.fromisoformat(running.running_since)
+    short = short_node_seconds(running.short_node_s, running.running_short_nodes, since, now)
+    assert usage(2, 8, running_seconds(running.running_s, since, now), short)["gpu_hours"] == 12.0
+    assert RunSummary.from_dict(summary.to_dict()) == summary
+
+
+def test_a_cpu_job_has_no_gpu_hours_and_says_its_node_hours(session):
+    assert usage(3, 0, 1200.0) == {"gpu_hours": 0.0, "node_hours": 1.0, "cpu_only": True}
+    _seed(session, [_record(1, nodes=3, gpus_per_node=0, workspace="cpu-ws", running_s=1200.0),
+                    _record(2, nodes=2, gpus_per_node=4, workspace="gpu-ws", running_s=1800.0, short_node_s=900.0),
+                    _record(3, nodes=1, gpus_per_node=0, workspace="cpu-ws", running_s=600.0, listed=False)])
+    found = list_runs(session, ListQuery(sort="job", order="asc"), DAGS, now=T0)
+    assert [(r["gpu_hours"], r["node_hours"], r["cpu_only"]) for r in found.rows] == [(0.0, 1.0, True),
+                                                                                       (3.0, 0.75, False)]
+    assert run_index.usage_by_workspace(session, DAGS, now=T0) == {
+        "cpu-ws": {"gpu_hours": 0.0, "node_hours": 1.0, "runs": 1},
+        "gpu-ws": {"gpu_hours": 3.0, "node_hours": 0.75, "runs": 1}}
+    sorted_by_use = list_runs(session, ListQuery(sort="gpu_hours", order="desc"), DAGS, now=T0)
+    assert [r["job"] for r in sorted_by_use.rows] == ["job-0002", "job-0001"]
+
+
+def test_a_run_that_ended_while_running_counts_up_to_its_end():
+    since, end = T0, T0 + timedelta(minutes=20)
+    assert run_index.closed_at_end(600.0, since, 300.0, 1, end) == {
+        "running_s": 1800.0, "running_since": None, "short_node_s": 1500.0, "running_short_nodes": 0}
+    assert run_index.closed_at_end(600.0, None, None, None, end)["running_s"] == 600.0
+
+
+# The table as the first release (2e47b7e) created it: without the columns ADR 0033 added.
+FIRST_RELEASE_COLUMNS = ("short_node_s", "running_short_nodes")
+
+
+def _first_release_table(engine) -> None:
+    from sqlalchemy import Column, MetaData, Table
+
+    old = MetaData()
+    Table(run_index.TABLE_NAME, old, *[Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+                                        for c in INDEX.c if c.name not in FIRST_RELEASE_COLUMNS])
+    old.create_all(engine)
+
+
+def test_an_existing_table_without_the_new_columns_gets_them_and_keeps_its_rows(tmp_path, monkeypatch):
+    from sqlalchemy import inspect, text
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    _first_release_table(engine)
+    with engine.begin() as connection:
+        connection.execute(text(f"INSERT INTO {run_index.TABLE_NAME} (dag_id, run_id, listed, job, nodes, "
+                                "gpus_per_node, tags, tags_text, status, running_s, workspace) VALUES "
+                                "('sat_training_job', 'manual__0001', 1, 'old-job', 2, 4, '{}', '\n', 'Completed', "
+                                "3600.0, 'ws-a')"))
+    monkeypatch.setattr(run_index, "_created", set())
+    with Session(engine) as db:
+        run_index.ensure_table(db)  # what the API server does on its first list
+        assert set(FIRST_RELEASE_COLUMNS) <= {c["name"] for c in inspect(engine).get_columns(run_index.TABLE_NAME)}
+        found = list_runs(db, ListQuery(), DAGS, now=T0)  # the old row: NULL shortfall reads as none
+        assert [(r["job"], r["gpu_hours"], r["node_hours"]) for r in found.rows] == [("old-job", 8.0, 2.0)]
+        assert found.usage_by_workspace == {"ws-a": {"gpu_hours": 8.0, "node_hours": 2.0, "runs": 1}}
+    assert run_index.add_missing_columns(engine) == []  # idempotent: a second API server adds nothing
+
+
+def test_a_column_another_server_added_meanwhile_is_not_an_error(tmp_path, monkeypatch):
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    _first_release_table(engine)
+    real = run_index._columns
+    looks: list[set[str]] = []
+
+    def stale_first(bind):  # the first look misses the columns; by its ALTER another server has added them
+        looks.append(real(bind))
+        if len(looks) == 1:
+            _add_behind_its_back(bind)
+        return looks[-1]
+
+    monkeypatch.setattr(run_index, "_columns", stale_first)
+    assert run_index.add_missing_columns(engine) == []  # its ALTERs lost the race: no error, nothing added twice
+    assert set(FIRST_RELEASE_COLUMNS) <= real(engine)
+
+
+def _add_behind_its_back(engine) -> None:
+    from sqlalchemy import text
+
+    with engine.begin() as connection:
+        for name, kind in (("short_node_s", "FLOAT"), ("running_short_nodes", "INTEGER")):
+            connection.execute(text(f"ALTER TABLE {run_index.TABLE_NAME} ADD COLUMN {name} {kind}"))
