@@ -118,3 +118,130 @@ def adapt_to_world_size(trainer: Any, environ: Mapping[str, str] = os.environ) -
     """Both adaptations, at ``DecoratedCheckpointing``'s construction (before ``train()``)."""
     scale_accumulation(trainer.args, environ)
     map_rng_states(trainer)
+
+
+# ---- DeepSpeed ZeRO: resharding through DeepSpeed's universal checkpoint ------------------------------------
+UNIVERSAL_DIR = "universal"  # under the checkpoint root: universal/checkpoint-<step>/ (not a checkpoint-<step> itself)
+UNIVERSAL_LAYOUT = "deepspeed-universal"
+_ZERO_SHARD = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+
+
+def saved_zero_ranks(checkpoint: str) -> tuple[str, int] | None:
+    """(the DeepSpeed tag ``latest`` names, how many ranks saved its ZeRO shards); None without a DeepSpeed part."""
+    try:
+        with open(os.path.join(checkpoint, "latest"), encoding="utf-8") as handle:
+            tag = handle.read().strip()
+        names = os.listdir(os.path.join(checkpoint, tag))
+    except OSError:
+        return None
+    ranks = {int(m.group(1)) for name in names if (m := _ZERO_SHARD.match(name))}
+    return (tag, len(ranks)) if ranks else None
+
+
+def universal_view(checkpoint: str, root: str, world_size: int, *, is_writer: bool,
+                   convert: Any = None) -> str | None:
+    """For a DeepSpeed checkpoint saved by another number of ranks: a directory the Trainer resumes from instead.
+
+    ``<root>/universal/checkpoint-<step>/`` holds ``<tag>_universal/`` (DeepSpeed's
+    ``ds_to_universal`` of the checkpoint's ZeRO shards, once), ``latest_universal``, a
+    ``manifest.json`` of those files (layout ``deepspeed-universal``, checked like any
+    checkpoint's before each use; a view that fails the check is built again), and links to the
+    checkpoint's other files (the weights, scheduler, trainer state, RNG states). The checkpoint
+    itself is not touched. None when the checkpoint needs no conversion (same world size, no
+    ZeRO shards). The writer (rank 0) builds it; the caller makes the other ranks wait.
+    """
+    found = saved_zero_ranks(checkpoint)
+    if found is None or found[1] == world_size:
+        return None
+    tag, saved = found
+    from ckpt_engine.manifest import verify_checkpoint
+    from ckpt_engine.storage.file import FileStorage
+
+    name = os.path.basename(os.path.normpath(checkpoint))
+    view = os.path.join(root, UNIVERSAL_DIR, name)
+    storage = FileStorage(os.path.join(root, UNIVERSAL_DIR))
+    if not is_writer:
+        return view
+    if os.path.isdir(view) and verify_checkpoint(storage, name).ok:
+        log.info("[Concurrent Checkpoint] elastic: %s was converted to DeepSpeed's universal format before (%s)",
+                 name, view)
+        return view
+    log.info("[Concurrent Checkpoint] elastic: %s was saved by %d rank(s), %d now: converting its ZeRO shards to "
+             "DeepSpeed's universal format (ds_to_universal) into %s", name, saved, world_size, view)
+    _build_universal_view(checkpoint, view, tag, convert or _ds_to_universal)
+    report = verify_checkpoint(storage, name)
+    if not report.ok:
+        raise ConfigError(f"the universal conversion of {name} does not check out: {'; '.join(report.problems)}")
+    return view
+
+
+def _build_universal_view(checkpoint: str, view: str, tag: str, convert: Any) -> None:
+    import shutil
+
+    from ckpt_engine.contract import MANIFEST_NAME, FileEntry, Manifest, parse_step
+    from ckpt_engine.manifest import hash_file
+    from ckpt_engine.storage.file import FileStorage
+
+    staging = view + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(view, ignore_errors=True)
+    os.makedirs(staging)
+    convert(os.path.join(checkpoint, tag), os.path.join(staging, f"{tag}_universal"))
+    with open(os.path.join(staging, "latest_universal"), "w", encoding="utf-8") as handle:
+        handle.write(f"{tag}_universal")
+    storage = FileStorage(staging)
+    files = {}
+    for folder, _dirs, names in os.walk(staging):
+        for file_name in names:
+            key = os.path.relpath(os.path.join(folder, file_name), staging)
+            size, checksum = hash_file(storage, key)
+            files[key] = FileEntry(size=size, checksum=checksum)
+    for entry in os.listdir(checkpoint):  # the rest of the checkpoint, as it was committed (its manifest checked it)
+        if entry not in (MANIFEST_NAME, "latest_universal", f"{tag}_universal"):
+            os.symlink(os.path.abspath(os.path.join(checkpoint, entry)), os.path.join(staging, entry))
+    step = parse_step(os.path.basename(os.path.normpath(checkpoint)))
+    manifest = Manifest(step=-1 if step is None else step, files=files, layout=UNIVERSAL_LAYOUT,
+                        metadata={"converted_from": os.path.abspath(checkpoint), "tag": tag})
+    with open(os.path.join(staging, MANIFEST_NAME), "wb") as handle:
+        handle.write(manifest.to_json())
+    os.replace(staging, view)
+
+
+def _ds_to_universal(input_folder: str, output_folder: str) -> None:
+    """DeepSpeed's own converter, as its CLI runs it (one worker each; missing client state injected)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                           input_folder, "--output_folder", output_folder, "--num_extract_workers", "1",
+                           "--num_merge_workers", "1", "--inject_missing_state"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ConfigError(f"ds_to_universal of {input_folder} failed (exit {done.returncode}): "
+                          f"{(done.stderr or done.stdout)[-2000:]}")
+
+
+def resume_on_another_world_size(trainer: Any, checkpoint: str | None, root: str) -> str | None:
+    """The path the Trainer resumes from: ``checkpoint``, or for DeepSpeed saved by another world size its universal view.
+
+    Called on every rank after the checkpoint is chosen, before ``Trainer.train`` builds the
+    DeepSpeed engine: sets ``checkpoint.load_universal`` in the DeepSpeed config, so the engine
+    loads the view's ``latest_universal`` (its parameters and optimizer state resharded to this
+    world size by DeepSpeed).
+    """
+    if checkpoint is None or not getattr(trainer, "is_deepspeed_enabled", False):
+        return checkpoint
+    args = trainer.args
+    view = universal_view(checkpoint, root, args.world_size, is_writer=args.process_index == 0)
+    if args.world_size > 1:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # the writer has built (or found) the view
+    if view is None:
+        return checkpoint
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    plugin.deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
+    log.info("[Concurrent Checkpoint] elastic: rank %d of %d resumes from the universal view %s",
+             args.process_index, args.world_size, view)
+    return view

@@ -313,6 +313,10 @@ class DecoratedCheckpointing:
             resume_from_checkpoint = self.resolve_resume(step)
         elif isinstance(resume_from_checkpoint, str):
             self.resumed_from_step = parse_step(os.path.basename(os.path.normpath(resume_from_checkpoint)))
+        if isinstance(resume_from_checkpoint, str):  # DeepSpeed saved by another world size: its universal view
+            from ckpt_engine.integrations.elastic import resume_on_another_world_size
+
+            resume_from_checkpoint = resume_on_another_world_size(self.trainer, resume_from_checkpoint, self.root)
         try:
             output = self._trainer_train(resume_from_checkpoint, *args, **kwargs)
         finally:

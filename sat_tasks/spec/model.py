@@ -255,8 +255,9 @@ class WarmPool(_Model):
     )
 
 
-#: The frameworks an elastic job may use: DDP's replicated state loads on any world size (ADR 0029).
-ELASTIC_FRAMEWORKS = ("pytorch",)
+#: The frameworks an elastic job may use (ADR 0029): DDP's replicated state loads on any world size; DeepSpeed's
+#: ZeRO shards are converted to its universal format by the engine when the world size changed.
+ELASTIC_FRAMEWORKS = ("pytorch", "deepspeed")
 MAX_ELASTIC_WAIT_SECONDS = 86400
 
 
@@ -289,8 +290,7 @@ def elastic_problems(data: dict[str, Any]) -> list[str]:
     framework = data.get("framework", Framework.PYTORCH.value)
     if framework not in ELASTIC_FRAMEWORKS:
         problems.append(f"elastic: not allowed with framework {framework}: allowed with "
-                        f"{' or '.join(ELASTIC_FRAMEWORKS)} (DDP) only; DeepSpeed's universal checkpoints are not "
-                        "wired in yet (ADR 0029)")
+                        f"{' or '.join(ELASTIC_FRAMEWORKS)} only (ADR 0029)")
     return problems
 
 
@@ -429,7 +429,7 @@ class TrainingJob(_Model):
         json_schema_extra={"x-rule": f"at most {MAX_NOTIFICATIONS} notifications"})
     elastic: Elastic | None = Field(
         None, description="fail over onto fewer nodes (down to min_nodes) when no spare node is healthy within "
-                          "wait_seconds; only with job_failover and framework pytorch (ADR 0029)")
+                          "wait_seconds, and grow back when they return; only with job_failover (ADR 0029)")
     workspace: str | None = ruled(
         None, rule="must be a workspace name: 1-63 chars of lowercase letters, digits, '-' or '.'",
         max_length=63, pattern=r"^[a-z0-9](?:(?:[a-z0-9-]|\.[a-z0-9-])*(?:[a-z0-9]|\.[a-z0-9]))?$",

@@ -9,6 +9,7 @@ engine's wrap hands it the saved rank `r mod W`'s file instead. The end-to-end s
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
@@ -93,3 +94,91 @@ def test_a_trainer_at_world_size_one_restores_rank_zeros_state_from_a_two_rank_c
     assert torch.equal(torch.random.get_rng_state(), wanted)
     assert "saved by 2 rank(s); rank 0 of 1 restores rng_state_0.pth" in caplog.text
     assert sorted(p.name for p in checkpoint.iterdir()) == ["rng_state_0.pth", "rng_state_1.pth"]  # left as it was
+
+
+# ---- DeepSpeed ZeRO: the universal view ------------------------------------------------------------
+def zero_checkpoint(root: Path, ranks: int) -> Path:
+    """A committed-looking DeepSpeed checkpoint: its `latest` tag and one ZeRO optimizer shard per saved rank."""
+    folder = root / "checkpoint-3"
+    (folder / "global_step3").mkdir(parents=True)
+    (folder / "latest").write_text("global_step3")
+    (folder / "global_step3" / "mp_rank_00_model_states.pt").write_bytes(b"model")
+    for rank in range(ranks):
+        (folder / "global_step3" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"shard")
+    for name in ("model.safetensors", "scheduler.pt", "trainer_state.json", "rng_state_0.pth", "manifest.json"):
+        (folder / name).write_bytes(name.encode())
+    return folder
+
+
+def fake_convert(calls: list[str]):
+    def convert(input_folder: str, output_folder: str) -> None:
+        calls.append(input_folder)
+        Path(output_folder, "zero", "w").mkdir(parents=True)
+        Path(output_folder, "zero", "w", "fp32.pt").write_bytes(b"universal")
+        Path(output_folder, "mp_rank_00_model_states.pt").write_bytes(b"model")
+    return convert
+
+
+def test_a_zero_checkpoint_of_another_world_size_gets_a_checked_universal_view_once(tmp_path):
+    from ckpt_engine.integrations.elastic import saved_zero_ranks, universal_view
+
+    root = tmp_path / "concurrent_checkpoint"
+    checkpoint = zero_checkpoint(root, ranks=2)
+    assert saved_zero_ranks(str(checkpoint)) == ("global_step3", 2)
+    assert universal_view(str(checkpoint), str(root), 2, is_writer=True) is None  # same world size: as it is
+    calls: list[str] = []
+    view = Path(universal_view(str(checkpoint), str(root), 1, is_writer=True, convert=fake_convert(calls)))
+    assert view == root / "universal" / "checkpoint-3" and calls == [str(checkpoint / "global_step3")]
+    assert (view / "latest_universal").read_text() == "global_step3_universal"
+    manifest = json.loads((view / "manifest.json").read_text())
+    assert manifest["layout"] == "deepspeed-universal" and manifest["step"] == 3
+    assert set(manifest["files"]) == {"latest_universal", "global_step3_universal/mp_rank_00_model_states.pt",
+                                      "global_step3_universal/zero/w/fp32.pt"}
+    assert (view / "model.safetensors").resolve() == (checkpoint / "model.safetensors").resolve()  # linked, not copied
+    assert sorted(p.name for p in checkpoint.iterdir()) == [  # the committed checkpoint is left as it was
+        "global_step3", "latest", "manifest.json", "model.safetensors", "rng_state_0.pth", "scheduler.pt",
+        "trainer_state.json"]
+
+    assert universal_view(str(checkpoint), str(root), 1, is_writer=True, convert=fake_convert(calls)) == str(view)
+    assert len(calls) == 1  # checked against its manifest and reused
+    (view / "global_step3_universal" / "zero" / "w" / "fp32.pt").write_bytes(b"flipped!!")
+    universal_view(str(checkpoint), str(root), 1, is_writer=True, convert=fake_convert(calls))
+    assert len(calls) == 2  # a view that fails its manifest is built again
+    assert universal_view(str(checkpoint), str(root), 1, is_writer=False) == str(view)
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_two_ranks_resume_on_one_through_the_universal_format(tmp_path, vendor_dir, corpus_dir):
+    """The seed script under DeepSpeed ZeRO-2: 2 ranks save, 1 rank resumes (accumulation x2) with the same losses."""
+    pytest.importorskip("deepspeed")
+    import subprocess
+    import sys
+
+    from ckpt_helpers import seed_env, write_ds_config
+
+    config = write_ds_config(tmp_path / "ds.json", 2)
+    out = tmp_path / "run"
+
+    def torchrun(ranks: int, *args: str, env: dict[str, str] | None = None) -> str:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m",
+                   "ckpt_engine.launch", str(Path(__file__).with_name("run_seed.py")), "--data_dir", str(corpus_dir),
+                   "--output_dir", str(out), "--max_steps", "6", "--save_steps", "3", "--deepspeed", str(config),
+                   *args]
+        done = subprocess.run(command, env=seed_env(vendor_dir, DS_ACCELERATOR="cpu", SEED_CPU_DIST="1", **(env or {})),
+                              cwd=str(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        return done.stdout + done.stderr
+
+    torchrun(2)
+    uninterrupted = losses(out / "concurrent_checkpoint" / "checkpoint-6")
+    log = torchrun(1, env={"CKPT_LAST_STEP": "3", ACCUMULATION_SCALE_ENV: "2", "SAT_ATTEMPT": "2"})
+    assert "checkpoint-3 was saved by 2 rank(s), 1 now: converting its ZeRO shards" in log
+    assert "rank 0 of 1 resumes from the universal view" in log
+    resumed = losses(out / "concurrent_checkpoint" / "checkpoint-6")
+    assert {step: resumed[step] for step in (4, 5, 6)} == pytest.approx(
+        {step: uninterrupted[step] for step in (4, 5, 6)}, abs=1e-4)
+
+
+def losses(checkpoint: Path) -> dict[int, float]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}

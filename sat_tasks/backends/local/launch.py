@@ -42,6 +42,7 @@ from sat_tasks.core.runtime_env import (
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.scoped_credentials import training_credentials
+from sat_tasks.spec import Framework
 
 
 class AttemptInterrupted(RuntimeError):
@@ -163,7 +164,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         env[NODES_ENV] = str(len(nodes))
         if len(nodes) < job.nodes:
             env[ACCUMULATION_SCALE_ENV] = str(job.nodes // len(nodes))  # the global batch stays the planned one
-        command = elastic_command(command, len(nodes))
+        command = elastic_command(command, len(nodes), deepspeed=job.framework is Framework.DEEPSPEED)
     runner = LocalAttempt(
         job=job.name,
         attempt=plan.attempt,
@@ -200,15 +201,18 @@ _PYTHON_COMMAND = re.compile(r"^\s*python(?:3(?:\.\d+)?)?(?:\s+-[uBOEsI]+)*\s+(?
 _LAUNCHER_MODULE = re.compile(r"^-m\s+(torch\.distributed\.(run|launch)|deepspeed|accelerate|ckpt_engine\.launch)\b")
 
 
-def elastic_command(command: str, ranks: int) -> str:
+def elastic_command(command: str, ranks: int, *, deepspeed: bool = False) -> str:
     """An elastic job's command on the local backend: `python ...` as `torchrun` with one rank per node held.
 
     The local "nodes" are this host, so the ranks meet on a standalone rendezvous (gloo on CPU,
-    a free port each time); any other command (an explicit launcher, a shell script) runs as
-    written and reads `SAT_NODES`, the number of nodes the attempt holds.
+    a free port each time); a DeepSpeed script's ranks start through `ckpt_engine.launch` (its
+    `--local_rank`, as the Kubernetes backend starts them). Any other command (an explicit
+    launcher, a shell script) runs as written and reads `SAT_NODES`, the number of nodes the
+    attempt holds.
     """
     match = _PYTHON_COMMAND.match(command)
     if not match or _LAUNCHER_MODULE.match(match.group("rest")):
         return command
-    return f"torchrun --standalone --nnodes=1 --nproc_per_node={ranks} {match.group('rest')}"
+    entry = "-m ckpt_engine.launch " if deepspeed else ""
+    return f"torchrun --standalone --nnodes=1 --nproc_per_node={ranks} {entry}{match.group('rest')}"
 

@@ -5,7 +5,8 @@ Shaped like the service's documented script (build the Trainer, `DecoratedCheckp
 test (tests/e2e/test_elastic_failover.py): the data is synthetic (each sample an arithmetic sequence
 mod the vocabulary, so there is something to learn, and its id travels with it), every step's loss
 is logged, and each rank appends one line per micro-batch, `{"step", "rank", "world", "idx"}`, to
-`<output_dir>/samples/attempt-<SAT_ATTEMPT>-rank-<rank>.jsonl`. Run it under `torchrun`.
+`<output_dir>/samples/attempt-<SAT_ATTEMPT>-rank-<rank>.jsonl`. Run it under `torchrun`; with
+`--zero_stage N` it trains under DeepSpeed ZeRO-N on CPU (ranks started through `ckpt_engine.launch`).
 """
 
 import argparse
@@ -37,6 +38,9 @@ def parse_args():
     parser.add_argument("--learning_rate", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--samples", type=int, default=1024)
+    parser.add_argument("--zero_stage", type=int, default=0,
+                        help="DeepSpeed ZeRO stage (1-3; 0: plain DDP); start the ranks through ckpt_engine.launch")
+    parser.add_argument("--local_rank", type=int, default=-1, help="passed by ckpt_engine.launch under DeepSpeed")
     parser.add_argument("--step_sleep", type=float, default=0.0,
                         help="seconds each micro-batch waits (so a fault at step N strikes near N)")
     return parser.parse_args()
@@ -74,10 +78,38 @@ class RecordingTrainer(Trainer):
 STEP_SLEEP = 0.0
 
 
+def deepspeed_on_cpu():
+    """DeepSpeed's ranks on CPU (as tests/ckpt_engine/run_seed.py): no shared-memory op to build, gloo for Accelerate.
+
+    Accelerate picks no backend without an accelerator and would report world size 1 while
+    DeepSpeed runs gloo over every rank.
+    """
+    import accelerate.state
+    import deepspeed.ops
+    from accelerate.utils import DistributedType
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    prepare = accelerate.state.PartialState._prepare_backend
+
+    def prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        chosen, kind = prepare(self, cpu, sagemaker_dp, backend)
+        if chosen is None and kind == DistributedType.NO and int(os.environ.get("LOCAL_RANK", "-1")) != -1:
+            return "gloo", DistributedType.MULTI_CPU
+        return chosen, kind
+
+    accelerate.state.PartialState._prepare_backend = prepare_backend
+
+
 def main():
     global STEP_SLEEP
     args = parse_args()
     STEP_SLEEP = args.step_sleep
+    deepspeed = None
+    if args.zero_stage:
+        deepspeed_on_cpu()
+        deepspeed = {"zero_optimization": {"stage": args.zero_stage}, "train_micro_batch_size_per_gpu": "auto",
+                     "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                     "zero_allow_untested_optimizer": True}
     torch.manual_seed(args.seed)
     print("Starting dataset initialization", flush=True)
     train_dataset = build_dataset(args.samples)
@@ -101,6 +133,7 @@ def main():
         remove_unused_columns=False,
         use_cpu=True,
         disable_tqdm=True,
+        deepspeed=deepspeed,
     )
     trainer = RecordingTrainer(model=model, args=training_args, train_dataset=train_dataset,
                                data_collator=default_data_collator)

@@ -35,8 +35,6 @@ def job(**fields):
     pytest.param({"job_failover": False}, "elastic", "only with job_failover: true", id="without-failover"),
     pytest.param({"elastic": {"min_nodes": 2}}, "elastic.min_nodes", "must be less than nodes (2), got 2",
                  id="min-not-below-nodes"),
-    pytest.param({"framework": "deepspeed"}, "elastic", "not allowed with framework deepspeed: allowed with pytorch",
-                 id="deepspeed"),
     pytest.param({"elastic": {"min_nodes": 0}}, "elastic.min_nodes", "must be >= 1", id="zero-min"),
     pytest.param({"elastic": {"min_nodes": 1, "wait_seconds": -1}}, "elastic.wait_seconds",
                  "must be between 0 and 86400", id="negative-wait"),
@@ -46,6 +44,10 @@ def test_a_bad_elastic_field_is_refused_naming_the_field_and_the_rule(fields, fi
     with pytest.raises(SpecError) as refused:
         job(**fields)
     assert any(p.field == field and rule in p.rule for p in refused.value.problems), refused.value.problems
+
+
+def test_elastic_is_allowed_with_ddp_and_deepspeed():
+    assert job(framework="deepspeed").elastic.min_nodes == 1 and job().elastic.min_nodes == 1
 
 
 def test_elastic_is_off_by_default_and_kept_when_given():
@@ -83,6 +85,8 @@ def test_the_shrink_reason_names_the_excluded_node_and_its_cause():
 def test_the_local_command_is_one_rank_per_node_held():
     assert elastic_command("python -u train.py --x 1", 1) == (
         "torchrun --standalone --nnodes=1 --nproc_per_node=1 train.py --x 1")
+    assert elastic_command("python train.py --deepspeed", 2, deepspeed=True) == (
+        "torchrun --standalone --nnodes=1 --nproc_per_node=2 -m ckpt_engine.launch train.py --deepspeed")
     assert elastic_command("bash run.sh", 2) == "bash run.sh"
     assert elastic_command("python -m torch.distributed.run train.py", 2) == "python -m torch.distributed.run train.py"
 
