@@ -8,6 +8,7 @@ a DAG is cheap (files are re-parsed often).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -17,7 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sat_tasks.airflow import summary_xcom
 from sat_tasks.airflow.notify import job_end_callbacks
-from sat_tasks.backends import backend_for
+from sat_tasks.backends import Backend, backend_for
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import plan_attempt
 from sat_tasks.errors import JobStopped, NotApplicable
@@ -47,6 +48,35 @@ DEFAULT_ARGS = {
 # One try of check_image at most: the registry check's own deadline (io.registry.DEFAULT_DEADLINE,
 # 120 s) plus the connection lookup and the status write; a hung try is killed and retried.
 CHECK_IMAGE_TIMEOUT = timedelta(minutes=5)
+
+
+# What `@task` works out from a task body's function alone (its signature, read four times per task,
+# and `multiple_outputs`, inferred from the return annotation), by the body's code: every DAG built in
+# a process defines the same bodies anew as closures, with the same code (issue 31.2).
+_BODY_FACTS: dict[Any, tuple[inspect.Signature, bool]] = {}
+
+
+def _task(factory: Any = None, **kwargs: Any):
+    """`@task(**kwargs)` (or `@task.sensor(**kwargs)`: `factory`) for a body defined anew for each DAG.
+
+    The first body with a given code is decorated as written, so Airflow infers what it infers;
+    the next ones get that signature (`__signature__`, which `inspect.signature` returns at once)
+    and that `multiple_outputs`, and Airflow builds the same task from them.
+    """
+    factory = factory or task
+
+    def decorate(fn):
+        facts = _BODY_FACTS.get(fn.__code__)
+        if facts is None:
+            decorated = factory(**kwargs)(fn)
+            _BODY_FACTS[fn.__code__] = (decorated.function_signature, decorated.multiple_outputs)
+            return decorated
+        fn.__signature__ = facts[0]
+        if factory is task:  # `task.sensor` fixes multiple_outputs itself (False)
+            return factory(multiple_outputs=facts[1], **kwargs)(fn)
+        return factory(**kwargs)(fn)
+
+    return decorate
 
 
 def _say(message: str) -> None:
@@ -127,7 +157,7 @@ def build_job_dag(
         if fileloc:
             dag.fileloc = fileloc
 
-        @task(task_id="validate_spec")
+        @_task(task_id="validate_spec")
         def validate_spec() -> dict:
             from sat_tasks.airflow.params import spec_from_params
             from sat_tasks.airflow.person_access import triggering_person
@@ -137,17 +167,17 @@ def build_job_dag(
             return _run(steps.validate_spec, spec, None, context["run_id"], spec_with_run=baked is None, dag_id=dag_id,
                         person=None if baked is not None else triggering_person(context["dag_run"]))
 
-        @task(task_id="check_image", execution_timeout=CHECK_IMAGE_TIMEOUT)
+        @_task(task_id="check_image", execution_timeout=CHECK_IMAGE_TIMEOUT)
         def check_image(spec: dict) -> dict:
             from airflow.sdk import BaseHook
 
             return _run(steps.check_image, _job(spec), _run_id(), get_connection=BaseHook.get_connection)
 
-        @task(task_id="stage_data")
+        @_task(task_id="stage_data")
         def stage_data(spec: dict) -> dict:
             return _run(steps.stage_data, _job(spec), _run_id())
 
-        @task(task_id="validate_data")
+        @_task(task_id="validate_data")
         def validate_data(spec: dict, staged: dict) -> dict:
             return _run(steps.validate_data, _job(spec), _run_id(), staged)
 
@@ -156,24 +186,25 @@ def build_job_dag(
         check_image(spec) >> staged
         gate = validate_data(spec, staged)
 
+        backend = backend_for(job)  # once per DAG: it reads the config
         previous_decide: str | None = None
         upstream = gate
         decide_ids = []
         for k in range(1, attempts + 1):
             with TaskGroup(group_id=f"attempt_{k}", tooltip=f"attempt {k}: launch, classify, decide") as group:
-                entries = _attempt_group(spec, k, previous_decide, spot_waits, job)
+                entries = _attempt_group(spec, k, previous_decide, spot_waits, job, backend)
             for entry in entries:
                 upstream >> entry
             upstream = group
             previous_decide = f"attempt_{k}.decide"
             decide_ids.append(previous_decide)
 
-        @task(task_id="upload_results", trigger_rule=TriggerRule.ALL_DONE)
+        @_task(task_id="upload_results", trigger_rule=TriggerRule.ALL_DONE)
         def upload_results(spec: dict | None) -> dict:
             decisions = [_pull(tid) for tid in decide_ids]
             return _run(steps.upload_results, _job(spec), _run_id(), decisions)
 
-        @task(task_id="finalize", trigger_rule=TriggerRule.ALL_DONE)
+        @_task(task_id="finalize", trigger_rule=TriggerRule.ALL_DONE)
         def finalize() -> dict:
             spec_now = _pull("validate_spec")
             job_now = TrainingJob.model_validate(spec_now) if spec_now else None
@@ -182,7 +213,7 @@ def build_job_dag(
             except JobStopped as exc:
                 raise AirflowFailException(str(exc)) from None
 
-        @task(task_id="cleanup_run", trigger_rule=TriggerRule.ALL_DONE)
+        @_task(task_id="cleanup_run", trigger_rule=TriggerRule.ALL_DONE)
         def cleanup_run(spec: dict | None) -> list[str]:
             return _run(steps.cleanup_run, _job(spec), _run_id())
 
@@ -206,7 +237,8 @@ def _failed_tasks() -> list[str]:
             if str(getattr(state, "value", state)) == "failed"]
 
 
-def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, job: TrainingJob | None):
+def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, job: TrainingJob | None,
+                   backend: Backend):
     """launch -> classify -> decide (and cleanup) for attempt k, plus a capacity wait for Spot resumes.
 
     Returns the group's entry tasks (what the previous group points to).
@@ -226,7 +258,7 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
         poll = job.spot.poll_seconds if job else 30
         timeout = job.spot.max_wait_seconds if job else 24 * 3600
 
-        @task.sensor(task_id="wait_for_capacity", poke_interval=poll, timeout=timeout, mode="reschedule")
+        @_task(task.sensor, task_id="wait_for_capacity", poke_interval=poll, timeout=timeout, mode="reschedule")
         def wait_for_capacity(spec: dict) -> bool:
             prev = previous()
             if prev is None or not prev.needs_attempt:
@@ -237,22 +269,22 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
 
         first.append(wait_for_capacity(spec))
 
-    launch_ops = backend_for(job).launch_operators(attempt=k, previous_decide_task_id=previous_decide, job=job)
+    launch_ops = backend.launch_operators(attempt=k, previous_decide_task_id=previous_decide, job=job)
 
     # NONE_SKIPPED: classify runs when the launch succeeded or failed, and is skipped by the scheduler
     # (no task process) when the launch was skipped because the attempt is not needed.
-    @task(task_id="classify", trigger_rule=TriggerRule.NONE_SKIPPED)
+    @_task(task_id="classify", trigger_rule=TriggerRule.NONE_SKIPPED)
     def classify(spec: dict | None) -> dict:
         job_ = _job(spec)
         plan(job_)
         return _run(steps.classify_attempt, job_, _run_id(), k)
 
-    @task(task_id="decide")
+    @_task(task_id="decide")
     def decide(spec: dict, verdict: dict) -> dict:
         job_ = _job(spec)
         return _run(steps.decide, job_, _run_id(), plan(job_), Verdict.from_xcom(verdict))
 
-    @task(task_id="cleanup", trigger_rule=TriggerRule.ALL_DONE)
+    @_task(task_id="cleanup", trigger_rule=TriggerRule.ALL_DONE)
     def cleanup(spec: dict | None) -> list[str]:
         job_ = _job(spec)
         plan(job_)
