@@ -256,7 +256,7 @@ def test_gpu_hours_count_both_attempts_of_a_failover_and_goodput_shows_in_the_li
     assert found["gpu_hours_by_workspace"]["gpu-team"] == 8.0
     html = client.get("/sat/jobs", headers=admin, params={"q": "usage-"}).text
     assert "<span class='goodput' title='goodput: time training / wall time (the job report)'>80%</span>" in html
-    assert ">8.00</span>" in html and "CPU, <span class='hours'>0.50</span> node-h" in html
+    assert ">8.00</span>" in html and "CPU, <span class='amount'><span class='hours'>0.50</span> node-h</span>" in html
     assert "<a href='/sat/workspaces#ws-gpu-team'>gpu-team</a> 8.00" in html
     assert "<a href='/sat/workspaces#ws-cpu-team'>cpu-team</a> 0.00 (CPU, 0.50 node-h)" in html
 
@@ -284,7 +284,7 @@ def test_the_job_page_shows_gpu_hours_goodput_queue_time_and_times_in_the_person
     history = re.sub(r"datetime='[^']*'", "", html.split("<h3>Status history</h3>")[1].split("</table>")[0])
     assert "2026-11-20 09:03:00 UTC</time>" in history and ".123456" not in history
     cpu = client.get(f"/sat/jobs/{GENERIC}/runs/{usage_runs['cpu']}", headers=admin).text
-    assert "CPU, <span class='hours'>0.50</span> node-h" in re.search(r"<p id='run-usage'>(.*?)</p>", cpu, re.S).group(1)
+    assert "CPU, <span class='amount'><span class='hours'>0.50</span> node-h</span>" in re.search(r"<p id='run-usage'>(.*?)</p>", cpu, re.S).group(1)
 
 
 def test_the_workspaces_page_sums_gpu_and_node_hours_over_its_jobs_runs(client, admin, usage_runs):  # noqa: F811
@@ -297,3 +297,109 @@ def test_the_workspaces_page_sums_gpu_and_node_hours_over_its_jobs_runs(client, 
     assert "href='/sat/jobs?workspace=gpu-team'>1 run(s)</a>" in row
     cpu = html.split("id='ws-cpu-team'")[1].split("</tr>")[0]
     assert "<span class='gpu-hours'>0.00</span>" in cpu and "0.50 node-h (CPU)</small>" in cpu
+
+
+# ---- in a browser: the list at 1280 px inside Airflow's navigation (issue 30.8) ---------------------------------
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as tests/e2e/test_service.py drives it (no browser download)
+AIRFLOW_NAV_PX = 220  # Airflow's side navigation: the view's iframe gets the rest of the window
+LONG_STATUSES = ("Pending - failoverinprogress", "Pending - maxretriesexceeded", "Pending - imagepullbackoff",
+                 "Pending - internalerror", "Running", "Completed")
+BROKEN_WORDS = """() => Array.from(document.querySelectorAll('tr.job-row .status')).flatMap(el => {
+  const text = el.firstChild, broken = [];
+  let at = 0;
+  for (const word of text.textContent.split(' ')) {
+    if (word) {
+      const range = document.createRange();
+      range.setStart(text, at); range.setEnd(text, at + word.length);
+      if (new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top))).size > 1) broken.push(word);
+    }
+    at += word.length + 1;
+  }
+  return broken;
+})"""
+
+
+@pytest.fixture(scope="module")
+def wide_runs(client, admin, usage_runs):  # noqa: F811
+    """Runs whose cells are as wide as they get: 63-character names, every long status word, a long creator, tags,
+    GPUs and none, a workspace, a running duration and GPU-hours that tick."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    from sat_tasks.core.run_summary import SUMMARY_KEY
+
+    now = datetime.now(UTC)
+    for n, status in enumerate(LONG_STATUSES):
+        name = f"wide-llama-3-70b-instruct-finetune-on-the-team-corpus-run-{n:03d}"[:63]
+        gpus = {"resources.server_type": "g3", "resources.gpus_per_node": "8", "workspace": "gpu-team"} if n % 2 else {}
+        response = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form(
+            name, nodes="4", tags="team=vision-research\nproject=tiny-llama-long-tag", **gpus)})
+        assert response.status_code == 201, response.text
+        run_id = response.json()["run_id"]
+        running = status == "Running"
+        with create_session() as session:
+            run = session.query(DagRun).filter_by(dag_id=GENERIC, run_id=run_id).one()
+            run.state = "running" if running else "failed" if status != "Completed" else "success"
+            run.queued_at, run.start_date = now - timedelta(hours=30), now - timedelta(hours=29, minutes=58)
+            run.end_date = None if running else now - timedelta(hours=1)
+            run.triggering_user_name = "maria.gonzalez-longname"
+            XComModel.set(SUMMARY_KEY, {"status": status, "status_at": now.isoformat(), "attempt": 3,
+                                        "running_s": 90000.0, "running_since": now.isoformat() if running else None},
+                          dag_id=GENERIC, task_id="validate_spec", run_id=run_id, session=session)
+            if status == "Completed":
+                XComModel.set(SUMMARY_KEY, {"goodput": 0.934}, dag_id=GENERIC, task_id="finalize", run_id=run_id,
+                              session=session)
+    return "wide-llama"
+
+
+def test_the_list_fits_1280_px_inside_airflows_navigation_and_no_status_word_breaks(client, admin, wide_runs,  # noqa: F811
+                                                                                     tmp_path):
+    """Debian's chromium (Playwright) at 1280 px: a stand-in for Airflow's page (its side navigation, the view in an
+    iframe taking the rest), the list served by the API server app. The list has no horizontal scroll, no status
+    word breaks inside itself, times are relative with no raw UTC, and the screenshot is kept for a person to see."""
+    import os
+    import re
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} missing: `make system-deps` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    shell = (f"<!doctype html><body style='margin:0;display:flex;height:100vh'><nav style='width:{AIRFLOW_NAV_PX}px;"
+             "flex:none;background:#f0f0f0'>Airflow</nav><iframe src='/sat/jobs?q=" + wide_runs + "' title='Training Jobs'"
+             " style='flex:1;border:0;height:100vh'></iframe></body>")
+    served: list[int] = []
+
+    def serve(route):
+        url = urlsplit(route.request.url)
+        if url.path == "/":
+            return route.fulfill(status=200, content_type="text/html", body=shell)
+        answer = client.get(url.path + (f"?{url.query}" if url.query else ""), headers=admin)
+        served.append(answer.status_code)
+        return route.fulfill(status=answer.status_code, content_type=answer.headers["content-type"], body=answer.text)
+
+    shot = Path(os.environ.get("SAT_LIST_SCREENSHOT") or tmp_path / "list_1280.png")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.route("http://sat.test/**", serve)
+            page.goto("http://sat.test/")
+            frame = page.frame_locator("iframe")
+            frame.locator("tr.job-row").first.wait_for()
+            view = page.frame(url=re.compile(r".*/sat/jobs\?.*"))
+            assert served == [200] and frame.locator("tr.job-row").count() == len(LONG_STATUSES)
+            width = view.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+            assert width[1] == 1280 - AIRFLOW_NAV_PX and width[0] <= width[1], f"the list scrolls sideways: {width}"
+            statuses = frame.locator("tr.job-row .status").all_inner_texts()
+            assert {s.replace("\n", " ") for s in statuses} == set(LONG_STATUSES), statuses
+            assert view.evaluate(BROKEN_WORDS) == [], "a status word breaks inside itself"
+            first = frame.locator("tr.job-row").first
+            cells = first.inner_text().replace(first.locator(".run-id").inner_text(), "")  # its id names its time
+            assert not re.search(r"\d{2}:\d{2}:\d{2}", cells) and " UTC" not in cells, cells  # relative, local
+            page.screenshot(path=str(shot))
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 0
