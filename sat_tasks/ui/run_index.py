@@ -1,6 +1,6 @@
 """The Training Jobs list's query layer: an index table of SAT's own in the metadata DB, kept in step, and queried.
 
-ADR 0022. Call order, per list request (`sat_tasks.ui.routers.jobs`):
+ADR 0022 (and 0033: GPU-hours, columns added in place). Call order, per list request (`sat_tasks.ui.routers.jobs`):
 
 1. `ensure_table(session)`: `sat_job_index` exists (created once per process, if missing);
 2. `sync(session, jobs, ...)`: the index follows Airflow and the pipeline: new `sat_summary`

@@ -354,10 +354,13 @@ def wide_runs(client, admin, usage_runs):  # noqa: F811
 
 
 def test_the_list_fits_1280_px_inside_airflows_navigation_and_no_status_word_breaks(client, admin, wide_runs,  # noqa: F811
-                                                                                     tmp_path):
+                                                                                     usage_runs, tmp_path):
     """Debian's chromium (Playwright) at 1280 px: a stand-in for Airflow's page (its side navigation, the view in an
     iframe taking the rest), the list served by the API server app. The list has no horizontal scroll, no status
-    word breaks inside itself, times are relative with no raw UTC, and the screenshot is kept for a person to see."""
+    word breaks inside itself, times are relative with no raw UTC, and the screenshot is kept for a person to see.
+    A job page then shows its times in the browser's time zone (Berlin here) and how long ago."""
+    from urllib.parse import quote
+
     import os
     import re
     from pathlib import Path
@@ -384,7 +387,7 @@ def test_the_list_fits_1280_px_inside_airflows_navigation_and_no_status_word_bre
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, timezone_id="Europe/Berlin", locale="en-GB")
             page.route("http://sat.test/**", serve)
             page.goto("http://sat.test/")
             frame = page.frame_locator("iframe")
@@ -400,6 +403,13 @@ def test_the_list_fits_1280_px_inside_airflows_navigation_and_no_status_word_bre
             cells = first.inner_text().replace(first.locator(".run-id").inner_text(), "")  # its id names its time
             assert not re.search(r"\d{2}:\d{2}:\d{2}", cells) and " UTC" not in cells, cells  # relative, local
             page.screenshot(path=str(shot))
+
+            view.goto(f"http://sat.test/sat/jobs/{GENERIC}/runs/{quote(usage_runs['failover'], safe='')}")
+            frame.locator("#started-at").wait_for()
+            started = frame.locator("#started-at").inner_text()  # 08:00:30 UTC is 09:00:30 in Berlin in November
+            assert "20 Nov 2026" in started and "09:00:30" in started and "ago)" in started, started
+            assert "UTC" not in frame.locator("#run-times").inner_text()
+            assert frame.locator("#run-usage .gpu-hours").inner_text() == "8.00"
         finally:
             browser.close()
     assert shot.stat().st_size > 0
