@@ -1,7 +1,9 @@
-"""Elastic failover end to end (issue 32, ADR 0029): a 2-node DDP job loses a node, resumes on 1, and grows back.
+"""Elastic failover end to end (issue 32, ADR 0029): a 2-node job loses a node, resumes on 1, and grows back.
 
 The local backend with two nodes and no other (`[sat] local_nodes`), gloo on CPU, one rank per
-node, the tiny Llama of tests/e2e/scripts/elastic_ddp_train.py through the job's DAG. A GPU of
+node, the tiny Llama of tests/e2e/scripts/elastic_ddp_train.py through the job's DAG, once with
+DDP and once with DeepSpeed ZeRO-2 (whose shards are resharded through DeepSpeed's universal
+format, 2 ranks -> 1 and back). A GPU of
 local-node-0 "falls off the bus" at step 12; attempt 2 finds one healthy node, resumes on it from
 the last committed checkpoint N' with the gradient accumulation doubled. A person then releases
 local-node-0 (the node ledger's release): the launcher stops attempt 2 for a final checkpoint G
@@ -11,13 +13,14 @@ samples of every step with that run's.
 
 Tolerance: the loss must be within `LOSS_TOLERANCE` of the uninterrupted run's at every step.
 Measured (2026-12-02, this machine, 40 steps): two uninterrupted 2-rank runs with seeds 42 and 7
-differ by 0.0036 to 0.44 per step (0.0094 to 0.44 over steps 6..40); the tolerance is set below
+differ by 0.0036 to 0.44 per step (0.0094 to 0.44 over steps 6..40), under DDP and under ZeRO-2
+alike; the tolerance is set below
 the smallest seed-to-seed difference, so a resume that changed the training as much as another
 seed would at any step fails. The shrunk resume itself measured 0.0 (the same floats: DDP's mean
 of two rank means and two accumulated half-losses are the same sums).
 
-Slow (`make test-slow`): three attempts of the job plus the reference run, ~7 min on a loaded
-2-core machine. The fast suite keeps the policy, the placement and the runner's planned restart
+Slow (`make test-slow`): three attempts of the job plus the reference run, 7-13 min each on a
+loaded 2-core machine. The fast suite keeps the policy, the placement and the runner's planned restart
 in tests/sat_tasks/backends/local/test_elastic_failover.py and the engine's part in
 tests/ckpt_engine/test_elastic_resume.py.
 """
@@ -44,6 +47,7 @@ MAX_STEPS, SAVE_STEPS, FAULT_STEP, SEED = 40, 5, 12, 42
 ARGS = ["--max_steps", str(MAX_STEPS), "--save_steps", str(SAVE_STEPS), "--seed", str(SEED), "--step_sleep", "0.25"]
 LOSS_TOLERANCE = 0.003  # below the smallest per-step difference between seeds 42 and 7 (0.0036): see the docstring
 SHRUNK = "resumed on 1 of 2 nodes (local-node-0 excluded: HARDWARE)"
+DEEPSPEED_ENV = {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}  # DeepSpeed on CPU ranks, no op builds
 RUN_TIMEOUT_S = 600  # generous: a loaded machine
 
 
@@ -59,15 +63,16 @@ def two_nodes_no_spare(monkeypatch):
     monkeypatch.setenv("AIRFLOW__SAT__LOCAL_NODE_SLOTS", "1")
 
 
-def uninterrupted_run(tmp_path: Path) -> Path:
+def uninterrupted_run(tmp_path: Path, extra: list[str]) -> Path:
     """The same script, seed and steps on 2 ranks without a fault (torchrun, the engine vendored as a job gets it)."""
     from ckpt_engine.vendor import write_vendor_dir
 
     vendor, output = write_vendor_dir(tmp_path / "vendor"), tmp_path / "reference"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "AWS_", "CKPT_", "SAT_"))}
-    env.update(PYTHONPATH=str(vendor), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    env.update(PYTHONPATH=str(vendor), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", **DEEPSPEED_ENV)
+    entry = ["-m", "ckpt_engine.launch"] if extra else []
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                           "--nproc_per_node=2", str(SCRIPT), "--output_dir", str(output), *ARGS],
+                           "--nproc_per_node=2", *entry, str(SCRIPT), "--output_dir", str(output), *ARGS, *extra],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return output
@@ -102,17 +107,22 @@ def samples_by_step(lines: list[str]) -> dict[int, list[int]]:
             for step, parts in batches.items()}
 
 
-def test_a_ddp_job_that_loses_a_node_with_no_spare_resumes_on_one_grows_back_and_matches_the_uninterrupted_run(
-        script_in_bucket, s3_hook, demo_bucket, two_nodes_no_spare, tmp_path):
+@pytest.mark.parametrize(("framework", "extra"), [
+    pytest.param("pytorch", [], id="ddp"),
+    pytest.param("deepspeed", ["--zero_stage", "2"], id="deepspeed-zero2"),
+])
+def test_a_job_that_loses_a_node_with_no_spare_resumes_on_one_grows_back_and_matches_the_uninterrupted_run(
+        script_in_bucket, s3_hook, demo_bucket, two_nodes_no_spare, tmp_path, framework, extra):
     job = parse_spec({
-        "name": "elastic-ddp", "framework": "pytorch", "job_failover": True, "nodes": 2,
+        "name": f"elastic-{framework}", "framework": framework, "job_failover": True, "nodes": 2,
         "elastic": {"min_nodes": 1, "wait_seconds": 0},
         "resources": {"gpus_per_node": 0, "server_type": "cpu"},
         "image": {"url": "registry.sat.local/sat/training:0.1.0"},
         "data": {"source": "s3://sat-demo/datasets/tiny-corpus/"},
         "storage": {"script_url": script_in_bucket},
         "results": {"destination": "s3://sat-demo/results/"},
-        "command": f'python {SCRIPT.name} --output_dir "$SAT_OUTPUT_DIR" ' + " ".join(ARGS),
+        "command": f'python {SCRIPT.name} --output_dir "$SAT_OUTPUT_DIR" ' + " ".join(ARGS + extra),
+        "env": DEEPSPEED_ENV if extra else {},
         "heartbeat_timeout_seconds": 120,
         "faults": [{"kind": "hardware", "attempt": 1, "at_step": FAULT_STEP, "xid": 79}],
     })
@@ -160,11 +170,14 @@ def test_a_ddp_job_that_loses_a_node_with_no_spare_resumes_on_one_grows_back_and
     assert "gradient accumulation 1 -> 2 (SAT_GRAD_ACCUM_SCALE=2), the global batch stays 16" in log
     assert "the checkpoint was saved by 2 rank(s); rank 0 of 1 restores rng_state_0.pth" in log
     assert "the checkpoint was saved by 1 rank(s); rank 1 of 2 restores rng_state.pth" in log
+    if framework == "deepspeed":  # the ZeRO shards resharded through DeepSpeed's universal format, both ways
+        assert f"checkpoint-{resumed} was saved by 2 rank(s), 1 now: converting its ZeRO shards" in log
+        assert f"checkpoint-{grown} was saved by 1 rank(s), 2 now: converting its ZeRO shards" in log
     finals = [json.loads(line[line.index('{"final_step"'):]) for line in log.splitlines() if '{"final_step"' in line]
     assert [(f["final_step"], f["world"], f["accumulation"]) for f in finals] == [(MAX_STEPS, 2, 1)]
 
     # the same training: loss within the tolerance of the uninterrupted 2-rank run, the same samples per step
-    reference = uninterrupted_run(tmp_path)
+    reference = uninterrupted_run(tmp_path, extra)
     expected = losses_of(json.loads((reference / "trainer_state.json").read_text()))
     got = losses_of(json.loads(s3_hook.read_key(prefix + "trainer_state.json", bucket_name=demo_bucket)))
     compared = range(resumed + 1, MAX_STEPS + 1)
