@@ -406,3 +406,20 @@ def _add_behind_its_back(engine) -> None:
     with engine.begin() as connection:
         for name, kind in (("short_node_s", "FLOAT"), ("running_short_nodes", "INTEGER")):
             connection.execute(text(f"ALTER TABLE {run_index.TABLE_NAME} ADD COLUMN {name} {kind}"))
+
+
+def test_an_elastic_job_that_grows_back_runs_short_only_until_the_next_attempt():
+    """ADR 0029's grow back: the status stays Running from the shrunk attempt to the next, which holds every node."""
+    history = [
+        {"status": "Running", "at": "2026-12-01T10:00:00+00:00", "attempt": 2,
+         "reason": "attempt 2 started on b; resumed on 1 of 2 nodes (a excluded: HARDWARE)"},
+        {"status": "Running", "at": "2026-12-01T10:20:00+00:00", "attempt": 2,
+         "reason": "planned restart to grow back from 1 to 2 of 2 nodes: capacity is back (a released); attempt 3 "
+                   "resumes from checkpoint 20 (not a failover: 1 of 3 used)"},
+        {"status": "Running", "at": "2026-12-01T10:21:00+00:00", "attempt": 3, "reason": "attempt 3 started on a, b"},
+        {"status": "Completed", "at": "2026-12-01T10:51:00+00:00", "attempt": 3},
+    ]
+    summary = summarize_history(history)
+    # one interval of 51 minutes; the first 21 (attempt 2 to the start of attempt 3) one node short
+    assert (summary.running_s, summary.short_node_s) == (3060.0, 1260.0)
+    assert usage(2, 1, summary.running_s, summary.short_node_s)["node_hours"] == round((2 * 3060 - 1260) / 3600, 3)
