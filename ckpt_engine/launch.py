@@ -39,6 +39,20 @@ def script_argv(argv: Sequence[str], local_rank: str | None) -> tuple[str, bool,
     return target, module, [target, *rank, *rest]
 
 
+def finish_process_group() -> None:
+    """Destroy the default process group the script left behind (never imports torch itself).
+
+    Called only after the script returned normally (as torchtitan does: a rank that failed in the
+    middle of a collective must not block in a teardown). A script written for the ``deepspeed``
+    launcher rarely calls ``destroy_process_group``; left to the interpreter's finalization, gloo's
+    worker threads can abort the process (SIGABRT, "terminate called without an active
+    exception") after it succeeded, and torchrun reports the node failed (pytorch/pytorch#190489).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Set ``sys.argv`` as the ``deepspeed`` launcher would and run the script or module as ``__main__``."""
     target, module, sys.argv = script_argv(sys.argv[1:] if argv is None else argv, os.environ.get("LOCAL_RANK"))
@@ -47,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))  # as `python script.py` does
         runpy.run_path(target, run_name="__main__")
+    finish_process_group()
 
 
 if __name__ == "__main__":

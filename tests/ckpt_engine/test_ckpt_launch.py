@@ -70,3 +70,18 @@ def test_process_group_destroyed_at_exit_after_training_ended(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-3000:]
     assert "initialized after training: True" in done.stdout
     assert "initialized at the end: False" in done.stdout
+
+
+def test_the_launcher_destroys_the_group_a_script_left_behind(tmp_path: Path) -> None:
+    """A script for the `deepspeed` launcher that joins a gloo group and returns: the group is gone before exit."""
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import atexit, sys
+        import torch.distributed as dist
+        atexit.register(lambda: print("initialized at the end:", dist.is_initialized(), flush=True))
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[-1], rank=0, world_size=1)
+    """))
+    done = subprocess.run([sys.executable, "-m", "ckpt_engine.launch", "train.py", str(tmp_path / "rendezvous")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "LOCAL_RANK": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "initialized at the end: False" in done.stdout
