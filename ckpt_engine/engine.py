@@ -63,7 +63,7 @@ from ckpt_engine.pool import DEFAULT_SLAB_BYTES, HostBufferPool
 from ckpt_engine.sniff import load_torch_file
 from ckpt_engine.stager import SegmentQueue, Stager
 from ckpt_engine.storage.base import Storage, open_storage
-from ckpt_engine.writer import CheckpointWriter
+from ckpt_engine.writer import CheckpointWriter, background_thread
 
 if TYPE_CHECKING:
     from ckpt_engine.mirror import CheckpointMirror
@@ -151,24 +151,29 @@ class CheckpointEngine:
     only). ``on_commit`` callbacks get each CommitRecord on the commit thread. With a
     ``coordinator`` (:mod:`ckpt_engine.multirank`) several ranks write each checkpoint:
     this rank's part goes into a shared temp dir and only the committing rank promotes it.
+    ``background_priority`` (``"idle"``, ``"nice"`` or ``"normal"``) is the CPU priority of
+    the writer, commit and retention threads (:func:`ckpt_engine.writer.background_thread`,
+    ADR 0030); staging, which the training thread may wait for, keeps the caller's.
     """
 
     def __init__(self, root: str | Storage, *, host_cache_size: float = 1.0, parser_threads: int = 1,
                  pin_host_cache: bool = True, keep_last: int = 3, max_in_flight: int = 1,
                  on_error: str = "continue", slab_bytes: int = DEFAULT_SLAB_BYTES, rank: int = 0,
-                 clean_stale: bool = True, mirror_url: str | Storage | None = None) -> None:
+                 clean_stale: bool = True, mirror_url: str | Storage | None = None,
+                 background_priority: str = "idle") -> None:
         check_options(on_error=on_error, parser_threads=parser_threads, max_in_flight=max_in_flight,
                       keep_last=keep_last, host_cache_size=host_cache_size)
+        lower = background_thread(background_priority)  # raises ValueError for an unknown priority
         storage = open_storage(root)
         self.keep_last, self.max_in_flight, self.on_error, self.rank = keep_last, max_in_flight, on_error, rank
         self.pool = HostBufferPool(host_buffer_bytes(host_cache_size), slab_bytes=slab_bytes, pin=pin_host_cache)
         if pin_host_cache and not torch.cuda.is_available():
             log.info("[Concurrent Checkpoint] pin_host_cache ignored: no CUDA device")
         self._stream = torch.cuda.Stream() if torch.cuda.is_available() else None
-        self._writers = cf.ThreadPoolExecutor(parser_threads, thread_name_prefix="ckpt-writer")
+        self._writers = cf.ThreadPoolExecutor(parser_threads, thread_name_prefix="ckpt-writer", initializer=lower)
         self._stager = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-stage")
-        self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
-        self._janitor = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-janitor")
+        self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit", initializer=lower)
+        self._janitor = cf.ThreadPoolExecutor(1, thread_name_prefix="ckpt-janitor", initializer=lower)
         self.host_stager = Stager(self.pool, self._stream)
         self.storage_writer = CheckpointWriter(storage, self.pool, self._janitor)  # holds ``storage``
         self._lock = threading.Lock()

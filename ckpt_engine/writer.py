@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 
 from ckpt_engine.contract import (
@@ -18,46 +19,119 @@ from ckpt_engine.errors import PersistError
 from ckpt_engine.formats import FilePlan
 from ckpt_engine.manifest import (
     format_checksum,
-    hash_pool,
     list_checkpoint_steps,
     new_hasher,
 )
+from ckpt_engine.metrics.recorder import yield_cpu
 from ckpt_engine.planner import SavePlan, retention
-from ckpt_engine.pool import HostBufferPool
+from ckpt_engine.pool import HostBufferPool, Slab
 from ckpt_engine.stager import Abort, Segment, SegmentQueue
 from ckpt_engine.storage.base import Storage, StorageWriter
 
 if TYPE_CHECKING:
     from ckpt_engine.multirank import RankCoordinator
 
-_OVERLAP_MIN_BYTES = 1 << 20
+log = logging.getLogger("ckpt_engine")
+
+BACKGROUND_PRIORITIES = ("idle", "nice", "normal")
+"""``background_priority`` of the engine's writer, commit and retention threads (see :func:`background_thread`)."""
+
+
+def check_background_priority(priority: str) -> None:
+    """Raise ValueError naming the option unless ``priority`` is one of BACKGROUND_PRIORITIES."""
+    if priority not in BACKGROUND_PRIORITIES:
+        raise ValueError(f"background_priority must be one of {BACKGROUND_PRIORITIES}, got {priority!r}")
+
+
+def background_thread(priority: str) -> Callable[[], None]:
+    """A thread-pool initializer that lowers its thread's CPU priority below the training threads'.
+
+    ``idle``: SCHED_IDLE (Linux; the thread runs on a CPU no normal thread wants and never
+    preempts one on wake-up), ``nice``: nice 19 on the thread alone (Linux gives every
+    thread its own nice value), ``normal``: unchanged. Lowering needs no privilege; where
+    it is refused the thread keeps running as it was (see ADR 0030).
+    """
+    check_background_priority(priority)
+
+    def lower() -> None:
+        if priority != "normal":
+            got = yield_cpu(0, idle=priority == "idle")
+            log.debug("[Concurrent Checkpoint] background thread priority: %s", got)
+
+    return lower
+
+
+PIECE_BYTES = 1 << 20
+"""Staged bytes reach the file's renderer in pieces this large at most: what the renderer reads (a zip
+record's CRC) is still in the CPU cache when the checksum reads it right after, so the bytes come from
+memory once instead of twice; the disk still gets one write per run of pieces (:class:`_HashingSink`)."""
 
 
 class _HashingSink:
-    """Writes a file's bytes and hashes them; large pieces are hashed on another thread while written."""
+    """Hashes a file's bytes as they come (on this thread) and writes staged pieces in runs, straight from the slab.
+
+    ``stage(slab, offset, piece)`` announces the staged piece the renderer will write next;
+    when it does, the piece joins the pending run if it follows it in the same slab.
+    Anything else written flushes the run first, so the file's order is kept. The slab
+    memory goes to the storage writer as it is (O_DIRECT where the storage allows it): no
+    copy through Python bytes. The caller flushes before releasing a slab's segment.
+    """
 
     def __init__(self, writer: StorageWriter) -> None:
         self.writer, self.hasher, self.size = writer, new_hasher(), 0
+        self._next: tuple[Slab, int, memoryview] | None = None  # the announced piece
+        self._run: tuple[Slab, int, int] | None = None  # (slab, start, end) written at the next flush
+
+    def stage(self, slab: Slab, offset: int, piece: memoryview) -> None:
+        """The renderer's next write is expected to be ``piece``, at ``offset`` in ``slab``."""
+        self._next = (slab, offset, piece)
 
     def write(self, data: bytes | memoryview) -> None:
+        announced, self._next = self._next, None
         view = memoryview(data).cast("B")
-        if len(view) < _OVERLAP_MIN_BYTES:
-            self.hasher.update(view)
-            self.writer.write(view)
-        else:  # the piece stays valid until both are done: its slab is released only after we return
-            hashed = hash_pool().submit(self.hasher.update, view)
-            try:
-                self.writer.write(view)
-            finally:
-                hashed.result()
+        self.hasher.update(view)
         self.size += len(view)
+        if announced is not None and announced[2] is data:
+            slab, offset, _ = announced
+            if self._run is not None and self._run[0] is slab and self._run[2] == offset:
+                self._run = (slab, self._run[1], offset + len(view))
+                return
+            self.flush()
+            self._run = (slab, offset, offset + len(view))
+            return
+        self.flush()
+        self.writer.write(view)
+
+    def flush(self) -> None:
+        """Write the pending run of staged pieces."""
+        if self._run is not None:
+            (slab, start, end), self._run = self._run, None
+            self.writer.write(memoryview(slab.array[start:end]))
+
+    def discard(self) -> None:
+        """After a failure: forget the pending run (its file is deleted)."""
+        self._run = self._next = None
+
+
+class _Unopened(StorageWriter):
+    """The storage writer before the file is open: nothing is written through it (a drain only discards)."""
+
+    def write(self, data: bytes | memoryview) -> None:
+        raise PersistError("the file is not open")
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
 
 
 class _FileSegments:
-    """One file's staged bytes as its renderer pulls them, blob by blob; each slab is released once written."""
+    """One file's staged bytes as its renderer pulls them, piece by piece; each slab's segment is released once written."""
 
     def __init__(self, pool: HostBufferPool, plan: FilePlan, segments_queue: SegmentQueue) -> None:
         self.pool, self.plan, self.queue = pool, plan, segments_queue
+        self.sink = _HashingSink(_Unopened())  # the file's, once opened
         self.consumed = 0  # bytes of segments written (or dropped) and released
         self.current: Segment | None = None  # a packed segment may hold several blobs: handed out piece by piece
         self.used = 0  # bytes of ``current`` already handed out
@@ -70,9 +144,11 @@ class _FileSegments:
                 self.take_next()
             current = self.current
             assert current is not None
-            take = min(remaining, current.nbytes - self.used)
+            take = min(remaining, current.nbytes - self.used, PIECE_BYTES)
             start = current.offset + self.used
-            yield memoryview(current.slab.array[start:start + take])
+            piece = memoryview(current.slab.array[start:start + take])
+            self.sink.stage(current.slab, start, piece)
+            yield piece
             self.used += take  # written: the slab is released only once all of the segment is
             remaining -= take
             if self.used == current.nbytes:
@@ -87,15 +163,18 @@ class _FileSegments:
         if item.event is not None:
             item.event.synchronize()  # raises on a device fault (e.g. after an Xid)
 
-    def release_current(self) -> None:
+    def release_current(self, *, written: bool = True) -> None:
         if self.current is not None:
+            if written:
+                self.sink.flush()  # the segment's last run reaches the storage before its slab may be reused
             self.pool.unref(self.current.slab)
             self.consumed += self.current.nbytes
             self.current = None
 
     def drain(self) -> None:
         """After a failure: free the slabs still queued for this file."""
-        self.release_current()
+        self.sink.discard()
+        self.release_current(written=False)
         while not self.aborted and self.consumed < self.plan.payload_bytes:
             item = self.queue.get()
             if isinstance(item, Abort):
@@ -119,8 +198,9 @@ class CheckpointWriter:
         writer = None
         try:
             writer = self.storage.open_writer(f"{tmp}/{plan.name}")
-            sink = _HashingSink(writer)
+            sink = segments.sink = _HashingSink(writer)
             plan.render(sink, segments)
+            sink.flush()
             writer.close()
             return FileEntry(size=sink.size, checksum=format_checksum(sink.hasher))
         except BaseException:

@@ -36,13 +36,12 @@ import mmap
 import os
 import shutil
 import statistics
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import safetensors.torch
 import torch
+from paired import PeakRss, alternating, ratios
 
 from ckpt_engine import CheckpointEngine
 
@@ -86,25 +85,13 @@ def evict(files: list[Path]) -> None:
 
 def measure_peak_memory(root: Path, tensors: dict[str, torch.Tensor], size: int) -> list[str]:
     """Peak RSS above the live state during a save, for a cache larger and one smaller than the state."""
-    process = psutil.Process()
     lines = []
     for cache_gb in (50.0, size / (1 << 30) / 8):
         engine = CheckpointEngine(root / f"cache-{cache_gb:.3f}", host_cache_size=cache_gb, keep_last=1)
-        baseline, peak, done = process.memory_info().rss, 0, threading.Event()
-
-        def sample() -> None:
-            nonlocal peak
-            while not done.is_set():
-                peak = max(peak, process.memory_info().rss)
-                time.sleep(0.005)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        engine.save(1, {"model": tensors}).wait()
-        done.set()
-        sampler.join()
+        with PeakRss() as rss:
+            engine.save(1, {"model": tensors}).wait()
         cache = min(int(cache_gb * (1 << 30)), size)
-        extra = max(peak - baseline, 0)
+        extra = rss.extra
         lines.append(f"memory: host_cache_size={cache_gb:.3f}GB state={size / 1e6:.0f}MB peak_extra_rss={extra / 1e6:.0f}MB "
                      f"pool_peak={engine.pool.peak_bytes / 1e6:.0f}MB bound(cache used+10%)={cache * 1.1 / 1e6:.0f}MB "
                      f"within={'yes' if extra <= cache * 1.1 else 'no'}")
@@ -147,15 +134,12 @@ def main() -> None:
         engine.save(step, {"model": tensors}).wait()
         ours.append(size / (time.perf_counter() - start))
 
+    sides = {"disk": measure_disk, "ours": measure_ours}
     for step in range(1, args.repeat + 1):  # ABBA: each side goes first in every other repeat
-        if step % 2:
-            measure_disk(step)
-            measure_ours(step)
-        else:
-            measure_ours(step)
-            measure_disk(step)
+        for side in alternating(list(sides), step - 1):
+            sides[side](step)
     disk_rate, ours_rate = statistics.median(disk), statistics.median(ours)
-    persist_ratio = statistics.median(o / d for o, d in zip(ours, disk))  # paired: the disk's rate drifts
+    persist = ratios(ours, disk)  # paired: the disk's rate drifts
     print(f"bytes={size / 1e9:.2f}GB disk_write(best of buffered, O_DIRECT)={disk_rate / 1e9:.2f}GB/s ours_persist={ours_rate / 1e9:.2f}GB/s "
           f"(runs disk={[round(x / 1e9, 2) for x in disk]} ours={[round(x / 1e9, 2) for x in ours]})")
 
@@ -199,7 +183,7 @@ def main() -> None:
     memory_lines = measure_peak_memory(base / "memory", tensors, size)
     for line in memory_lines:
         print(line)
-    print(f"persist_ratio={persist_ratio:.3f} restore_ratio={median['ours', 'cold'] / median['plain', 'cold']:.3f} "
+    print(f"persist_ratio={persist.median:.3f} persist_spread={persist.spread()} restore_ratio={median['ours', 'cold'] / median['plain', 'cold']:.3f} "
           f"restore_ratio_warm={median['ours', 'warm'] / median['plain', 'warm']:.3f}")
     shutil.rmtree(base, ignore_errors=True)
 

@@ -1,14 +1,29 @@
-"""Benchmark: training-loop cost of checkpointing, four ways, in one process (not a timed test).
+"""Benchmark: training-loop cost of checkpointing, several ways, in one process (not a timed test).
 
 Same model/optimizer state (>= 500 MB: an MLP plus AdamW moments) and the same compute
 loop, a checkpoint every ``--every`` steps, for: none, synchronous ``torch.save`` (+fsync,
 durable like the others), ``torch.distributed.checkpoint.async_save`` and ours
-(CheckpointEngine, lazy staging waited for just before ``optimizer.step``).
-Per-checkpoint blocking time is the time the training thread is held by the
-checkpoint (including waits for a previous one); overhead is the end-to-end slowdown
-versus no checkpointing, including the final wait for durability. The last line is
-``blocking_ratio=<ours/sync> overhead_ratio=<ours/sync> vs_dcp=<ours/dcp>`` where
-vs_dcp compares end-to-end overhead.
+(CheckpointEngine, lazy staging waited for just before ``optimizer.step``; one engine per
+``--priorities`` value, the first is the one the last line reports).
+Per-checkpoint blocking (stall) is the time the training thread is held by the checkpoint
+(including waits for a previous one); overhead is the end-to-end slowdown versus no
+checkpointing, including the final wait for durability.
+
+How the figures are made to hold on a shared machine (the helpers are ``paired.py``'s,
+as ``ckpt_io.py`` uses them):
+
+* one warm-up round of every way first, not counted: it imports and allocates what each
+  needs once per process (our staging pool, DCP's planner), and is printed on its own;
+* then ``--pairs`` rounds; each runs every way once, in the given order in even rounds
+  and reversed in odd ones, so no way always runs first or last;
+* each ratio is taken inside a round (ours' overhead over sync's, over DCP's) and the
+  last line gives the median over rounds and its range (min-max); stall and peak RSS
+  are medians over rounds too. Every round is printed.
+
+The last line::
+
+    blocking_ratio=<median> overhead_ratio=<median> spread=<lo>-<hi> vs_dcp=<median>
+    vs_dcp_spread=<lo>-<hi> stall_s=<median> peak_rss_mb=<median> pairs=<n>
 
     python tests/benchmarks/ckpt_overhead.py --dir /tmp/ckpt-bench
 """
@@ -18,17 +33,17 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from paired import Paired, PeakRss, alternating, ratios
 
 from ckpt_engine import CheckpointEngine
 
@@ -62,28 +77,6 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int
     return total
 
 
-class RssSampler:
-    """Samples this process's RSS every 10 ms to find the peak."""
-
-    def __init__(self) -> None:
-        self.process, self.peak, self._stop = psutil.Process(), 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.01)
-
-    def __enter__(self) -> RssSampler:
-        self.baseline = self.process.memory_info().rss
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def run(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, every: int, batch: int,
         checkpoint: Callable[[int], None] | None, before_step: Callable[[], None] | None,
         finalize: Callable[[], None] | None) -> Result:
@@ -92,7 +85,7 @@ def run(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ste
     data = torch.randn(batch, width)
     result = Result(name)
     pending = 0.0
-    with RssSampler() as rss:
+    with PeakRss(0.01) as rss:
         start = time.perf_counter()
         for step in range(1, steps + 1):
             loss = model(data).pow(2).mean()
@@ -115,13 +108,25 @@ def run(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ste
         if finalize is not None:
             finalize()
         result.total_s = time.perf_counter() - start
-    result.peak_extra_rss_mb = (rss.peak - rss.baseline) / 1e6
+    result.peak_extra_rss_mb = rss.extra / 1e6
     return result
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now, for this process's one-rank process group."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def mean_stall(result: Result) -> float:
+    """Mean seconds the training thread was held per checkpoint."""
+    return statistics.mean(result.blocking_s) if result.blocking_s else 0.0
+
+
 def main() -> None:
-    """Run the four ways and print the comparison."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    """Run every way in paired rounds and print the comparison."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="/tmp/ckpt-overhead")
     parser.add_argument("--width", type=int, default=3072)
     parser.add_argument("--layers", type=int, default=5)
@@ -130,25 +135,32 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--host-cache-gb", type=float, default=50.0)
     parser.add_argument("--parser-threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the fastest of each is kept")
+    parser.add_argument("--pairs", type=int, default=5, help="counted rounds (each runs every way once); at least 1")
+    parser.add_argument("--priorities", default="idle",
+                        help="comma-separated background_priority values, one engine each; the first is reported")
+    parser.add_argument("--no-dcp", action="store_true", help="leave torch.distributed.checkpoint out (no vs_dcp)")
     args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error("--pairs must be at least 1")
+    priorities = [p.strip() for p in args.priorities.split(",") if p.strip()]
+    if not priorities:
+        parser.error("--priorities must name at least one background_priority")
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29577")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # another benchmark may hold a fixed one
     dist.init_process_group("gloo", rank=0, world_size=1)
 
     model, optimizer = build(args.width, args.layers)
     size = state_bytes(model, optimizer)
     print(f"state: {size / 1e6:.0f} MB ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params + AdamW), "
-          f"{args.steps} steps, checkpoint every {args.every}, torch threads {torch.get_num_threads()}")
+          f"{args.steps} steps, checkpoint every {args.every}, torch threads {torch.get_num_threads()}, "
+          f"{args.pairs} pairs after one warm-up round", flush=True)
 
     def loop(name: str, **hooks: Callable | None) -> Result:  # type: ignore[type-arg]
         return run(name, model, optimizer, args.steps, args.every, args.batch, hooks.get("checkpoint"),
                    hooks.get("before_step"), hooks.get("finalize"))
-
-    loop("warmup")
 
     def sync_save(step: int) -> None:
         path = base / f"sync-{step}.pt"
@@ -175,52 +187,80 @@ def main() -> None:
             staging.result()
         dcp_futures.append(future)
 
-    engine = CheckpointEngine(base / "ours", host_cache_size=args.host_cache_gb, parser_threads=args.parser_threads,
-                              keep_last=1)
+    def ours(priority: str) -> tuple[str, Callable[[], Result], CheckpointEngine]:
+        name = f"ours ({priority})"
+        engine = CheckpointEngine(base / f"ours-{priority}", host_cache_size=args.host_cache_gb,
+                                  parser_threads=args.parser_threads, keep_last=1, background_priority=priority)
 
-    def ours_save(step: int) -> None:
-        engine.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, lazy=True)
+        def save(step: int) -> None:
+            engine.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, lazy=True)
+
+        return name, lambda: loop(name, checkpoint=save, before_step=engine.wait_staged, finalize=engine.wait), engine
 
     methods: dict[str, Callable[[], Result]] = {
         "none": lambda: loop("none"),
         "sync torch.save": lambda: loop("sync torch.save", checkpoint=sync_save),
-        "dcp.async_save": lambda: loop("dcp.async_save", checkpoint=dcp_save, finalize=dcp_wait),
-        "ours (ckpt_engine)": lambda: loop("ours (ckpt_engine)", checkpoint=ours_save,
-                                           before_step=engine.wait_staged, finalize=engine.wait),
     }
-    best: dict[str, Result] = {}
-    for round_index in range(args.rounds):
-        names = list(methods)
-        names = names[round_index % len(names):] + names[: round_index % len(names)]
-        for name in names:
-            result = methods[name]()
-            print(f"  round {round_index + 1}: {name:<20} {result.total_s:7.2f}s", flush=True)
-            if name not in best or result.total_s < best[name].total_s:
-                best[name] = result
-    results = [best[name] for name in methods]
-    ours = best["ours (ckpt_engine)"]
-    peak_pool = engine.pool.peak_bytes
-    engine.close()
-    none_s = results[0].total_s
+    if not args.no_dcp:
+        methods["dcp.async_save"] = lambda: loop("dcp.async_save", checkpoint=dcp_save, finalize=dcp_wait)
+    engines: dict[str, CheckpointEngine] = {}
+    for priority in priorities:
+        name, method, engine = ours(priority)
+        methods[name], engines[name] = method, engine
+    reported = next(iter(engines))
 
-    print(f"{'method':<22}{'total_s':>9}{'slowdown':>10}{'block/ckpt_s':>14}{'block_max_s':>13}{'peak_extra_rss_MB':>19}")
-    for result in results:
-        blocking = statistics.mean(result.blocking_s) if result.blocking_s else 0.0
-        print(f"{result.name:<22}{result.total_s:>9.2f}{result.total_s / none_s - 1:>10.1%}{blocking:>14.3f}"
-              f"{max(result.blocking_s, default=0.0):>13.3f}{result.peak_extra_rss_mb:>19.0f}")
-    sync, dcp_result = results[1], results[2]
-    print(f"ours: host pool peak {peak_pool / 1e6:.0f} MB for a {size / 1e6:.0f} MB state "
-          f"(memory bound is measured in a fresh process by ckpt_io.py)")
+    rounds: list[dict[str, Result]] = []
+    for index in range(args.pairs + 1):  # round 0 is the warm-up
+        label = "warm-up (not counted)" if index == 0 else f"pair {index}"
+        results: dict[str, Result] = {}
+        for name in alternating(list(methods), index):
+            results[name] = methods[name]()
+        print(f"{label}: " + "  ".join(
+            f"{name} {results[name].total_s:.2f}s stall {mean_stall(results[name]):.3f}s "
+            f"rss +{results[name].peak_extra_rss_mb:.0f}MB" for name in methods), flush=True)
+        if index:
+            rounds.append(results)
+    peak_pool = {name: engine.pool.peak_bytes for name, engine in engines.items()}
+    for engine in engines.values():
+        engine.close()
 
-    def overhead(result: Result) -> float:
-        return max(result.total_s - none_s, 1e-9)
+    def overheads(name: str) -> list[float]:
+        """Seconds ``name`` took over no checkpointing, per round (negative: lost in that round's noise)."""
+        return [r[name].total_s - r["none"].total_s for r in rounds]
 
-    blocking_ratio = statistics.mean(ours.blocking_s) / statistics.mean(sync.blocking_s)
-    print(f"blocking_ratio={blocking_ratio:.3f} overhead_ratio={overhead(ours) / overhead(sync):.3f} "
-          f"vs_dcp={overhead(ours) / overhead(dcp_result):.3f}")
+    def versus(name: str, baseline: str) -> Paired:
+        """``name``'s overhead over ``baseline``'s, per round (inf where the baseline showed no overhead)."""
+        return Paired.of(o / b if b > 0 else float("inf") for o, b in zip(overheads(name), overheads(baseline)))
+
+    def median_of(name: str, value: Callable[[Result], float]) -> float:
+        return statistics.median(value(r[name]) for r in rounds)
+
+    print(f"{'method (median of pairs)':<26}{'total_s':>9}{'slowdown':>10}{'stall/ckpt_s':>14}{'stall_max_s':>13}"
+          f"{'peak_extra_rss_MB':>19}")
+    for name in methods:
+        slowdown = Paired.of(r[name].total_s / r["none"].total_s - 1 for r in rounds)
+        print(f"{name:<26}{median_of(name, lambda r: r.total_s):>9.2f}{slowdown.median:>10.1%}"
+              f"{median_of(name, mean_stall):>14.3f}{median_of(name, lambda r: max(r.blocking_s, default=0.0)):>13.3f}"
+              f"{median_of(name, lambda r: r.peak_extra_rss_mb):>19.0f}")
+    for name in engines:
+        line = f"{name}: overhead_ratio per pair {versus(name, 'sync torch.save').rounds()}"
+        if not args.no_dcp:
+            line += f", vs_dcp per pair {versus(name, 'dcp.async_save').rounds()}"
+        print(f"{line}; host pool peak {peak_pool[name] / 1e6:.0f} MB for a {size / 1e6:.0f} MB state")
+
+    blocking = ratios([mean_stall(r[reported]) for r in rounds], [mean_stall(r["sync torch.save"]) for r in rounds])
+    overhead = versus(reported, "sync torch.save")
+    last = (f"blocking_ratio={blocking.median:.3f} overhead_ratio={overhead.median:.3f} "
+            f"spread={overhead.spread()}")
+    if not args.no_dcp:
+        versus_dcp = versus(reported, "dcp.async_save")
+        last += f" vs_dcp={versus_dcp.median:.3f} vs_dcp_spread={versus_dcp.spread()}"
+    last += (f" stall_s={median_of(reported, mean_stall):.3f} "
+             f"peak_rss_mb={median_of(reported, lambda r: r.peak_extra_rss_mb):.0f} pairs={args.pairs}")
+    print(f"reported: {reported} (memory bound is measured in a fresh process by ckpt_io.py)")
+    print(last)
     dist.destroy_process_group()
     shutil.rmtree(base, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,11 @@ import safetensors.torch
 import torch
 
 import ckpt_engine.stager as stager_module
+import ckpt_engine.writer as writer_module
 from ckpt_engine import CheckpointEngine, MemoryStorage, verify_checkpoint
 from ckpt_engine.contract import PROGRESS_NAME
 from ckpt_engine.errors import CheckpointNotFoundError
+from ckpt_engine.storage import FileStorage, StorageWriter
 
 
 def make_training_state(seed: int = 0, width: int = 64) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -240,8 +244,6 @@ def test_cuda_state_is_staged_on_a_side_stream_into_pinned_buffers(tmp_path: Pat
 def test_progress_writes_do_not_fsync_and_a_commit_fsyncs_data_manifest_and_rename(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """progress.json is rewritten every quarter second by the training thread: atomic, never fsynced."""
-    import os
-
     calls: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real_fsync(fd))
@@ -257,4 +259,85 @@ def test_progress_writes_do_not_fsync_and_a_commit_fsyncs_data_manifest_and_rena
     engine.wait()
     assert len(calls) - first == 5  # retention's move-aside and delete add none
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", PROGRESS_NAME]
+    engine.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+@pytest.mark.parametrize("priority", ["idle", "nice", "normal"])
+def test_writer_commit_and_retention_threads_run_below_the_training_threads(tmp_path: Path, priority: str) -> None:
+    """ADR 0030: the background threads yield the CPU to training; staging, which training may wait for, does not."""
+    engine = CheckpointEngine(tmp_path, keep_last=1, background_priority=priority)
+    engine.save(1, {"model": {"w": torch.ones(10)}}, lazy=True).wait()
+    engine.save(2, {"model": {"w": torch.ones(10)}}).wait()  # retention: the janitor thread runs too
+    engine.wait()
+    background = [thread for pool in (engine._writers, engine._committer, engine._janitor) for thread in pool._threads]
+    assert len(background) == 3
+    for thread in background:
+        policy, nice = os.sched_getscheduler(thread.native_id), os.getpriority(os.PRIO_PROCESS, thread.native_id)
+        expected = {"idle": (os.SCHED_IDLE, 0), "nice": (os.SCHED_OTHER, 19),
+                    "normal": (os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, 0))}[priority]
+        assert (policy, nice if priority != "idle" else 0) == expected, thread.name
+    (stager,) = engine._stager._threads
+    for thread in (stager,):
+        assert os.sched_getscheduler(thread.native_id) == os.SCHED_OTHER
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == os.getpriority(os.PRIO_PROCESS, 0)
+    engine.close()
+
+
+def test_an_unknown_background_priority_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"background_priority must be one of \('idle', 'nice', 'normal'\)"):
+        CheckpointEngine(tmp_path, background_priority="low")
+
+
+class _RecordingStorage(FileStorage):
+    """Records the size of every write a data file gets."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.writes: dict[str, list[int]] = {}
+
+    def open_writer(self, key: str) -> StorageWriter:
+        inner, sizes = super().open_writer(key), self.writes.setdefault(key.rsplit("/", 1)[-1], [])
+
+        class Recording(StorageWriter):
+            def write(self, data: bytes | memoryview) -> None:
+                sizes.append(memoryview(data).nbytes)
+                inner.write(data)
+
+            def close(self) -> None:
+                inner.close()
+
+            def abort(self) -> None:
+                inner.abort()
+
+        return Recording()
+
+
+def test_staged_bytes_are_hashed_in_pieces_and_written_in_whole_runs(tmp_path: Path, segment_sizes: list[int],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The renderer and the checksum read 1 MiB pieces (cache-sized); the disk gets one write per staged segment."""
+    pieces: list[int] = []
+    real_stage = writer_module._HashingSink.stage
+    monkeypatch.setattr(writer_module._HashingSink, "stage",
+                        lambda sink, slab, offset, piece: pieces.append(len(piece)) or real_stage(sink, slab, offset, piece))
+    storage = _RecordingStorage(tmp_path)
+    engine = CheckpointEngine(storage, host_cache_size=64 / 1024, slab_bytes=16 << 20)
+    model = {"a": torch.randn(3 << 20), "b": torch.randn(5 << 18)}  # 12 MiB + 5 MiB
+    optimizer = {"state": {0: {"exp_avg": torch.randn(3 << 20)}}, "param_groups": [{"params": [0]}]}  # a zip record
+    engine.save(1, {"model": model, "optimizer": optimizer}).wait()
+    loaded = engine.load()  # verifies every file's checksum
+    assert_state_equal(model, loaded["model"])
+    assert_state_equal(optimizer, loaded["optimizer"])
+    assert_state_equal(optimizer, torch.load(tmp_path / "checkpoint-1" / "optimizer.pt", weights_only=True))
+    assert max(pieces) == writer_module.PIECE_BYTES and sum(pieces) == sum(segment_sizes)
+    model_bytes = 17 << 20
+    model_segments, staged = [], 0
+    while staged < model_bytes:
+        model_segments.append(segment_sizes[len(model_segments)])
+        staged += model_segments[-1]
+    optimizer_segments = segment_sizes[len(model_segments):]
+    for name, segments in (("model.safetensors", model_segments), ("optimizer.pt", optimizer_segments)):
+        sizes = storage.writes[name]
+        assert sum(sizes) == (tmp_path / "checkpoint-1" / name).stat().st_size
+        assert [size for size in sizes if size > 64 << 10] == segments, name  # headers and pickles are small
     engine.close()
