@@ -849,7 +849,7 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     assert page.locator("#rate-chart svg").count() == 1
     report = page.frame_locator("#report-frame")  # the job report's plots from the run's metrics series
     report.locator("img").first.wait_for()
-    assert report.locator("img").count() >= 3 and "local-node-1" in report.locator("table").inner_text()
+    assert report.locator("img").count() >= 3 and "local-node-1" in report.locator("table").first.inner_text()
     page.screenshot(path=str(SCREENSHOTS / "03d-monitoring.png"), full_page=True)
     page.get_by_role("link", name="Logs", exact=True).click()
     log = page.request.get(deployment.url + page.get_by_role("link", name="download job.log").get_attribute("href"))
