@@ -175,7 +175,7 @@ class Interruption:
         """The status history's reason and the job log's line: what happened, and from where training goes on."""
         at = self.last_seen.isoformat(timespec="seconds") if self.last_seen else "an unknown time"
         if self.left_running:
-            what = (f"attempt {self.attempt} was interrupted: its launch task died at {at} while training went on "
+            what = (f"attempt {self.attempt} was interrupted: its launch task died (last heard from at {at}) while training went on "
                     f"({self.left_running} process(es) of it stopped)")
         else:
             what = f"attempt {self.attempt} was interrupted by a service restart at {at}"

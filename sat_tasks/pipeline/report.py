@@ -68,6 +68,7 @@ def build_report(run: JobRun, entries: list[dict], metrics: Any = None) -> dict:
         attempts.append({
             "attempt": n,
             "node": record.node,
+            "nodes": record.nodes or ([record.node] if record.node else []),
             "exit_code": record.exit_code,
             "verdict": verdict.kind.value if verdict else None,
             "evidence": verdict.evidence[:3] if verdict else [],

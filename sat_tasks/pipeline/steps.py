@@ -446,15 +446,16 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
         status = JobStatus.FAILED.value
     from sat_tasks.io import object_storage as storage
 
-    report = build_report(run, entries)
-    storage.write_json(run.hook(), run.report_uri, report)
     from sat_tasks.io.metrics import read_object_storage
 
-    try:  # read once: the final record's goodput and the report page both come from it
+    try:  # read once: the report's recovery phases, the final record's goodput and the report page come from it
         metrics = read_object_storage(run.results_uri, run.hook())
     except Exception as error:  # noqa: BLE001 - the report page must not fail the job's final task
         log(f"could not read the run's metrics (no final record, no {REPORT_HTML_NAME}): {type(error).__name__}: {error}")
-    else:
+        metrics = None
+    report = build_report(run, entries, metrics)
+    storage.write_json(run.hook(), run.report_uri, report)
+    if metrics is not None:
         _note_final(run, status, metrics, log)
         write_report_html(run, metrics, log)
     upload_job_log(run, log)

@@ -109,7 +109,11 @@ class LocalBackend(Backend):
         return run.job_log if run.job_log.exists() else None
 
     def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
-        return []  # the work directory is this host's disk: kept, like a node's local disk
+        from sat_tasks.backends.local.warm import release_standby
+
+        # the run's failover standby interpreter (ADR 0031) stops; the work directory is this host's disk: kept,
+        # like a node's local disk
+        return release_standby(run)
 
     def release_node(self, node: str, log: Log) -> bool:
         return False  # placement reads the ledger at each attempt: nothing was done to the node itself

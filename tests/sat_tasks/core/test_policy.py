@@ -149,7 +149,7 @@ def test_an_interrupted_attempt_resumes_without_spending_a_failover(plan, commit
 @pytest.mark.parametrize(("left", "step", "reason"), [
     pytest.param(0, 36, "attempt 1 was interrupted by a service restart at 2026-12-02T07:00:00+00:00; "
                         "resumed from checkpoint-36 (not a failover: none spent)", id="service-restart"),
-    pytest.param(2, 36, "attempt 1 was interrupted: its launch task died at 2026-12-02T07:00:00+00:00 while training "
+    pytest.param(2, 36, "attempt 1 was interrupted: its launch task died (last heard from at 2026-12-02T07:00:00+00:00) while training "
                         "went on (2 process(es) of it stopped); resumed from checkpoint-36 (not a failover: none spent)",
                  id="task-killed"),
     pytest.param(0, None, "attempt 1 was interrupted by a service restart at 2026-12-02T07:00:00+00:00; no checkpoint "

@@ -81,6 +81,22 @@ def test_an_attempt_that_died_before_its_first_interval_still_counts_from_sats_o
     assert [a["node"] for a in monitoring_series(metrics)["attempts"]] == ["n0", "n1"]
 
 
+def test_a_planned_restart_to_grow_back_is_not_a_fault(tmp_path):
+    """An elastic job's attempt stopped to grow back (its attempt_end still Running, ADR 0029) spends no fault."""
+    write_series(tmp_path, 1, "n0", "job", [record(100, 1, "n0", "job", event="first_step", step=1)])
+    write_series(tmp_path, 2, "n0", "job", [record(170, 2, "n0", "job", event="first_step", step=50)])
+    write_series(tmp_path, 2, "n0", "training", [record(300, 2, "n0", global_step=100, loss=1.0)])
+    (tmp_path / "metrics" / "sat").mkdir()
+    (tmp_path / "metrics" / "sat" / "job.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        record(160, 1, "n0", "job", event="attempt_end", verdict="PREEMPTED", action="resume", status="Running",
+               ended_at=158, last_step=50, failovers_used=0),
+        record(310, 2, "n0", "job", event="attempt_end", verdict="SUCCEEDED", action="upload", ended_at=305,
+               last_step=100, failovers_used=0)]))
+    summary = job_summary(read_local(tmp_path))
+    assert summary["faults"] == []
+    assert summary["training_s"] == (158 - 100) + (305 - 170)  # the restart's gap is still not training time
+
+
 def test_malformed_metrics_file_is_named_with_its_line_and_the_rest_renders(tmp_path, capsys):
     a_run_with_a_failover(tmp_path)
     bad = write_series(tmp_path, 3, "n2", "training", [record(150, 3, "n2", global_step=70, loss=1.0)])

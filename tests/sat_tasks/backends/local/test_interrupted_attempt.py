@@ -125,7 +125,7 @@ def test_an_interrupted_attempt_resumes_from_its_last_checkpoint_without_a_failo
     if how == "service-restart":
         assert why.startswith("attempt 1 was interrupted by a service restart at 20")
     else:
-        assert why.startswith("attempt 1 was interrupted: its launch task died at 20")
+        assert why.startswith("attempt 1 was interrupted: its launch task died (last heard from at 20")
         assert "process(es) of it stopped" in why
     assert why.endswith(f"; resumed from checkpoint-{resumed} (not a failover: none spent)")
     log = run.job_log.read_text()
