@@ -151,16 +151,17 @@ class CheckpointEngine:
     only). ``on_commit`` callbacks get each CommitRecord on the commit thread. With a
     ``coordinator`` (:mod:`ckpt_engine.multirank`) several ranks write each checkpoint:
     this rank's part goes into a shared temp dir and only the committing rank promotes it.
-    ``background_priority`` (``"idle"``, ``"nice"`` or ``"normal"``) is the CPU priority of
-    the writer, commit and retention threads (:func:`ckpt_engine.writer.background_thread`,
-    ADR 0030); staging, which the training thread may wait for, keeps the caller's.
+    ``background_priority`` (``"normal"``, ``"nice"`` or ``"idle"``) is the CPU priority of
+    the writer, commit and retention threads (:func:`ckpt_engine.writer.background_thread`;
+    ADR 0030: lowered, they made the next save wait longer on a busy 2-core machine, so
+    ``normal`` is the default); staging, which the training thread may wait for, keeps the caller's.
     """
 
     def __init__(self, root: str | Storage, *, host_cache_size: float = 1.0, parser_threads: int = 1,
                  pin_host_cache: bool = True, keep_last: int = 3, max_in_flight: int = 1,
                  on_error: str = "continue", slab_bytes: int = DEFAULT_SLAB_BYTES, rank: int = 0,
                  clean_stale: bool = True, mirror_url: str | Storage | None = None,
-                 background_priority: str = "idle") -> None:
+                 background_priority: str = "normal") -> None:
         check_options(on_error=on_error, parser_threads=parser_threads, max_in_flight=max_in_flight,
                       keep_last=keep_last, host_cache_size=host_cache_size)
         lower = background_thread(background_priority)  # raises ValueError for an unknown priority

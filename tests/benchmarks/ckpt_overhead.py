@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--host-cache-gb", type=float, default=50.0)
     parser.add_argument("--parser-threads", type=int, default=1)
     parser.add_argument("--pairs", type=int, default=5, help="counted rounds (each runs every way once); at least 1")
-    parser.add_argument("--priorities", default="idle",
+    parser.add_argument("--priorities", default="normal",
                         help="comma-separated background_priority values, one engine each; the first is reported")
     parser.add_argument("--no-dcp", action="store_true", help="leave torch.distributed.checkpoint out (no vs_dcp)")
     args = parser.parse_args()
