@@ -23,6 +23,8 @@ import runpy
 import sys
 from collections.abc import Sequence
 
+from ckpt_engine.signals import finish_process_group
+
 USAGE = "usage: python -m ckpt_engine.launch (SCRIPT | -m MODULE) [ARGS ...]"
 
 
@@ -37,20 +39,6 @@ def script_argv(argv: Sequence[str], local_rank: str | None) -> tuple[str, bool,
     target, rest = args[0], args[1:]
     rank = [f"--local_rank={local_rank}"] if local_rank not in (None, "") else []
     return target, module, [target, *rank, *rest]
-
-
-def finish_process_group() -> None:
-    """Destroy the default process group the script left behind (never imports torch itself).
-
-    Called only after the script returned normally (as torchtitan does: a rank that failed in the
-    middle of a collective must not block in a teardown). A script written for the ``deepspeed``
-    launcher rarely calls ``destroy_process_group``; left to the interpreter's finalization, gloo's
-    worker threads can abort the process (SIGABRT, "terminate called without an active
-    exception") after it succeeded, and torchrun reports the node failed (pytorch/pytorch#190489).
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -143,3 +143,17 @@ class GracefulTermination:
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(EXIT_STATUS)
+
+
+def finish_process_group() -> None:
+    """Destroy the default process group the script left behind (never imports torch itself).
+
+    Call it only after the script or the training ended normally (as torchtitan does: a rank that failed in the
+    middle of a collective must not block in a teardown). A script written for the ``deepspeed``
+    launcher rarely calls ``destroy_process_group``; left to the interpreter's finalization, gloo's
+    worker threads can abort the process (SIGABRT, "terminate called without an active
+    exception") after it succeeded, and torchrun reports the node failed (pytorch/pytorch#190489).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -50,7 +50,7 @@ from ckpt_engine.formats import (
 )
 from ckpt_engine.manifest import list_checkpoint_steps, verify_checkpoint
 from ckpt_engine.metrics import recorder as metrics_recorder
-from ckpt_engine.signals import GracefulTermination, StopVote
+from ckpt_engine.signals import GracefulTermination, StopVote, finish_process_group
 
 log = logging.getLogger("ckpt_engine")
 
@@ -139,13 +139,6 @@ class ConcurrentCheckpointCallback(TrainerCallback):
         release_process_group_at_exit()
 
 
-def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def release_process_group_at_exit() -> None:
     """After a training that ended normally, destroy the default process group when the interpreter exits.
 
@@ -159,8 +152,8 @@ def release_process_group_at_exit() -> None:
     """
     import atexit
 
-    atexit.unregister(_destroy_process_group)  # once, however many trainers ended
-    atexit.register(_destroy_process_group)
+    atexit.unregister(finish_process_group)  # once, however many trainers ended
+    atexit.register(finish_process_group)
 
 
 def _samples_per_step(args: Any) -> float | None:
