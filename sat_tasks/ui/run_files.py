@@ -8,7 +8,9 @@ download). Where the job log is while the job runs (`job_log_source`), freshest 
    (the API server reads it where it shares the worker's disk, as under `make up`);
 2. `<results>/job.log` in Object Storage, uploaded when the run ends (`upload_results`, `finalize`);
 3. Kubernetes: the finished attempts' sections `<results>/attempts/attempt-<k>.log` (classify
-   stores each at the end of its attempt), read as one log in attempt order.
+   stores each at the end of its attempt), read as one log in attempt order; while the run is
+   active, the running attempt's section follows them as its backend reads it from its pods
+   (`Backend.live_log`; `ui.log_tail.read_job_log` says what a reader's offset means there).
 """
 
 from __future__ import annotations
@@ -142,20 +144,31 @@ class JoinedSource:
             yield from part.chunks(count, chunk_size)
 
 
-def job_log_source(layout: RunLayout, hook: Any) -> ByteSource | None:
-    """The run's job log where it is freshest (the module's docstring says the order); None before its first line."""
+@dataclass(frozen=True)
+class JobLogCopy:
+    """The job log's freshest copy: its bytes (None before its first line) and, where it is the attempts' stored
+    sections, their attempts (a running attempt's section may follow them); None for a whole copy."""
+
+    source: ByteSource | None
+    attempts: frozenset[int] | None = None
+
+
+def job_log_source(layout: RunLayout, hook: Any) -> JobLogCopy:
+    """The run's job log where it is freshest (the module's docstring says the order)."""
     if layout.job_log.is_file():
-        return FileSource(layout.job_log)
+        return JobLogCopy(FileSource(layout.job_log))
     bucket, key = split_s3_uri(layout.results_uri + contract.JOB_LOG_NAME)
     found = hook.get_conn().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents") or []
     if found and found[0]["Key"] == key:
-        return ObjectSource(hook, layout.results_uri + contract.JOB_LOG_NAME, int(found[0]["Size"]))
+        return JobLogCopy(ObjectSource(hook, layout.results_uri + contract.JOB_LOG_NAME, int(found[0]["Size"])))
     sections = []
     for name, size in object_sizes(hook, layout.results_uri + contract.ATTEMPTS_DIR, limit=MAX_LISTED).items():
         if match := _ATTEMPT_LOG.fullmatch(name):
             sections.append((int(match.group(1)), ObjectSource(hook, layout.results_uri + contract.ATTEMPTS_DIR + name,
                                                                size)))
-    return JoinedSource(tuple(source for _, source in sorted(sections))) if sections else None
+    sections.sort()
+    return JobLogCopy(JoinedSource(tuple(source for _, source in sections)) if sections else None,
+                      frozenset(attempt for attempt, _ in sections))
 
 
 # ---- the results' files ------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 so the real `CoreV1Api` builds every request (its own models, serialised) and parses every
 answer; every request is recorded with its method, path, query and body. It serves what
 the tests need of the core API: pods, services, events, persistent volume claims, secrets
-(list, get, create, patch, delete), nodes (get), pod logs (plain or followed). With `kubelet`
+(list, get, create, patch, delete), nodes (get), pod logs (plain or followed; `tailLines`, `sinceSeconds`,
+`timestamps`, `limitBytes` as the kubelet applies them). With `kubelet`
 set, a created pod "runs" at once: it gets a node, a log and a terminated state
 (`kubelet(pod) -> (exit code, log text)`).
 """
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlparse
 
@@ -77,6 +80,19 @@ def _field(obj: dict, path: str):
     return obj
 
 
+def _epoch(stamp: str) -> float:
+    """An RFC 3339 time with up to nanoseconds as seconds since the epoch (microseconds kept)."""
+    whole, _, rest = stamp.partition(".")
+    fraction = re.match(r"\d*", rest).group() if rest else ""
+    zone = stamp[len(whole) + (1 + len(fraction) if rest else 0):]
+    return datetime.fromisoformat(whole + (zone.replace("Z", "+00:00") or "+00:00")).timestamp() + float(
+        f"0.{fraction or 0}")
+
+
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def _body(body) -> dict:
     return json.loads(body) if isinstance(body, (str, bytes)) else body
 
@@ -98,6 +114,7 @@ class RecordedCluster:
         self.forbidden_namespaces = set(forbidden_namespaces)
         self.kubelet = kubelet
         self.requests: list[tuple[str, str, dict, dict | None]] = []
+        self.now: float | None = None  # the kubelet's clock (`sinceSeconds` counts back from it); None: the real one
         self.created: list[tuple[str, dict]] = []
 
     @classmethod
@@ -138,6 +155,22 @@ class RecordedCluster:
                                                for c in containers]}
         self.logs[name] = log
 
+    # ---- pod logs ------------------------------------------------------------------------------
+    def _log(self, log: str | list[tuple[str, str]], query: dict) -> bytes:
+        """A pod log as the kubelet serves it: the last `tailLines`, then those since `sinceSeconds` before `now`,
+        stamped with `timestamps=true`, then the first `limitBytes` bytes. A log given as text has no
+        timestamps (every line counts as written now); as (RFC 3339 time, line) pairs it has."""
+        entries = [(None, line) for line in log.splitlines()] if isinstance(log, str) else list(log)
+        entries = entries[-int(query.get("tailLines", 10**9)):] if "tailLines" in query else entries
+        now = time.time() if self.now is None else self.now
+        if "sinceSeconds" in query:
+            since = now - int(query["sinceSeconds"])
+            entries = [(at, line) for at, line in entries if at is None or _epoch(at) >= since]
+        stamped = query.get("timestamps") in ("True", "true")
+        body = "".join((f"{at or _rfc3339(now)} " if stamped else "") + line + "\n" for at, line in entries)
+        data = body.encode()
+        return data[:int(query["limitBytes"])] if "limitBytes" in query else data
+
     # ---- the API -------------------------------------------------------------------------------
     def request(self, method, url, fields=None, body=None, headers=None, **kwargs) -> _Response:
         parsed = urlparse(url)
@@ -163,8 +196,7 @@ class RecordedCluster:
             if name not in self.logs:
                 return _status(400, "BadRequest",
                                f'container "base" in pod "{name}" is waiting to start: trying and failing to pull image')
-            lines = self.logs[name].splitlines()[-int(query.get("tailLines", 10**9)):]
-            return _Response(200, "\n".join(lines) + ("\n" if lines else ""), "text/plain")
+            return _Response(200, self._log(self.logs[name], query), "text/plain")
         if method == "GET" and name is None:
             selected = [o for o in here if _matches(o["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
             for term in filter(None, query.get("fieldSelector", "").split(",")):

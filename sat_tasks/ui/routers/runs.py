@@ -6,6 +6,7 @@ The actions' effect on the run's records is `sat_tasks.pipeline.actions`'; here:
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any
 
 from airflow.api_fastapi.common.dagbag import DagBagDep
@@ -21,6 +22,8 @@ from fastapi.responses import (
 )
 from starlette.concurrency import run_in_threadpool
 
+from sat_tasks.backends import backend_for
+from sat_tasks.core.live_log import CURSOR_RULE, BadCursor, LiveCursor, LiveLog
 from sat_tasks.io.metrics import read_object_storage
 from sat_tasks.pipeline import actions
 from sat_tasks.pipeline.report_html import render_report_html
@@ -30,7 +33,9 @@ from sat_tasks.ui.log_tail import (
     MARKER,
     MAX_READ_BYTES,
     TAIL_BYTES,
+    LiveReader,
     is_marker,
+    read_job_log,
     read_log,
 )
 from sat_tasks.ui.run_files import (
@@ -47,6 +52,8 @@ from sat_tasks.ui.sources import JobRunFound, find_job_run, object_storage, page
 
 router = APIRouter(tags=["Training Job runs"])
 RUN = "/jobs/{dag_id}/runs/{run_id}"  # a run's page; its JSON under /api
+LIVE_DOWNLOAD_LINES = 100_000  # the running attempt's section in a download: rank 0's last lines, ...
+LIVE_DOWNLOAD_BYTES = 8 << 20  # ... at most this much of them (held in memory while the download starts)
 
 
 def _page_href(dag_id: str, run_id: str) -> str:
@@ -86,37 +93,76 @@ def files_data(found: JobRunFound) -> dict[str, Any]:
     return {"log_tail": tail, "outputs": outputs}
 
 
-def log_answer(found: JobRunFound, offset: int | None = None, limit: int = TAIL_BYTES) -> dict[str, Any]:
-    """The job log's piece after `offset` (its tail without one) from its freshest copy; `ended`: the run has ended."""
+def log_answer(found: JobRunFound, offset: int | None = None, limit: int = TAIL_BYTES,
+               cursor: LiveCursor | None = None) -> dict[str, Any]:
+    """The job log's piece after `offset` (its tail without one) from its freshest copy; `ended`: the run has ended.
+
+    While the run is active and the copy is the attempts' stored sections, the running attempt's section follows
+    them (`read_job_log`: `cursor` is where its reader is in it).
+    """
     ended = found.state not in dag_runs.ACTIVE
-    source = job_log_source(found.layout, object_storage())
-    if source is None:  # no line yet: the page asks again
+    copy = job_log_source(found.layout, object_storage())
+    if copy.attempts is not None and not ended:
+        piece = read_job_log(copy.source, copy.attempts, live_reader(found, copy.attempts), offset, cursor, limit)
+        return {**piece.as_dict(), "source": piece.source or None, "ended": ended}
+    if copy.source is None:  # no line yet: the page asks again
         return {"start": 0, "end": 0, "offset": offset or 0, "size": 0, "text": "", "skipped": 0, "restarted": False,
-                "source": None, "ended": ended}
-    return {**read_log(source, offset, limit, growing=not ended).as_dict(), "ended": ended}
+                "source": None, "cursor": None, "more": False, "ended": ended}
+    return {**read_log(copy.source, offset, limit, growing=not ended).as_dict(), "ended": ended}
+
+
+def live_reader(found: JobRunFound, attempts: frozenset[int]) -> LiveReader:
+    """The run's backend reading the running attempt's section (`Backend.live_log`); a failure is a note, not a 500."""
+    def read(cursor: LiveCursor | None, limit: int, lines: int) -> LiveLog | None:
+        try:
+            return backend_for(found.job).live_log(found.layout, stored=attempts, cursor=cursor, limit=limit,
+                                                   lines=lines)
+        except Exception as error:  # noqa: BLE001 - the cluster connection missing or refused: the stored sections show
+            return LiveLog(cursor.attempt if cursor else None, "", None,
+                           note=f"the running attempt's log could not be read ({type(error).__name__})")
+
+    return read
 
 
 @router.get("/api" + RUN + "/log", dependencies=READ_JOBS, response_class=PlainTextResponse)
 def job_log(dag_id: str, run_id: str, session: SessionDep):
     """The whole job log (all attempts) as a download from its freshest copy, streamed in chunks; 404 before its first line.
 
-    While the run writes it, the download ends where the log was when it began.
+    While the run writes it, the download ends where the log was when it began. While a Kubernetes attempt runs, its
+    section comes last as its pods have it then: the last `LIVE_DOWNLOAD_LINES` lines of rank 0, at most
+    `LIVE_DOWNLOAD_BYTES` (a `[sat]` line says where the download stops short of it).
     """
     found = find_job_run(session, dag_id, run_id)
-    source = job_log_source(found.layout, object_storage())
-    if source is None:
+    copy = job_log_source(found.layout, object_storage())
+    live = b""
+    if copy.attempts is not None and found.state in dag_runs.ACTIVE:
+        got = live_reader(found, copy.attempts)(None, LIVE_DOWNLOAD_BYTES, LIVE_DOWNLOAD_LINES)
+        if got is not None and got.cursor is not None:
+            live = got.text.encode() + (f"[sat] attempt {got.attempt}: the download stops here, at "
+                                        f"{LIVE_DOWNLOAD_BYTES} bytes of the running attempt's log; the page follows "
+                                        "the rest\n".encode() if got.more else b"")
+    if copy.source is None and not live:
         raise HTTPException(404, "no job log yet: it begins when the first attempt starts")
-    size = source.size()
-    return StreamingResponse(source.chunks(size), media_type="text/plain; charset=utf-8",
-                             headers=attachment_headers(f"{found.job.name}-{run_id}.log", size))
+    stored = copy.source.size() if copy.source is not None else 0
+    chunks = itertools.chain(copy.source.chunks(stored) if copy.source is not None else (), [live] if live else ())
+    return StreamingResponse(chunks, media_type="text/plain; charset=utf-8",
+                             headers=attachment_headers(f"{found.job.name}-{run_id}.log", stored + len(live)))
 
 
 @router.get("/api" + RUN + "/log/tail", dependencies=READ_JOBS)
 def job_log_tail(dag_id: str, run_id: str, session: SessionDep,
                  offset: Annotated[int | None, Query(ge=0, description="the end of what the reader has")] = None,
-                 limit: Annotated[int, Query(ge=1, le=MAX_READ_BYTES)] = TAIL_BYTES):
-    """The job log's last `limit` bytes in whole lines, or (with `offset`) what it gained since: only new bytes travel."""
-    return log_answer(find_job_run(session, dag_id, run_id), offset, limit)
+                 limit: Annotated[int, Query(ge=1, le=MAX_READ_BYTES)] = TAIL_BYTES,
+                 cursor: Annotated[str | None, Query(max_length=300, description=CURSOR_RULE)] = None):
+    """The job log's last `limit` bytes in whole lines, or (with `offset`) what it gained since: only new bytes travel.
+
+    A running Kubernetes attempt's section is followed by `cursor` (the previous answer's; `read_job_log`).
+    """
+    try:
+        at = LiveCursor.parse(cursor) if cursor is not None else None
+    except BadCursor as error:
+        raise HTTPException(422, str(error)) from None
+    return log_answer(find_job_run(session, dag_id, run_id), offset, limit, at)
 
 
 @router.get("/api" + RUN + "/files", dependencies=READ_JOBS)
