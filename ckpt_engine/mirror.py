@@ -289,12 +289,15 @@ def restore_from_mirror(local: Storage, url: str | Storage, step: int = -1) -> i
     """Download the mirror's newest complete checkpoint (or ``step``) when ``local`` lacks it; returns its step.
 
     Nothing is downloaded when ``local`` already holds a complete checkpoint at least as
-    new (for ``step >= 0``: ``checkpoint-<step>`` itself). Mirrored checkpoints newer than
-    that are tried newest first (``step >= 0``: ``step``, then older ones); an incomplete
-    or corrupt one is skipped for the one before. Files are verified against the mirrored
+    new (for ``step >= 0``: ``checkpoint-<step>`` itself): the node-local copy the previous
+    attempt committed, which a failover finds when its new node shares the old one's disk
+    (the local backend's nodes are one host: every attempt of a run has the same checkpoint
+    root). The log says which copy the resume uses. Mirrored checkpoints newer than that
+    are tried newest first (``step >= 0``: ``step``, then older ones); an incomplete or
+    corrupt one is skipped for the one before. Files are verified against the mirrored
     manifest while downloaded, land in a temp directory and appear with one rename.
     Other storage errors (unreachable mirror, denied access) propagate: a resume must not
-    silently start from scratch. Returns None when nothing was restored.
+    silently start from scratch. Returns the step downloaded, None when nothing was.
     """
     remote = open_storage(url)
     bound = step if step >= 0 else math.inf
@@ -306,10 +309,13 @@ def restore_from_mirror(local: Storage, url: str | Storage, step: int = -1) -> i
         except (CorruptCheckpointError, FileNotFoundError) as exc:
             log.warning("[Concurrent Checkpoint] skipping mirrored checkpoint-%d: %s", candidate, exc)
             continue
-        log.info("[Concurrent Checkpoint] Restored checkpoint-%d from the mirror %s", candidate, remote.url)
+        log.info("[Concurrent Checkpoint] Restored checkpoint-%d from the mirror %s (Object Storage: downloaded, "
+                 "verified against its manifest)", candidate, remote.url)
         return candidate
     if local_best is not None:
-        log.info("[Concurrent Checkpoint] local checkpoint-%d is the newest wanted; nothing to restore from %s",
+        # the checksums are verified where the resume chooses its checkpoint (every restore is), not twice
+        log.info("[Concurrent Checkpoint] checkpoint-%d: the node-local copy is the newest wanted (its manifest and "
+                 "file sizes check out; its checksums are verified before it loads); nothing downloaded from %s",
                  local_best, remote.url)
     else:
         log.info("[Concurrent Checkpoint] no complete mirrored checkpoint (step %d) in %s", step, remote.url)
