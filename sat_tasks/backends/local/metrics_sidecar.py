@@ -44,12 +44,31 @@ class MetricsSidecar:
             )
         return self
 
+    def request_stop(self) -> None:
+        """SIGTERM now, at normal CPU priority (returns at once; `stop` waits): the attempt's processes are gone.
+
+        The sidecar runs at nice 19 and SCHED_IDLE so that it never takes CPU from training
+        (ADR 0017). Once the attempt has ended there is no training to yield to, and its last
+        sample and upload are on a fault's recovery path (the launch task, then the verdict,
+        wait for them), where a nice-19 process on a loaded host waits behind every other one.
+        Raising a priority back needs the privilege (root, CAP_SYS_NICE or RLIMIT_NICE) a
+        lowering did not; without it the sidecar stops at the priority it has.
+        """
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        _normal_priority(self.proc.pid)
+        try:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
     def stop(self, log: Log) -> list[str]:
-        """SIGTERM, wait for its last sample and upload; the lines it logged (e.g. why there is no GPU series)."""
+        """SIGTERM (`request_stop`), wait for its last sample and upload; the lines it logged (e.g. why there is no
+        GPU series)."""
         if self.proc is None:
             return []
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
+            self.request_stop()
             try:
                 self.proc.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -61,3 +80,18 @@ class MetricsSidecar:
         except OSError:
             return []
         return [line if line.startswith("[sat") else f"[sat metrics] {line}" for line in lines if line.strip()]
+
+
+def _normal_priority(pid: int) -> None:
+    """Every thread of process `pid` back to SCHED_OTHER at nice 0, where this process may raise it (best effort)."""
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):  # not Linux, or the process is gone
+        return
+    for tid in threads:
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
+        except (AttributeError, OSError):  # not permitted (no privilege to raise it), or the thread ended
+            continue

@@ -179,6 +179,8 @@ class LocalAttempt:
                 reader.start()
                 self._watch(procs, state, kern_log, log, started.timestamp())
                 self._end(procs, state, log)
+                if sidecar is not None:  # its last sample and upload overlap with the end of the log (recovery path)
+                    sidecar.request_stop()
                 if self.procs_file is not None:
                     self.procs_file.unlink(missing_ok=True)  # none is left running
                 reader.join(timeout=10)
@@ -236,7 +238,7 @@ class LocalAttempt:
         state.training_started = not self.startup_timeout  # no start-up deadline: the heartbeat runs from now
         next_stop_check = next_grow_check = started
         while proc.poll() is None:
-            time.sleep(self.poll_seconds)
+            _wait_for_exit(proc, self.poll_seconds)
             if self.interrupt is not None and self.interrupt.is_set() and state.kill_at is None:
                 self.interrupted = True
                 state.kill_at = time.monotonic() + self.grace_seconds
@@ -531,6 +533,15 @@ def _hang_watchdog(procs: AttemptProcesses, timeout: float, log: Log, node: str)
     log(f"[sat] no training progress for {timeout:.0f}s on {node}: killing the hung attempt")
     procs.signal_all(signal.SIGKILL)
     procs.signal_all(signal.SIGCONT)
+
+
+def _wait_for_exit(proc: subprocess.Popen, seconds: float) -> None:
+    """Sleep `seconds`, or less when the command exits meanwhile: a fault's SIGKILL is seen at once, not at the
+    next poll (the time from the fault to the record is part of every recovery)."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _read_json(path: Path) -> dict | None:
