@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_engine.contract import TMP_PREFIX
+from ckpt_engine.contract import TMP_PREFIX, parse_step
 from ckpt_engine.formats import (
     FilePlan,
     gc_paused,
@@ -90,3 +90,20 @@ def retention(committed: Sequence[int], *, keep_last: int, newest: int,
         return list(committed), []
     kept = set(committed[:keep_last]) | {newest} | (set(protected) & set(committed))
     return sorted(kept, reverse=True), [step for step in committed if step not in kept]
+
+
+#: Under the checkpoint root: ``universal/checkpoint-<step>/``, a DeepSpeed checkpoint converted to
+#: DeepSpeed's universal format for a resume on another world size
+#: (:func:`ckpt_engine.integrations.elastic.universal_view`); not a checkpoint itself.
+UNIVERSAL_DIR = "universal"
+
+
+def universal_views_to_delete(names: Sequence[str], kept: Collection[int]) -> list[str]:
+    """The entries of ``universal/`` (``checkpoint-<step>`` and its ``.tmp`` build) whose checkpoint is not kept.
+
+    A view is derived from one committed checkpoint and useless without it: it goes when
+    retention deletes the checkpoint, and one left by a checkpoint deleted otherwise goes at
+    the next retention.
+    """
+    return [name for name in names
+            if (step := parse_step(name.removesuffix(".tmp"))) is None or step not in kept]

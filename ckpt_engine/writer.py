@@ -23,7 +23,12 @@ from ckpt_engine.manifest import (
     new_hasher,
 )
 from ckpt_engine.metrics.recorder import yield_cpu
-from ckpt_engine.planner import SavePlan, retention
+from ckpt_engine.planner import (
+    UNIVERSAL_DIR,
+    SavePlan,
+    retention,
+    universal_views_to_delete,
+)
 from ckpt_engine.pool import HostBufferPool, Slab
 from ckpt_engine.stager import Abort, Segment, SegmentQueue
 from ckpt_engine.storage.base import Storage, StorageWriter
@@ -264,8 +269,14 @@ class CheckpointWriter:
                 if self.storage.exists(f"{checkpoint_dir(s)}/{MANIFEST_NAME}")]
 
     def apply_retention(self, newest: int, *, keep_last: int, protected: Collection[int]) -> list[int]:
-        """Delete what :func:`ckpt_engine.planner.retention` does not keep; the steps kept, highest first."""
+        """Delete what :func:`ckpt_engine.planner.retention` does not keep, with their universal views; the steps kept.
+
+        Kept: highest first. A universal view (``universal/checkpoint-<step>/``) whose checkpoint
+        is not kept goes too; it holds no checkpoint file, only what DeepSpeed's conversion made.
+        """
         kept, doomed = retention(self.committed_steps(), keep_last=keep_last, newest=newest, protected=protected)
         for step in doomed:
             self.discard(self.move_to_trash(checkpoint_dir(step)))
+        for name in universal_views_to_delete(self.storage.list_dir(UNIVERSAL_DIR), kept):
+            self.janitor.submit(self.storage.delete_tree, f"{UNIVERSAL_DIR}/{name}")
         return kept

@@ -121,7 +121,6 @@ def adapt_to_world_size(trainer: Any, environ: Mapping[str, str] = os.environ) -
 
 
 # ---- DeepSpeed ZeRO: resharding through DeepSpeed's universal checkpoint ------------------------------------
-UNIVERSAL_DIR = "universal"  # under the checkpoint root: universal/checkpoint-<step>/ (not a checkpoint-<step> itself)
 UNIVERSAL_LAYOUT = "deepspeed-universal"
 _ZERO_SHARD = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
@@ -140,42 +139,64 @@ def saved_zero_ranks(checkpoint: str) -> tuple[str, int] | None:
 
 def universal_view(checkpoint: str, root: str, world_size: int, *, is_writer: bool,
                    convert: Any = None) -> str | None:
-    """For a DeepSpeed checkpoint saved by another number of ranks: a directory the Trainer resumes from instead.
+    """For a DeepSpeed checkpoint saved by another number of ranks: its conversion to DeepSpeed's universal format.
 
-    ``<root>/universal/checkpoint-<step>/`` holds ``<tag>_universal/`` (DeepSpeed's
-    ``ds_to_universal`` of the checkpoint's ZeRO shards, once), ``latest_universal``, a
-    ``manifest.json`` of those files (layout ``deepspeed-universal``, checked like any
-    checkpoint's before each use; a view that fails the check is built again), and links to the
-    checkpoint's other files (the weights, scheduler, trainer state, RNG states). The checkpoint
-    itself is not touched. None when the checkpoint needs no conversion (same world size, no
-    ZeRO shards). The writer (rank 0) builds it; the caller makes the other ranks wait.
+    ``<root>/universal/checkpoint-<step>/`` (:data:`~ckpt_engine.planner.UNIVERSAL_DIR`) holds
+    only what the conversion made: ``<tag>_universal/`` (DeepSpeed's ``ds_to_universal`` of the
+    checkpoint's ZeRO shards), ``latest_universal`` and a ``manifest.json`` of those files
+    (layout ``deepspeed-universal``) that also records the checksum of the checkpoint's own
+    manifest. It is reused when it checks out against its manifest and was made from the
+    checkpoint as it is now (a checkpoint of that step saved again gets a new conversion), else
+    built again. It holds no link to the checkpoint's files, so an upload of the checkpoint
+    root carries each file once; :func:`resume_dir` joins the two for the Trainer. Retention
+    deletes a view with its checkpoint (:func:`ckpt_engine.writer.CheckpointWriter.apply_retention`).
+    The checkpoint itself is not touched. None when the checkpoint needs no conversion (same
+    world size, no ZeRO shards). The writer (rank 0) builds it; the caller makes the other ranks wait.
     """
     found = saved_zero_ranks(checkpoint)
     if found is None or found[1] == world_size:
         return None
     tag, saved = found
     from ckpt_engine.manifest import verify_checkpoint
+    from ckpt_engine.planner import UNIVERSAL_DIR
     from ckpt_engine.storage.file import FileStorage
 
     name = os.path.basename(os.path.normpath(checkpoint))
     view = os.path.join(root, UNIVERSAL_DIR, name)
-    storage = FileStorage(os.path.join(root, UNIVERSAL_DIR))
     if not is_writer:
         return view
-    if os.path.isdir(view) and verify_checkpoint(storage, name).ok:
-        log.info("[Concurrent Checkpoint] elastic: %s was converted to DeepSpeed's universal format before (%s)",
-                 name, view)
-        return view
+    storage = FileStorage(os.path.join(root, UNIVERSAL_DIR))
+    source = _manifest_checksum(checkpoint)
+    if os.path.isdir(view):
+        report = verify_checkpoint(storage, name)
+        made_from = report.manifest.metadata.get("source_manifest") if report.manifest is not None else None
+        if report.ok and source is not None and made_from == source:
+            log.info("[Concurrent Checkpoint] elastic: %s was converted to DeepSpeed's universal format before (%s)",
+                     name, view)
+            return view
     log.info("[Concurrent Checkpoint] elastic: %s was saved by %d rank(s), %d now: converting its ZeRO shards to "
              "DeepSpeed's universal format (ds_to_universal) into %s", name, saved, world_size, view)
-    _build_universal_view(checkpoint, view, tag, convert or _ds_to_universal)
+    _build_universal_view(checkpoint, view, tag, source, convert or _ds_to_universal)
     report = verify_checkpoint(storage, name)
     if not report.ok:
         raise ConfigError(f"the universal conversion of {name} does not check out: {'; '.join(report.problems)}")
     return view
 
 
-def _build_universal_view(checkpoint: str, view: str, tag: str, convert: Any) -> None:
+def _manifest_checksum(checkpoint: str) -> str | None:
+    """sha256 of the checkpoint's manifest.json (what its files are), None without one."""
+    import hashlib
+
+    from ckpt_engine.contract import MANIFEST_NAME
+
+    try:
+        with open(os.path.join(checkpoint, MANIFEST_NAME), "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def _build_universal_view(checkpoint: str, view: str, tag: str, source: str | None, convert: Any) -> None:
     import shutil
 
     from ckpt_engine.contract import MANIFEST_NAME, FileEntry, Manifest, parse_step
@@ -196,15 +217,38 @@ def _build_universal_view(checkpoint: str, view: str, tag: str, convert: Any) ->
             key = os.path.relpath(os.path.join(folder, file_name), staging)
             size, checksum = hash_file(storage, key)
             files[key] = FileEntry(size=size, checksum=checksum)
-    for entry in os.listdir(checkpoint):  # the rest of the checkpoint, as it was committed (its manifest checked it)
-        if entry not in (MANIFEST_NAME, "latest_universal", f"{tag}_universal"):
-            os.symlink(os.path.abspath(os.path.join(checkpoint, entry)), os.path.join(staging, entry))
     step = parse_step(os.path.basename(os.path.normpath(checkpoint)))
     manifest = Manifest(step=-1 if step is None else step, files=files, layout=UNIVERSAL_LAYOUT,
-                        metadata={"converted_from": os.path.abspath(checkpoint), "tag": tag})
+                        metadata={"converted_from": os.path.abspath(checkpoint), "tag": tag,
+                                  "source_manifest": source})
     with open(os.path.join(staging, MANIFEST_NAME), "wb") as handle:
         handle.write(manifest.to_json())
     os.replace(staging, view)
+
+
+def resume_dir(checkpoint: str, view: str) -> str:
+    """A temporary ``checkpoint-<step>/`` of links: the checkpoint's files and the view's conversion, for the Trainer.
+
+    The Trainer resumes from one directory (weights, scheduler, trainer state, RNG states) and
+    DeepSpeed's universal load reads ``latest_universal`` in that same directory. The links
+    live in the system's temporary directory, not under the checkpoint root (which the results
+    upload carries), and are removed when the process exits.
+    """
+    import atexit
+    import shutil
+
+    from ckpt_engine.contract import MANIFEST_NAME
+
+    holder = tempfile.mkdtemp(prefix="ckpt-universal-")
+    atexit.register(shutil.rmtree, holder, True)
+    joined = os.path.join(holder, os.path.basename(os.path.normpath(checkpoint)))
+    os.makedirs(joined)
+    for folder in (checkpoint, view):  # the view's names (``latest_universal``, ``<tag>_universal``) are its own
+        for entry in os.listdir(folder):
+            target = os.path.join(joined, entry)
+            if entry != MANIFEST_NAME and not os.path.lexists(target):
+                os.symlink(os.path.abspath(os.path.join(folder, entry)), target)
+    return joined
 
 
 def _ds_to_universal(input_folder: str, output_folder: str) -> None:
@@ -222,12 +266,13 @@ def _ds_to_universal(input_folder: str, output_folder: str) -> None:
 
 
 def resume_on_another_world_size(trainer: Any, checkpoint: str | None, root: str) -> str | None:
-    """The path the Trainer resumes from: ``checkpoint``, or for DeepSpeed saved by another world size its universal view.
+    """The path the Trainer resumes from: ``checkpoint``, or for DeepSpeed saved by another world size a joined view.
 
     Called on every rank after the checkpoint is chosen, before ``Trainer.train`` builds the
-    DeepSpeed engine: sets ``checkpoint.load_universal`` in the DeepSpeed config, so the engine
-    loads the view's ``latest_universal`` (its parameters and optimizer state resharded to this
-    world size by DeepSpeed).
+    DeepSpeed engine: rank 0 converts (or reuses) the universal view, every rank joins it with
+    the checkpoint (:func:`resume_dir`) and sets ``checkpoint.load_universal`` in the DeepSpeed
+    config, so the engine loads ``latest_universal`` (its parameters and optimizer state
+    resharded to this world size by DeepSpeed).
     """
     if checkpoint is None or not getattr(trainer, "is_deepspeed_enabled", False):
         return checkpoint
@@ -244,4 +289,5 @@ def resume_on_another_world_size(trainer: Any, checkpoint: str | None, root: str
     plugin.deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
     log.info("[Concurrent Checkpoint] elastic: rank %d of %d resumes from the universal view %s",
              args.process_index, args.world_size, view)
-    return view
+    return resume_dir(checkpoint, view)
+

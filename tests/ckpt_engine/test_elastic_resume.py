@@ -120,7 +120,11 @@ def fake_convert(calls: list[str]):
 
 
 def test_a_zero_checkpoint_of_another_world_size_gets_a_checked_universal_view_once(tmp_path):
-    from ckpt_engine.integrations.elastic import saved_zero_ranks, universal_view
+    from ckpt_engine.integrations.elastic import (
+        resume_dir,
+        saved_zero_ranks,
+        universal_view,
+    )
 
     root = tmp_path / "concurrent_checkpoint"
     checkpoint = zero_checkpoint(root, ranks=2)
@@ -134,16 +138,27 @@ def test_a_zero_checkpoint_of_another_world_size_gets_a_checked_universal_view_o
     assert manifest["layout"] == "deepspeed-universal" and manifest["step"] == 3
     assert set(manifest["files"]) == {"latest_universal", "global_step3_universal/mp_rank_00_model_states.pt",
                                       "global_step3_universal/zero/w/fp32.pt"}
-    assert (view / "model.safetensors").resolve() == (checkpoint / "model.safetensors").resolve()  # linked, not copied
+    assert sorted(p.name for p in view.iterdir()) == ["global_step3_universal", "latest_universal", "manifest.json"]
     assert sorted(p.name for p in checkpoint.iterdir()) == [  # the committed checkpoint is left as it was
         "global_step3", "latest", "manifest.json", "model.safetensors", "rng_state_0.pth", "scheduler.pt",
         "trainer_state.json"]
+
+    joined = Path(resume_dir(str(checkpoint), str(view)))  # what the Trainer resumes from: both, as links
+    assert joined.name == "checkpoint-3" and not joined.is_relative_to(root)
+    assert sorted(p.name for p in joined.iterdir()) == [
+        "global_step3", "global_step3_universal", "latest", "latest_universal", "model.safetensors",
+        "rng_state_0.pth", "scheduler.pt", "trainer_state.json"]
+    assert (joined / "model.safetensors").resolve() == (checkpoint / "model.safetensors").resolve()
+    assert (joined / "latest_universal").resolve() == (view / "latest_universal").resolve()
 
     assert universal_view(str(checkpoint), str(root), 1, is_writer=True, convert=fake_convert(calls)) == str(view)
     assert len(calls) == 1  # checked against its manifest and reused
     (view / "global_step3_universal" / "zero" / "w" / "fp32.pt").write_bytes(b"flipped!!")
     universal_view(str(checkpoint), str(root), 1, is_writer=True, convert=fake_convert(calls))
     assert len(calls) == 2  # a view that fails its manifest is built again
+    (checkpoint / "manifest.json").write_bytes(b"checkpoint-3 saved again")
+    universal_view(str(checkpoint), str(root), 1, is_writer=True, convert=fake_convert(calls))
+    assert len(calls) == 3  # a view of the checkpoint as it was before is not reused
     assert universal_view(str(checkpoint), str(root), 1, is_writer=False) == str(view)
 
 
