@@ -104,7 +104,7 @@ def read_log(source: ByteSource, offset: int | None = None, limit: int = TAIL_BY
     elif whole and len(data) < limit:
         data = b""  # only part of a line so far
     return LogPiece(start=start, end=start + len(data), size=size, text=data.decode("utf-8", errors="replace"),
-                    skipped=skipped, restarted=restarted, source=source.where, more=start + len(data) < size)
+                    skipped=skipped, restarted=restarted, source=source.where)
 
 
 # (cursor, limit, lines) -> the running attempt's section after `cursor` as its backend reads it (`Backend.live_log`)

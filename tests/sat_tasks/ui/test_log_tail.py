@@ -6,7 +6,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sat_tasks.ui.log_tail import MAX_READ_BYTES, TAIL_BYTES, is_marker, read_log
+from sat_tasks.core.live_log import LiveCursor, LiveLog
+from sat_tasks.ui.log_tail import (
+    MAX_READ_BYTES,
+    TAIL_BYTES,
+    is_marker,
+    read_job_log,
+    read_log,
+)
 from sat_tasks.ui.run_files import CHUNK_BYTES, FileSource
 
 
@@ -115,3 +122,41 @@ def test_the_download_streams_a_50_mb_log_in_bounded_chunks(tmp_path):
     for chunk in FileSource(path).chunks(path.stat().st_size):
         biggest, total = max(biggest, len(chunk)), total + len(chunk)
     assert total == 50 * 2**20 and biggest <= CHUNK_BYTES
+
+
+def test_a_bytes_read_never_says_more_it_skips_to_the_end_instead():
+    behind = read_log(Bytes(LOG), 0, 14)
+    assert behind.skipped == 56 and behind.end == len(LOG) and not behind.more
+
+
+def test_a_live_section_follows_the_stored_sections_by_its_cursor():
+    stored, asked = Bytes(LOG), []  # the stored sections: 70 bytes
+
+    def live(cursor, limit, lines):
+        asked.append(cursor)
+        if cursor is None:
+            return LiveLog(2, "opening\nl1\n", LiveCursor(2, "p", 5, 1))
+        return LiveLog(2, "l2\n", LiveCursor(2, "p", 6, 1), more=True)
+
+    tail = read_job_log(stored, {1}, live)
+    assert (tail.text, tail.start, tail.end, tail.size, tail.cursor) == (LOG.decode() + "opening\nl1\n", 0, 81, 81,
+                                                                        "2:p:5:1")
+    after = read_job_log(stored, {1}, live, tail.offset, LiveCursor.parse(tail.cursor))
+    assert (after.start, after.text, after.offset, after.cursor, after.more) == (81, "l2\n", 84, "2:p:6:1", True)
+    assert asked[-1] == LiveCursor(2, "p", 5, 1)
+    # a reader inside the stored bytes reads them first, then the live section from its opening line
+    inside = read_job_log(stored, {1}, live, 63)
+    assert (inside.text, inside.cursor, inside.more) == ("line 9\n", None, True)
+    assert read_job_log(stored, {1}, live, 70).text == "opening\nl1\n"
+    # past the stored bytes without a cursor, or following an attempt whose section is now stored: the tail again
+    assert read_job_log(stored, {1}, live, 90).restarted
+    again = read_job_log(stored, {1, 2}, live, 81, LiveCursor(2, "p", 5, 1))
+    assert again.restarted and again.text.endswith("opening\nl1\n")
+
+
+def test_a_live_section_that_cannot_be_read_keeps_the_reader_where_it_is():
+    def gone(cursor, limit, lines):
+        return None
+
+    piece = read_job_log(Bytes(LOG), {1}, gone, 81, LiveCursor(2, "p", 5, 1))
+    assert (piece.text, piece.offset, piece.cursor) == ("", 81, "2:p:5:1") and "no longer there" in piece.source
