@@ -14,6 +14,21 @@ processor records. `--root` takes `dags/`, `sat_tasks/` and `airflow.cfg` from a
 
 The last line: `specs=<N> files=<n> dags=<built>/<expected> killed=<k> slowest_s=<x> limit_s=<y>
 pass_cpu_s=<sum>` for the largest size. The machine may be shared: read ratios, not absolutes.
+
+`--processor` runs the real `airflow dag-processor` instead, as `make up` would (a fresh
+AIRFLOW_HOME migrated on SQLite in write-ahead mode, the tree's airflow.cfg, its `dags/` as the
+DAGs folder, `[dag_processor] parsing_processes` as configured): `--runs` passes of
+`airflow dag-processor --num-runs 1`, each a new manager that queues every file at once. After
+each pass it reads what a person would find: the DAGs serialized and active in the metadata DB,
+the import errors recorded (first line of each), the files the manager killed (its "Killing it!"
+log line), the pass's wall time from the manager's log (first file queued to "Exiting dag
+parsing loop"; `start_s` is the start-up before it), the parse budget's skip reports, and the
+load average. A second pass shows what `sat_job_spec_errors.py` says about the first one's
+skips (it may parse before the job files within a pass). The last line:
+`specs=<N> passes=<r> dags=<serialized>/<expected> active=<n> import_errors=<e> killed=<k>
+skipped=<s> slowest_s=<f> pass_s=<x> start_s=<y> load1=<l>` for the largest size's last pass
+(`slowest_s`: the longest "Last Duration" of the manager's last stats table, against the
+processor timeout; `--keep` keeps the logs to read).
 """
 
 from __future__ import annotations
@@ -21,11 +36,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import re
 import shutil
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,10 +140,142 @@ def _gist(error: str) -> str:
     return (said or lines or ["?"])[0][:90]
 
 
+def run_forked(count: int, dags_folder: Path, home: Path, kill_limit: float) -> str:
+    """Each file of `dags_folder` parsed in a forked child over `count` generated specs; prints the table."""
+    import structlog
+    from airflow.dag_processing.processor import (
+        _pre_import_airflow_modules,  # the manager has this module
+    )
+
+    jobs = home / f"jobs-{count}"
+    write_specs(jobs, count, ROOT / "include" / "jobs")
+    os.environ["AIRFLOW__SAT__JOBS_DIR"] = str(jobs)
+    expected = count + len(list((ROOT / "include" / "jobs").glob("*.yaml"))) + 1  # + the generic DAG
+    rows = []
+    for file in sorted(dags_folder.glob("*.py")):
+        _pre_import_airflow_modules(str(file), structlog.get_logger())  # as the manager does before it forks
+        rows.append(parse_file(file, dags_folder, kill_limit))
+    print(f"\n{count} generated specs ({expected} DAGs expected):")
+    print(f"  {'file':28} {'dags':>5} {'errors':>6} {'import_s':>9} {'serialize_s':>11} {'message_s':>9} "
+          f"{'wall_s':>7}  verdict")
+    for row in rows:
+        verdict = ("KILLED: nothing recorded" if row.killed else
+                   f"import error: {_gist(row.error)}" if row.import_errors else "ok")
+        print(f"  {row.file:28} {row.dags:5d} {row.import_errors:6d} {row.import_s:9.2f} {row.serialize_s:11.2f} "
+              f"{row.message_s:9.2f} {row.wall_s:7.2f}  {verdict}")
+    built = sum(row.dags for row in rows)
+    slowest = max(rows, key=lambda row: row.wall_s)
+    summary = (f"specs={count} files={len(rows)} dags={built}/{expected} killed={sum(r.killed for r in rows)} "
+               f"slowest_s={slowest.wall_s:.2f} limit_s={kill_limit:g} "
+               f"pass_cpu_s={sum(row.wall_s for row in rows):.1f}")
+    print(f"  {summary} (slowest: {slowest.file})")
+    return summary
+
+
+# The DAG processor manager's log lines that bound a pass, and the one it writes when it kills a file's parse.
+_QUEUED = re.compile(r"^(\S+) .*Adding \d+ new files to the front of the queue", re.MULTILINE)
+_EXITED = re.compile(r"^(\S+) .*Exiting dag parsing loop", re.MULTILINE)
+_KILLED = re.compile(r"Processor for (.+?) with PID \d+ has been running for [\d.]+ seconds, exceeding the timeout")
+# A row of the manager's "DAG File Processing Stats" table (every `print_stats_interval`): file, DAGs, errors,
+# Last Duration.
+_STATS_ROW = re.compile(r"^\S+\s+(\S+\.py)\s.*?\s(\d+)\s+(\d+)\s+([\d.]+)s\s+\d{4}-\d\d-\d\dT", re.MULTILINE)
+
+
+@dataclass
+class ProcessorPass:
+    """What one `airflow dag-processor --num-runs 1` left: in its log, in the metadata DB, in the skip reports."""
+
+    wall_s: float
+    start_s: float
+    pass_s: float
+    serialized: int
+    active: int
+    import_errors: dict[str, str]  # DAG file -> the first line of what it raised
+    killed: list[str]
+    reports: list  # parse_budget.SkipReport of the job DAG files (and the errors file)
+    load1: float
+    durations: dict[str, float]  # DAG file -> its last parse's seconds, from the manager's last stats table
+
+
+def _log_time(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def processor_pass(env: dict[str, str], jobs: Path, db: Path, log_path: Path) -> ProcessorPass:
+    """Run one pass of the real DAG processor over every file, then read what it recorded."""
+    from sat_tasks.airflow.parse_budget import read_reports
+
+    started = time.time()
+    with log_path.open("w") as out:
+        subprocess.run([sys.executable, "-m", "airflow", "dag-processor", "--num-runs", "1"], env=env,
+                       stdout=out, stderr=subprocess.STDOUT, check=True, timeout=3600)
+    wall = time.time() - started
+    text = log_path.read_text(errors="replace")
+    queued, exited = _QUEUED.search(text), _EXITED.search(text)
+    if queued is None or exited is None:
+        raise RuntimeError(f"{log_path}: no queued-files or exit line from the DAG processor")
+    killed = [(re.findall(r"[\w.-]+\.py", what) or [what])[-1] for what in _KILLED.findall(text)]
+    last_table = text.rsplit("DAG File Processing Stats", 1)[-1].split("=" * 40, 1)[0]
+    durations = {file: float(seconds) for file, _dags, _errors, seconds in _STATS_ROW.findall(last_table)}
+    with sqlite3.connect(db) as connection:
+        serialized = connection.execute("SELECT count(DISTINCT dag_id) FROM serialized_dag").fetchone()[0]
+        active = connection.execute("SELECT count(*) FROM dag WHERE NOT is_stale").fetchone()[0]
+        errors = {Path(name).name: _gist(trace or "") for name, trace in
+                  connection.execute("SELECT filename, stacktrace FROM import_error ORDER BY filename")}
+    return ProcessorPass(wall_s=wall, start_s=_log_time(queued.group(1)) - started,
+                         pass_s=_log_time(exited.group(1)) - _log_time(queued.group(1)), serialized=serialized,
+                         active=active, import_errors=errors, killed=killed, reports=read_reports(jobs),
+                         load1=os.getloadavg()[0], durations=durations)
+
+
+def run_processor(count: int, root: Path, home: Path, runs: int) -> str:
+    """`runs` passes of `airflow dag-processor` over `count` generated specs on a fresh metadata DB; prints each."""
+    from sat_tasks.service.sqlite import use_wal
+
+    jobs = home / f"jobs-{count}"
+    write_specs(jobs, count, ROOT / "include" / "jobs")
+    airflow_home = home / f"airflow-{count}"
+    airflow_home.mkdir()
+    db = airflow_home / "airflow.db"
+    env = {**os.environ, "AIRFLOW_HOME": str(airflow_home), "AIRFLOW__SAT__JOBS_DIR": str(jobs),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{db}",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    use_wal(db)
+    expected = count + len(list((ROOT / "include" / "jobs").glob("*.yaml"))) + 1  # + the generic DAG
+    print(f"\n{count} generated specs ({expected} DAGs expected), `airflow dag-processor --num-runs 1` x {runs}:")
+    summary = ""
+    for run in range(1, runs + 1):
+        result = processor_pass(env, jobs, db, airflow_home / f"dag-processor-{run}.log")
+        skipped = sum(len(report.skipped) for report in result.reports)
+        print(f"  pass {run}: wall {result.wall_s:.1f}s (start-up {result.start_s:.1f}s, pass {result.pass_s:.1f}s), "
+              f"load average {result.load1:.2f}")
+        print(f"    metadata DB: {result.serialized} serialized DAGs, {result.active} active; "
+              f"{len(result.import_errors)} import error(s)")
+        for file, gist in result.import_errors.items():
+            print(f"      {file}: {gist}")
+        print(f"    killed by the manager: {', '.join(result.killed) or 'none'}")
+        slowest = max(result.durations.items(), key=lambda item: item[1], default=("-", 0.0))
+        print(f"    slowest file in the manager's last stats table: {slowest[0]} {slowest[1]:.1f}s "
+              f"(of {len(result.durations)} files listed)")
+        for report in result.reports:
+            print(f"    skip report: {report.lines()[0][:160]}")
+        summary = (f"specs={count} passes={run} dags={result.serialized}/{expected} active={result.active} "
+                   f"import_errors={len(result.import_errors)} killed={len(result.killed)} skipped={skipped} "
+                   f"slowest_s={slowest[1]:.1f} pass_s={result.pass_s:.1f} start_s={result.start_s:.1f} "
+                   f"load1={result.load1:.2f}")
+        print(f"    {summary}")
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--specs", default="0,500,2000,5000", help="comma-separated numbers of generated specs")
     parser.add_argument("--root", type=Path, default=ROOT, help="tree whose dags/, sat_tasks/, airflow.cfg to parse")
+    parser.add_argument("--processor", action="store_true", help="run the real `airflow dag-processor` instead")
+    parser.add_argument("--runs", type=int, default=2, help="with --processor: passes of the processor per size")
+    parser.add_argument("--keep", action="store_true", help="keep the specs, AIRFLOW_HOME and logs (path printed)")
     args = parser.parse_args()
     root = args.root.resolve()
     home = Path(tempfile.mkdtemp(prefix="sat-bench-"))
@@ -135,11 +286,7 @@ def main() -> None:
         "GX_ANALYTICS_ENABLED": "false",
     })
     sys.path.insert(0, str(root))
-    import structlog
     from airflow.configuration import conf
-    from airflow.dag_processing.processor import (
-        _pre_import_airflow_modules,  # the manager has this module
-    )
 
     import_limit = conf.getfloat("core", "dagbag_import_timeout")
     kill_limit = conf.getfloat("dag_processor", "dag_file_processor_timeout")
@@ -148,29 +295,12 @@ def main() -> None:
           f"(shared with other work: compare sizes and trees, not absolutes)")
     summary = ""
     for count in [int(n) for n in args.specs.split(",")]:
-        jobs = home / f"jobs-{count}"
-        write_specs(jobs, count, ROOT / "include" / "jobs")
-        os.environ["AIRFLOW__SAT__JOBS_DIR"] = str(jobs)
-        expected = count + len(list((ROOT / "include" / "jobs").glob("*.yaml"))) + 1  # + the generic DAG
-        rows = []
-        for file in sorted(dags_folder.glob("*.py")):
-            _pre_import_airflow_modules(str(file), structlog.get_logger())  # as the manager does before it forks
-            rows.append(parse_file(file, dags_folder, kill_limit))
-        print(f"\n{count} generated specs ({expected} DAGs expected):")
-        print(f"  {'file':28} {'dags':>5} {'errors':>6} {'import_s':>9} {'serialize_s':>11} {'message_s':>9} "
-              f"{'wall_s':>7}  verdict")
-        for row in rows:
-            verdict = ("KILLED: nothing recorded" if row.killed else
-                       f"import error: {_gist(row.error)}" if row.import_errors else "ok")
-            print(f"  {row.file:28} {row.dags:5d} {row.import_errors:6d} {row.import_s:9.2f} {row.serialize_s:11.2f} "
-                  f"{row.message_s:9.2f} {row.wall_s:7.2f}  {verdict}")
-        built = sum(row.dags for row in rows)
-        slowest = max(rows, key=lambda row: row.wall_s)
-        summary = (f"specs={count} files={len(rows)} dags={built}/{expected} killed={sum(r.killed for r in rows)} "
-                   f"slowest_s={slowest.wall_s:.2f} limit_s={kill_limit:g} "
-                   f"pass_cpu_s={sum(row.wall_s for row in rows):.1f}")
-        print(f"  {summary} (slowest: {slowest.file})")
-    shutil.rmtree(home, ignore_errors=True)
+        summary = (run_processor(count, root, home, args.runs) if args.processor else
+                   run_forked(count, dags_folder, home, kill_limit))
+    if args.keep:
+        print(f"kept: {home} (the processor's log per pass and per DAG file under airflow-<N>/)")
+    else:
+        shutil.rmtree(home, ignore_errors=True)
     print(summary)
 
 
