@@ -3,7 +3,9 @@
 Every spec is read through `load_spec_cached`: the DAG files parsed in one process (a DagBag
 of the folder, the API server) validate each spec once per change. The job DAGs are spread
 over the `dags/sat_jobs_NN.py` files by `shards.shard_of` (ADR 0023); each builds its own
-share within `parse_budget` and says which specs it skipped when it runs out.
+share within `parse_budget` and says which specs it skipped when it runs out. In the DAG
+processor each file is parsed in a process of its own: the job DAG files leave their specs'
+verdicts for `sat_job_spec_errors.py`, which validates only the specs changed since.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from sat_tasks.airflow.parse_budget import (
     ParseBudget,
     SkipReport,
     read_reports,
+    read_verdicts,
     record_pass,
+    record_verdicts,
 )
 from sat_tasks.airflow.shards import (
     JOB_DAG_FILES,
@@ -27,7 +31,7 @@ from sat_tasks.airflow.shards import (
     spec_paths,
 )
 from sat_tasks.spec import SpecError, SpecFileErrors, TrainingJob, dag_id_for
-from sat_tasks.spec.loading import load_spec_cached
+from sat_tasks.spec.loading import load_spec_cached, spec_dag_id, spec_verdicts
 
 
 @dataclass
@@ -41,11 +45,25 @@ class JobDagSet:
     skipped: list[str] = field(default_factory=list)  # spec files left unbuilt: the parse budget ran out
 
 
+# Lines of bad specs' problems the import error shows (the rest counted): like the skipped files a
+# report names (`parse_budget.NAMED_SKIPPED`), a message of every problem of thousands of bad specs
+# would keep the errors file past the DAG processor's timeout on its way to the manager.
+PROBLEM_LINES = 50
+
+
 class JobDagFileErrors(SpecFileErrors):
-    """Bad spec files, and job DAG files whose last pass ran out of time: the lines say which specs have no DAG."""
+    """Bad spec files, and job DAG files whose last pass ran out of time: the lines say which specs have no DAG.
+
+    The message stays small whatever the numbers (`PROBLEM_LINES`, `NAMED_SKIPPED`): `errors`
+    and `reports` keep everything, and `sat validate` lists every problem of the spec files.
+    """
 
     def __init__(self, errors: dict[str, str], reports: list[SkipReport]):
-        lines = [str(SpecFileErrors(errors))] if errors else ["job DAG file(s) ran out of their parse budget:"]
+        lines = (str(SpecFileErrors(errors)).splitlines() if errors
+                 else ["job DAG file(s) ran out of their parse budget:"])
+        if len(lines) > PROBLEM_LINES + 1:
+            more = f"... and {len(lines) - PROBLEM_LINES - 1} more line(s) (`sat validate` on the spec files lists them)"
+            lines = [*lines[:PROBLEM_LINES + 1], more]
         lines += [line for report in reports for line in report.lines()]
         ImportError.__init__(self, "\n".join(lines))
         self.errors = errors
@@ -159,6 +177,7 @@ def load_shard_dags(jobs_dir: str | Path, shard: int, *, shards: int = JOB_DAG_F
     if fileloc is not None and budget is not None:
         record_pass(jobs_dir, SkipReport(Path(fileloc).name, tuple(result.skipped), len(result.dags),
                                          round(budget.spent(), 1), round(budget.seconds, 1)))
+        record_verdicts(jobs_dir, fileloc, spec_verdicts(paths))
     return result
 
 
@@ -172,14 +191,31 @@ def spec_problems(jobs_dir: str | Path, budget: ParseBudget | None = None,
     """What `sat_job_spec_errors.py` raises: every bad spec file, and the specs a SAT DAG file skipped; None: all is well.
 
     The specs this file had no time to check within `budget` are named too (under `fileloc`).
+    The same rules as `load_job_dags(build=False)`, but a spec file that a job DAG file's pass
+    found at its present version is not validated again (`parse_budget.read_verdicts`).
     """
-    checked = load_job_dags(jobs_dir, build=False, budget=budget)
+    known = read_verdicts(jobs_dir)
+    errors: dict[str, str] = {}
+    owners: dict[str, Path] = {}
+    skipped: list[str] = []
+    for path in spec_paths(jobs_dir):
+        if budget is not None and budget.exhausted():
+            skipped.append(str(path))
+            continue
+        try:
+            dag_id = spec_dag_id(path, known)
+        except SpecError as exc:
+            errors[str(path)] = str(exc)
+            continue
+        if dag_id in owners:
+            errors[str(path)] = f"{path}: name: job name {dag_id!r} is already used by {owners[dag_id]}"
+            continue
+        owners[dag_id] = path
     reports = read_reports(jobs_dir, job_dag_files() | {WATCH_DAG_FILE})
-    if checked.skipped and budget is not None:
-        reports.append(SkipReport(Path(fileloc).name, tuple(checked.skipped),
-                                  len(checked.jobs) + len(checked.errors), round(budget.spent(), 1),
-                                  round(budget.seconds, 1)))
-    return JobDagFileErrors(checked.errors, reports) if checked.errors or reports else None
+    if skipped and budget is not None:
+        reports.append(SkipReport(Path(fileloc).name, tuple(skipped), len(owners) + len(errors),
+                                  round(budget.spent(), 1), round(budget.seconds, 1)))
+    return JobDagFileErrors(errors, reports) if errors or reports else None
 
 
 def asset_scheduled_jobs(jobs_dir: str | Path, fileloc: str, budget: ParseBudget) -> list:

@@ -24,10 +24,20 @@ log = logging.getLogger("sat.dag_parse")
 
 # Building may use this share of the import timeout (the import must end before it)...
 BUILD_SHARE_OF_IMPORT = 0.8
-# ...and of the processor's timeout (serializing the DAGs built takes about as long again).
-BUILD_SHARE_OF_PROCESSOR = 0.4
+# ...and of the processor's timeout: serializing the DAGs built takes up to about as long again, and
+# more when the load rises meanwhile. Measured at 5,000 specs on 2 cores at load 16-30 with 0.4 (20 s
+# of 50): files took 23-38 s, and one was killed (117 DAGs built in 20 s, then serialized past 50 s),
+# which marks all its DAGs stale with no import error. 0.3 leaves that margin; a quiet machine
+# builds a 5,000-spec shard in 6-8 s, well within it.
+BUILD_SHARE_OF_PROCESSOR = 0.3
 # A report older than this is from a pass long gone (a file removed, a jobs_dir changed): ignored.
 REPORT_MAX_AGE_SECONDS = 3600.0
+# Skipped spec files a report names in a log line or an import error; the others are counted. Both
+# travel from the parsing child to the DAG processor's manager, which reads 4 KiB of a child's
+# socket per turn of its loop: measured at 5,000 specs on a loaded machine, an import error that
+# named all 4,835 skipped files (414 KB, sent three times) kept `sat_job_spec_errors.py` past the
+# processor's timeout, so it was killed and no job DAG file's skips were shown (ADR 0023).
+NAMED_SKIPPED = 10
 
 
 @dataclass(frozen=True)
@@ -77,12 +87,15 @@ class SkipReport:
     spent_seconds: float
     budget_seconds: float
 
-    def lines(self) -> list[str]:
+    def lines(self, named: int = NAMED_SKIPPED) -> list[str]:
+        """What the report says: one line of why, then the first `named` skipped files (the rest counted)."""
         head = (f"{self.dag_file}: stopped after {self.spent_seconds:.1f}s of its {self.budget_seconds:.1f}s "
                 f"parse budget ({self.built} done); {len(self.skipped)} spec file(s) were left out of this pass "
                 f"(more job DAG files, fewer specs, a less busy DAG processor, or a longer "
                 f"[core] dagbag_import_timeout / [dag_processor] dag_file_processor_timeout):")
-        return [head] + [f"  {path}" for path in self.skipped]
+        more = len(self.skipped) - named
+        return ([head] + [f"  {path}" for path in self.skipped[:named]]
+                + ([f"  ... and {more} more spec file(s)"] if more > 0 else []))
 
 
 def report_dir(jobs_dir: str | Path) -> Path:
@@ -113,19 +126,55 @@ def record_pass(jobs_dir: str | Path, report: SkipReport) -> None:
     if not report.skipped:
         path.unlink(missing_ok=True)
         return
-    log.warning("%s", "\n".join(report.lines()))
+    whole = [f"  (all {len(report.skipped)} listed in {path})"] if len(report.skipped) > NAMED_SKIPPED else []
+    log.warning("%s", "\n".join(report.lines() + whole))
     try:
-        path.parent.parent.mkdir(mode=0o700, exist_ok=True)
-        if not _ours(path.parent):
-            raise OSError(f"{path.parent.parent} is not this user's alone")
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        part.write_text(json.dumps({"dag_file": report.dag_file, "skipped": list(report.skipped),
-                                    "built": report.built, "spent_seconds": report.spent_seconds,
-                                    "budget_seconds": report.budget_seconds}))
-        os.replace(part, path)
+        _keep_private(path, {"dag_file": report.dag_file, "skipped": list(report.skipped), "built": report.built,
+                             "spent_seconds": report.spent_seconds, "budget_seconds": report.budget_seconds})
     except OSError as exc:  # the log line above still says it
         log.warning("could not keep the skip report of %s in %s: %s", report.dag_file, path.parent, exc)
+
+
+def _keep_private(path: Path, data: dict) -> None:
+    """Write `data` as JSON to `path` in the private report folder, whole or not at all."""
+    path.parent.parent.mkdir(mode=0o700, exist_ok=True)
+    if not _ours(path.parent):
+        raise OSError(f"{path.parent.parent} is not this user's alone")
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    part.write_text(json.dumps(data))
+    os.replace(part, path)
+
+
+def record_verdicts(jobs_dir: str | Path, dag_file: str, verdicts: dict) -> None:
+    """Keep what a DAG file's pass found of the specs it validated (`spec.loading.spec_verdicts`).
+
+    `sat_job_spec_errors.py` must check every spec, in a process of its own: it reuses these
+    verdicts for the spec files still at the version they were found at, instead of reading
+    and validating each spec a second time per pass (5,000 specs: ~6 s of CPU, most of it YAML).
+    """
+    try:
+        _keep_private(report_dir(jobs_dir) / f"{Path(dag_file).stem}.verdicts", verdicts)
+    except OSError as exc:  # the errors file validates the specs itself
+        log.debug("could not keep the spec verdicts of %s: %s", dag_file, exc)
+
+
+def read_verdicts(jobs_dir: str | Path) -> dict:
+    """The recent verdicts of `jobs_dir`'s DAG files merged (`spec.loading.spec_dag_id` reads them); {}: none."""
+    folder = report_dir(jobs_dir)
+    merged: dict = {}
+    now = time.time()
+    for path in sorted(folder.glob("*.verdicts")) if folder.is_dir() and _ours(folder) else []:
+        try:
+            if now - path.stat().st_mtime > REPORT_MAX_AGE_SECONDS:
+                continue
+            data = json.loads(path.read_text())
+            if merged and data["rules"] != merged["rules"]:
+                continue  # written under other spec rules (an upgrade between passes)
+            merged = {"rules": data["rules"], "specs": {**merged.get("specs", {}), **dict(data["specs"])}}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being replaced: those specs are validated again
+    return merged
 
 
 def read_reports(jobs_dir: str | Path, dag_files: set[str] | None = None) -> list[SkipReport]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -244,6 +245,52 @@ def load_spec_cached(path: str | Path) -> TrainingJob:
     if isinstance(hit[1], list):
         raise SpecError(key, hit[1])
     return hit[1]
+
+
+@functools.cache
+def _rules_stamp() -> list:
+    """What tells this process's spec rules from another's: `sat_tasks.spec`'s module stamps, the backends."""
+    from sat_tasks.spec.model import BackendKind
+
+    modules = sorted(Path(__file__).parent.glob("*.py"))
+    return [[module.name, *(_file_stamp(module) or ())] for module in modules] + [kind.value for kind in BackendKind]
+
+
+def spec_verdicts(paths: list[Path]) -> dict[str, Any]:
+    """What `load_spec_cached` found of those `paths` it read in this process, for another process to reuse.
+
+    `{"rules": ..., "specs": {path: [stamp, dag_id]}}` for a valid spec, `[stamp, None, [[field, rule], ...]]`
+    for a bad one: JSON, so a DAG file can hand its pass's verdicts to the next DAG file's process.
+    """
+    specs: dict[str, list] = {}
+    for path in paths:
+        hit = _SPEC_CACHE.get(os.fspath(path))
+        if hit is not None:
+            stamp, result = hit
+            specs[os.fspath(path)] = ([list(stamp), None, [[p.field, p.rule] for p in result]]
+                                      if isinstance(result, list) else [list(stamp), dag_id_for(result)])
+    return {"rules": _rules_stamp(), "specs": specs}
+
+
+def spec_dag_id(path: str | Path, verdicts: dict[str, Any]) -> str:
+    """The DAG id of the spec file `path`, or its SpecError, as `load_spec_cached` would give them.
+
+    Taken from `verdicts` (`spec_verdicts` of another process) when they hold this very version
+    of the file under the same rules; the file is read and validated otherwise.
+    """
+    path = Path(path)
+    known = verdicts.get("specs", {}).get(os.fspath(path)) if verdicts.get("rules") == _rules_stamp() else None
+    problems = None
+    try:
+        if known is not None and tuple(known[0]) == _file_stamp(path):
+            if known[1] is not None:
+                return str(known[1])
+            problems = [SpecProblem(field=str(field), rule=str(rule)) for field, rule in known[2]]
+    except (TypeError, ValueError, IndexError):
+        problems = None  # not a verdict `spec_verdicts` wrote: validate the file
+    if problems:
+        raise SpecError(os.fspath(path), problems)
+    return dag_id_for(load_spec_cached(path))
 
 
 def clear_spec_cache() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -10,15 +11,23 @@ import pytest
 import yaml
 
 from sat_tasks.airflow.job_dags import (
+    PROBLEM_LINES,
     JobDagFileErrors,
     asset_scheduled_jobs,
     load_job_dags,
     load_shard_dags,
     spec_problems,
 )
-from sat_tasks.airflow.parse_budget import ParseBudget
+from sat_tasks.airflow.parse_budget import (
+    NAMED_SKIPPED,
+    ParseBudget,
+    SkipReport,
+    read_verdicts,
+    report_dir,
+)
 from sat_tasks.airflow.shards import JOB_DAG_FILES, shard_of
-from sat_tasks.spec import SpecFileErrors
+from sat_tasks.spec import SpecFileErrors, loading
+from sat_tasks.spec.loading import spec_dag_id
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = yaml.safe_load((ROOT / "include" / "jobs" / "tiny-llama-demo.yaml").read_text())
@@ -127,3 +136,54 @@ def test_the_watch_file_validates_only_specs_that_may_be_asset_scheduled(tmp_pat
     assert spec_problems(jobs) is None
     asset_scheduled_jobs(jobs, "/dags/sat_data_changes.py", ParseBudget(0.0))
     assert "sat_data_changes.py: stopped after" in str(spec_problems(jobs))
+
+
+def test_the_import_error_stays_small_whatever_the_numbers(tmp_path):
+    """The manager reads a child's socket 4 KiB per turn: a message naming thousands of specs got the errors file killed."""
+    errors = {f"/jobs/bad-{i:04d}.yaml": f"/jobs/bad-{i:04d}.yaml: name: must match the rule" for i in range(2000)}
+    reports = [SkipReport(f"sat_jobs_{k:02d}.py", tuple(f"/jobs/spec-{k}-{i:04d}.yaml" for i in range(300)),
+                          built=1, spent_seconds=20.1, budget_seconds=20.0) for k in range(JOB_DAG_FILES)]
+    message = str(JobDagFileErrors(errors, reports))
+    assert len(message) < 32_000
+    assert message.startswith("2000 job spec file(s) are invalid and have no DAG:\n/jobs/bad-0000.yaml: name:")
+    assert f"... and {2000 - PROBLEM_LINES} more line(s)" in message and "/jobs/bad-1999.yaml" not in message
+    assert all(f"sat_jobs_{k:02d}.py: stopped after 20.1s" in message for k in range(JOB_DAG_FILES))
+    assert message.count(f"  ... and {300 - NAMED_SKIPPED} more spec file(s)") == JOB_DAG_FILES
+    few = JobDagFileErrors(dict(list(errors.items())[:3]), [])
+    assert str(few) == str(SpecFileErrors(few.errors))
+
+
+def test_the_errors_file_reuses_the_job_dag_files_verdicts_for_unchanged_specs(tmp_path, monkeypatch):
+    jobs = tmp_path / "jobs"
+    for i in range(4):
+        _write(jobs, f"job-{i}.yaml", f"job-{i}")
+    _write(jobs, "twin.yaml", "job-0")
+    (jobs / "bad.yaml").write_text(yaml.safe_dump({**DEMO, "name": "Bad_Name"}))
+    for shard in range(JOB_DAG_FILES):
+        load_shard_dags(jobs, shard, fileloc=f"/dags/sat_jobs_{shard:02d}.py", budget=ParseBudget(60.0))
+    fresh = str(SpecFileErrors(load_job_dags(jobs, build=False).errors))
+    validated = []
+    real = loading.load_spec
+    monkeypatch.setattr(loading, "load_spec", lambda path: validated.append(Path(path).name) or real(path))
+    loading.clear_spec_cache()  # the errors file runs in a process of its own
+    assert str(spec_problems(jobs)) == fresh and "bad.yaml: name:" in fresh and "already used by" in fresh
+    assert validated == []
+    (jobs / "job-2.yaml").write_text(yaml.safe_dump({**DEMO, "name": "job-2", "nodes": 0}))
+    assert "job-2.yaml: nodes:" in str(spec_problems(jobs)) and validated == ["job-2.yaml"]
+
+
+def test_verdicts_that_are_not_what_a_pass_wrote_are_validated_again(tmp_path):
+    jobs = tmp_path / "jobs"
+    path = _write(jobs, "job-0.yaml", "job-0")
+    load_shard_dags(jobs, shard_of(path.name), fileloc="/dags/sat_jobs_00.py", budget=ParseBudget(60.0))
+    kept = report_dir(jobs) / "sat_jobs_00.verdicts"
+    data = json.loads(kept.read_text())
+    data["specs"][str(path)][1] = None  # a verdict with no name and no problems
+    kept.write_text(json.dumps(data))
+    loading.clear_spec_cache()
+    assert spec_problems(jobs) is None
+    data["specs"][str(path)][1] = "said-name"
+    kept.write_text(json.dumps(data))
+    assert spec_dag_id(path, read_verdicts(jobs)) == "said-name"  # what the pass found is taken...
+    kept.write_text(json.dumps({**data, "rules": [0]}))  # ...unless it was found under other spec rules
+    assert spec_dag_id(path, read_verdicts(jobs)) == "job-0"

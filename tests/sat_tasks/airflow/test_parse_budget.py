@@ -10,6 +10,7 @@ import time
 import pytest
 
 from sat_tasks.airflow.parse_budget import (
+    NAMED_SKIPPED,
     ParseBudget,
     SkipReport,
     build_seconds,
@@ -27,8 +28,8 @@ def private_tmp(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("import_timeout", "processor_timeout", "seconds"), [
-    pytest.param(30.0, 50.0, 20.0, id="airflow-defaults"),
-    pytest.param(60.0, 50.0, 20.0, id="import-longer-than-processor"),
+    pytest.param(30.0, 50.0, 15.0, id="airflow-defaults"),
+    pytest.param(60.0, 50.0, 15.0, id="import-longer-than-processor"),
     pytest.param(10.0, 50.0, 8.0, id="short-import"),
     pytest.param(30.0, 0.0, 24.0, id="no-processor-limit"),
     pytest.param(0.0, 0.0, float("inf"), id="no-limit"),
@@ -81,3 +82,15 @@ def test_a_damaged_report_is_skipped():
     record_pass("/jobs", _report())
     (report_dir("/jobs") / "sat_jobs_04.json").write_text(json.dumps({"dag_file": "sat_jobs_04.py"}))
     assert read_reports("/jobs") == [_report()]
+
+
+def test_a_report_names_a_few_skipped_files_and_counts_the_rest(caplog):
+    many = _report(skipped=[f"/jobs/spec-{i:05d}.yaml" for i in range(5000)])
+    lines = many.lines()
+    assert lines[1:3] == ["  /jobs/spec-00000.yaml", "  /jobs/spec-00001.yaml"]
+    assert f"  ... and {5000 - NAMED_SKIPPED} more spec file(s)" in lines and len(lines) == NAMED_SKIPPED + 2
+    assert "5000 spec file(s) were left out" in lines[0]
+    record_pass("/jobs", many)
+    assert "/jobs/spec-04999.yaml" not in caplog.text and "(all 5000 listed in " in caplog.text
+    assert read_reports("/jobs")[0].skipped == many.skipped  # the report keeps every one
+    assert _report().lines()[1:] == ["  /jobs/a.yaml", "  /jobs/b.yaml"]
