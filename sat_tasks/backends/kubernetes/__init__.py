@@ -7,7 +7,8 @@ kept pods into an AttemptRecord), `staging` (helper pods: staging and upload),
 `capacity` (Spot capacity), `cleanup` (deleting what SAT created), `client` (the API
 client from the Airflow connection), `evidence` (what classify reads besides the pod: the
 events of its node, NodeClaim and Kueue Workload in the attempt's window, and the node's
-labels kept at start). ADR 0007 explains the choices.
+labels kept at start), `elastic` (an elastic job's failover on fewer nodes: how many ranks,
+ADR 0029). ADR 0007 explains the choices.
 """
 
 from __future__ import annotations
@@ -117,10 +118,13 @@ class KubernetesBackend(Backend):
         from sat_tasks.backends.kubernetes.workspace import launch_pool
 
         operators = make_launch_operators(attempt=attempt, previous_decide_task_id=previous_decide_task_id, job=job)
-        # A workspace job without Kueue queues in its workspace's Airflow pool: rank 0 takes a slot per node.
-        pool = launch_pool(job, KubernetesSettings.from_sat_config())
-        if pool:
-            operators[0].pool, operators[0].pool_slots = pool["pool"], pool["pool_slots"]
+        # A workspace job without Kueue queues in its workspace's Airflow pool: rank 0 takes a slot per node
+        # (an elastic job's later attempts: a slot per rank it may drop, `workspace.launch_pool`).
+        settings = KubernetesSettings.from_sat_config()
+        for operator in operators:
+            pool = launch_pool(job, settings, attempt=attempt, node_rank=operator.node_rank)
+            if pool:
+                operator.pool, operator.pool_slots = pool["pool"], pool["pool_slots"]
         return operators
 
     def read_attempt_record(self, run: JobRun, attempt: int, log: Log) -> AttemptRecord | None:

@@ -29,6 +29,10 @@ ANNOTATION_RUN_ID = "sat.ai/run-id"  # the raw run id (a label value cannot hold
 
 ANNOTATION_TAGS = "sat.ai/tags"
 
+# How many node ranks an attempt runs (its Service and, when fewer than the job's nodes, its pods): an
+# elastic failover may resume on fewer (ADR 0029). Rank 0's launch decides it; the other ranks read it here.
+ANNOTATION_RANKS = "sat.ai/ranks"
+
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sat", "app.kubernetes.io/component": "training"}
 
 LABEL_COMPONENT = "app.kubernetes.io/component"

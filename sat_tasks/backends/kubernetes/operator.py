@@ -7,7 +7,10 @@ Call order for attempt k (the DAG factory wires it, inside the `attempt_<k>` gro
 ``build_pod_operator_kwargs`` (the pod of ``pods.build_attempt_pods``), creates the
 attempt's rendezvous Service (multi-node; an existing one is kept), records Running
 (rank 0), then the provider creates the pod, follows its log and keeps the pod for
-classify. A failed rank tears the others down (``gang_teardown_callback``). Where rank 0
+classify. A failover of an elastic job may resume on fewer ranks (`elastic`, ADR 0029):
+rank 0 decides how many and says so in the Service, which it creates before any pod; the
+other ranks read it there, and a rank the attempt does not use ends without a pod. A
+failed rank tears the others down (``gang_teardown_callback``). Where rank 0
 queues in its workspace's Airflow pool (no Kueue, `workspace.launch_pool`), the other ranks
 first wait until rank 0's pod exists (``await_rank0_pod``): rank 0 has its slots then.
 
@@ -30,7 +33,11 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sat_tasks.backends.kubernetes.cleanup import teardown_peers
 from sat_tasks.backends.kubernetes.names import pod_name
-from sat_tasks.backends.kubernetes.pods import build_attempt_pods, rendezvous_service
+from sat_tasks.backends.kubernetes.pods import (
+    attempt_ranks,
+    build_attempt_pods,
+    rendezvous_service,
+)
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
 from sat_tasks.backends.launch import AttemptLaunch
 from sat_tasks.config import sat_setting
@@ -65,8 +72,11 @@ def build_pod_operator_kwargs(
     deferrable: bool = True,
     settings: KubernetesSettings | None = None,
     quarantined_nodes: Sequence[str] = (),
+    ranks: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments (all but `task_id`) for `KubernetesPodOperator`, for one node rank.
+
+    `ranks`: how many node ranks the attempt runs (an elastic failover's count; default `job.nodes`).
 
     The pod goes in as `full_pod_spec`: the operator builds exactly the rendered pod (plus
     its own Airflow labels), and no part of the user's command or env passes through Jinja
@@ -75,10 +85,11 @@ def build_pod_operator_kwargs(
     hostname. The pod is kept when it finishes (`classify` reads it; `cleanup` deletes it).
     """
     settings = settings or KubernetesSettings.from_sat_config()
-    if not 0 <= node_rank < job.nodes:
-        raise ValueError(f"node_rank must be in [0, {job.nodes})")
+    count = attempt_ranks(job, ranks)
+    if not 0 <= node_rank < count:
+        raise ValueError(f"node_rank must be in [0, {count})")
     pod = build_attempt_pods(job, run_id=run_id, plan=plan, namespace=namespace, pvc_name=pvc_name,
-                             settings=settings, quarantined_nodes=quarantined_nodes)[node_rank]
+                             settings=settings, quarantined_nodes=quarantined_nodes, ranks=count)[node_rank]
     return {
         "kubernetes_conn_id": kubernetes_conn_id,
         "namespace": namespace,
@@ -270,8 +281,9 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
     def target_namespace(self) -> str:
         return self.namespace or sat_setting("kubernetes_namespace")
 
-    def build_pod_kwargs(self, job: TrainingJob, run_id: str, plan: Plan) -> dict[str, Any]:
-        """`build_pod_operator_kwargs` for this rank and plan."""
+    def build_pod_kwargs(self, job: TrainingJob, run_id: str, plan: Plan, ranks: int | None = None,
+                         quarantined: Sequence[str] | None = None) -> dict[str, Any]:
+        """`build_pod_operator_kwargs` for this rank and plan (`ranks`: the attempt's rank count, default all)."""
         return build_pod_operator_kwargs(
             job,
             run_id=run_id,
@@ -281,7 +293,8 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
             node_rank=self.node_rank,
             pvc_name=self.pvc_name,
             deferrable=self.deferrable,
-            quarantined_nodes=self.quarantined_nodes(job),
+            quarantined_nodes=self.quarantined_nodes(job) if quarantined is None else quarantined,
+            ranks=ranks,
         )
 
     def quarantined_nodes(self, job: TrainingJob) -> list[str]:
@@ -318,18 +331,19 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
                 raise TypeError(f"SatTrainingPodOperator cannot apply the operator argument {key!r}")
         self.pod_request_obj = None
 
-    def create_rendezvous_service(self, job: TrainingJob, run_id: str, plan: Plan) -> bool:
-        """Multi-node: create the attempt's headless Service (what `sat render` prints first).
+    def create_rendezvous_service(self, job: TrainingJob, run_id: str, plan: Plan, ranks: int | None = None) -> bool:
+        """Multi-node: create the attempt's headless Service (what `sat render` prints first), for `ranks` ranks.
 
         Every rank's task tries; the first creates it, the others find it (409). Without it
         rank 0's DNS name never resolves and the ranks cannot rendezvous. True when created.
+        An elastic failover's rank 0 creates it before the other ranks look (`place_ranks`).
         """
         from kubernetes.client.exceptions import ApiException
 
         if not job.distributed:
             return False
         body = rendezvous_service(job, run_id=run_id, attempt=plan.attempt, namespace=self.target_namespace(),
-                                  settings=KubernetesSettings.from_sat_config())
+                                  settings=KubernetesSettings.from_sat_config(), ranks=ranks)
         try:
             self.client.create_namespaced_service(self.target_namespace(), body)
         except ApiException as exc:
@@ -383,10 +397,89 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
                                   log=self.log.info)
 
     def prepare(self, context: Context) -> tuple[TrainingJob, Plan]:
-        """`build_plan`, then the pod of this rank onto the operator (before the provider builds it)."""
+        """`build_plan`, then the pod of this rank onto the operator (before the provider builds it).
+
+        An elastic failover's rank count is the one its Service says (rank 0 decided it before the pod).
+        """
+        from sat_tasks.backends.kubernetes.elastic import (
+            needs_elastic_placement,
+            read_attempt_ranks,
+        )
+
         job, plan = self.build_plan(context)
-        self.apply_pod_kwargs(self.build_pod_kwargs(job, context["run_id"], plan))
+        ranks = None
+        if needs_elastic_placement(job, plan):
+            ranks = read_attempt_ranks(self.client, self.target_namespace(), job, context["run_id"], plan.attempt)
+        self.apply_pod_kwargs(self.build_pod_kwargs(job, context["run_id"], plan, ranks))
         return job, plan
+
+    def place_ranks(self, job: TrainingJob, context: Context, plan: Plan,
+                    quarantined: Sequence[str]) -> tuple[int, str]:
+        """How many ranks this attempt runs, and the status history's words for a shrink ("" when none).
+
+        Not an elastic failover: all, after the waits of today (`await_workspace`, `await_rank0`).
+        An elastic failover (`elastic.needs_elastic_placement`): rank 0 decides (`elastic.place_elastic`;
+        a decision its Service already holds stands, e.g. when its task runs again) and creates the
+        Service with it before any pod; another rank waits for that Service (`elastic.await_attempt_ranks`).
+        """
+        from sat_tasks.backends.kubernetes.elastic import (
+            RanksUndecided,
+            await_attempt_ranks,
+            needs_elastic_placement,
+            place_elastic,
+            read_attempt_ranks,
+        )
+
+        run_id, namespace = context["run_id"], self.target_namespace()
+        if not needs_elastic_placement(job, plan):
+            self.await_workspace(job, run_id, plan)
+            self.await_rank0(job, context, plan)  # before the Service and this rank's pod
+            return job.nodes, ""
+        wait = float(job.elastic.wait_seconds) + float(sat_setting("workspace_wait_seconds"))
+        if self.node_rank > 0:
+            try:
+                return await_attempt_ranks(self.client, namespace, job, run_id, plan.attempt, node_rank=self.node_rank,
+                                           deadline_seconds=wait, rank0_ended=lambda: self.rank0_task_ended(context),
+                                           poll_seconds=RANK0_POLL_SECONDS, log=self.log.info, sleep=time.sleep,
+                                           clock=time.monotonic), ""
+            except RanksUndecided as exc:
+                raise AirflowFailException(str(exc)) from None
+        ranks = read_attempt_ranks(self.client, namespace, job, run_id, plan.attempt)
+        if ranks is not None:
+            self.log.info("attempt %s runs on %s of %s nodes (decided by an earlier run of this task)",
+                          plan.attempt, ranks, job.nodes)
+            return ranks, ""
+        placement = place_elastic(job, run_id, plan, client=self.client,
+                                  history=JobRun(job, run_id).history(self.log.info), quarantined=quarantined,
+                                  slots=self.pool_slots_held(job, context, plan), log=self.log.info,
+                                  sleep=time.sleep, clock=time.monotonic)
+        if placement.ranks == job.nodes:
+            self.await_workspace(job, run_id, plan)  # no shrink: the full count waits as without elastic
+        self.create_rendezvous_service(job, run_id, plan, placement.ranks)  # the decision, before any pod
+        return placement
+
+    def pool_slots_held(self, job: TrainingJob, context: Context, plan: Plan) -> Callable[[], int] | None:
+        """Rank 0 in its workspace's pool (`workspace.launch_pool`): how many ranks hold their slots now; else None."""
+        from sat_tasks.backends.kubernetes.elastic import ranks_with_slots
+        from sat_tasks.backends.kubernetes.workspace import launch_pool
+
+        pool = launch_pool(job, KubernetesSettings.from_sat_config(), attempt=plan.attempt).get("pool")
+        if not pool or self.pool != pool or job.elastic is None:
+            return None
+        stem = self.task_id[: -len(rank_task_id(0))]
+        ranks = {stem + rank_task_id(r): r for r in range(job.elastic.min_nodes, job.nodes)}
+        ti, run_id = context.get("ti"), context["run_id"]
+
+        def held() -> int:
+            try:
+                states = (ti.get_task_states(dag_id=ti.dag_id, task_ids=list(ranks), run_ids=[run_id]) or {})
+            except Exception as exc:  # noqa: BLE001 - unreadable: count only rank 0's own slots
+                self.log.warning("could not read the states of this attempt's rank tasks: %s", exc)
+                states = {}
+            mine = states.get(run_id) or {}
+            return ranks_with_slots({r: _state(mine.get(task_id)) for task_id, r in ranks.items()}, job)
+
+        return held
 
     def await_workspace(self, job: TrainingJob, run_id: str, plan: Plan) -> None:
         """A failover in a workspace waits for healthy room there first (`workspace_wait`); rank 0 records why."""
@@ -481,14 +574,23 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
             self.record_node_at_start(getattr(metadata, "name", None), getattr(metadata, "namespace", None))
 
     def execute(self, context: Context) -> Any:
-        job, plan = self.prepare(context)
-        self.await_workspace(job, context["run_id"], plan)
-        self.await_rank0(job, context, plan)  # before the Service and this rank's pod
-        self.create_rendezvous_service(job, context["run_id"], plan)
-        self.create_attempt_credentials(job, context["run_id"], plan)
-        self.ensure_pull_secret(job, context["run_id"])
+        job, plan = self.build_plan(context)
+        run_id = context["run_id"]
+        quarantined = self.quarantined_nodes(job)
+        ranks, note = self.place_ranks(job, context, plan, quarantined)
+        if self.node_rank >= ranks:  # an elastic failover on fewer nodes: this rank's slot goes back at once
+            self.log.info("attempt %s resumes on %s of %s nodes: rank %s is not used (no pod)",
+                          plan.attempt, ranks, job.nodes, self.node_rank)
+            return None
+        self.apply_pod_kwargs(self.build_pod_kwargs(job, run_id, plan, ranks, quarantined))
+        self.create_rendezvous_service(job, run_id, plan, ranks)
+        self.create_attempt_credentials(job, run_id, plan)
+        self.ensure_pull_secret(job, run_id)
         if self.node_rank == 0:  # one Running entry per attempt
-            JobRun(job, context["run_id"]).record_attempt_start(plan, self.log.info)
+            pods = ", ".join(pod_name(job, run_id, plan.attempt, r) for r in range(ranks))
+            where = f"{pods}; {note}" if note else ""  # an elastic shrink says so, in the local backend's words
+            held = {"nodes_held": ranks} if job.elastic is not None else {}  # what the run's usage counts (ADR 0033)
+            JobRun(job, run_id).record_attempt_start(plan, self.log.info, where=where, **held)
         return super().execute(context)
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
@@ -498,6 +600,10 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         # now (a node already gone has none to keep).
         self.record_node_at_start(event.get("name"), event.get("namespace"))
         return super().trigger_reentry(context, event)
+
+
+def _state(state: Any) -> str | None:
+    return None if state is None else str(getattr(state, "value", state))
 
 
 # Operator attributes that `build_pod_operator_kwargs` sets and `__init__` stores unchanged.

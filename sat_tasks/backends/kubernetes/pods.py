@@ -7,6 +7,9 @@ Call order for one attempt (the DAG does the wiring):
 2. ``render_attempt_manifests(job, run_id=..., plan=...)`` (the attempt's `Plan`):
    for one node a single Pod; for ``nodes >= 2`` a headless Service first, then one Pod per
    node rank with a stable DNS name (hostname + subdomain) and launcher rendezvous on rank 0.
+   ``ranks`` (default ``job.nodes``): an elastic failover that resumes on fewer nodes (ADR 0029)
+   renders that many pods, its rendezvous for that many ranks, and the gradient accumulation
+   scale that keeps the global batch.
    ``attempt_pod_manifests`` / ``rendezvous_service`` are the objects behind it: the operator
    launches exactly these (``build_attempt_pods`` makes client models of them for
    ``operator.SatTrainingPodOperator``), `sat render` prints them.
@@ -21,7 +24,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ckpt_engine.contract import NODE_ENV, POD_NAME_ENV, PROGRESS_FILE_ENV, RUN_ID_ENV
+from ckpt_engine.contract import (
+    NODE_ENV,
+    NODES_ENV,
+    POD_NAME_ENV,
+    PROGRESS_FILE_ENV,
+    RUN_ID_ENV,
+)
+from ckpt_engine.integrations.elastic import ACCUMULATION_SCALE_ENV
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pull_secret import pull_secret_refs
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
@@ -79,6 +89,7 @@ def _env(
     namespace: str,
     run_id: str,
     settings: KubernetesSettings,
+    ranks: int,
 ) -> list[dict[str, Any]]:
     paths = TrainingPaths(data_dir=POD_DATA_DIR, output_dir=POD_OUTPUT_DIR, code_dir=POD_CODE_DIR,
                           vendor_dir=IMAGE_VENDOR_DIR)
@@ -91,6 +102,9 @@ def _env(
     )
     # the node's metrics sidecar watches it for the attempt's first training step
     contract[PROGRESS_FILE_ENV] = PROGRESS_FILE
+    if ranks < job.nodes:  # an elastic failover on fewer nodes (ADR 0029): the global batch stays the planned one
+        contract[NODES_ENV] = str(ranks)
+        contract[ACCUMULATION_SCALE_ENV] = str(job.nodes // ranks)
     field_refs = {NODE_ENV: "spec.nodeName", POD_NAME_ENV: "metadata.name"}
     env = [{"name": k, "value": v} for k, v in contract.items() if k not in field_refs]
     env.append({"name": RUN_ID_ENV, "value": run_id})
@@ -100,7 +114,7 @@ def _env(
             "MASTER_ADDR": master,
             "MASTER_PORT": str(settings.master_port),
             "NODE_RANK": str(rank),
-            "NNODES": str(job.nodes),
+            "NNODES": str(ranks),
             "NPROC_PER_NODE": str(nproc_per_node(job)),
         }
         for key, value in rendezvous.items():
@@ -248,10 +262,12 @@ def attempt_pod_manifests(
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
     quarantined_nodes: Sequence[str] = (),
+    ranks: int | None = None,
 ) -> list[dict[str, Any]]:
     """The attempt's pods, one per node rank, as the API's JSON: the single source.
 
     `quarantined_nodes`: nodes the node health ledger quarantined; the pods may not land there.
+    `ranks`: how many node ranks the attempt runs (`attempt_ranks`; default `job.nodes`).
 
     `render_attempt_manifests` prints them (no kubernetes client needed, so `sat render` stays
     quick); `build_attempt_pods` turns them into client models for KubernetesPodOperator's
@@ -259,6 +275,7 @@ def attempt_pod_manifests(
     """
     attempt = plan.attempt  # >= 1: the Plan says so
     settings = settings or KubernetesSettings.from_sat_config()
+    ranks = attempt_ranks(job, ranks)
     service = names.attempt_name(job, run_id, attempt) if job.distributed else None
     node_selector, tolerations, affinity = _scheduling(job, plan.exclude_nodes, settings, quarantined_nodes)
     volumes, mounts = _volumes(job, run_id, pvc_name)
@@ -268,14 +285,16 @@ def attempt_pod_manifests(
     # The run's pull Secret, made from the job's registry login before the pods start (ADR 0032).
     pull_secrets = pull_secret_refs(job, run_id) or None
 
-    queue_labels, queue_annotations = workspace_pod_metadata(job, run_id, attempt, settings)
+    queue_labels, queue_annotations = workspace_pod_metadata(job, run_id, attempt, settings, ranks=ranks)
+    # fewer ranks than the job's nodes: said on each pod, so the attempt's record knows which ranks it ran
+    ranks_annotation = {names.ANNOTATION_RANKS: str(ranks)} if ranks < job.nodes else {}
     pods = []
-    for rank in range(job.nodes):
+    for rank in range(ranks):
         name = names.pod_name(job, run_id, attempt, rank)
         container = _drop_empty({
             "command": ["bash", "-lc", script, "sat-launch", kubelet_literal(command)],
             "env": _env(job, plan=plan, rank=rank, service=service, namespace=namespace, run_id=run_id,
-                        settings=settings),
+                        settings=settings, ranks=ranks),
             "image": job.image.url,
             "livenessProbe": liveness_probe,
             "name": MAIN_CONTAINER_NAME,
@@ -290,7 +309,7 @@ def attempt_pod_manifests(
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "annotations": {**names.annotations(job, run_id), **queue_annotations},
+                "annotations": {**names.annotations(job, run_id), **queue_annotations, **ranks_annotation},
                 "labels": {**names.labels(job, run_id, attempt), names.LABEL_NODE_RANK: str(rank), **queue_labels},
                 "name": name,
                 "namespace": namespace,
@@ -315,6 +334,19 @@ def attempt_pod_manifests(
     return pods
 
 
+def attempt_ranks(job: TrainingJob, ranks: int | None) -> int:
+    """How many node ranks an attempt runs: `ranks` (an elastic failover's count), else `job.nodes`.
+
+    ValueError unless 1 <= ranks <= job.nodes and ranks divides job.nodes (the gradient
+    accumulation then keeps the global batch: `core.policy.elastic_shrink` only picks such counts).
+    """
+    if ranks is None:
+        return job.nodes
+    if not 1 <= ranks <= job.nodes or job.nodes % ranks:
+        raise ValueError(f"ranks: must divide nodes ({job.nodes}) and be between 1 and it, got {ranks}")
+    return ranks
+
+
 def build_attempt_pods(job: TrainingJob, **kwargs: Any) -> list[k8s.V1Pod]:
     """`attempt_pod_manifests` as kubernetes client models (what KubernetesPodOperator takes)."""
     return [to_model(pod, "V1Pod") for pod in attempt_pod_manifests(job, **kwargs)]
@@ -331,14 +363,20 @@ def to_model(manifest: dict[str, Any], model: str) -> Any:
 
 
 def rendezvous_service(job: TrainingJob, *, run_id: str, attempt: int, namespace: str,
-                        settings: KubernetesSettings) -> dict[str, Any]:
-    """Headless Service giving each rank `<pod>.<service>.<namespace>.svc`, even before it is Ready."""
+                        settings: KubernetesSettings, ranks: int | None = None) -> dict[str, Any]:
+    """Headless Service giving each rank `<pod>.<service>.<namespace>.svc`, even before it is Ready.
+
+    Its `sat.ai/ranks` annotation is the attempt's rank count (`ranks`, default `job.nodes`): rank 0's
+    launch creates the Service before any pod, so the other ranks of an elastic failover read there
+    how many ranks it resumed on (`elastic.await_attempt_ranks`).
+    """
     name = names.attempt_name(job, run_id, attempt)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": namespace, "labels": names.labels(job, run_id, attempt),
-                     "annotations": names.annotations(job, run_id)},
+                     "annotations": {**names.annotations(job, run_id),
+                                     names.ANNOTATION_RANKS: str(attempt_ranks(job, ranks))}},
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -358,19 +396,21 @@ def render_attempt_manifests(
     pvc_name: str | None = None,
     settings: KubernetesSettings | None = None,
     quarantined_nodes: Sequence[str] = (),
+    ranks: int | None = None,
 ) -> list[dict[str, Any]]:
     """Plain-dict manifests of one attempt, in apply order (`kubectl apply --dry-run=server`-ready).
 
     One node: `[Pod]`. Two or more: `[Service (headless), Pod rank 0, ..., Pod rank n-1]`.
     The plan's `exclude_nodes` are the nodes of failed attempts; its `resume_step` sets
-    `CKPT_LAST_STEP` (`-1` = newest complete checkpoint); `pvc_name` overrides the per-run claim.
+    `CKPT_LAST_STEP` (`-1` = newest complete checkpoint); `pvc_name` overrides the per-run claim;
+    `ranks` renders an elastic failover on fewer nodes (default `job.nodes`).
     """
     settings = settings or KubernetesSettings.from_sat_config()
     manifests = attempt_pod_manifests(job, run_id=run_id, plan=plan, namespace=namespace, pvc_name=pvc_name,
-                                      settings=settings, quarantined_nodes=quarantined_nodes)
+                                      settings=settings, quarantined_nodes=quarantined_nodes, ranks=ranks)
     if job.distributed:
         manifests.insert(0, rendezvous_service(job, run_id=run_id, attempt=plan.attempt,
-                                                namespace=namespace, settings=settings))
+                                                namespace=namespace, settings=settings, ranks=ranks))
     return manifests
 
 

@@ -115,6 +115,22 @@ def _rank_of(pod: dict[str, Any]) -> int:
         return 0
 
 
+def _ranks_of(pods: list[dict[str, Any]], job: TrainingJob) -> int:
+    """How many ranks the attempt ran: its pods' `sat.ai/ranks` (an elastic failover on fewer nodes), else all."""
+    for pod in pods:
+        raw = str(((pod.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_RANKS, ""))
+        if raw.isdigit() and 1 <= int(raw) <= job.nodes:
+            return int(raw)
+    return job.nodes
+
+
+def _held_nodes(record: AttemptRecord, pods: list[dict[str, Any]]) -> list[str]:
+    """Every node the attempt's pods ran on, the record's own node first (`AttemptRecord.nodes`)."""
+    ran = [node for pod in pods if (node := (pod.get("spec") or {}).get("nodeName"))]
+    first = [record.node] if record.node in ran else []
+    return first + [node for node in dict.fromkeys(ran) if node not in first]
+
+
 def _read_rank(client: Any, pod: dict[str, Any], job: TrainingJob, attempt: int, namespace: str,
                progress: dict[str, Any] | None, log: Log) -> tuple[AttemptRecord, PodLog]:
     """The record of one pod (one node rank): pod, its node (conditions, taints and labels; none
@@ -185,10 +201,11 @@ def read_attempt_record(run: JobRun, attempt: int, *, client: Any, namespace: st
             record, pod_log = _read_rank(client, pod, job, attempt, namespace, progress, log)
             write_rank_log(handle, job=job, attempt=attempt, pod=pod, record=record, pod_log=pod_log)
             records.append(record)
-        missing = sorted(set(range(job.nodes)) - {_rank_of(p) for p in pods})
+        missing = sorted(set(range(_ranks_of(pods, job))) - {_rank_of(p) for p in pods})
         handle.writelines(f"{now_utc().isoformat()} [sat] attempt {attempt} rank {rank}: no pod left to read "
                           "(stopped when a peer failed, or never created)\n" for rank in missing)
     record = combine_rank_records(records, log)
+    record = record.model_copy(update={"nodes": _held_nodes(record, pods)})
     run.store_record(record)
     run.upload_file(section, run.attempt_log_uri(attempt))
     return record

@@ -65,29 +65,46 @@ def workspace_scheduling(job: TrainingJob, settings: KubernetesSettings) -> tupl
               "value": job.workspace}])
 
 
-def workspace_pod_metadata(job: TrainingJob, run_id: str, attempt: int,
-                           settings: KubernetesSettings) -> tuple[dict[str, str], dict[str, str]]:
-    """Labels and annotations a workspace job's pods carry for Kueue (none without Kueue or a workspace)."""
+def workspace_pod_metadata(job: TrainingJob, run_id: str, attempt: int, settings: KubernetesSettings,
+                           ranks: int | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations a workspace job's pods carry for Kueue (none without Kueue or a workspace).
+
+    The pod group counts the attempt's `ranks` (default `job.nodes`): an elastic failover on fewer
+    nodes is admitted with its own pods, so it holds that much of the workspace's quota.
+    """
     if job.workspace is None or not settings.kueue:
         return {}, {}
     labels = {KUEUE_QUEUE_LABEL: local_queue_name(job.workspace)}
     annotations = {}
     if job.distributed:  # admitted whole: every rank or none
         labels[KUEUE_POD_GROUP_LABEL] = names.attempt_name(job, run_id, attempt)
-        annotations[KUEUE_POD_GROUP_COUNT] = str(job.nodes)
+        annotations[KUEUE_POD_GROUP_COUNT] = str(ranks or job.nodes)
     return labels, annotations
 
 
-def launch_pool(job: TrainingJob | None, settings: KubernetesSettings) -> dict[str, Any]:
-    """`pool` / `pool_slots` of a workspace job's rank-0 `launch` task where Kueue does not queue it (else none).
+def launch_pool(job: TrainingJob | None, settings: KubernetesSettings, *, attempt: int = 1,
+                node_rank: int = 0) -> dict[str, Any]:
+    """`pool` / `pool_slots` of a workspace job's `launch` task of rank `node_rank` where Kueue does not queue it.
 
     Rank 0 takes a slot per node of the job, so the job starts when the whole of it fits
     (the other ranks' tasks stay in the default pool: slots are counted once; they create
     their pods only once rank 0's exists, `SatTrainingPodOperator.await_rank0`).
+
+    An elastic job's later attempts may resume on fewer nodes (ADR 0029), and a task's slots are
+    fixed when the DAG is parsed: rank 0 takes `elastic.min_nodes` slots (ranks 0 to min_nodes-1,
+    which every attempt runs) and each rank from `min_nodes` up one slot of its own, so an attempt
+    on K nodes holds K slots. A rank the attempt does not use ends at once without a pod (its slot
+    with it); rank 0 counts only the ranks whose tasks hold their slot (`elastic.ranks_with_slots`).
+    Empty when the rank takes no slot.
     """
     if job is None or job.workspace is None or settings.kueue:
         return {}
-    return {"pool": pool_name(job.workspace), "pool_slots": job.nodes}
+    pool = pool_name(job.workspace)
+    if job.elastic is not None and attempt > 1:
+        if node_rank == 0:
+            return {"pool": pool, "pool_slots": job.elastic.min_nodes}
+        return {"pool": pool, "pool_slots": 1} if node_rank >= job.elastic.min_nodes else {}
+    return {"pool": pool, "pool_slots": job.nodes} if node_rank == 0 else {}
 
 
 def check_generic_run(job: TrainingJob, settings: KubernetesSettings, log=print) -> str | None:

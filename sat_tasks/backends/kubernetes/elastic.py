@@ -1,0 +1,209 @@
+"""An elastic job's failover on Kubernetes (ADR 0029): resume on fewer nodes when no spare is healthy.
+
+Call order, inside the `launch` tasks of a failover attempt of an elastic job (`needs_elastic_placement`):
+
+1. Rank 0 (`place_elastic`) asks the cluster, as the Spot capacity check and the workspace wait
+   do (`capacity.cluster_capacity`, on the rank pod as it would be submitted: selector, taints,
+   the plan's exclusions and the quarantined nodes, the requests), until `job.nodes` nodes fit
+   one rank each, recording `Pending - failoverinprogress` with the answer, for at most
+   `elastic.wait_seconds`. Then it takes `core.policy.elastic_shrink` of the nodes that fit: the
+   count `K` and the status history's words ("resumed on 1 of 2 nodes (node-b excluded:
+   HARDWARE); gradient accumulation x2 keeps the global batch", `core.policy.shrink_reason`, the
+   local backend's words). No count qualifies: it says why and the attempt goes on for all
+   `job.nodes`, as a job without `elastic`.
+2. Rank 0 creates the attempt's rendezvous Service with `K` in its `sat.ai/ranks` annotation
+   (`pods.rendezvous_service`), before any pod: the Service is where the decision is kept.
+3. Every other rank (`await_attempt_ranks`) waits for that Service and reads `K`; a rank `>= K`
+   ends without a pod (its task succeeds: classify reads the `K` pods that ran), the others
+   create their pod rendered for `K` ranks (`pods.attempt_pod_manifests(ranks=K)`: `NNODES`,
+   `SAT_NODES`, `SAT_GRAD_ACCUM_SCALE`).
+
+Without Kueue a workspace job's ranks hold the workspace pool's slots (`workspace.launch_pool`):
+rank 0 counts only the ranks whose tasks hold theirs (`ranks_with_slots`), so `K` never names a
+rank still queued in the pool.
+
+Nothing here imports Airflow: the launch task passes its client, clock and log in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from sat_tasks.backends.kubernetes import names
+from sat_tasks.backends.kubernetes.capacity import (
+    CapacityAssessment,
+    CapacityForbidden,
+    cluster_capacity,
+)
+from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.policy import elastic_shrink, shrink_reason
+from sat_tasks.core.status import JobStatus, StatusHistory
+from sat_tasks.spec import TrainingJob
+
+# How often rank 0 asks the cluster again while it waits for the full count.
+POLL_SECONDS = 15.0
+#: Why a node is left out of an elastic failover, as the local backend says it (ADR 0029).
+EXCLUDED_HARDWARE = "HARDWARE"
+EXCLUDED_QUARANTINED = "quarantined by the node health ledger"
+
+
+class ElasticPlacement(NamedTuple):
+    """How many node ranks an elastic failover runs, and the status history's words for a shrink ("" when none)."""
+
+    ranks: int
+    note: str = ""
+
+
+class RanksUndecided(RuntimeError):
+    """Rank 0 did not say how many ranks the attempt runs (its task ended without, or the wait ran out)."""
+
+
+def needs_elastic_placement(job: TrainingJob, plan: Plan) -> bool:
+    """A failover attempt of an elastic job: it may resume on fewer nodes (as the local backend's placement decides)."""
+    return job.elastic is not None and job.distributed and plan.attempt > 1 and plan.failovers > 0
+
+
+def ranks_with_slots(states: Mapping[int, str | None], job: TrainingJob) -> int:
+    """The ranks an attempt can count on in its workspace pool: 0 to min_nodes-1 (rank 0's slots) and each
+    following rank while its task runs (`states`: rank -> task state); a rank still queued ends the count."""
+    count = job.elastic.min_nodes if job.elastic is not None else job.nodes
+    while count < job.nodes and states.get(count) == "running":
+        count += 1
+    return count
+
+
+def place_elastic(
+    job: TrainingJob,
+    run_id: str,
+    plan: Plan,
+    *,
+    client: Any,
+    history: StatusHistory,
+    quarantined: Sequence[str] = (),
+    slots: Callable[[], int] | None = None,
+    poll_seconds: float = POLL_SECONDS,
+    log: Log = print,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> ElasticPlacement:
+    """Rank 0's decision: all `job.nodes` when they fit within `elastic.wait_seconds`, else `elastic_shrink` of those that do.
+
+    `quarantined`: the nodes the node health ledger quarantined (left out like the plan's
+    exclusions); `slots`: how many ranks hold their workspace pool slots now (`ranks_with_slots`;
+    None: no pool). A connection that may not list nodes cannot count healthy nodes: all ranks,
+    said in the log (the pods then wait Pending, as without `elastic`).
+    """
+    if job.elastic is None:
+        return ElasticPlacement(job.nodes)
+    excluded = list(plan.exclude_nodes) + [n for n in quarantined if n not in plan.exclude_nodes]
+    check = plan.model_copy(update={"exclude_nodes": excluded})
+    deadline = clock() + job.elastic.wait_seconds
+    found: CapacityAssessment | None = None
+    held = job.nodes
+    last_reason = None
+    while True:
+        try:
+            assessment = cluster_capacity(job, run_id, check, client=client, log=log)
+        except CapacityForbidden as exc:
+            log(f"[sat] elastic: cannot count the healthy nodes ({exc}); attempt {plan.attempt} asks for all "
+                f"{job.nodes} nodes")
+            return ElasticPlacement(job.nodes)
+        found = assessment or found
+        held = slots() if slots is not None else job.nodes
+        if assessment is not None and assessment.available and held >= job.nodes:
+            if last_reason is not None:
+                log(f"[sat] elastic: room for all {job.nodes} nodes again ({assessment.summary()})")
+            return ElasticPlacement(job.nodes)
+        answer = assessment.summary() if assessment is not None else "the Kubernetes API did not answer"
+        if held < job.nodes:
+            answer += f"; {held} rank(s) hold their workspace pool slots"
+        reason = (f"elastic failover of attempt {plan.attempt} waits up to {job.elastic.wait_seconds:g}s "
+                  f"(elastic.wait_seconds) for {job.nodes} healthy nodes (excluded: {', '.join(excluded) or 'none'}): "
+                  f"{answer}")
+        if reason != last_reason:
+            last_reason = reason
+            log(f"[sat] {reason}")
+            history.record(JobStatus.FAILOVER_IN_PROGRESS, reason, attempt=plan.attempt, task="launch")
+        left = deadline - clock()
+        if left <= 0:
+            break
+        sleep(min(poll_seconds, left))
+    if found is None:
+        log(f"[sat] elastic: the Kubernetes API did not answer; attempt {plan.attempt} asks for all {job.nodes} nodes")
+        return ElasticPlacement(job.nodes)
+    shrink = elastic_shrink(job, min(len(found.fitting), held))
+    if shrink.nodes is None:
+        why = f"{shrink.why}; waiting for {job.nodes} node(s) as a job without elastic would"
+        log(f"[sat] {why}")
+        history.record(JobStatus.FAILOVER_IN_PROGRESS, why, attempt=plan.attempt, task="launch")
+        return ElasticPlacement(job.nodes)
+    log(f"[sat] elastic: {found.summary()}; resuming on {shrink.nodes} of {job.nodes} node(s) instead")
+    causes = {n: EXCLUDED_HARDWARE for n in plan.exclude_nodes}
+    causes.update({n: EXCLUDED_QUARANTINED for n in excluded if n not in causes})
+    return ElasticPlacement(shrink.nodes, shrink_reason(shrink, causes))
+
+
+def read_attempt_ranks(client: Any, namespace: str, job: TrainingJob, run_id: str, attempt: int) -> int | None:
+    """The rank count in the attempt's rendezvous Service (`sat.ai/ranks`); None while it does not exist.
+
+    ApiException other than 404 is raised (a connection that may not read Services cannot wait for one).
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        service = client.read_namespaced_service(names.attempt_name(job, run_id, attempt), namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    raw = ((getattr(service.metadata, "annotations", None) or {}).get(names.ANNOTATION_RANKS) or "").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= job.nodes:
+        raise RanksUndecided(f"the rendezvous Service {namespace}/{names.attempt_name(job, run_id, attempt)} has no "
+                             f"valid {names.ANNOTATION_RANKS} annotation ({raw!r}): it was not made by this attempt's "
+                             "rank 0")
+    return int(raw)
+
+
+def await_attempt_ranks(
+    client: Any,
+    namespace: str,
+    job: TrainingJob,
+    run_id: str,
+    attempt: int,
+    *,
+    node_rank: int,
+    deadline_seconds: float,
+    rank0_ended: Callable[[], str | None] = lambda: None,
+    poll_seconds: float = 10.0,
+    log: Log = print,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """A rank > 0 of an elastic failover: wait until rank 0 has said how many ranks run (its Service); that count.
+
+    RanksUndecided when rank 0's task ended without creating it (`rank0_ended()`: its state, None
+    while it runs or cannot be read) or after `deadline_seconds`.
+    """
+    deadline = clock() + deadline_seconds
+    said = False
+    while True:
+        ranks = read_attempt_ranks(client, namespace, job, run_id, attempt)
+        if ranks is not None:
+            return ranks
+        ended = rank0_ended()
+        if ended is not None:
+            ranks = read_attempt_ranks(client, namespace, job, run_id, attempt)  # created just before it ended
+            if ranks is not None:
+                return ranks
+            raise RanksUndecided(f"rank 0's task ended ({ended}) without deciding how many ranks attempt {attempt} "
+                                 f"runs: rank {node_rank} does not start")
+        if clock() >= deadline:
+            raise RanksUndecided(f"rank {node_rank} gave up after {deadline_seconds:.0f}s: rank 0 did not decide how "
+                                 f"many ranks attempt {attempt} runs (its rendezvous Service was never created)")
+        if not said:
+            said = True
+            log(f"[sat] rank {node_rank} waits for rank 0 to decide how many nodes the elastic failover of attempt "
+                f"{attempt} resumes on (at most {deadline_seconds:.0f}s)")
+        sleep(max(0.0, min(poll_seconds, deadline - clock())))
