@@ -292,16 +292,22 @@ def restore_from_mirror(local: Storage, url: str | Storage, step: int = -1) -> i
     new (for ``step >= 0``: ``checkpoint-<step>`` itself): the node-local copy the previous
     attempt committed, which a failover finds when its new node shares the old one's disk
     (the local backend's nodes are one host: every attempt of a run has the same checkpoint
-    root). The log says which copy the resume uses. Mirrored checkpoints newer than that
+    root). The log says which copy the resume uses. When that copy is the very step asked
+    for (SAT's failover sets ``CKPT_LAST_STEP`` to the last committed step), the mirror is
+    not even listed: nothing there could be wanted, and a storage client and a listing cost
+    seconds of a recovery on a loaded host. Mirrored checkpoints newer than the local one
     are tried newest first (``step >= 0``: ``step``, then older ones); an incomplete or
     corrupt one is skipped for the one before. Files are verified against the mirrored
     manifest while downloaded, land in a temp directory and appear with one rename.
     Other storage errors (unreachable mirror, denied access) propagate: a resume must not
     silently start from scratch. Returns the step downloaded, None when nothing was.
     """
-    remote = open_storage(url)
     bound = step if step >= 0 else math.inf
     local_best = _newest_local(local, bound)
+    if local_best is not None and local_best >= bound:
+        _note_local_copy(local_best, url)
+        return None
+    remote = open_storage(url)
     candidates = [s for s in list_checkpoint_steps(remote) if s <= bound and (local_best is None or s > local_best)]
     for candidate in candidates:
         try:
@@ -313,13 +319,17 @@ def restore_from_mirror(local: Storage, url: str | Storage, step: int = -1) -> i
                  "verified against its manifest)", candidate, remote.url)
         return candidate
     if local_best is not None:
-        # the checksums are verified where the resume chooses its checkpoint (every restore is), not twice
-        log.info("[Concurrent Checkpoint] checkpoint-%d: the node-local copy is the newest wanted (its manifest and "
-                 "file sizes check out; its checksums are verified before it loads); nothing downloaded from %s",
-                 local_best, remote.url)
+        _note_local_copy(local_best, remote.url)
     else:
         log.info("[Concurrent Checkpoint] no complete mirrored checkpoint (step %d) in %s", step, remote.url)
     return None
+
+
+def _note_local_copy(step: int, url: str | Storage) -> None:
+    # the checksums are verified where the resume chooses its checkpoint (every restore is), not twice
+    log.info("[Concurrent Checkpoint] checkpoint-%d: the node-local copy is the newest wanted (its manifest and file "
+             "sizes check out; its checksums are verified before it loads); nothing downloaded from %s", step,
+             url.url if isinstance(url, Storage) else url)
 
 
 def _newest_local(local: Storage, bound: float) -> int | None:

@@ -94,3 +94,21 @@ def test_a_local_copy_that_does_not_match_its_manifest_is_downloaded_again(
         assert restore_from_mirror(local, mirror_url) == 2
     assert downloads == [2]
     assert f"Restored checkpoint-2 {DOWNLOADED}" in caplog.text and LOCAL_COPY not in caplog.text
+
+
+def test_the_local_copy_of_the_step_asked_for_is_used_without_asking_the_mirror(
+        tmp_path: Path, mirror_url: str, monkeypatch: pytest.MonkeyPatch,  # noqa: F811 - the fixture
+        caplog: pytest.LogCaptureFixture) -> None:
+    engine = CheckpointEngine(tmp_path / "node-a", mirror_url=mirror_url)
+    save_steps(engine, [1, 2])
+    engine.close()
+    opened: list[object] = []
+    real = mirror_module.open_storage
+    monkeypatch.setattr(mirror_module, "open_storage", lambda url: opened.append(url) or real(url))
+    local = CheckpointEngine(tmp_path / "node-a").storage
+    with caplog.at_level(logging.INFO, logger="ckpt_engine"):
+        assert restore_from_mirror(local, mirror_url, step=2) is None  # CKPT_LAST_STEP=2, as a failover sets it
+    assert opened == [] and f"checkpoint-2: {LOCAL_COPY}" in caplog.text
+    with caplog.at_level(logging.INFO, logger="ckpt_engine"):
+        assert restore_from_mirror(local, mirror_url) is None  # the newest (-1): the mirror may hold a newer one
+    assert opened == [mirror_url]
