@@ -258,6 +258,34 @@ def test_a_rank_the_decision_leaves_out_reads_it_from_the_service_even_after_its
     assert not any(path == "/api/v1/nodes" for _, path, _, _ in cluster.requests)  # no capacity check again
 
 
+def test_a_deferred_rank_0_rebuilds_its_pod_for_the_ranks_its_service_says(launch_env, monkeypatch):
+    """The provider resumes a deferred task in a freshly parsed operator (`trigger_reentry` -> `prepare`)."""
+    job = _job(4, name="elastic-reentry")
+    cluster = Cluster()
+    cluster.services.append(k8s_pods.rendezvous_service(job, run_id=RUN_ID, attempt=2, namespace=NAMESPACE,
+                                                        settings=SETTINGS, ranks=2))
+    monkeypatch.setattr(KubernetesHook, "get_conn", lambda self: cluster.api_client())
+    rank1 = make_launch_operators(attempt=2, previous_decide_task_id="attempt_1.decide", job=job,
+                                  namespace=NAMESPACE)[1]
+    decision = Decision(attempt=1, verdict="HARDWARE", action=Action.FAILOVER, why="test", exclude_nodes=["node-b"],
+                        failovers=1, resume_step=40).to_xcom()
+    ti = _TI(rank1.task_id, {"validate_spec": job.to_dict(), "attempt_1.decide": decision})
+    rank1.prepare({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
+    env = {e.name: e.value for e in rank1.full_pod_spec.spec.containers[0].env}
+    assert (env["NNODES"], env["NODE_RANK"], env[ACCUMULATION_SCALE_ENV]) == ("2", "1", "2")
+
+
+def test_the_first_attempt_of_an_elastic_job_runs_every_rank_without_asking(launch_env, monkeypatch):
+    job = _job(2, name="elastic-first")
+    cluster = Cluster(nodes=[_node("node-a")], kubelet=lambda pod: (0, "ok\n"))
+    monkeypatch.setattr(KubernetesHook, "get_conn", lambda self: cluster.api_client())
+    for operator in make_launch_operators(attempt=1, previous_decide_task_id=None, job=job, namespace=NAMESPACE):
+        ti = _TI(operator.task_id, {"validate_spec": job.to_dict()})
+        operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
+    assert [kind for kind, _ in cluster.created if kind in ("Service", "Pod")] == ["Service", "Pod", "Pod"]
+    assert not any(path == "/api/v1/nodes" for _, path, _, _ in cluster.requests)
+
+
 def test_capacity_back_within_the_wait_keeps_every_rank(monkeypatch):
     job = _job(2, wait_seconds=60)
     cluster = Cluster(nodes=[_node("node-a"), _node("node-b"), _node("node-c", ready=False)])
