@@ -22,9 +22,9 @@ the `[sat] attempt N` lines), its lines are only in the pods. The job page follo
   lines and `READ_BYTES` bytes, and keeps those after the cursor. When the cursor's own line
   is not among them, more lines came than `FOLLOW_LINES` since the last read: a `[sat]` line
   says some were left out here. When `READ_BYTES` of lines older than the cursor fill a read
-  (more than that written within the margin), the next read's window begins after them
-  (`tail_lines` less the lines seen), up to `FOLLOW_STEPS` reads; then it starts again from
-  the tail, saying lines were left out.
+  (more than that written within the margin), a second read starts at the cursor's own
+  second (a margin of 1 s: a clock skew beyond it shows as lines left out); when lines of
+  that second fill it too, the read starts again from the tail, saying lines were left out.
 * Once rank 0's container has ended and its last lines are read, the section's closing line
   (`job_log_footer`) ends the live section; nothing more is read from the pod.
 
@@ -51,7 +51,6 @@ from sat_tasks.io.run_layout import JobRun
 TAIL_LINES = 1000  # a first read: the section's last lines
 FOLLOW_LINES = 10_000  # a read after a cursor: at most these lines since it
 READ_BYTES = 1 << 20  # `limit_bytes` of a read (at least; a larger `limit` raises it)
-FOLLOW_STEPS = 3  # reads after a cursor whose window begins further on each time (lines older than the cursor filled one)
 SKEW_S = 10  # `since_seconds` reaches this much further back than the cursor (clocks of this host and the node)
 _CHUNK = 1 << 16
 
@@ -119,19 +118,19 @@ class _Reader:
         """The lines after `cursor` (from the tail without one, or when lines older than it fill the read)."""
         if cursor is None:
             return self._tail(lines)
-        since = math.ceil(time.time() - cursor.at / 1e9) + SKEW_S if cursor.at else None
-        window = FOLLOW_LINES + 1
-        for _ in range(FOLLOW_STEPS):
-            found, clipped = self._request(tail_lines=window, since_seconds=since)
+        if not cursor.at:  # no line yet: the tail window says whether it missed some
+            found, clipped = self._request(tail_lines=FOLLOW_LINES + 1, since_seconds=None)
+            full = len(found) > FOLLOW_LINES
+            return _Piece(found[1:] if full else found, clipped, False, full)
+        back = time.time() - cursor.at / 1e9
+        for margin in (SKEW_S, 1):  # the second read: from the cursor's own second, when older lines filled the first
+            found, clipped = self._request(tail_lines=FOLLOW_LINES + 1, since_seconds=math.ceil(back) + margin)
             new = _after(found, cursor)
-            if new or not clipped or len(found) >= window:
+            if new or not clipped:
                 break
-            window -= len(found)  # all seen: the next window begins after them
-        if clipped and not new:  # still all seen: go on from the tail
+        else:  # more than one read of lines within the cursor's second: go on from the tail
             tail = self._tail(lines)
             return _Piece(_after(tail.lines, cursor), tail.clipped, False, True)
-        if not cursor.at:  # no line yet: the tail window says whether it missed some
-            return _Piece(new[1:] if len(found) > FOLLOW_LINES else new, clipped, False, len(found) > FOLLOW_LINES)
         first = found[0][0] if found else None  # the cursor's own line is there unless the window began after it
         return _Piece(new, clipped, False, first is not None and first > cursor.at)
 

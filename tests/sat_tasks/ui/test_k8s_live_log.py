@@ -132,9 +132,21 @@ def test_a_log_bigger_than_the_bound_is_not_read_whole(client, run, k8s):  # noq
     assert lines[2].startswith(f"{50_000 - pod_log.TAIL_LINES:06d}")  # the last TAIL_LINES lines, from their first
     following = _tail(client, offset=first["offset"], cursor=first["cursor"], limit=16 * 1024)
     assert following["text"].splitlines()[0].startswith(f"{int(lines[-1][:6]) + 1:06d}")  # the rest, in order
+    assert "left out" not in following["text"]
     reads = k8s.log_reads()
-    assert all(q["limitBytes"] == str(pod_log.READ_BYTES) for q in reads) and len(reads) <= 1 + pod_log.FOLLOW_STEPS
+    assert all(q["limitBytes"] == str(pod_log.READ_BYTES) for q in reads) and len(reads) <= 3
     assert all(int(q["tailLines"]) <= pod_log.FOLLOW_LINES + 1 for q in reads)
+
+
+def test_lines_older_than_the_cursor_that_fill_a_read_are_not_read_again(client, run, k8s, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(pod_log, "READ_BYTES", 1024)  # 8 lines a read, 128 bytes each as served
+    pod = k8s.start(run["found"].job, 1, [(i, f"{i:03d}" + "y" * 96) for i in range(30)])  # a line a second
+    at, _ = split_stamp(_stamp(20) + " x")
+    after = _tail(client, offset=5000, cursor=LiveCursor(1, pod, at, 1).encode(), limit=1024)  # a reader with 020
+    assert [line[:3] for line in after["text"].splitlines()][:3] == ["021", "022", "023"]
+    assert "left out" not in after["text"] and after["start"] == 5000 and after["more"] is True
+    since = [int(q["sinceSeconds"]) for q in k8s.log_reads()]
+    assert len(since) == 2 and since[0] - since[1] == pod_log.SKEW_S - 1  # then from the cursor's own second
 
 
 def test_more_lines_since_the_last_read_than_one_read_takes_says_some_were_left_out(client, run, k8s,  # noqa: F811
