@@ -9,15 +9,13 @@ the summary is derived data, the history is the record.
 from __future__ import annotations
 
 import logging
-import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 SUMMARY_KEY = "sat_summary"  # the XCom key the summaries travel under
 RUNNING = "Running"  # the status word of a job whose nodes train (JobStatus.RUNNING)
-# An elastic attempt's Running entry names the nodes it holds of the job's ("resumed on 1 of 2 nodes", ADR 0029).
-HELD_NODES = re.compile(r"\bon (\d+) of (\d+) nodes\b")
 
 
 @dataclass(frozen=True)
@@ -70,14 +68,18 @@ def _time(value: Any) -> datetime | None:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
-def summarize_history(entries: list[dict[str, Any]]) -> RunSummary:
+def summarize_history(entries: list[dict[str, Any]], held: Mapping[int, int] | None = None,
+                      nodes: int | None = None) -> RunSummary:
     """The summary of a status history (oldest first): the last word, its time, the highest attempt, running time.
 
     A `Running` interval opens at a `Running` entry and closes at the next entry with another
     status (consecutive `Running` entries are one interval); entries without a readable time
-    are skipped for the arithmetic. Within it, an attempt whose entry says it runs "on K of N
-    nodes" (an elastic failover) runs N - K nodes short from that entry until another attempt's
-    entry or another count (`short_node_s`, `running_short_nodes`).
+    are skipped for the arithmetic. Within it, an attempt whose start entry holds `nodes_held`
+    of the job's `nodes` (an elastic failover, ADR 0029) runs `nodes - nodes_held` nodes short
+    from that entry until another attempt's entry or another count (`short_node_s`,
+    `running_short_nodes`). A history written before entries carried the counts: `held` (attempt
+    -> the nodes its record lists) and the job's `nodes` stand in for them, when the caller has
+    read the records; without them such an attempt counts as holding every node.
     """
     entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("status"), str)]
     if not entries:
@@ -91,7 +93,7 @@ def summarize_history(entries: list[dict[str, Any]]) -> RunSummary:
             continue
         if entry["status"] == RUNNING:
             opened = opened or at
-            found, attempt = _nodes_short(entry), entry.get("attempt")
+            found, attempt = _nodes_short(entry, held or {}, nodes), entry.get("attempt")
             if segment is None or (found is not None and found != segment[1]) or (
                     attempt is not None and segment[2] is not None and attempt != segment[2]):
                 if segment is not None:
@@ -110,10 +112,22 @@ def summarize_history(entries: list[dict[str, Any]]) -> RunSummary:
                       short_node_s=round(short, 3), running_short_nodes=segment[1] if segment is not None else 0)
 
 
-def _nodes_short(entry: dict[str, Any]) -> int | None:
-    """How many of the job's nodes a Running entry's attempt runs without ("on 1 of 2 nodes": 1); None: not said."""
-    found = HELD_NODES.search(str(entry.get("reason") or ""))
-    return max(0, int(found[2]) - int(found[1])) if found else None
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _nodes_short(entry: dict[str, Any], held: Mapping[int, int], nodes: int | None) -> int | None:
+    """How many of the job's nodes a Running entry's attempt runs without (1 of 2 held: 1); None: the entry says not.
+
+    The entry's own `nodes_held` of `nodes`; else, for an attempt's start entry of an older history,
+    the count its record lists (`held`) of the job's `nodes`.
+    """
+    count, of = _count(entry.get("nodes_held")), _count(entry.get("nodes"))
+    if count is None and entry.get("task") == "launch" and nodes is not None:
+        count, of = _count(held.get(entry.get("attempt"))), nodes
+    if count is None or of is None or count == 0:
+        return None
+    return max(0, of - count)
 
 
 def running_seconds(running_s: float, running_since: datetime | None, now: datetime) -> float:

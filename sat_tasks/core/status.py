@@ -60,13 +60,28 @@ def airflow_failed_because(status: str | None) -> str | None:
 
 @dataclass
 class StatusChange:
-    """One recorded transition."""
+    """One recorded transition.
+
+    `nodes_held` and `nodes`: on an elastic job's attempt start (ADR 0029), the nodes the attempt
+    holds and the job's node count, so what it runs short is read from numbers, not from the
+    reason's words. Left out of the stored entry when unset (every other transition).
+    """
 
     status: str
     at: str
     reason: str
     attempt: int | None = None
     task: str | None = None
+    nodes_held: int | None = None
+    nodes: int | None = None
+
+    def to_entry(self) -> dict[str, Any]:
+        """The stored entry: every field, less the node counts when unset."""
+        entry = asdict(self)
+        for name in ("nodes_held", "nodes"):
+            if entry[name] is None:
+                del entry[name]
+        return entry
 
 
 class StatusHistory:
@@ -90,12 +105,17 @@ class StatusHistory:
         entries = self.entries()
         return entries[-1]["status"] if entries else None
 
-    def record(self, status: JobStatus, reason: str, *, attempt: int | None = None, task: str | None = None) -> None:
-        """Append one transition (a repeat of the current status with the same reason is not repeated)."""
+    def record(self, status: JobStatus, reason: str, *, attempt: int | None = None, task: str | None = None,
+               nodes_held: int | None = None, nodes: int | None = None) -> None:
+        """Append one transition (a repeat of the current status with the same reason is not repeated).
+
+        `nodes_held` of `nodes`: what an elastic attempt's start holds (`StatusChange`).
+        """
         entries = self.entries()
         if entries and entries[-1]["status"] == status.value and entries[-1]["reason"] == reason:
             return
-        change = StatusChange(status=status.value, at=now_utc().isoformat(), reason=reason, attempt=attempt, task=task)
-        entries.append(asdict(change))
+        change = StatusChange(status=status.value, at=now_utc().isoformat(), reason=reason, attempt=attempt, task=task,
+                              nodes_held=nodes_held, nodes=nodes)
+        entries.append(change.to_entry())
         self._save(entries)
         self._log(f"[sat] job status -> {status.value}: {reason}")

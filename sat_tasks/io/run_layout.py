@@ -247,11 +247,17 @@ class RunRecords:
 
         return StatusHistory(load=lambda: storage.read_json(hook, self.layout.status_uri), save=save, log=log)
 
-    def record_attempt_start(self, plan: Plan, log: Log = print, where: str = "") -> None:
-        """Job status Running (one entry per attempt); the plan's exclusions and resume step in the log."""
+    def record_attempt_start(self, plan: Plan, log: Log = print, where: str = "",
+                             nodes_held: int | None = None) -> None:
+        """Job status Running (one entry per attempt); the plan's exclusions and resume step in the log.
+
+        `nodes_held`: the nodes an elastic attempt holds (ADR 0029), recorded on the entry with the
+        job's node count (`StatusChange`), which the run's usage reads; None for any other attempt.
+        """
         self.history(log).record(
             JobStatus.RUNNING, f"attempt {plan.attempt} started" + (f" on {where}" if where else ""),
-            attempt=plan.attempt, task="launch")
+            attempt=plan.attempt, task="launch", nodes_held=nodes_held,
+            nodes=self.layout.job.nodes if nodes_held is not None else None)
         if plan.exclude_nodes:
             log(f"avoiding nodes of failed attempts: {', '.join(plan.exclude_nodes)}")
         if plan.resume_step is not None:
@@ -304,8 +310,9 @@ class JobRun(RunLayout):
     def history(self, log: Log = print) -> StatusHistory:
         return self.records.history(log)
 
-    def record_attempt_start(self, plan: Plan, log: Log = print, where: str = "") -> None:
-        self.records.record_attempt_start(plan, log, where)
+    def record_attempt_start(self, plan: Plan, log: Log = print, where: str = "",
+                             nodes_held: int | None = None) -> None:
+        self.records.record_attempt_start(plan, log, where, nodes_held)
 
     def store_record(self, record: AttemptRecord) -> None:
         self.records.store_record(record)

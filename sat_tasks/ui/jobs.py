@@ -186,7 +186,7 @@ def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: Lis
     progress = read_progress(read_json, layout.progress_uri)
     stop = read_json(layout.stop_uri)
     return {**row, "spec": job.to_dict(), "log": job_log_uri(job, run.run_id),
-            "history": history, "attempts": attempts, **run_usage(run, job, history),
+            "history": history, "attempts": attempts, **run_usage(run, job, history, held_nodes(job, attempts)),
             "stop_requested": stop if isinstance(stop, dict) else None,
             "checkpoints": {"committed_steps": progress.committed_steps,
                             "last_mirrored_step": progress.last_mirrored_step,
@@ -194,13 +194,21 @@ def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: Lis
             "monitoring": monitoring(layout, progress, attempts, read_json)}
 
 
-def run_usage(run: RunRef, job: TrainingJob, history: list[dict[str, Any]], *,
+def held_nodes(job: TrainingJob, attempts: list[dict[str, Any]]) -> dict[int, int]:
+    """An elastic job's attempts -> the nodes their records list: what an older history's entries did not record."""
+    if job.elastic is None:
+        return {}  # a job without elastic runs on its nodes, whatever its records list (the local backend lists one)
+    return {row["attempt"]: len(row["nodes"]) for row in attempts if row.get("nodes")}
+
+
+def run_usage(run: RunRef, job: TrainingJob, history: list[dict[str, Any]], held: dict[int, int] | None = None, *,
               now: datetime | None = None) -> dict[str, Any]:
     """Time in `Running` over every attempt (failovers included) and the GPU-/node-hours it makes (less what elastic
     attempts on fewer nodes did not hold), from the status history; while the job runs, up to `now`
     (`running_since`: the open interval's start). A run that ended while its history still said `Running` counts
-    up to the run's end, as the list does."""
-    summary = summarize_history(history)
+    up to the run's end, as the list does. `held` (`held_nodes`): the nodes of the attempts whose start entries do
+    not say (a history written before they did)."""
+    summary = summarize_history(history, held, job.nodes)
     since = datetime.fromisoformat(summary.running_since) if summary.running_since else None
     ended = run.state not in ("queued", "running")
     until = (run.end_date if ended else None) or now or datetime.now(timezone.utc)
@@ -235,7 +243,8 @@ def attempt_row(number: int, raw_record: Any, raw_verdict: Any) -> dict[str, Any
     if unreadable:
         reason = f"{' and '.join(unreadable)} unreadable (not in the shape this SAT writes)"
     return {
-        "attempt": number, "node": record.node if record else None, "exit_code": record.exit_code if record else None,
+        "attempt": number, "node": record.node if record else None, "nodes": list(record.nodes) if record else [],
+        "exit_code": record.exit_code if record else None,
         "started_at": started, "finished_at": finished, "duration_s": _seconds_between(started, finished),
         "verdict": verdict.kind.value if verdict else None, "reason": reason,
         "evidence": list(verdict.evidence) if verdict else [],

@@ -137,7 +137,8 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
     node = nodes[0]
     grow_check = growth_watch(run, plan, list(nodes), log)  # elastic on fewer nodes: grow back (ADR 0029)
     note = getattr(nodes, "note", "")  # an elastic failover on fewer nodes says so (HeldNodes)
-    run.record_attempt_start(plan, log, where=", ".join(nodes) + (f"; {note}" if note else ""))
+    run.record_attempt_start(plan, log, where=", ".join(nodes) + (f"; {note}" if note else ""),
+                             nodes_held=len(nodes) if job.elastic is not None else None)
     if interruption is not None:  # after the start entry (the earlier run's, not repeated): the why of this run
         run.history(log).record(JobStatus.RUNNING, interruption.reason, attempt=plan.attempt, task="launch")
         run.job_log.parent.mkdir(parents=True, exist_ok=True)

@@ -300,3 +300,35 @@ def test_what_does_not_validate_is_shown_as_unreadable():
     typed = job_page(RunRef("demo-job", "manual__1", "running", start_date=T0), job,
                      _wrongly_typed(job, "manual__1", "trainer-state").get)["monitoring"]
     assert [(p["step"], p["t"]) for p in typed["loss"]] == [(30, None), (40, 3.0)]
+
+
+def _older_elastic_run(job, run_id: str) -> dict:
+    """An elastic run written before the Running entries carried node counts (ADR 0029): its records list the nodes."""
+    layout = JobRun(job, run_id)
+    return {
+        layout.status_uri: [
+            {"status": "Running", "at": "2026-12-01T10:00:00+00:00", "attempt": 1, "task": "launch",
+             "reason": "attempt 1 started on a, b"},
+            {"status": "Pending - failoverinprogress", "at": "2026-12-01T10:30:00+00:00", "attempt": 1},
+            {"status": "Running", "at": "2026-12-01T10:40:00+00:00", "attempt": 2, "task": "launch",
+             "reason": "attempt 2 started on b; resumed on 1 of 2 nodes (a excluded: HARDWARE)"},
+            {"status": "Completed", "at": "2026-12-01T11:10:00+00:00", "attempt": 2},
+        ],
+        layout.attempt_uri(1): {"job": job.name, "attempt": 1, "backend": "local", "node": "a", "nodes": ["a", "b"],
+                                "exit_code": -9},
+        layout.attempt_uri(2): {"job": job.name, "attempt": 2, "backend": "local", "node": "b", "nodes": ["b"],
+                                "exit_code": 0},
+    }
+
+
+def test_an_older_elastic_runs_usage_takes_the_nodes_its_attempt_records_list():
+    elastic = _job("elastic-job", nodes=2, elastic={"min_nodes": 1})
+    ref = RunRef("elastic-job", "manual__1", "success", start_date=T0, end_date=T0 + timedelta(hours=2))
+    page = job_page(ref, elastic, _older_elastic_run(elastic, "manual__1").get)
+    assert [a["nodes"] for a in page["attempts"]] == [["a", "b"], ["b"]]
+    # 2 nodes x 30 min + 1 node x 30 min = 1.5 node-hours (8 GPUs each: 12 GPU-hours, not 16)
+    assert (page["node_hours"], page["gpu_hours"]) == (1.5, 12.0)
+    # a job without elastic runs on its nodes whatever its records list (the local backend lists the one it used)
+    plain = _job("plain-job", nodes=2)
+    page = job_page(ref, plain, _older_elastic_run(plain, "manual__1").get)
+    assert (page["node_hours"], page["gpu_hours"]) == (2.0, 16.0)

@@ -311,7 +311,8 @@ def test_an_elastic_attempt_on_fewer_nodes_counts_only_the_nodes_it_held():
         {"status": "Running", "at": "2026-12-01T10:00:00+00:00", "attempt": 1, "reason": "attempt 1 started on a, b"},
         {"status": "Pending - failoverinprogress", "at": "2026-12-01T10:30:00+00:00", "attempt": 1},
         {"status": "Running", "at": "2026-12-01T10:40:00+00:00", "attempt": 2,
-         "reason": "attempt 2 started on b; resumed on 1 of 2 nodes (a excluded: HARDWARE)"},
+         "reason": "attempt 2 started on b; resumed on 1 of 2 nodes (a excluded: HARDWARE)", "task": "launch",
+         "nodes_held": 1, "nodes": 2},
         {"status": "Completed", "at": "2026-12-01T11:10:00+00:00", "attempt": 2},
     ]
     summary = summarize_history(history)
@@ -412,7 +413,8 @@ def test_an_elastic_job_that_grows_back_runs_short_only_until_the_next_attempt()
     """ADR 0029's grow back: the status stays Running from the shrunk attempt to the next, which holds every node."""
     history = [
         {"status": "Running", "at": "2026-12-01T10:00:00+00:00", "attempt": 2,
-         "reason": "attempt 2 started on b; resumed on 1 of 2 nodes (a excluded: HARDWARE)"},
+         "reason": "attempt 2 started on b; resumed on 1 of 2 nodes (a excluded: HARDWARE)", "task": "launch",
+         "nodes_held": 1, "nodes": 2},
         {"status": "Running", "at": "2026-12-01T10:20:00+00:00", "attempt": 2,
          "reason": "planned restart to grow back from 1 to 2 of 2 nodes: capacity is back (a released); attempt 3 "
                    "resumes from checkpoint 20 (not a failover: 1 of 3 used)"},
