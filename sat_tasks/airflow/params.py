@@ -53,7 +53,8 @@ FORM_FIELDS: tuple[FormField, ...] = (
     _field("file_storage_mount", "storage.file_storage_mount", DATA),
     _field("tags", "tags", ADVANCED, {}),
 )
-EXTRA_DESCRIPTION = "more spec fields as JSON: spot, env, faults (local backend), backend, startup_timeout_seconds, ..."
+EXTRA_DESCRIPTION = ("more spec fields as JSON: spot, elastic, env, faults (local backend), backend, "
+                     "startup_timeout_seconds, ...")
 
 
 def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
@@ -64,12 +65,20 @@ def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+def _section(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """The object `node` describes, refs resolved; an optional section (`elastic: Elastic | None`) its object branch."""
+    node = _resolve(schema, node)
+    if "properties" not in node and "anyOf" in node:
+        node = next((branch for b in node["anyOf"] if "properties" in (branch := _resolve(schema, b))), node)
+    return node
+
+
 def field_schema(path: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON Schema of the spec field at `path` (`resources.memory`), refs resolved, Optional as a type list."""
     schema = schema or job_schema()
     node: dict[str, Any] = schema
     for part in path.split("."):
-        node = _resolve(schema, node)
+        node = _section(schema, node)
         node = node["properties"][part]
     node = _resolve(schema, node)
     if "anyOf" in node:  # `X | None`: the form takes null or X's constraints

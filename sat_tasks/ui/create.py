@@ -38,6 +38,8 @@ NOTIFY_WEBHOOK, NOTIFY_EMAIL, NOTIFY_ON = "notify_webhook", "notify_email", "not
 NOTIFY_ENDS = {"every end": ["completed", "failed", "pending", "stopped"],
                "failed, pending or stopped": ["failed", "pending", "stopped"], "completed": ["completed"]}
 FORM_ONLY = (REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD, NOTIFY_WEBHOOK, NOTIFY_EMAIL, NOTIFY_ON)
+# The spec's optional `elastic` section (ADR 0029): left out while both inputs are empty.
+ELASTIC_MIN_NODES, ELASTIC_WAIT = "elastic.min_nodes", "elastic.wait_seconds"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class FormField:
     name: str
     label: str
     section: str
-    kind: str = "text"  # text, number, select, checkbox, password, textarea
+    kind: str = "text"  # text, number (whole), decimal, select, checkbox, password, textarea
     default: Any = None
     options: tuple[str, ...] = ()
     help: str = ""
@@ -69,6 +71,12 @@ FIELDS: tuple[FormField, ...] = (
     FormField("results.destination", "Results (Object Storage)", REQUIRED, default="s3://sat-demo/results/"),
     FormField("job_failover", "Job failover", SERVICE, "checkbox", True),
     FormField("max_failovers", "Failovers at most", SERVICE, "number", 3),
+    FormField(ELASTIC_MIN_NODES, "Elastic: fewest nodes to resume on", SERVICE, "number",
+              help="optional, with Job failover: when no spare node is healthy, a failover resumes on fewer nodes, "
+                   "down to this many (1 to nodes - 1), and grows back when they return; empty: waits for all nodes"),
+    FormField(ELASTIC_WAIT, "Elastic: seconds to wait for every node", SERVICE, "decimal",
+              help="with the fewest nodes: how long a failover waits for all nodes before it resumes on fewer "
+                   "(0-86400; empty: 0)"),
     FormField("resources.cpu", "CPU per node", SERVICE, default="2"),
     FormField("resources.memory", "Memory per node", SERVICE, default="8Gi"),
     FormField("resources.shared_memory", "Shared memory (/dev/shm)", SERVICE, default="1Gi"),
@@ -188,11 +196,12 @@ def spec_from_form(values: dict[str, str], result: FormResult) -> dict[str, Any]
         raw = (raw or "").strip()
         if not raw:
             continue  # the model's default, or its "required field is missing"
-        if form.kind == "number":
+        if form.kind in ("number", "decimal"):
             try:
-                _set(spec, form.spec_path, int(raw))
+                _set(spec, form.spec_path, int(raw) if form.kind == "number" else float(raw))
             except ValueError:
-                result.add(form.name, form.spec_path, f"must be a whole number, not {raw[:20]!r}")
+                result.add(form.name, form.spec_path,
+                           f"must be a {'whole ' if form.kind == 'number' else ''}number, not {raw[:20]!r}")
             continue
         _set(spec, form.spec_path, raw)
     spec["tags"] = parse_tag_lines(values.get(TAGS_FIELD) or "", result)

@@ -134,3 +134,65 @@ def test_notifications_from_the_form_and_back():
     finer = validate_form({**GOOD, "advanced": '{"notifications": [{"webhook": "h", "endpoint": "/x"}]}'})
     assert "notify_webhook" not in form_values(finer.job)  # the form cannot say an endpoint: it stays in Advanced
     assert '"endpoint": "/x"' in form_values(finer.job)["advanced"]
+
+
+# ---- elastic failover on the form (issue 32, ADR 0029) ----------------------------------------------------------
+ELASTIC = {**GOOD, "nodes": "2", "elastic.min_nodes": "1", "elastic.wait_seconds": "30"}
+
+
+def test_elastic_from_the_form_and_none_while_both_inputs_are_empty():
+    result = validate_form(ELASTIC)
+    assert result.errors == {} and (result.job.elastic.min_nodes, result.job.elastic.wait_seconds) == (1, 30.0)
+    assert validate_form({**ELASTIC, "elastic.wait_seconds": ""}).job.elastic.wait_seconds == 0  # the model's default
+    assert validate_form({**ELASTIC, "elastic.wait_seconds": "2.5"}).job.elastic.wait_seconds == 2.5
+    plain = validate_form({**ELASTIC, "elastic.min_nodes": " ", "elastic.wait_seconds": ""})
+    assert plain.errors == {} and plain.job.elastic is None
+
+
+@pytest.mark.parametrize(("changes", "field", "line"), [
+    pytest.param({"elastic.min_nodes": "2"}, "elastic.min_nodes", "elastic.min_nodes: must be less than nodes (2), got 2",
+                 id="min-not-below-nodes"),
+    pytest.param({"elastic.min_nodes": "0"}, "elastic.min_nodes", "elastic.min_nodes: must be >= 1", id="min-zero"),
+    pytest.param({"elastic.min_nodes": "one"}, "elastic.min_nodes",
+                 "elastic.min_nodes: must be a whole number, not 'one'", id="min-not-a-number"),
+    pytest.param({"elastic.min_nodes": ""}, "elastic.min_nodes", "elastic.min_nodes: required field is missing",
+                 id="wait-without-min"),
+    pytest.param({"elastic.wait_seconds": "-1"}, "elastic.wait_seconds",
+                 "elastic.wait_seconds: must be between 0 and 86400", id="wait-negative"),
+    pytest.param({"elastic.wait_seconds": "soon"}, "elastic.wait_seconds",
+                 "elastic.wait_seconds: must be a number, not 'soon'", id="wait-not-a-number"),
+    pytest.param({"job_failover": ""}, "elastic.min_nodes", "elastic: only with job_failover: true",
+                 id="without-failover"),
+    pytest.param({"job_failover": "", "learning_type": "spot"}, "elastic.min_nodes",
+                 "elastic: only with job_failover: true", id="spot"),
+])
+def test_a_refused_elastic_field_names_the_rule_under_its_input(changes, field, line):
+    result = validate_form({**ELASTIC, **changes})
+    assert result.job is None
+    assert any(error.startswith(line) for error in result.errors.get(field, [])), result.errors
+
+
+def test_clone_keeps_elastic_in_its_own_inputs_and_the_run_gets_it():
+    from sat_tasks.airflow.params import params_from_spec, spec_from_params
+    from sat_tasks.spec import parse_spec
+    from sat_tasks.ui.create import form_values
+
+    job = validate_form({**ELASTIC, "elastic.wait_seconds": "2.5"}).job
+    values = form_values(job)
+    assert (values["elastic.min_nodes"], values["elastic.wait_seconds"], values["advanced"]) == ("1", "2.5", "")
+    assert validate_form(values).job == job
+    assert parse_spec(spec_from_params(params_from_spec(job))).elastic == job.elastic  # the generic DAG's conf
+    plain = form_values(validate_form(GOOD).job)
+    assert (plain["elastic.min_nodes"], plain["elastic.wait_seconds"]) == ("", "")
+
+
+def test_the_page_has_the_elastic_inputs_with_the_models_help_disabled_without_failover():
+    from sat_tasks.ui.pages import create_page
+
+    fresh = create_page()
+    assert "id='elastic.min_nodes'" in fresh and "id='elastic.wait_seconds'" in fresh
+    assert "input.disabled=!box.checked" in fresh  # the script: no failover (Spot unticks it), no elastic
+    result = validate_form({**ELASTIC, "job_failover": ""})
+    page = create_page(result.values, result.errors)
+    field, error = page.index("id='elastic.min_nodes'"), page.index("<div class='error' id='error-elastic.min_nodes'>")
+    assert 0 < error - field < 400 and "elastic: only with job_failover: true" in page[error:error + 200]
