@@ -1,7 +1,7 @@
 """Benchmark: goodput and recovery time, by phase, of a local Training Job with hardware faults at a fixed rate.
 
-Run: .venv/bin/python tests/benchmarks/bench_goodput.py [--steps 4200] [--fault-every 120] [--faults 2] [--clean]
-     [--elastic]
+Run: .venv/bin/python tests/benchmarks/bench_goodput.py [--steps 4200] [--fault-every 120 | --fault-step N]
+     [--faults 2] [--clean] [--elastic]
 
 Through the real DAG (dag.test, local backend, embedded S3), the tiny-Llama job with a GPU
 fault (Xid 79) `--fault-every` seconds into each of the first `--faults` attempts.
@@ -37,6 +37,7 @@ Targets (issue 32): goodput >= 0.95 with one fault per 2 minutes of training; el
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -151,8 +152,8 @@ def scenarios(args: argparse.Namespace) -> list[tuple[str, object, str | None]]:
     with none; only the first fault is injected (after it the elastic job runs on its last node,
     and another fault there would leave it no node to resume on).
     """
-    faults = [{"kind": "hardware", "attempt": n, "after_seconds": args.fault_every, "xid": 79}
-              for n in range(1, args.faults + 1)]
+    when = {"at_step": args.fault_step} if args.fault_step else {"after_seconds": args.fault_every}
+    faults = [{"kind": "hardware", "attempt": n, "xid": 79, **when} for n in range(1, args.faults + 1)]
     if args.elastic:
         fields = {"nodes": ELASTIC_NODES, "elastic": {"min_nodes": 1, "wait_seconds": 0}}
         return [(label, _job(f"goodput-{label}", args.steps, faults[:1], **fields), POOLS[label])
@@ -215,45 +216,67 @@ def _print_faults(label: str, result: dict, note: str) -> None:
             print(f"    {phase} unknown: {why}")
 
 
+RESULT_PREFIX = "RESULT "
+
+
+def run_scenario(label: str, job, pool: str | None) -> dict:
+    """Run one scenario through its DAG in this process (a fresh Airflow home, its own S3); its summary."""
+    home = Path(tempfile.mkdtemp(prefix="sat-goodput-"))
+    sys.path.insert(0, str(ROOT))
+    _setup_env(home)
+    if pool is not None:
+        os.environ["AIRFLOW__SAT__LOCAL_NODES"] = pool
+    from sat_tasks.cli.run import run_job
+    from sat_tasks.io.local_s3 import LocalS3Server
+
+    with LocalS3Server(process=True) as server:
+        os.environ.update(server.connection_env())
+        from sat_tasks.io.object_storage import object_storage_hook
+
+        report = run_job(job, None, quiet=True)
+        assert report and report["status"] == "Completed", report and report["history"]
+        bucket, _, key = (report["results"] + "job.log")[len("s3://"):].partition("/")
+        result = summarize(label, report, object_storage_hook().read_key(key, bucket_name=bucket).splitlines())
+    if pool is not None:
+        print(f"{label}: pool {pool}; attempts on {[a.get('nodes') or a.get('node') for a in report['attempts']]}")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4200)
     parser.add_argument("--clean", action="store_true", help="also run the job without faults")
     parser.add_argument("--fault-every", type=float, default=120.0)
     parser.add_argument("--faults", type=int, default=2)
+    parser.add_argument("--fault-step", type=int, default=0,
+                        help="the fault at this training step of each attempt instead of --fault-every seconds into it "
+                             "(the same point of training whatever the machine's load)")
     parser.add_argument("--elastic", action="store_true",
                         help="a two-node job with a spare node and with none (resumes on one): goodput side by side")
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # one scenario, in the child process main() starts
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="sat-goodput-"))
-    sys.path.insert(0, str(ROOT))
-    _setup_env(home)
-    from sat_tasks.cli.run import run_job
-    from sat_tasks.io.local_s3 import LocalS3Server
-
-    configured_pool = os.environ.get("AIRFLOW__SAT__LOCAL_NODES")
-    with LocalS3Server(process=True) as server:
-        os.environ.update(server.connection_env())
-        from sat_tasks.io.object_storage import object_storage_hook
-
-        hook = object_storage_hook()
-        results = {}
-        for label, job, pool in scenarios(args):
-            if pool is not None:
-                os.environ["AIRFLOW__SAT__LOCAL_NODES"] = pool
-            elif configured_pool is not None:
-                os.environ["AIRFLOW__SAT__LOCAL_NODES"] = configured_pool
-            else:
-                os.environ.pop("AIRFLOW__SAT__LOCAL_NODES", None)
-            report = run_job(job, None, quiet=True)
-            assert report and report["status"] == "Completed", report and report["history"]
-            bucket, _, key = (report["results"] + "job.log")[len("s3://"):].partition("/")
-            results[label] = summarize(label, report, hook.read_key(key, bucket_name=bucket).splitlines())
-            if pool is not None:
-                print(f"{label}: pool {pool}; attempts on {[a.get('nodes') or a.get('node') for a in report['attempts']]}")
+    runs = scenarios(args)
+    if args.only:
+        label, job, pool = next(run for run in runs if run[0] == args.only)
+        print(RESULT_PREFIX + json.dumps(run_scenario(label, job, pool)), flush=True)
+        return
+    # Each scenario in a process of its own: a second dag.test in one process logs to the first one's closed
+    # log file (structlog keeps the stream it was configured with), and each gets a fresh Airflow home and S3.
+    results = {}
+    for label, _job_, _pool in runs:
+        child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", label], stdout=subprocess.PIPE,
+                               text=True, check=False)
+        lines = child.stdout.splitlines()
+        print("\n".join(line for line in lines if not line.startswith(RESULT_PREFIX)), flush=True)
+        found = [line[len(RESULT_PREFIX):] for line in lines if line.startswith(RESULT_PREFIX)]
+        if child.returncode != 0 or not found:
+            raise SystemExit(f"scenario {label} failed (exit status {child.returncode})")
+        results[label] = json.loads(found[-1])
     faults = args.faults if not args.elastic else 1
+    when = f"at step {args.fault_step}" if args.fault_step else f"{args.fault_every:.0f}s into"
     for label, result in results.items():
         if label != "clean":
-            _print_faults(label, result, f"one {args.fault_every:.0f}s into each of the first {faults} attempts")
+            _print_faults(label, result, f"one {when} each of the first {faults} attempts")
     print(machine_line(results))
 
 
