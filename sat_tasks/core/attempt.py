@@ -65,7 +65,8 @@ class AttemptRecord(BaseModel):
         stopped_by: who asked the service to stop the job while this attempt ran (the
             launcher passed the request on as SIGTERM; the engine's final checkpoint follows).
         planned_restart: why the launcher stopped an elastic attempt on fewer nodes to grow back
-            (SIGTERM, the engine's final checkpoint; ADR 0029): not a fault. None otherwise.
+            (SIGTERM, the engine's final checkpoint; ADR 0029): not a fault; its verdict is
+            PLANNED_RESTART (`core.policy.grow_verdict`). None otherwise.
         readmitted_nodes: nodes the plan excluded that were released since and that the next
             attempt takes back (with `planned_restart`).
     """

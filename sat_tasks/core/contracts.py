@@ -40,6 +40,10 @@ class VerdictKind(str, Enum):
     # A person stopped the job while the attempt ran: whatever signal ended it was theirs (never the
     # node's); `core.policy.stopped_verdict` derives it from the run's stop request after the classifier.
     STOPPED = "STOPPED"
+    # The launcher stopped an elastic attempt on fewer nodes so that the job grows back onto more (ADR 0029):
+    # neither a preemption nor a fault, and no failover is spent; `core.policy.grow_verdict` derives it from
+    # the record's `planned_restart` after the classifier (never the classifier's own answer).
+    PLANNED_RESTART = "PLANNED_RESTART"
 
 
 class Action(str, Enum):

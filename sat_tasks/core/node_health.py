@@ -29,6 +29,8 @@ RELOCATION = "relocation:"  # the reason of a verdict the relocation rule decide
 ACROSS_NODES = "across nodes:"  # the reason of a verdict the three-node rule decided
 NODES_FOR_INTERNAL = 3  # one signature on this many different nodes of one job is the job's own fault
 LEDGER_KINDS = (VerdictKind.HARDWARE, VerdictKind.SUSPECT_NODE)
+# What tells nothing of a node: a pre-emption (capacity taken away) or a planned restart to grow back (ADR 0029).
+DECIDES_NOTHING = (VerdictKind.PREEMPTED, VerdictKind.PLANNED_RESTART)
 CLEARED = "CLEARED"  # a ledger event: the relocation showed a suspect fault to be the job's
 _COUNTED = {kind.value for kind in LEDGER_KINDS}
 EVIDENCE_KEPT = 3
@@ -156,11 +158,12 @@ def suspect_node(verdict: Verdict) -> Verdict:
 
 
 def pending_suspect(earlier: Sequence[Verdict]) -> Verdict | None:
-    """The newest SUSPECT_NODE verdict no later attempt has decided yet (only pre-emptions came after it)."""
+    """The newest SUSPECT_NODE verdict no later attempt has decided yet (only pre-emptions or planned restarts came
+    after it)."""
     for verdict in sorted(earlier, key=lambda v: v.attempt or 0, reverse=True):
         if verdict.kind is VerdictKind.SUSPECT_NODE:
             return verdict
-        if verdict.kind is not VerdictKind.PREEMPTED:
+        if verdict.kind not in DECIDES_NOTHING:
             return None
     return None
 
@@ -177,7 +180,7 @@ def diagnose(verdict: Verdict, earlier: Sequence[Verdict], history: Iterable[Fau
     two other nodes is INTERNAL however each attempt looked.
     """
     suspect = pending_suspect(earlier)
-    if suspect is not None and verdict.node != suspect.node and verdict.kind is not VerdictKind.PREEMPTED:
+    if suspect is not None and verdict.node != suspect.node and verdict.kind not in DECIDES_NOTHING:
         first, second, sig = suspect.node or "?", verdict.node or "?", signature(suspect)
         if verdict.kind in LEDGER_KINDS and signature(verdict) == sig:
             reason = (f"{RELOCATION} failed the same way on {first} (attempt {suspect.attempt}) and {second} "

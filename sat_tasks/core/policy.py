@@ -66,8 +66,9 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
 
     A person's stop request (`stop_request`) ends the job as Stopped whatever the verdict,
     unless training finished anyway (then its results are uploaded as usual). An elastic
-    attempt stopped to grow back (`grow_verdict`) restarts on more nodes (`grow_decision`),
-    `readmitted` (its record's) no longer excluded.
+    attempt stopped to grow back (PLANNED_RESTART, `grow_verdict`) restarts on more nodes
+    (`grow_decision`), `readmitted` (its record's) no longer excluded. Every kind has its rule
+    here: one without (a new kind) raises rather than fail over as a fault.
     """
     attempt, node = plan.attempt, verdict.node
     exclude = list(plan.exclude_nodes)
@@ -89,7 +90,7 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
         why = stop_reason(stop_request) if stop_request is not None else verdict.reason
         return stop(JobStatus.STOPPED, why + "; last committed checkpoint: "
                     + ("none" if step is None else f"step {step}"))
-    if kind is VerdictKind.PREEMPTED and verdict.reason.startswith(GROW_BACK):
+    if kind is VerdictKind.PLANNED_RESTART:
         return grow_decision(job, plan, verdict, readmitted)
     if kind is VerdictKind.IMAGE_PULL:
         return stop(JobStatus.IMAGE_PULL_BACKOFF, f"image could not be pulled: {evidence}")
@@ -117,6 +118,8 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
                         status=JobStatus.PREEMPTED,
                         why=f"attempt {attempt} pre-empted on {node}; waiting for capacity",
                         preempted_at=now, capacity_at=now + delay)
+    if kind not in (VerdictKind.HARDWARE, VerdictKind.SUSPECT_NODE):
+        raise ValueError(f"no rule for verdict {kind.value} of attempt {attempt}")
     # HARDWARE, or SUSPECT_NODE: both move to another node; the suspect's move is the relocation test
     failed_nodes = exclude + ([node] if node else [])
     suspect = kind is VerdictKind.SUSPECT_NODE
@@ -186,7 +189,7 @@ def shrink_reason(shrink: ElasticShrink, excluded: dict[str, str]) -> str:
     return shrink.why + (f" ({why})" if why else "") + scale
 
 
-#: The reason of a verdict for an attempt stopped to grow back (`grow_verdict`); `decide_next` reads it.
+#: How the status history and a PLANNED_RESTART verdict's reason say an attempt was stopped to grow back.
 GROW_BACK = "planned restart to grow back"
 
 
@@ -217,9 +220,13 @@ def grow_back(job: TrainingJob, held: int, free: Sequence[str], readmitted: Sequ
 
 
 def grow_verdict(verdict: Verdict, why: str) -> Verdict:
-    """The verdict of an attempt the launcher stopped to grow back: not a fault (whatever its exit status says)."""
+    """The verdict of an attempt the launcher stopped to grow back: PLANNED_RESTART, whatever its exit status says.
+
+    Neither a preemption (nothing took capacity away: no resume spent, no wait for capacity)
+    nor a fault (never against the node, no failover spent).
+    """
     return verdict.model_copy(update={
-        "kind": VerdictKind.PREEMPTED, "reason": why,
+        "kind": VerdictKind.PLANNED_RESTART, "reason": why,
         "evidence": [f"the launcher stopped the attempt for a final checkpoint: {why}"] + list(verdict.evidence)[:2]})
 
 

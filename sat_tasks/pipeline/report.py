@@ -4,7 +4,8 @@ Everything comes from `<results>/<job>/<run_id>/` (see `io.run_layout`), so any 
 can write it, on any backend: the attempts' records and verdicts, the Trainer's
 `trainer_state.json` (from the uploaded outputs, else from the newest mirrored
 checkpoint), the committed checkpoints (uploaded, else mirrored), and the run's metrics
-series, from which each fault's recovery is split into phases (`recovery_per_fault`).
+series, from which each fault's recovery is split into phases (`recovery_per_fault`), and
+so is each planned restart's (an elastic job growing back: not a fault, `planned_restarts`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from ckpt_engine.contract import (
     checkpoint_dir,
     parse_step,
 )
+from sat_tasks.core.contracts import VerdictKind
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import split_s3_uri
+
+PLANNED_RESTART = VerdictKind.PLANNED_RESTART.value
 
 
 def committed_checkpoints(hook: Any, prefix_uri: str) -> list[int]:
@@ -71,6 +75,7 @@ def build_report(run: JobRun, entries: list[dict], metrics: Any = None) -> dict:
             "nodes": record.nodes or ([record.node] if record.node else []),
             "exit_code": record.exit_code,
             "verdict": verdict.kind.value if verdict else None,
+            "reason": verdict.reason if verdict else None,
             "evidence": verdict.evidence[:3] if verdict else [],
             "resumed_from": progress.resumed_from_step,
             "last_committed_step": progress.last_committed_step,
@@ -93,7 +98,7 @@ def build_report(run: JobRun, entries: list[dict], metrics: Any = None) -> dict:
         "last_loss": losses[-1] if losses else None,
         "checkpoints": [checkpoint_dir(step) for step in (uploaded or mirrored)],
         "results": run.results_uri,
-        "recovery": _recovery_section(run, hook, metrics),
+        **_recovery_section(run, hook, metrics),
         **_warm_section(run, hook),
     }
 
@@ -126,7 +131,17 @@ def _history_ms(entry: dict[str, Any]) -> int | None:
 
 
 def recovery_per_fault(metrics: Any) -> list[dict[str, Any]]:
-    """Each fault that another attempt recovered from: its recovery time, split into phases.
+    """Each fault that another attempt recovered from: its recovery time, split into phases (`restarts`)."""
+    return [r for r in restarts(metrics) if r["verdict"] != PLANNED_RESTART]
+
+
+def planned_restarts(metrics: Any) -> list[dict[str, Any]]:
+    """Each planned restart (an elastic job growing back, ADR 0029): not a fault, but its restart time counts too."""
+    return [r for r in restarts(metrics) if r["verdict"] == PLANNED_RESTART]
+
+
+def restarts(metrics: Any) -> list[dict[str, Any]]:
+    """Each attempt end that another attempt recovered from: its recovery time, split into phases.
 
     From the run's series (`RunMetrics`): SAT's `attempt_end` job records (when the attempt's
     processes ended, when `decide` acted on its verdict, when the attempt started) and the
@@ -216,25 +231,33 @@ def _span(moments: dict[str, int | None], begin: str, finish: str,
     return (end - start) / 1000, None
 
 
-def _recovery_section(run: JobRun, hook: Any, metrics: Any) -> list[dict[str, Any]]:
+def _recovery_section(run: JobRun, hook: Any, metrics: Any) -> dict[str, list[dict[str, Any]]]:
+    """`recovery` (per fault) and, when there were any, `planned_restarts`."""
     if metrics is None:
         from sat_tasks.io.metrics import read_object_storage
 
         try:
             metrics = read_object_storage(run.results_uri, hook)
         except Exception:  # noqa: BLE001 - the report is written without the recovery phases
-            return []
-    return recovery_per_fault(metrics)
+            return {"recovery": []}
+    every = restarts(metrics)
+    planned = [r for r in every if r["verdict"] == PLANNED_RESTART]
+    return {"recovery": [r for r in every if r["verdict"] != PLANNED_RESTART],
+            **({"planned_restarts": planned} if planned else {})}
 
 
 def format_recovery(fault: dict[str, Any]) -> str:
-    """One line: `attempt 1 (node-a) -> 2 (node-b): 8.2s = detect 0.4s + ... + first step 0.3s`."""
+    """One line: `attempt 1 (node-a) -> 2 (node-b): 8.2s = detect 0.4s + ... + first step 0.3s`; a planned
+    restart says so (`planned restart to grow back after attempt 2 (node-b) -> ...`)."""
     def seconds(value: float | None) -> str:
         return "unknown" if value is None else f"{value:.1f}s"
 
     parts = " + ".join(f"{name.replace('_', ' ')} {seconds(fault['phases'][name])}" for name, _, _ in RECOVERY_PHASES)
-    return (f"recovery after attempt {fault['attempt']} ({fault['node']}, {fault['verdict']}) -> attempt "
-            f"{fault['next_attempt']} ({fault['next_node']}): {seconds(fault['recovery_s'])} = {parts}")
+    what = (f"planned restart to grow back after attempt {fault['attempt']} ({fault['node']})"
+            if fault["verdict"] == PLANNED_RESTART
+            else f"recovery after attempt {fault['attempt']} ({fault['node']}, {fault['verdict']})")
+    return (f"{what} -> attempt {fault['next_attempt']} ({fault['next_node']}): {seconds(fault['recovery_s'])} "
+            f"= {parts}")
 
 
 def _warm_section(run: JobRun, hook: Any) -> dict[str, Any]:
@@ -258,6 +281,7 @@ def format_report(report: dict) -> list[str]:
     for a in report["attempts"]:
         lines.append(
             f"  attempt {a['attempt']} on {a['node']}: exit {a['exit_code']}, verdict {a['verdict']}"
+            + (f" ({a.get('reason')}: not a fault)" if a["verdict"] == PLANNED_RESTART else "")
             + (f", resumed from step {a['resumed_from']}" if a.get("resumed_from") is not None else "")
         )
     if report.get("global_step") is not None:
@@ -267,7 +291,7 @@ def format_report(report: dict) -> list[str]:
                      f"{report['last_loss'][1]:.4f} (step {report['last_loss'][0]})")
     if report.get("checkpoints"):
         lines.append(f"  checkpoints: {', '.join(report['checkpoints'])}")
-    for fault in report.get("recovery") or []:
+    for fault in (report.get("recovery") or []) + (report.get("planned_restarts") or []):
         lines.append(f"  {format_recovery(fault)}")
     for line in (report.get("warm") or {}).get("lines", []):
         lines.append(f"  {line}")

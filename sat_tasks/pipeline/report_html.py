@@ -2,7 +2,8 @@
 
 Loss across attempts with each failover and resume marked, throughput, checkpoint stalls
 and persist time, CPU and memory, GPU utilization and memory per device, goodput and the
-recovery time of each fault, split into phases (`report.recovery_per_fault`). The plots
+recovery time of each fault, split into phases (`report.recovery_per_fault`); an elastic job's
+planned restarts to grow back are listed apart (not faults, `report.planned_restarts`). The plots
 are PNGs inside the page, so it is one file that opens anywhere. Lines of the series that
 cannot be read are listed at the top by file and line; the rest still renders.
 """
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sat_tasks.io.metrics import RunMetrics, job_summary, monitoring_series
-from sat_tasks.pipeline.report import RECOVERY_PHASES, recovery_per_fault
+from sat_tasks.pipeline.report import RECOVERY_PHASES, format_recovery, planned_restarts, recovery_per_fault
 
 STYLE = ("<style>body{font-family:sans-serif;margin:24px;max-width:1150px}table{border-collapse:collapse}"
          "td,th{padding:3px 10px;border-bottom:1px solid #ddd;vertical-align:top;text-align:left}"
@@ -215,6 +216,8 @@ def render_report_html(metrics: RunMetrics, *, title: str = "", omit: tuple[str,
                                    for a in series["attempts"]) or "no training samples"),
             ("goodput", f"{summary['goodput']:.1%}" if summary["goodput"] is not None else "n/a"),
             ("faults", "; ".join(_fault_text(f) for f in summary["faults"]) or "none"),
+            *([("planned restarts", "; ".join(format_recovery(r) for r in planned))]
+              if (planned := planned_restarts(metrics)) else []),
             ("GPU series", f"{len(series['gpus'])} device(s)" if series["gpus"] else
              "none: no GPU was readable through NVML on the job's nodes")]
     parts = [

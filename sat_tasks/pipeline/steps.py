@@ -20,7 +20,6 @@ from sat_tasks.config import shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import (
-    GROW_BACK,
     decide_next,
     grow_verdict,
     stop_reason,
@@ -260,7 +259,7 @@ def decide(job: TrainingJob, run_id: str, plan: Plan, verdict: Verdict, log: Log
     """Turn a verdict into the next action (`core.policy.decide_next`) and record the status it implies."""
     run = JobRun(job, run_id)
     readmitted: list[str] = []
-    if verdict.kind is VerdictKind.PREEMPTED and verdict.reason.startswith(GROW_BACK):
+    if verdict.kind is VerdictKind.PLANNED_RESTART:
         record = run.load_record(plan.attempt)
         readmitted = record.readmitted_nodes if record is not None else []
     decision = decide_next(job, plan, verdict, now=time.time(), stop_request=run.stop_request(), readmitted=readmitted)

@@ -36,7 +36,7 @@ from ckpt_engine.contract import (
 from ckpt_engine.errors import CheckpointError
 from sat_tasks.airflow.params import spec_from_params
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Verdict
+from sat_tasks.core.contracts import Verdict, VerdictKind
 from sat_tasks.core.run_summary import running_seconds, short_node_seconds, summarize_history, usage
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun, ownership_problem, scoped
@@ -302,6 +302,10 @@ def _epoch(value: str | None) -> float | None:
         return None
 
 
+# A marker's words for the verdict an attempt ended with, where its name would mislead (the rest: the name).
+_AFTER = {VerdictKind.PLANNED_RESTART.value: "a planned restart to grow back"}
+
+
 def monitoring(layout: JobRun, progress: ProgressRecord, attempts: list[dict[str, Any]],
                read_json: ReadJson) -> dict[str, Any]:
     """Loss by step and steps/s over time, from the Trainer's log in the newest mirrored checkpoint.
@@ -327,7 +331,8 @@ def monitoring(layout: JobRun, progress: ProgressRecord, attempts: list[dict[str
         markers.append({"attempt": current["attempt"], "at": _epoch(current["started_at"]),
                         "step": current["resumed_from_step"],
                         "label": f"attempt {current['attempt']}"
-                                 + (f" after {previous['verdict']}" if previous.get("verdict") else "")
+                                 + (f" after {_AFTER.get(previous['verdict'], previous['verdict'])}"
+                                    if previous.get("verdict") else "")
                                  + (f", resumed from step {current['resumed_from_step']}"
                                     if current.get("resumed_from_step") is not None else "")})
     note = None if loss else ("no loss logged yet: the Trainer's log reaches Object Storage with each mirrored "

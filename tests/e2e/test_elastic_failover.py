@@ -152,7 +152,7 @@ def test_a_job_that_loses_a_node_with_no_spare_resumes_on_one_grows_back_and_mat
 
     first, second, third = report["attempts"]
     assert (first["verdict"], first["node"], second["verdict"], second["node"], third["verdict"]) == (
-        "HARDWARE", "local-node-0", "PREEMPTED", "local-node-1", "SUCCEEDED")
+        "HARDWARE", "local-node-0", "PLANNED_RESTART", "local-node-1", "SUCCEEDED")
     resumed, grown = first["last_committed_step"], second["last_committed_step"]
     assert resumed is not None and resumed % SAVE_STEPS == 0 and second["resumed_from"] == resumed
     assert resumed <= first["step_at_end"] and first["step_at_end"] >= FAULT_STEP

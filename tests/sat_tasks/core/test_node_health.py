@@ -187,3 +187,10 @@ def test_a_suspect_node_fails_over_once_and_the_status_says_why():
     internal = diagnose(suspect_node(ambiguous("node-b", 2, pid=3)), [suspect], job="j", run_id="r").verdict
     final = decide_next(job, Plan(attempt=2, failovers=1, exclude_nodes=["node-a"]), internal, now=NOW)
     assert final.status is JobStatus.INTERNAL_ERROR and RELOCATION in final.why and "node-a" in final.why
+
+
+def test_a_suspicion_waits_through_a_planned_restart_as_through_a_preemption():
+    first = suspect_node(ambiguous("node-a", 1))
+    grown = Verdict(kind=VerdictKind.PLANNED_RESTART, reason="planned restart to grow back", attempt=2, node="node-b")
+    after = diagnose(verdict(OK, "node-c", 3), [first, grown], job="j", run_id="r1")
+    assert after.blamed == "node-a"  # the restart decided nothing of node-a

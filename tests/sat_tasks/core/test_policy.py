@@ -162,3 +162,28 @@ def test_an_interruption_says_what_happened_and_where_training_goes_on(left, ste
 
     at = datetime(2026, 12, 2, 7, 0, 0, 123456, tzinfo=UTC)
     assert Interruption(attempt=1, last_seen=at, left_running=left, resume_step=step).reason == reason
+
+
+# ---- a planned restart to grow back (issue 32, ADR 0029) -------------------------------------------------------
+def test_a_planned_restart_is_its_own_verdict_and_spends_neither_a_failover_nor_a_resume():
+    from sat_tasks.core.policy import GROW_BACK, grow_verdict
+
+    elastic = job(nodes=2, elastic={"min_nodes": 1})
+    why = f"{GROW_BACK} from 1 to 2 of 2 nodes: capacity is back (gpu-0 released)"
+    planned = grow_verdict(verdict(VerdictKind.PREEMPTED, attempt=2), why)  # whatever the exit status suggested
+    assert planned.kind is VerdictKind.PLANNED_RESTART and planned.reason == why
+    plan = Plan(attempt=2, exclude_nodes=["gpu-0"], failovers=1, resumes=1)
+    decision = decide_next(elastic, plan, planned, now=NOW, readmitted=["gpu-0"])
+    assert (decision.verdict, decision.action, decision.status) == (
+        VerdictKind.PLANNED_RESTART, Action.FAILOVER, JobStatus.RUNNING)
+    assert (decision.failovers, decision.resumes, decision.exclude_nodes) == (1, 1, [])  # the budgets unchanged
+    assert decision.preempted_at is None  # no wait for capacity, as a preemption would
+    assert Decision.from_xcom(decision.to_xcom()) == decision
+
+
+@pytest.mark.parametrize("kind", list(VerdictKind), ids=lambda k: k.value)
+def test_every_verdict_kind_has_a_rule_and_none_falls_through_to_a_failover(kind):
+    decision = decide_next(job(nodes=2, elastic={"min_nodes": 1}), Plan(attempt=1), verdict(kind), now=NOW)
+    fails_over = kind in (VerdictKind.HARDWARE, VerdictKind.SUSPECT_NODE)
+    assert (decision.failovers == 1) is fails_over  # only a fault of the node spends a failover
+    assert (decision.status is JobStatus.FAILOVER_IN_PROGRESS) is fails_over

@@ -109,3 +109,30 @@ def test_a_success_a_stop_and_an_unrecovered_fault_have_no_recovery(tmp_path):
     assert recovery_per_fault(read_local(tmp_path)) == []  # the job ended before another attempt started
     page = render_report_html(read_local(tmp_path), title="t")
     assert "Recovery per fault" not in page
+
+
+def test_a_planned_restart_to_grow_back_is_no_fault_and_the_report_says_so_in_words(tmp_path):
+    """ADR 0029: attempt 2 on one node is stopped to grow back; attempt 3 runs on two from its final checkpoint."""
+    from sat_tasks.pipeline.report import format_report, planned_restarts
+
+    write_series(tmp_path, 0, "sat", "job", [
+        attempt_end(1000.4, 2, "n1", started=900.0, ended=1000.0, verdict="PLANNED_RESTART", action="failover"),
+        attempt_end(1100.0, 3, "n0", started=1001.9, ended=1099.0, verdict="SUCCEEDED", action="upload")])
+    write_series(tmp_path, 3, "n0", "checkpoint", [
+        restore(3, "n0", step=12, started=1008.25, restored=1010.5, first_step_at=1011.0)])
+    metrics = read_local(tmp_path)
+    assert recovery_per_fault(metrics) == []
+    (restart,) = planned_restarts(metrics)
+    assert (restart["attempt"], restart["next_attempt"], restart["recovery_s"]) == (2, 3, 11.0)
+    line = format_recovery(restart)
+    assert line.startswith("planned restart to grow back after attempt 2 (n1) -> attempt 3 (n0): 11.0s = detect")
+    page = render_report_html(metrics, title="t")
+    assert "Recovery per fault" not in page and "planned restart to grow back after attempt 2" in page
+    report = {"job": "j", "run_id": "r", "status": "Completed", "history": [], "results": "s3://b/r/",
+              "attempts": [{"attempt": 2, "node": "n1", "exit_code": 143, "verdict": "PLANNED_RESTART",
+                            "reason": "planned restart to grow back from 1 to 2 of 2 nodes", "resumed_from": 5}],
+              "recovery": [], "planned_restarts": [restart]}
+    lines = format_report(report)
+    assert ("  attempt 2 on n1: exit 143, verdict PLANNED_RESTART (planned restart to grow back from 1 to 2 of 2 "
+            "nodes: not a fault), resumed from step 5") in lines
+    assert f"  {line}" in lines
