@@ -252,6 +252,12 @@ def put_tags(dag_id: str, run_id: str, body: dict[str, Any], session: SessionDep
     return {"tags": tags}
 
 
+@router.get(RUN + "/tags", dependencies=READ_JOBS, include_in_schema=False)
+def tags_address(dag_id: str, run_id: str):
+    """The Tags form's address asked for with GET (a reload, Airflow re-requesting its frame): the Tags tab."""
+    return RedirectResponse(_page_href(dag_id, run_id) + "#tags", status_code=303)
+
+
 @router.post(RUN + "/tags", dependencies=CHANGE_RUNS + SAME_ORIGIN, response_class=HTMLResponse)
 async def tags_from_page(dag_id: str, run_id: str, request: Request, session: SessionDep):
     text = str((await request.form()).get("tags") or "")

@@ -109,6 +109,7 @@ def _good_form(name: str, **changes: str) -> dict[str, str]:
 ENDPOINTS = [
     ("GET", "/sat/api/jobs"), ("POST", "/sat/api/jobs"), ("GET", f"/sat/api/jobs/{DEMO}/runs/r"),
     ("GET", f"/sat/api/jobs/{DEMO}/runs/r/log"), ("POST", f"/sat/api/jobs/{DEMO}/runs/r/stop"),
+    ("GET", f"/sat/api/jobs/{DEMO}/runs/r/log/tail?offset=9&cursor=2:p:1:1"),  # a live section's reader
     ("PUT", f"/sat/api/jobs/{DEMO}/runs/r/tags"), ("DELETE", f"/sat/api/jobs/{DEMO}/runs/r"),
     ("GET", "/sat/jobs"), ("GET", "/sat/jobs/new"), ("POST", "/sat/jobs/new"), ("GET", f"/sat/jobs/{DEMO}/runs/r"),
     ("POST", f"/sat/jobs/{DEMO}/runs/r/stop"), ("POST", f"/sat/jobs/{DEMO}/runs/r/tags"),
@@ -519,6 +520,11 @@ def test_a_refused_tag_edit_opens_the_tags_tab_with_the_error_and_what_was_typed
     assert _textarea(refused.text, "tags-text") == typed  # nothing typed is lost
     assert "<div id='tag-errors' role='alert'><div class='error'>tags: key &#39;bad key!&#39;" in refused.text
     assert "section.tab[data-open]" in refused.text  # job.js shows the opened tab when the URL names none
+    assert "fetch(form.action,{method:'POST'" in refused.text  # job_tags.js: the form saves in place
+    # the form's address asked for with GET (a reload; Airflow re-requesting its frame): the Tags tab, not a 405
+    again = client.get(f"/sat/jobs/{DEMO}/runs/{run_id}/tags", headers=admin, follow_redirects=False)
+    assert again.status_code == 303 and again.headers["location"].endswith("#tags"), again
+    assert client.get(f"/sat/jobs/{DEMO}/runs/{run_id}/tags", headers=admin).status_code == 200
     fifty_one = client.put(f"/sat/api/jobs/{DEMO}/runs/{run_id}/tags", headers=admin,
                            json={"tags": {f"k{i}": "v" for i in range(51)}})
     assert fifty_one.status_code == 422
