@@ -410,6 +410,7 @@ _K8S_CALLS = {
     "list_pod_for_all_namespaces": ("", "pods", "list", True),
     "create_namespaced_service": ("", "services", "create", False),
     "list_namespaced_service": ("", "services", "list", False),
+    "read_namespaced_service": ("", "services", "get", False),
     "delete_namespaced_service": ("", "services", "delete", False),
     "create_namespaced_secret": ("", "secrets", "create", False),
     "patch_namespaced_secret": ("", "secrets", "patch", False),

@@ -16,6 +16,7 @@ backend to the same contract. Call order for one run:
         capacity(run, decision)     -> Spot: is there room for the next attempt?
     upload_outputs(run)             -> the training outputs into <results>/output/
     job_log(run)                    -> the run's job log as a local file, for upload
+    live_log(run, stored, cursor)   -> the running attempt's lines the job log lacks yet (the job page, ADR 0026)
     cleanup_run(run)                -> what was deleted (the run's volume, ...)
     warm pool (ADR 0015): stage(run, reuse=claim) reuses a warm run's staged data where it can;
     keep_warm(run, state) holds what the run leaves warm, release_warm(state) lets it go
@@ -24,12 +25,14 @@ backend to the same contract. Call order for one run:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision, Log
+from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.core.warm_pool import Claim, WarmState
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -154,6 +157,13 @@ class Backend(Protocol):
 
     def job_log(self, run: JobRun, log: Log) -> Path | None:
         """The run's job log (all attempts) as a local file, None when there is none yet."""
+
+    def live_log(self, run: JobRun, *, stored: Collection[int], cursor: LiveCursor | None, limit: int,
+                 lines: int) -> LiveLog | None:
+        """The running attempt's lines after `cursor` where the attempt writes them, for a backend whose job log has
+        them only once the attempt ends (`core.live_log`): at most `limit` bytes, from its last `lines` lines on a
+        first read. `stored`: the attempts whose sections are stored. None: nothing to add (the job log grows in
+        place, as the local backend's, or no attempt runs)."""
 
     def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
         """Delete what the run kept between attempts (volume, staging pods); `kind/name` of each.

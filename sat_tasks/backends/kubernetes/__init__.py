@@ -13,6 +13,7 @@ ADR 0029). ADR 0007 explains the choices.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from sat_tasks.backends.base import (
 )
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision, Log, Plan
+from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -172,6 +174,13 @@ class KubernetesBackend(Backend):
         from sat_tasks.backends.kubernetes.records import assemble_job_log
 
         return assemble_job_log(run)
+
+    def live_log(self, run: JobRun, *, stored: Collection[int], cursor: LiveCursor | None, limit: int,
+                 lines: int) -> LiveLog | None:
+        """The running attempt's section from its rank-0 pod, in bounded reads (`pod_log`)."""
+        from sat_tasks.backends.kubernetes.pod_log import live_log
+
+        return live_log(self.client, self.namespace, run, stored=stored, cursor=cursor, limit=limit, lines=lines)
 
     def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
         """Delete the run's claim, helper pods and anything an attempt left (once the outputs are uploaded).

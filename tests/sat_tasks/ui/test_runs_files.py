@@ -88,7 +88,7 @@ def test_every_new_route_asks_airflows_read_permission_on_the_dag():
 def test_before_the_first_line_the_tail_is_empty_and_the_download_404(client):
     assert client.get(_api("/log/tail")).json() | {"source": None} == {
         "start": 0, "end": 0, "offset": 0, "size": 0, "text": "", "skipped": 0, "restarted": False, "source": None,
-        "ended": False}
+        "cursor": None, "more": False, "ended": False}
     missing = client.get(_api("/log"))
     assert missing.status_code == 404 and "first attempt" in missing.json()["detail"]
 
