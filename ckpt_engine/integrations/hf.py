@@ -218,6 +218,7 @@ class DecoratedCheckpointing:
         self.restore_started_at: float | None = None
         self.restored_at: float | None = None
         self.resumed_from_step: int | None = None
+        self.downloaded_step: int | None = None  # the step restored from Object Storage, if any
         self.first_step_noted = False
         if trainer.args.world_size > 1:
             self._setup_multirank()
@@ -302,7 +303,7 @@ class DecoratedCheckpointing:
             self.restore_started_at = time.time()
         if resume_from_checkpoint is True:
             step = self.requested_step()
-            self.restore_from_mirror(step)
+            self.downloaded_step = self.restore_from_mirror(step)
             resume_from_checkpoint = self.resolve_resume(step)
         elif isinstance(resume_from_checkpoint, str):
             self.resumed_from_step = parse_step(os.path.basename(os.path.normpath(resume_from_checkpoint)))
@@ -396,8 +397,11 @@ class DecoratedCheckpointing:
         if started is None or not self.is_writer:
             return
         if self.resumed_from_step is not None and restored is not None:
-            log.info("[Concurrent Checkpoint] restored checkpoint-%d in %.2fs; first step (%d) done %.2fs later",
-                     self.resumed_from_step, restored - started, step, now - restored)
+            source = ("Object Storage" if self.downloaded_step == self.resumed_from_step
+                      else "the node-local copy")
+            log.info("[Concurrent Checkpoint] restored checkpoint-%d from %s (verified) in %.2fs; "
+                     "first step (%d) done %.2fs later",
+                     self.resumed_from_step, source, restored - started, step, now - restored)
         if self.engine.metrics is not None:
             self.engine.metrics.note_restore(step=self.resumed_from_step, started_at=started, restored_at=restored,
                                              first_step=step, first_step_at=now)
