@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
+from sat_tasks.core.links import job_page_path
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.spec import TrainingJob
 
@@ -46,13 +47,6 @@ class JobOutcome:
         return (f"<p>Training Job <b>{esc(self.job)}</b> (run {esc(self.run_id)}) ended: <b>{esc(self.status)}</b>"
                 f"{' at ' + esc(self.at) if self.at else ''}.</p><p>{esc(self.reason)}</p>"
                 f"<p>{esc(self.page)}</p>")
-
-
-def job_page_path(dag_id: str, run_id: str) -> str:
-    """The run's page in the Training Jobs view (a path on the API server)."""
-    from urllib.parse import quote
-
-    return f"/sat/jobs/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
 def outcome_of(job: TrainingJob, dag_id: str, run_id: str, *, succeeded: bool, reason: str = "") -> JobOutcome:

@@ -14,10 +14,11 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import yaml
 
+from sat_tasks.core.links import path_segment
 from sat_tasks.core.status import TERMINAL, JobStatus, airflow_failed_because
 from sat_tasks.ui.create import FIELDS, SECTIONS, FormField, help_text
 from sat_tasks.ui.templating import job_href, render
@@ -182,7 +183,7 @@ def job_page_html(page: dict[str, Any], tag_errors: list[str] | None = None, tag
     return render(
         "job.html", page=page, tabs=TABS, tag_errors=tag_errors or [], href=href,
         api_href=f"/sat/api/{job_href(page)}", log_href=f"/sat/api/{job_href(page)}/log",
-        report_href=f"{href}/report", grid=f"/dags/{quote(page['dag_id'], safe='')}/runs/{quote(page['run_id'], safe='')}",
+        report_href=f"{href}/report", grid=f"/dags/{path_segment(page['dag_id'])}/runs/{path_segment(page['run_id'])}",
         seen=seen, terminal=json.dumps(sorted(s.value for s in TERMINAL)), stopped=JobStatus.STOPPED.value,
         airflow_failed_because=airflow_failed_because,
         spec_yaml=yaml.safe_dump(page["spec"], sort_keys=False, allow_unicode=True), charts=monitoring_charts(page["monitoring"]),

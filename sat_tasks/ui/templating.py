@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from starlette.templating import Jinja2Templates
+
+from sat_tasks.core.links import job_page_path
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
@@ -51,7 +52,7 @@ def size(n: int | None) -> str:
 
 def job_href(row: dict[str, Any]) -> str:
     """A run's job page path relative to /sat/."""
-    return f"jobs/{quote(row['dag_id'], safe='')}/runs/{quote(row['run_id'], safe='')}"
+    return job_page_path(row["dag_id"], row["run_id"]).removeprefix("/sat/")
 
 
 def _environment() -> Environment:

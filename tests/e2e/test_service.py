@@ -1039,6 +1039,8 @@ def test_the_views_refusals_say_what_to_do_inside_airflow(deployment, api, runs,
     its rule under the field, on the Tags tab, with what was typed; the corrected edit saves and the API agrees."""
     from urllib.parse import quote
 
+    from sat_tasks.core.links import path_segment
+
     headers = {"Authorization": f"Bearer {_token(deployment.url, _password(deployment))}"}
     page = _logged_in_page(deployment, browser)
     try:
@@ -1073,7 +1075,9 @@ def test_the_views_refusals_say_what_to_do_inside_airflow(deployment, api, runs,
         assert "The run may have been deleted" in frame.locator("#not-found").inner_text()
         page.screenshot(path=str(SCREENSHOTS / "25-deleted-run-not-found-in-airflow.png"))
 
-        demo = f"sat_training_job/runs/{quote(runs['demo'].dag_run_id, safe='')}"
+        # spelled as the view's own links spell it (sat_tasks.core.links): with %3A/%2B, Airflow's navigation loaded
+        # the frame again seconds later (its decoded route differed from the frame's address), losing the refusal
+        demo = f"sat_training_job/runs/{path_segment(runs['demo'].dag_run_id)}"
         kept = requests.get(f"{deployment.url}/sat/api/jobs/{demo}", headers=headers, timeout=60).json()["tags"]
         kept_lines = [f"{key}={value}" for key, value in kept.items()]
         view.goto(f"{deployment.url}/sat/jobs/{demo}")

@@ -28,7 +28,7 @@ from tests.sat_tasks.spec.test_spec import BASE
 BUCKET = "run-files-tests"
 DAG = "files-job"
 RUN_ID = "manual__2026-12-02T07:00:00+00:00"
-QUOTED = "manual__2026-12-02T07%3A00%3A00%2B00%3A00"  # as the page spells it in its links
+QUOTED = RUN_ID  # as the page spells it in its links: ':' and '+' literal (sat_tasks.core.links)
 HEADER = "2026-12-02T07:00:00+00:00 [sat] attempt 1 of job files-job on node local-0: Starting dataset initialization"
 
 
