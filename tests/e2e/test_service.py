@@ -858,8 +858,7 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     page.get_by_role("link", name="Tags", exact=True).click()
     page.fill("#tags-text", "team=platform\npurpose=demo\nreviewed=yes")
     page.get_by_role("button", name="Save tags").click()
-    page.wait_for_url("**#tags")
-    assert "reviewed" in page.inner_text("#tags table")
+    expect(page.locator("#tags table")).to_contain_text("reviewed", timeout=60_000)  # saved in place (job_tags.js)
     page.screenshot(path=str(SCREENSHOTS / "03e-tags.png"), full_page=True)
 
     page.goto(f"{deployment.url}/plugin/training-jobs")  # the view inside Airflow's UI, from its navigation
@@ -1304,7 +1303,9 @@ def test_a_person_follows_a_running_jobs_log_and_opens_its_files_report_and_grid
         assert tail["ended"] and "SIGTERM: final checkpoint" in requests.get(job_api + "/log", headers=headers,
                                                                              timeout=60).text
 
-        demo = quote(runs["demo"].dag_run_id, safe="")
+        from sat_tasks.core.links import path_segment
+
+        demo = path_segment(runs["demo"].dag_run_id)  # as the view's links spell it
         page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{demo}")  # in the iframe
         frame.get_by_role("link", name="Outputs", exact=True).click()
         outputs = frame.locator("#outputs")
