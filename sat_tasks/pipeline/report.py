@@ -130,14 +130,20 @@ def _history_ms(entry: dict[str, Any]) -> int | None:
         return None
 
 
+def split_restarts(metrics: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(each fault's recovery, each planned restart's) from one pass over the attempts (`restarts`)."""
+    every = restarts(metrics)
+    return ([r for r in every if r["verdict"] != PLANNED_RESTART], [r for r in every if r["verdict"] == PLANNED_RESTART])
+
+
 def recovery_per_fault(metrics: Any) -> list[dict[str, Any]]:
     """Each fault that another attempt recovered from: its recovery time, split into phases (`restarts`)."""
-    return [r for r in restarts(metrics) if r["verdict"] != PLANNED_RESTART]
+    return split_restarts(metrics)[0]
 
 
 def planned_restarts(metrics: Any) -> list[dict[str, Any]]:
     """Each planned restart (an elastic job growing back, ADR 0029): not a fault, but its restart time counts too."""
-    return [r for r in restarts(metrics) if r["verdict"] == PLANNED_RESTART]
+    return split_restarts(metrics)[1]
 
 
 def restarts(metrics: Any) -> list[dict[str, Any]]:
@@ -240,10 +246,8 @@ def _recovery_section(run: JobRun, hook: Any, metrics: Any) -> dict[str, list[di
             metrics = read_object_storage(run.results_uri, hook)
         except Exception:  # noqa: BLE001 - the report is written without the recovery phases
             return {"recovery": []}
-    every = restarts(metrics)
-    planned = [r for r in every if r["verdict"] == PLANNED_RESTART]
-    return {"recovery": [r for r in every if r["verdict"] != PLANNED_RESTART],
-            **({"planned_restarts": planned} if planned else {})}
+    recovery, planned = split_restarts(metrics)
+    return {"recovery": recovery, **({"planned_restarts": planned} if planned else {})}
 
 
 def format_recovery(fault: dict[str, Any]) -> str:

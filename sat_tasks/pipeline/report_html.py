@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sat_tasks.io.metrics import RunMetrics, job_summary, monitoring_series
-from sat_tasks.pipeline.report import RECOVERY_PHASES, format_recovery, planned_restarts, recovery_per_fault
+from sat_tasks.pipeline.report import RECOVERY_PHASES, format_recovery, split_restarts
 
 STYLE = ("<style>body{font-family:sans-serif;margin:24px;max-width:1150px}table{border-collapse:collapse}"
          "td,th{padding:3px 10px;border-bottom:1px solid #ddd;vertical-align:top;text-align:left}"
@@ -207,6 +207,7 @@ def render_report_html(metrics: RunMetrics, *, title: str = "", omit: tuple[str,
     """The whole page for one run: a summary table, the problems (if any) and the plots (but those named in `omit`)."""
     series = monitoring_series(metrics)
     summary = job_summary(metrics)
+    recovery, planned = split_restarts(metrics)
     times = [r["time"] for records in metrics.records.values() for r in records]
     t0 = min(times) if times else 0.0
     status = metrics.history[-1]["status"] if metrics.history else (metrics.report or {}).get("status")
@@ -216,8 +217,7 @@ def render_report_html(metrics: RunMetrics, *, title: str = "", omit: tuple[str,
                                    for a in series["attempts"]) or "no training samples"),
             ("goodput", f"{summary['goodput']:.1%}" if summary["goodput"] is not None else "n/a"),
             ("faults", "; ".join(_fault_text(f) for f in summary["faults"]) or "none"),
-            *([("planned restarts", "; ".join(format_recovery(r) for r in planned))]
-              if (planned := planned_restarts(metrics)) else []),
+            *([("planned restarts", "; ".join(format_recovery(r) for r in planned))] if planned else []),
             ("GPU series", f"{len(series['gpus'])} device(s)" if series["gpus"] else
              "none: no GPU was readable through NVML on the job's nodes")]
     parts = [
@@ -231,7 +231,6 @@ def render_report_html(metrics: RunMetrics, *, title: str = "", omit: tuple[str,
     if metrics.problems:
         parts.append("<div class='problems'><b>Some metrics could not be read (the rest is shown):</b><ul>"
                      + "".join(f"<li><code>{esc(p)}</code></li>" for p in metrics.problems) + "</ul></div>")
-    recovery = recovery_per_fault(metrics)
     if recovery:
         parts.append(_recovery_table(recovery))
     plots = _plots(series, t0) + _recovery_plot(recovery)

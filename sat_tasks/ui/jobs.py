@@ -37,6 +37,7 @@ from ckpt_engine.errors import CheckpointError
 from sat_tasks.airflow.params import spec_from_params
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.policy import GROW_BACK
 from sat_tasks.core.run_summary import running_seconds, short_node_seconds, summarize_history, usage
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun, ownership_problem, scoped
@@ -303,7 +304,7 @@ def _epoch(value: str | None) -> float | None:
 
 
 # A marker's words for the verdict an attempt ended with, where its name would mislead (the rest: the name).
-_AFTER = {VerdictKind.PLANNED_RESTART.value: "a planned restart to grow back"}
+_AFTER = {VerdictKind.PLANNED_RESTART.value: f"a {GROW_BACK}"}
 
 
 def monitoring(layout: JobRun, progress: ProgressRecord, attempts: list[dict[str, Any]],
