@@ -51,6 +51,7 @@ RUN uv venv --python ${PYTHON_VERSION} ${VIRTUAL_ENV} \
         huggingface_hub==2.4.0 \
         numpy==2.4.6 \
         xxhash==4.1.0 \
+        isal==1.9.1 \
         boto3==1.44.8
 
 # The engine, laid out as a vendor directory by its own code (ckpt_engine.vendor), then

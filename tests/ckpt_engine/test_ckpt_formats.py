@@ -44,6 +44,42 @@ def test_torch_file_loads_with_torch_load(tmp_path: Path, zip64: bool) -> None:
     assert torch.equal(torch.load(path, mmap=True, weights_only=True)["a"], base)  # records are aligned
 
 
+
+
+def test_zip_records_use_isal_crc_and_the_standard_librarys_without_it(tmp_path: Path) -> None:
+    """The CRC comes from ISA-L where it is installed (the lock pins it) and from zlib in an image without it."""
+    import subprocess
+    import sys
+    import zlib
+
+    import isal.isal_zlib
+
+    import ckpt_engine.formats as formats
+
+    assert formats.crc32 is isal.isal_zlib.crc32
+    data = torch.randint(0, 255, (3 << 20,), dtype=torch.uint8).numpy().tobytes()
+    chunked = 0
+    for start in range(0, len(data), 1 << 20):  # as the writer feeds it: 1 MiB pieces, the CRC carried over
+        chunked = formats.crc32(memoryview(data)[start:start + (1 << 20)], chunked)
+    assert chunked == zlib.crc32(data)
+    # an image without isal: the import fails, the standard library's CRC is used, the file tests clean
+    script = (
+        "import io, sys, zipfile, zlib\n"
+        "sys.modules['isal.isal_zlib'] = None\n"
+        "import torch\n"
+        "import ckpt_engine.formats as formats\n"
+        "assert formats.crc32 is zlib.crc32, formats.crc32\n"
+        "plan = formats.plan_torch_file('obj.pt', {'t': torch.arange(100_000, dtype=torch.float32)})\n"
+        "out = io.BytesIO()\n"
+        "plan.render(out, lambda i: iter([memoryview(plan.blobs[i].source.numpy())]))\n"
+        "assert zipfile.ZipFile(io.BytesIO(out.getvalue())).testzip() is None\n"
+        "assert torch.equal(torch.load(io.BytesIO(out.getvalue()), weights_only=True)['t'], "
+        "torch.arange(100_000, dtype=torch.float32))\n"
+        "print('fallback ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and "fallback ok" in done.stdout, done.stderr[-2000:]
+
 def test_safetensors_file_loads_with_safetensors(tmp_path: Path) -> None:
     tensors = {"w": torch.randn(3, 4), "i": torch.arange(5, dtype=torch.int16), "b": torch.tensor([True, False]),
                "tied": torch.zeros(1)}
