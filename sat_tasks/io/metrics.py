@@ -22,6 +22,8 @@ from ckpt_engine.contract import (
     STATUS_NAME,
 )
 
+from sat_tasks.core.contracts import VerdictKind
+
 
 @dataclass
 class RunMetrics:
@@ -242,7 +244,7 @@ def job_summary(metrics: RunMetrics) -> dict[str, Any]:
                 continue
         elif after is None:
             continue
-        if before["status"] == "Running":  # a planned restart (an elastic job growing back, ADR 0029): no fault
+        if before["verdict"] == VerdictKind.PLANNED_RESTART.value:  # an elastic job growing back (ADR 0029): no fault
             continue
         resumed_at = (after["first_step_time"] or after["start_time"]) if after else None
         status = before["status"] or next((e["status"] for e in metrics.history if e.get("attempt") == before["attempt"]

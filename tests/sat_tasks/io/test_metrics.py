@@ -82,14 +82,14 @@ def test_an_attempt_that_died_before_its_first_interval_still_counts_from_sats_o
 
 
 def test_a_planned_restart_to_grow_back_is_not_a_fault(tmp_path):
-    """An elastic job's attempt stopped to grow back (its attempt_end still Running, ADR 0029) spends no fault."""
+    """An elastic job's attempt stopped to grow back (verdict PLANNED_RESTART, ADR 0029) is not a fault."""
     write_series(tmp_path, 1, "n0", "job", [record(100, 1, "n0", "job", event="first_step", step=1)])
     write_series(tmp_path, 2, "n0", "job", [record(170, 2, "n0", "job", event="first_step", step=50)])
     write_series(tmp_path, 2, "n0", "training", [record(300, 2, "n0", global_step=100, loss=1.0)])
     (tmp_path / "metrics" / "sat").mkdir()
     (tmp_path / "metrics" / "sat" / "job.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        record(160, 1, "n0", "job", event="attempt_end", verdict="PREEMPTED", action="resume", status="Running",
-               ended_at=158, last_step=50, failovers_used=0),
+        record(160, 1, "n0", "job", event="attempt_end", verdict="PLANNED_RESTART", action="failover",
+               status="Running", ended_at=158, last_step=50, failovers_used=0),
         record(310, 2, "n0", "job", event="attempt_end", verdict="SUCCEEDED", action="upload", ended_at=305,
                last_step=100, failovers_used=0)]))
     summary = job_summary(read_local(tmp_path))
