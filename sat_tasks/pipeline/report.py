@@ -277,6 +277,19 @@ def _warm_section(run: JobRun, hook: Any) -> dict[str, Any]:
                      "lines": record.get("lines") or []}}
 
 
+#: How many names a list in the human report shows at each end (a long run saves hundreds of checkpoints).
+_SHOWN_AT_EACH_END = 3
+
+
+def _some(names: list[str]) -> str:
+    """The names, joined; a long list as its first and last few with how many are left out between."""
+    if len(names) <= 2 * _SHOWN_AT_EACH_END + 1:
+        return ", ".join(names)
+    left_out = len(names) - 2 * _SHOWN_AT_EACH_END
+    return (f"{', '.join(names[:_SHOWN_AT_EACH_END])}, ... ({left_out} more), "
+            f"{', '.join(names[-_SHOWN_AT_EACH_END:])} ({len(names)} in all)")
+
+
 def format_report(report: dict) -> list[str]:
     """Human lines for the job report (task log and CLI)."""
     lines = [f"job {report['job']} run {report['run_id']}: {report['status']}"]
@@ -294,7 +307,7 @@ def format_report(report: dict) -> list[str]:
         lines.append(f"  loss: {report['first_loss'][1]:.4f} (step {report['first_loss'][0]}) -> "
                      f"{report['last_loss'][1]:.4f} (step {report['last_loss'][0]})")
     if report.get("checkpoints"):
-        lines.append(f"  checkpoints: {', '.join(report['checkpoints'])}")
+        lines.append(f"  checkpoints: {_some(report['checkpoints'])}")
     for fault in (report.get("recovery") or []) + (report.get("planned_restarts") or []):
         lines.append(f"  {format_recovery(fault)}")
     for line in (report.get("warm") or {}).get("lines", []):

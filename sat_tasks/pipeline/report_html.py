@@ -50,7 +50,7 @@ def _mark_faults(axis: Any, series: dict[str, Any], t0: float) -> None:
                           fontsize=7, va="top", ha="right", color="#d62728")
         if fault["resumed_at"] is not None:
             axis.axvline(fault["resumed_at"] - t0, color="#2ca02c", linestyle=":", linewidth=1)
-            axis.annotate(f"resumed at step {fault['resumed_at_step']}", (fault["resumed_at"] - t0, 1),
+            axis.annotate(f"training again at step {fault['resumed_at_step']}", (fault["resumed_at"] - t0, 1),
                           xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="top", ha="left",
                           color="#2ca02c")
 
@@ -199,7 +199,8 @@ def _fault_text(fault: dict[str, Any]) -> str:
     text = f"attempt {fault['attempt']} on {fault['node']}: {how} at step {fault['last_step']}"
     if fault["resumed_at"] is None:
         return text + ", not resumed"
-    return (text + f", resumed at step {fault['resumed_at_step']} on {fault['next_node']}"
+    # the first step the next attempt's sidecar saw, not the checkpoint it resumed from (that is on the attempts' row)
+    return (text + f", training again at step {fault['resumed_at_step']} on {fault['next_node']}"
             + (f" after {fault['recovery_s']:.1f}s" if fault["recovery_s"] is not None else ""))
 
 

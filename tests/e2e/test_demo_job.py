@@ -132,7 +132,7 @@ def assert_metrics_show_the_failover(s3_hook, report, committed, keys, prefix):
     assert fault["verdict"] == "HARDWARE" and fault["ended_at"] < fault["resumed_at"]
     assert prefix + "report.html" in keys
     page = s3_hook.read_key(prefix + "report.html", bucket_name=report["results"].split("/")[2])
-    assert "alt='Loss'" in page and "alt='Checkpoints'" in page and "resumed at step" in page
+    assert "alt='Loss'" in page and "alt='Checkpoints'" in page and "training again at step" in page
 
 
 def assert_the_report_splits_the_recovery(s3_hook, report, committed, prefix):

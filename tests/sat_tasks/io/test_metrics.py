@@ -112,7 +112,7 @@ def test_malformed_metrics_file_is_named_with_its_line_and_the_rest_renders(tmp_
     for plot in ("Loss", "Throughput", "Checkpoints", "System", "Goodput and recovery"):
         assert f"alt='{plot}'" in page, plot
     assert "alt='GPUs'" not in page and "no GPU was readable" in page
-    assert "resumed at step 40 on n1 after 24.0s" in page
+    assert "training again at step 40 on n1 after 24.0s" in page
 
 
 def test_report_of_a_directory_that_is_not_there(tmp_path, capsys):

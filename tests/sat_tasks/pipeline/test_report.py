@@ -136,3 +136,16 @@ def test_a_planned_restart_to_grow_back_is_no_fault_and_the_report_says_so_in_wo
     assert ("  attempt 2 on n1: exit 143, verdict PLANNED_RESTART (planned restart to grow back from 1 to 2 of 2 "
             "nodes: not a fault), resumed from step 5") in lines
     assert f"  {line}" in lines
+
+
+def test_the_human_report_shows_a_long_checkpoint_list_by_its_ends():
+    """A run that saved 210 checkpoints names the first and last three and the count, not every one."""
+    from sat_tasks.pipeline.report import format_report
+
+    base = {"job": "j", "run_id": "r", "status": "Completed", "history": [], "attempts": [], "results": "s3://b/r/"}
+    many = [f"checkpoint-{20 * n}" for n in range(1, 211)]
+    (line,) = [x for x in format_report({**base, "checkpoints": many}) if "checkpoints:" in x]
+    assert line == ("  checkpoints: checkpoint-20, checkpoint-40, checkpoint-60, ... (204 more), "
+                    "checkpoint-4160, checkpoint-4180, checkpoint-4200 (210 in all)")
+    few = [f"checkpoint-{n}" for n in range(1, 8)]  # seven: every name, as before
+    assert f"  checkpoints: {', '.join(few)}" in format_report({**base, "checkpoints": few})
