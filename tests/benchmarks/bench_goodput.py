@@ -1,7 +1,7 @@
 """Benchmark: goodput and recovery time, by phase, of a local Training Job with hardware faults at a fixed rate.
 
 Run: .venv/bin/python tests/benchmarks/bench_goodput.py [--steps 4200] [--fault-every 120 | --fault-step N]
-     [--faults 2] [--clean] [--elastic]
+     [--faults 2] [--clean] [--elastic] [--standby]
 
 Through the real DAG (dag.test, local backend, embedded S3), the tiny-Llama job with a GPU
 fault (Xid 79) `--fault-every` seconds into each of the first `--faults` attempts.
@@ -18,6 +18,10 @@ the next attempt's first step = detect (-> SAT's decision on the verdict) + sche
 next attempt's command starts) + start (-> the script hands over to the trainer: imports,
 model, data) + restore (-> the checkpoint is loaded) + first step. `--clean` also runs the
 job with no fault and reports its goodput the same way (start-up overhead only), side by side.
+
+`--standby` turns on the local backend's failover standby interpreter (`[sat]
+failover_warm_interpreter`, off by default: ADR 0031) for every scenario: a failover's attempt
+then runs in an interpreter that imported the framework while the attempt before it trained.
 
 `--elastic` (issue 32: a failover with no spare node) runs a two-node job instead (`nodes: 2`,
 `elastic: {min_nodes: 1, wait_seconds: 0}`, DDP over gloo, one rank per local node) twice with
@@ -253,8 +257,12 @@ def main() -> None:
                              "(the same point of training whatever the machine's load)")
     parser.add_argument("--elastic", action="store_true",
                         help="a two-node job with a spare node and with none (resumes on one): goodput side by side")
+    parser.add_argument("--standby", action="store_true",
+                        help="[sat] failover_warm_interpreter on: failovers start in a standby warm interpreter (ADR 0031)")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one scenario, in the child process main() starts
     args = parser.parse_args()
+    if args.standby:  # read by the launches of the scenario's child process (sat_tasks.backends.local.warm)
+        os.environ["AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER"] = "true"
     runs = scenarios(args)
     if args.only:
         label, job, pool = next(run for run in runs if run[0] == args.only)
@@ -277,6 +285,8 @@ def main() -> None:
     for label, result in results.items():
         if label != "clean":
             _print_faults(label, result, f"one {when} each of the first {faults} attempts")
+    print(("standby warm interpreter on (--standby)" if args.standby else
+           "standby warm interpreter off (the default; --standby turns it on)"))
     print(machine_line(results))
 
 
