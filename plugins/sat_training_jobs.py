@@ -2,6 +2,7 @@
 
 from airflow.plugins_manager import AirflowPlugin
 
+from sat_tasks.core.links import AIRFLOW_VIEWS
 from sat_tasks.ui.lazy import LazyApp
 
 
@@ -11,12 +12,5 @@ class SatTrainingJobsPlugin(AirflowPlugin):
     fastapi_apps = [{"app": LazyApp("sat_tasks.ui.app:create_app"), "url_prefix": "/sat", "name": "SAT Training Jobs"}]
     # In Airflow's navigation, shown inside the UI: the list (with its Create button), the Create form,
     # the Workspaces and the Nodes.
-    external_views = [
-        {"name": "Training Jobs", "href": "/sat/jobs", "destination": "nav", "url_route": "training-jobs",
-         "nav_top_level": True},
-        {"name": "Create Training Job", "href": "/sat/jobs/new", "destination": "nav",
-         "url_route": "create-training-job", "nav_top_level": True},
-        {"name": "Workspaces", "href": "/sat/workspaces", "destination": "nav", "url_route": "workspaces",
-         "nav_top_level": True},
-        {"name": "Nodes", "href": "/sat/nodes", "destination": "nav", "url_route": "nodes", "nav_top_level": True},
-    ]
+    external_views = [{"name": name, "href": href, "destination": "nav", "url_route": route, "nav_top_level": True}
+                      for name, href, route in AIRFLOW_VIEWS]

@@ -25,3 +25,14 @@ def path_segment(value: str) -> str:
 def job_page_path(dag_id: str, run_id: str) -> str:
     """The run's page in the Training Jobs view (a path on the API server)."""
     return f"/sat/jobs/{path_segment(dag_id)}/runs/{path_segment(run_id)}"
+
+
+#: The view's entries in Airflow's navigation (the plugin's `external_views`): (name, href, url_route).
+#: Inside Airflow a page shows under `/plugin/<url_route><its own path>`; a page that belongs to one
+#: entry moves Airflow's navigation there when it was reached from another (`airflow_view.js`).
+AIRFLOW_VIEWS: tuple[tuple[str, str, str], ...] = (
+    ("Training Jobs", "/sat/jobs", "training-jobs"),
+    ("Create Training Job", "/sat/jobs/new", "create-training-job"),
+    ("Workspaces", "/sat/workspaces", "workspaces"),
+    ("Nodes", "/sat/nodes", "nodes"),
+)

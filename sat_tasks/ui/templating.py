@@ -14,7 +14,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from starlette.templating import Jinja2Templates
 
-from sat_tasks.core.links import job_page_path
+from sat_tasks.core.links import AIRFLOW_VIEWS, job_page_path
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
@@ -60,6 +60,7 @@ def _environment() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(cell=cell, duration=duration, size=size, job_href=job_href)
     env.globals["navigation"] = NAVIGATION
+    env.globals["airflow_routes"] = [route for _name, _href, route in AIRFLOW_VIEWS]
     return env
 
 

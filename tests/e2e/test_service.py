@@ -1065,12 +1065,19 @@ def test_the_views_refusals_say_what_to_do_inside_airflow(deployment, api, runs,
         assert frame.locator("#workspace").input_value() == "team-zz" and _generic_runs(api) == before
         page.screenshot(path=str(SCREENSHOTS / "23-create-unknown-workspace.png"), full_page=True)
 
-        view = _frame_of(page, "/sat/jobs")
-        view.goto(f"{deployment.url}/sat/jobs?q=no-such-job-zzz")
+        # a page of another entry reached from the Create entry's frame moves Airflow's navigation to that entry
+        # (airflow_view.js): "Training Jobs" is the current entry again, not "Create Training Job"
+        # (the Create entry's frame is replaced by the Training Jobs entry's once the list loads: wait for Airflow's
+        # address, not for that frame's load)
+        _frame_of(page, "/sat/jobs/new").goto(f"{deployment.url}/sat/jobs?q=no-such-job-zzz", wait_until="commit")
+        page.wait_for_url("**/plugin/training-jobs/sat/jobs?q=no-such-job-zzz", timeout=60_000)
         expect(frame.locator("#no-jobs")).to_contain_text("match these filters", timeout=60_000)
+        page.screenshot(path=str(SCREENSHOTS / "33-list-from-the-create-entry-in-airflow.png"))
         deleted = quote(runs["browser"]["stopped"]["run_id"], safe="")
-        view.goto(f"{deployment.url}/sat/jobs/sat_training_job/runs/{deleted}")
+        # a fresh load through Airflow's address, as a shared link opens: one frame from here on
+        page.goto(f"{deployment.url}/plugin/training-jobs/sat/jobs/sat_training_job/runs/{deleted}")
         frame.get_by_role("heading", name="Not found").wait_for()
+        view = _frame_of(page, "/sat/jobs/sat_training_job/runs/")
         assert "The run may have been deleted" in frame.locator("#not-found").inner_text()
         page.screenshot(path=str(SCREENSHOTS / "25-deleted-run-not-found-in-airflow.png"))
 

@@ -74,3 +74,44 @@ def test_airflows_external_view_sandbox_is_the_one_the_view_is_built_for():
     sandboxes = {value for bundle in bundles for value in re.findall(r"sandbox:`([^`]*)`", bundle.read_text())}
     assert VIEW_SANDBOX in sandboxes, sandboxes
     assert "allow-top-navigation" not in VIEW_SANDBOX and "allow-popups" not in VIEW_SANDBOX
+
+
+def test_each_page_names_the_airflow_entry_it_belongs_to_and_the_plugin_lists_the_same_entries():
+    """The plugin's menu entries are core.links.AIRFLOW_VIEWS; a page of one (list, job page, Workspaces, Nodes) names
+    it on its body, which airflow_view.js (on every page) uses to move Airflow's route there; forms stay neutral."""
+    from plugins.sat_training_jobs import SatTrainingJobsPlugin
+    from sat_tasks.core.links import AIRFLOW_VIEWS
+
+    routes = [route for _name, _href, route in AIRFLOW_VIEWS]
+    assert [(v["name"], v["href"], v["url_route"]) for v in SatTrainingJobsPlugin.external_views] == list(AIRFLOW_VIEWS)
+    owners = {}
+    for template in TEMPLATES.glob("*.html"):
+        found = re.search(r"{% block airflow_view %}([^{]*){% endblock %}", template.read_text())
+        if found and template.name != "base.html":
+            owners[template.name] = found.group(1)
+    assert owners == {"jobs.html": "training-jobs", "job.html": "training-jobs", "workspaces.html": "workspaces",
+                      "nodes.html": "nodes"}, owners
+    assert set(owners.values()) <= set(routes)
+    base = (TEMPLATES / "base.html").read_text()
+    assert "data-airflow-view='{% block airflow_view %}{% endblock %}'" in base and '"airflow_view.js"' in base
+    script = (TEMPLATES / "airflow_view.js").read_text()
+    assert "replaceState" in script and "/plugin/" in script and not offences(script)
+
+
+def test_airflows_plugin_route_is_the_entry_then_the_frames_own_path():
+    """airflow_view.js writes `/plugin/<url_route><the frame's path>`: the installed UI builds the route that way."""
+    import airflow
+
+    bundles = list((Path(airflow.__file__).parent / "ui" / "dist" / "assets").glob("index-*.js"))
+    text = "".join(bundle.read_text() for bundle in bundles)
+    assert re.search(r"=`/plugin/\$\{\w+\?\?``\}`", text), "Airflow's plugin route is no longer /plugin/<url_route>"
+    assert re.search(r"pathname:`\$\{\w+\}\$\{\w+\}`", text), "Airflow no longer appends the frame's path to its route"
+
+
+def test_a_page_renders_its_entry_and_the_routes_it_may_move_between():
+    """A neutral page (not found) names no entry, so it never moves Airflow's route; the routes are SAT's four."""
+    from sat_tasks.ui.templating import render
+
+    page = render("not_found.html", detail="no run r")
+    assert "<body data-airflow-view=''>" in page
+    assert '["training-jobs", "create-training-job", "workspaces", "nodes"]' in page
