@@ -21,7 +21,6 @@ from ckpt_engine.contract import (
     SERIES,
     STATUS_NAME,
 )
-
 from sat_tasks.core.contracts import VerdictKind
 
 
@@ -240,7 +239,7 @@ def job_summary(metrics: RunMetrics) -> dict[str, Any]:
     for index, before in enumerate(spans):
         after = spans[index + 1] if index + 1 < len(spans) else None
         if before["verdict"] is not None:
-            if before["verdict"] == "SUCCEEDED" or before["decision"] == "upload":
+            if before["verdict"] == VerdictKind.SUCCEEDED.value or before["decision"] == "upload":
                 continue
         elif after is None:
             continue

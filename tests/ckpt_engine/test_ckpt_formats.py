@@ -15,7 +15,12 @@ import safetensors.torch
 import torch
 
 from ckpt_engine.engine import plan_state
-from ckpt_engine.formats import DATA_ALIGNMENT, FilePlan, plan_safetensors, plan_torch_file
+from ckpt_engine.formats import (
+    DATA_ALIGNMENT,
+    FilePlan,
+    plan_safetensors,
+    plan_torch_file,
+)
 
 
 def render(plan: FilePlan) -> bytes:
@@ -44,8 +49,6 @@ def test_torch_file_loads_with_torch_load(tmp_path: Path, zip64: bool) -> None:
     assert torch.equal(torch.load(path, mmap=True, weights_only=True)["a"], base)  # records are aligned
 
 
-
-
 def test_zip_records_use_isal_crc_and_the_standard_librarys_without_it(tmp_path: Path) -> None:
     """The CRC comes from ISA-L where it is installed (the lock pins it) and from zlib in an image without it."""
     import subprocess
@@ -54,7 +57,7 @@ def test_zip_records_use_isal_crc_and_the_standard_librarys_without_it(tmp_path:
 
     import isal.isal_zlib
 
-    import ckpt_engine.formats as formats
+    from ckpt_engine import formats
 
     assert formats.crc32 is isal.isal_zlib.crc32
     data = torch.randint(0, 255, (3 << 20,), dtype=torch.uint8).numpy().tobytes()
@@ -79,6 +82,7 @@ def test_zip_records_use_isal_crc_and_the_standard_librarys_without_it(tmp_path:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and "fallback ok" in done.stdout, done.stderr[-2000:]
+
 
 def test_safetensors_file_loads_with_safetensors(tmp_path: Path) -> None:
     tensors = {"w": torch.randn(3, 4), "i": torch.arange(5, dtype=torch.int16), "b": torch.tensor([True, False]),
