@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
+import signal
+from typing import Protocol
 
 from ckpt_engine.contract import METRICS_DIR_ENV, PROGRESS_FILE_ENV
 from ckpt_engine.metrics.recorder import MetricsRecorder, yield_cpu
@@ -32,7 +33,13 @@ def _first_step(progress_file: str, attempt: int | None) -> int | None:
     return progress["step"]
 
 
-def run_sidecar(stop: threading.Event, *, poll_s: float = 1.0, parent_pid: int | None = None,
+class Stop(Protocol):
+    """What the sidecar waits on: a ``threading.Event`` (tests, a thread) or ``SignalStop`` (the process)."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+
+def run_sidecar(stop: Stop, *, poll_s: float = 1.0, parent_pid: int | None = None,
                 rec: MetricsRecorder | None = None) -> MetricsRecorder:
     """The node's system and job series for one attempt, whatever the command is, until ``stop`` or the parent ends.
 
@@ -71,17 +78,40 @@ def run_sidecar(stop: threading.Event, *, poll_s: float = 1.0, parent_pid: int |
     return rec
 
 
+class SignalStop:
+    """A stop request that comes as SIGTERM or SIGINT, taken synchronously: ``wait`` is ``Event.wait``'s shape.
+
+    The signals are blocked (in the calling thread, and so in every thread it starts after) and
+    received with ``sigtimedwait``: no Python signal handler runs. A handler that set a
+    ``threading.Event`` deadlocked the sidecar when a second SIGTERM arrived while the first
+    handler held the event's (non-reentrant) lock — the launcher's stop path may signal twice,
+    and on a loaded host the window is wide — so the attempt's last sample never came and its
+    launcher killed it 30 s later. Create it in the main thread before any other thread starts.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """True once a stop signal came (at once if it came before); else False after ``timeout`` seconds."""
+        if not self._set:
+            self._set = signal.sigtimedwait(self.SIGNALS, max(0.0, timeout)) is not None
+        return self._set
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m ckpt_engine.metrics``: the sidecar (``--check``: only whether it can run here)."""
-    import signal
     import sys
 
     args = sys.argv[1:] if argv is None else argv
     if "--check" in args:
         return 0 if os.environ.get(METRICS_DIR_ENV, "").strip() else 1
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    run_sidecar(stop, parent_pid=os.getppid())
+    run_sidecar(SignalStop(), parent_pid=os.getppid())
     return 0

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -190,8 +194,6 @@ def test_the_sidecars_periodic_samples_run_at_sched_idle_and_its_prompt_ones_at_
     """ADR 0017: the node's sidecar never preempts training for a periodic sample (SCHED_IDLE
     thread); its Starting sample, the first_step record and the last sample come from its
     main thread (nice 19), so they are not left waiting behind a busy CPU."""
-    import os
-
     from ckpt_engine.metrics import run_sidecar
 
     progress = tmp_path / "progress.json"
@@ -266,3 +268,37 @@ def test_the_restore_record_is_written_at_once_not_an_interval_later(tmp_path):
     fresh = MetricsRecorder(tmp_path / "fresh", attempt=1, node="n0", series=("training",), say=lambda m: None)
     fresh.note_restore(step=None, started_at=1.0, restored_at=None, first_step=1, first_step_at=2.0)
     assert fresh._pending == []  # a process that writes no checkpoint series records none
+
+
+def test_the_sidecar_process_ends_with_its_last_sample_however_many_sigterms_come(tmp_path):
+    """A burst of SIGTERMs (the launcher's stop path may send two, a supervisor more): one last sample, an exit.
+
+    The sidecar used to set a ``threading.Event`` from a Python signal handler: a second SIGTERM
+    arriving while the first handler held the event's lock deadlocked the process (seen under
+    the suite's load: the attempt's ``Ended`` sample never came and the runner killed it 30 s
+    later). Now it takes the signals synchronously (``SignalStop``). Against the old sidecar this
+    stream failed 5 runs of 5: killed by a SIGTERM its torn-down handler no longer caught, and in
+    2 of them before its last sample (the main thread spent its time in nested handlers).
+    """
+    env = {**os.environ, "SAT_METRICS_DIR": str(tmp_path), "SAT_ATTEMPT": "2", "SAT_NODE": "n0",
+           "SAT_METRICS_INTERVAL_SECONDS": "300"}
+    env.pop("SAT_PROGRESS_FILE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_engine.metrics"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    job = tmp_path / "attempt-2" / "n0" / "job.jsonl"
+    try:
+        wait_for(lambda: job.exists() and lines(job), "the sidecar's Starting sample")
+        wait_for(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) >= 2, "the sidecar's sampler thread")
+        sent, until = 0, time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < until:  # a stream of them, through its whole stop
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+                sent += 1
+            except ProcessLookupError:
+                break
+        assert proc.wait(timeout=60) == 0, f"ended by a signal after {sent} SIGTERMs"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [r["status"] for r in lines(job)] == ["Starting", "Ended"]

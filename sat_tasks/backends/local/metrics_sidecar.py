@@ -32,6 +32,7 @@ class MetricsSidecar:
         self.env = env
         self.log_file = log_file
         self.proc: subprocess.Popen | None = None
+        self._stop_requested = False
 
     def start(self) -> MetricsSidecar | None:
         if not self.env.get(METRICS_DIR_ENV):
@@ -52,10 +53,12 @@ class MetricsSidecar:
         sample and upload are on a fault's recovery path (the launch task, then the verdict,
         wait for them), where a nice-19 process on a loaded host waits behind every other one.
         Raising a priority back needs the privilege (root, CAP_SYS_NICE or RLIMIT_NICE) a
-        lowering did not; without it the sidecar stops at the priority it has.
+        lowering did not; without it the sidecar stops at the priority it has. Once: the
+        sidecar's stop is under way after the first SIGTERM, a second one says nothing new.
         """
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None or self._stop_requested:
             return
+        self._stop_requested = True
         _normal_priority(self.proc.pid)
         try:
             os.kill(self.proc.pid, signal.SIGTERM)

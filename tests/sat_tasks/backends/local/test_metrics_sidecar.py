@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import textwrap
+import time
 
+from sat_tasks.backends.local.metrics_sidecar import MetricsSidecar
 from sat_tasks.backends.local.runner import LocalAttempt
 from sat_tasks.spec import Fault
 
@@ -83,3 +87,22 @@ def _is_sidecar(pid: str, metrics_dir: str) -> bool:
     except OSError:
         return False
     return b"ckpt_engine.metrics" in cmdline and f"SAT_METRICS_DIR={metrics_dir}".encode() in environ
+
+
+def test_the_runner_asks_its_sidecar_to_stop_once(tmp_path):
+    """`request_stop` (the end of the log) then `stop` (the wait): one SIGTERM, not two."""
+    counted = tmp_path / "sigterms"
+    script = ("import signal, sys, time\n"
+              "n = []\n"
+              "signal.signal(signal.SIGTERM, lambda *a: n.append(1))\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(3)\n"  # SIGTERMs still arriving are counted too
+              f"open({str(counted)!r}, 'w').write(str(len(n)))\n")
+    sidecar = MetricsSidecar({}, tmp_path / "sidecar.log")
+    sidecar.proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert sidecar.proc.stdout.readline().strip() == "ready"
+    sidecar.request_stop()
+    began = time.monotonic()
+    sidecar.stop(lambda _: None)
+    assert sidecar.proc.returncode == 0 and time.monotonic() - began < 30
+    assert counted.read_text() == "1"
