@@ -76,10 +76,17 @@ class StopVote:
 class GracefulTermination:
     """Turns SIGTERM into a request the training loop honours at its next step boundary.
 
-    Call order: ``install()`` -> (signal arrives: ``requested`` becomes True and a
-    watchdog starts) -> the loop saves a final checkpoint and waits for it ->
-    ``finish()`` exits with 128+15. If that takes longer than ``grace_seconds`` the
-    watchdog calls ``on_timeout`` and exits with the same status anyway.
+    Call order: ``install()`` (the handler, and a watchdog thread that waits) -> (signal
+    arrives: ``requested`` becomes True, the watchdog says so and starts the grace period)
+    -> the loop saves a final checkpoint and waits for it -> ``finish()`` exits with 128+15.
+    If that takes longer than ``grace_seconds`` the watchdog calls ``on_timeout`` and exits
+    with the same status anyway.
+
+    The handler runs in the main thread between two bytecodes, wherever the training code
+    is; so it takes no lock that code may hold: no thread start (``threading``'s registry
+    lock), no logging (a stream's buffer), only flags and the set of an event nobody else in
+    the main thread waits on. A second SIGTERM is a no-op once the flag is up (the metrics
+    sidecar deadlocked on exactly that: ADR 0017's addendum of session 39).
     """
 
     def __init__(self, grace_seconds: float, *, on_timeout: Callable[[], None] | None = None) -> None:
@@ -88,14 +95,19 @@ class GracefulTermination:
         self.requested = False
         self.requested_at: float | None = None
         self.final_step: int | None = None
+        self._reason = ""
         self._previous: Any = None
+        self._asked = threading.Event()
+        self._said = threading.Event()  # the watchdog logged the request (finish() waits for the line)
         self._finished = threading.Event()
+        self._watchdog_thread: threading.Thread | None = None
 
     def install(self) -> bool:
-        """Register the SIGTERM handler (only possible from the main thread)."""
+        """Register the SIGTERM handler (only possible from the main thread) and start the watchdog."""
         if threading.current_thread() is not threading.main_thread():
             log.warning("[Concurrent Checkpoint] not in the main thread: SIGTERM handling disabled")
             return False
+        self._start_watchdog()
         self._previous = signal.signal(signal.SIGTERM, self._handle)
         launcher = launcher_kill_after()
         if launcher is not None and launcher[1] < self.grace_seconds:
@@ -118,13 +130,22 @@ class GracefulTermination:
         """Ask for the final checkpoint and exit (the signal handler, or another rank's SIGTERM); idempotent."""
         if self.requested:
             return
-        self.requested, self.requested_at = True, time.monotonic()
-        log.warning("[Concurrent Checkpoint] %s: finishing the in-flight checkpoint and taking a final one "
-                    "within %.0fs", reason, self.grace_seconds)
-        threading.Thread(target=self._watchdog, name="ckpt-sigterm-watchdog", daemon=True).start()
+        self.requested, self.requested_at, self._reason = True, time.monotonic(), reason
+        self._start_watchdog()  # running since install(): from the handler this starts nothing
+        self._asked.set()
+
+    def _start_watchdog(self) -> None:
+        if self._watchdog_thread is None:
+            self._watchdog_thread = threading.Thread(target=self._watchdog, name="ckpt-sigterm-watchdog", daemon=True)
+            self._watchdog_thread.start()
 
     def _watchdog(self) -> None:
-        if self._finished.wait(self.grace_seconds):
+        self._asked.wait()
+        log.warning("[Concurrent Checkpoint] %s: finishing the in-flight checkpoint and taking a final one "
+                    "within %.0fs", self._reason, self.grace_seconds)
+        self._said.set()
+        started = self.requested_at if self.requested_at is not None else time.monotonic()
+        if self._finished.wait(max(0.0, started + self.grace_seconds - time.monotonic())):
             return
         if self.on_timeout is not None:
             self.on_timeout()
@@ -137,6 +158,8 @@ class GracefulTermination:
 
     def finish(self) -> None:
         """Everything is committed: exit with the signal's status."""
+        if self._asked.is_set():
+            self._said.wait(5.0)  # the request's line comes before this one in the log
         self._finished.set()
         log.warning("[Concurrent Checkpoint] final checkpoint %s committed; exiting with status %d",
                     f"checkpoint-{self.final_step}" if self.final_step is not None else "(none)", EXIT_STATUS)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from ckpt_engine.signals import GracefulTermination
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,3 +63,27 @@ def test_a_launcher_that_sigkills_early_is_named_at_start(tmp_path: Path) -> Non
     assert "deepspeed.launcher.launch SIGKILLs its ranks 30s after SIGTERM" in before_60
     assert "grace period of 60s" in before_60
     assert "SIGKILLs its ranks" not in out[:out.index("installed 20.0")]  # 20 s fit in the launcher's 30 s
+
+
+def test_the_sigterm_handler_starts_no_thread_and_logs_nothing_itself(caplog) -> None:
+    """The handler runs between two bytecodes of whatever the main thread does: it takes no lock that code may hold.
+
+    Starting a thread there (``threading``'s registry lock) or logging (a stream's buffer) can
+    deadlock or raise when the signal lands inside the same call in the main thread; the
+    watchdog is started by ``install()`` and says what the request was.
+    """
+    term = GracefulTermination(60.0)
+    assert term.install()
+    try:
+        threads = threading.active_count()
+        with caplog.at_level(logging.WARNING, logger="ckpt_engine"):
+            term._handle(signal.SIGTERM, None)
+            term._handle(signal.SIGTERM, None)  # a second one: nothing new
+            assert threading.active_count() == threads
+            assert term.requested and term._said.wait(30)
+        said = [r.getMessage() for r in caplog.records if "finishing the in-flight" in r.getMessage()]
+        assert said == [("[Concurrent Checkpoint] SIGTERM received: finishing the in-flight checkpoint and "
+                         "taking a final one within 60s")]
+    finally:
+        term.uninstall()
+        term._finished.set()  # the watchdog returns instead of exiting this process
