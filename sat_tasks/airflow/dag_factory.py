@@ -270,6 +270,7 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
         first.append(wait_for_capacity(spec))
 
     launch_ops = backend.launch_operators(attempt=k, previous_decide_task_id=previous_decide, job=job)
+    watches = [_growth_watch(spec, k, job, plan)] if _grows_back(k, job, backend) else []
 
     # NONE_SKIPPED: classify runs when the launch succeeded or failed, and is skipped by the scheduler
     # (no task process) when the launch was skipped because the attempt is not needed.
@@ -298,4 +299,52 @@ def _attempt_group(spec, k: int, previous_decide: str | None, spot_waits: bool, 
         op >> verdict
     decide(spec, verdict)
     verdict >> cleanup(spec)
-    return first or launch_ops
+    return (first or launch_ops) + watches
+
+
+def _grows_back(k: int, job: TrainingJob | None, backend: Backend) -> bool:
+    """Attempt k of an elastic job may run on fewer nodes and grow back, watched from the DAG (`grow_watch`):
+    a failover attempt (k > 1) that is not the last one (a planned restart takes the next attempt)."""
+    return (backend.capabilities.grow_watch and job is not None and job.elastic is not None
+            and 1 < k < job.max_attempts())
+
+
+# How often the grow-back watch looks (reschedule mode: no worker slot between); it also ends at most
+# this long after the attempt's pods, and the next attempt group waits for it.
+GROW_POKE_SECONDS = 15
+
+
+def _growth_watch(spec, k: int, job: TrainingJob, plan):
+    """`watch_growth`: beside attempt k's launch, asks the backend whether capacity is back (ADR 0029).
+
+    Never fails the run: errors are logged and it looks again; done when the launch ended.
+    """
+
+    @_task(task.sensor, task_id="watch_growth", poke_interval=GROW_POKE_SECONDS, mode="reschedule",
+           timeout=timedelta(days=30).total_seconds(), soft_fail=True)
+    def watch_growth(spec: dict) -> bool:
+        job_ = _job(spec)
+        plan_ = plan(job_)
+        if plan_.failovers == 0:
+            raise AirflowSkipException(f"attempt {k} is not a failover: it runs on every node")
+        if _launch_ended(k):
+            return True
+        try:  # not `_run`: a look that failed is no task failure of the run
+            return steps.watch_growth(job_, _run_id(), plan_, log=_say)
+        except Exception as exc:  # noqa: BLE001 - a watch that cannot look now looks again; it never fails the run
+            _say(f"[sat] elastic: could not look for capacity to grow back ({type(exc).__name__}: {exc})")
+            return False
+
+    return watch_growth(spec)
+
+
+def _launch_ended(k: int) -> bool:
+    """Whether attempt k's rank-0 `launch` task has ended (then there is nothing to grow back)."""
+    context = get_current_context()
+    ti, run_id, task_id = context["ti"], context["run_id"], f"attempt_{k}.launch"
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[run_id]) or {}
+    except Exception:  # noqa: BLE001 - unknown: the pods' own phases still end the watch
+        return False
+    state = (states.get(run_id) or {}).get(task_id)
+    return str(getattr(state, "value", state)) in {"success", "failed", "upstream_failed", "skipped", "removed"}

@@ -14,6 +14,7 @@ backend to the same contract. Call order for one run:
         read_attempt_record(run, k) -> the AttemptRecord classify reads (None: never launched)
         cleanup_attempt(run, k)     -> what was deleted (the attempt's pods, ...)
         capacity(run, decision)     -> Spot: is there room for the next attempt?
+        watch_growth(run, plan)     -> an elastic attempt on fewer nodes: asked to stop and grow back? (`grow_watch`)
     upload_outputs(run)             -> the training outputs into <results>/output/
     job_log(run)                    -> the run's job log as a local file, for upload
     live_log(run, stored, cursor)   -> the running attempt's lines the job log lacks yet (the job page, ADR 0026)
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Decision, Log
+from sat_tasks.core.contracts import Decision, Log, Plan
 from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.core.warm_pool import Claim, WarmState
 from sat_tasks.io.run_layout import JobRun
@@ -90,12 +91,17 @@ class BackendCapabilities:
         workspace_pool: a workspace job's rank-0 `launch` task queues in the workspace's
             Airflow pool (`workspace_pool_name`) where nothing else queues it (Kueue). False:
             the backend queues workspace jobs itself (the local slot board), never in the pool.
+        grow_watch: an elastic job's failover attempts get a `watch_growth` sensor beside
+            their launch (`Backend.watch_growth`): nothing of the backend runs beside an attempt
+            while it runs (a deferred launch). False: the launcher watches for capacity to grow
+            back itself (the local runner, ADR 0029).
     """
 
     pulls_images: bool
     watches_stop_request: bool
     injects_faults: bool = False
     workspace_pool: bool = False
+    grow_watch: bool = False
 
 
 @runtime_checkable
@@ -151,6 +157,12 @@ class Backend(Protocol):
 
     def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
         """Spot: whether the next attempt (after `decision`) fits now."""
+
+    def watch_growth(self, run: JobRun, plan: Plan, log: Log) -> bool:
+        """An elastic attempt on fewer nodes: ask it to stop and grow back once capacity is back (`grow_watch`).
+
+        True when there is nothing more to watch (it was asked, runs on all nodes, or ended).
+        """
 
     def upload_outputs(self, run: JobRun, log: Log) -> dict[str, Any]:
         """Upload the training outputs to `run.output_uri`; the transfer report."""

@@ -329,6 +329,18 @@ def cleanup_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = prin
     return deleted
 
 
+def watch_growth(job: TrainingJob, run_id: str, plan: Plan, log: Log = print) -> bool:
+    """An elastic attempt on fewer nodes, where the backend watches from outside (`grow_watch`): True when done.
+
+    A person's stop request wins over growing back: the watch ends.
+    """
+    run = JobRun(job, run_id)
+    if run.stop_request() is not None:
+        log(f"[sat] elastic: a stop was requested: attempt {plan.attempt} is not restarted to grow back")
+        return True
+    return backend_for(job).watch_growth(run, plan, log)
+
+
 def capacity_available(job: TrainingJob, run_id: str, previous: Decision, log: Log = print) -> bool:
     """Spot: is there capacity again? Stops the job once spot.max_wait_seconds have passed.
 

@@ -109,7 +109,7 @@ def dag_problems(job: TrainingJob, dag: Any) -> list[str]:
     for k, group in enumerate(expected_groups, start=1):
         inside = {tid.split(".", 1)[1] for tid in ids if tid.startswith(group + ".")}
         problems += [f"{group}.{task} is missing" for task in GROUP_TASKS if task not in inside]
-        if not inside - set(GROUP_TASKS) - {"wait_for_capacity"}:
+        if not inside - set(GROUP_TASKS) - {"wait_for_capacity", "watch_growth"}:
             problems.append(f"{group} has no launch task")
         waits = "wait_for_capacity" in inside
         if waits != (k > 1 and job.is_spot):

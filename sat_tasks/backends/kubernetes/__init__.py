@@ -26,8 +26,10 @@ from sat_tasks.backends.base import (
     WarmState,
 )
 from sat_tasks.core.attempt import AttemptRecord
+from sat_tasks.core.clock import parse_time
 from sat_tasks.core.contracts import Decision, Log, Plan
 from sat_tasks.core.live_log import LiveCursor, LiveLog
+from sat_tasks.core.status import JobStatus
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -53,6 +55,7 @@ class KubernetesBackend(Backend):
         watches_stop_request=False,  # Stop ends the DAG run; the launch task's on_kill deletes the pods with their grace
         injects_faults=False,
         workspace_pool=True,  # without Kueue, rank 0's launch takes a slot per node (`workspace.launch_pool`)
+        grow_watch=True,  # the launch is deferred while the pods run: a sensor watches for capacity (ADR 0029)
     )
 
     def __init__(self, client: CoreV1Api | None = None, namespace: str | None = None,
@@ -138,6 +141,37 @@ class KubernetesBackend(Backend):
         from sat_tasks.backends.kubernetes.cleanup import cleanup_attempt
 
         return cleanup_attempt(self.client, run.job, run_id=run.run_id, attempt=attempt, namespace=self.namespace)
+
+    def watch_growth(self, run: JobRun, plan: Plan, log: Log) -> bool:
+        """`elastic.check_growth` with the node health ledger's word, then `elastic.request_growth` (ADR 0029).
+
+        Nodes count again when a person released them in the ledger after the attempt started
+        (its Running entry in the status history).
+        """
+        from sat_tasks.backends.kubernetes.elastic import check_growth, request_growth
+        from sat_tasks.io.node_ledger import NodeLedger
+
+        job = run.job
+        started = [e for e in run.history(log).entries()
+                   if e.get("attempt") == plan.attempt and e.get("status") == JobStatus.RUNNING.value]
+        at = parse_time(started[0].get("at")) if started else None
+        since = at.timestamp() if at is not None else None
+        quarantined: list[str] = []
+        released: list[str] = []
+        if since is not None and job.elastic is not None:
+            try:
+                ledger = NodeLedger.for_job(job, run.hook())
+                quarantined = list(ledger.quarantined())
+                released = sorted({r.node for r in ledger.releases() if r.at >= since})
+            except Exception as exc:  # noqa: BLE001 - without the ledger nothing is readmitted; capacity still counts
+                log(f"[sat] elastic: could not read the node health ledger ({type(exc).__name__}: {exc})")
+        growth = check_growth(job, run.run_id, plan, client=self.client, namespace=self.namespace,
+                              quarantined=quarantined, released=released, log=log)
+        if growth.grow is not None:
+            request_growth(self.client, self.namespace, job, run.run_id, plan.attempt, growth.grow, log=log)
+        elif growth.done:
+            log(f"[sat] elastic: not watching attempt {plan.attempt} for capacity to grow back: {growth.why}")
+        return growth.done
 
     def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
         """Ask the cluster for nodes a rank of the next attempt fits on (`capacity.cluster_capacity`)."""

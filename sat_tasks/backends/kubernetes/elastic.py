@@ -18,6 +18,18 @@ Call order, inside the `launch` tasks of a failover attempt of an elastic job (`
    create their pod rendered for `K` ranks (`pods.attempt_pod_manifests(ranks=K)`: `NNODES`,
    `SAT_NODES`, `SAT_GRAD_ACCUM_SCALE`).
 
+Growing back (`check_growth`, then `request_growth`), from the attempt group's `watch_growth`
+sensor while an attempt runs on `K < nodes` ranks: once its pods have started training, the
+cluster is asked again (the same `capacity.cluster_capacity`, the plan's exclusions less the
+nodes a person released in the node health ledger since the attempt started, plus the
+quarantined ones) and `core.policy.grow_back` decides on the nodes that fit and the attempt does
+not hold. Then every pod of the attempt gets the `sat.ai/planned-restart` annotation; each pod's
+PID 1 sees it through the downward API and SIGTERMs its command (the final checkpoint), the pods
+end and are kept, and `records.read_attempt_record` carries the annotation into the record's
+`planned_restart`, so classify and decide take over as on the local backend (a planned restart,
+not a failover). A workspace job does not grow back on Kubernetes: its pool or Kueue queue
+decides who gets freed room, which this watch does not ask (ADR 0029).
+
 Without Kueue a workspace job's ranks hold the workspace pool's slots (`workspace.launch_pool`):
 rank 0 counts only the ranks whose tasks hold theirs (`ranks_with_slots`), so `K` never names a
 rank still queued in the pool.
@@ -38,7 +50,7 @@ from sat_tasks.backends.kubernetes.capacity import (
     cluster_capacity,
 )
 from sat_tasks.core.contracts import Log, Plan
-from sat_tasks.core.policy import elastic_shrink, shrink_reason
+from sat_tasks.core.policy import GrowBack, elastic_shrink, grow_back, shrink_reason
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.spec import TrainingJob
 
@@ -207,3 +219,112 @@ def await_attempt_ranks(
             log(f"[sat] rank {node_rank} waits for rank 0 to decide how many nodes the elastic failover of attempt "
                 f"{attempt} resumes on (at most {deadline_seconds:.0f}s)")
         sleep(max(0.0, min(poll_seconds, deadline - clock())))
+
+
+# ---- growing back --------------------------------------------------------------------------------
+#: How often the attempt group's grow-back watch asks (a reschedule-mode sensor: no worker slot between).
+GROW_POLL_SECONDS = 30.0
+
+
+class Growth(NamedTuple):
+    """One look of the grow-back watch: `done` ends the watch; `grow` when it asked the attempt to stop and grow."""
+
+    done: bool
+    why: str
+    grow: GrowBack | None = None
+
+
+def check_growth(
+    job: TrainingJob,
+    run_id: str,
+    plan: Plan,
+    *,
+    client: Any,
+    namespace: str,
+    quarantined: Sequence[str] = (),
+    released: Sequence[str] = (),
+    log: Log = print,
+) -> Growth:
+    """Whether attempt `plan.attempt`, running on fewer ranks than `job.nodes`, should stop now to grow back.
+
+    `released`: nodes a person released in the node health ledger since the attempt started (of
+    the plan's exclusions, they count again); `quarantined`: the ledger's quarantined nodes (never
+    counted). Not done while the attempt's decision, its pods or its training's start are still to
+    come. Done (nothing to watch) when it runs on all nodes, ended, was already asked, is a
+    workspace job, or is the DAG's last attempt (a planned restart takes an attempt of the DAG).
+    """
+    if job.elastic is None or not job.distributed:
+        return Growth(True, "not an elastic job")
+    if plan.attempt >= job.max_attempts():
+        return Growth(True, f"attempt {plan.attempt} is the last one: there is no attempt to grow back in")
+    if job.workspace is not None:
+        return Growth(True, "a workspace job does not grow back on Kubernetes (its queue decides who gets the room)")
+    ranks = read_attempt_ranks(client, namespace, job, run_id, plan.attempt)
+    if ranks is None:
+        return Growth(False, "rank 0 has not decided how many ranks the attempt runs")
+    if ranks >= job.nodes:
+        return Growth(True, f"attempt {plan.attempt} runs on all {job.nodes} nodes")
+    pods = _attempt_pods(client, namespace, job, run_id, plan.attempt, ranks)
+    if len(pods) < ranks:
+        return Growth(False, f"{len(pods)} of the attempt's {ranks} pod(s) exist")
+    if any(((p.metadata.annotations or {}).get(names.ANNOTATION_PLANNED_RESTART)) for p in pods):
+        return Growth(True, "the attempt was already asked to stop for a planned restart")
+    if any(p.metadata.deletion_timestamp or (p.status.phase if p.status else None) in ("Succeeded", "Failed")
+           for p in pods):
+        return Growth(True, f"attempt {plan.attempt} has ended")
+    if not all(_training_started(p) for p in pods):
+        return Growth(False, "the attempt's training has not started on every pod")
+    readmitted = [n for n in plan.exclude_nodes if n in released and n not in quarantined]
+    excluded = [n for n in plan.exclude_nodes if n not in readmitted] + [n for n in quarantined
+                                                                         if n not in plan.exclude_nodes]
+    try:
+        assessment = cluster_capacity(job, run_id, plan.model_copy(update={"exclude_nodes": excluded}),
+                                      client=client, log=log)
+    except CapacityForbidden as exc:
+        return Growth(True, f"cannot count the healthy nodes ({exc}): the attempt runs on {ranks} to its end")
+    if assessment is None:
+        return Growth(False, "the Kubernetes API did not answer")
+    held = {p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}
+    free = [n for n in assessment.fitting if n not in held]
+    grow = grow_back(job, ranks, free, readmitted)
+    if grow is None:
+        return Growth(False, f"no room to grow from {ranks} of {job.nodes} nodes: {assessment.summary()}")
+    return Growth(True, grow.why, grow)
+
+
+def request_growth(client: Any, namespace: str, job: TrainingJob, run_id: str, attempt: int, grow: GrowBack,
+                   *, log: Log = print) -> list[str]:
+    """Ask every pod of the attempt to stop for its final checkpoint (the `sat.ai/planned-restart` annotation, which
+    each pod's PID 1 reads through the downward API); the pods patched."""
+    ranks = read_attempt_ranks(client, namespace, job, run_id, attempt) or job.nodes
+    body = {"metadata": {"annotations": {names.ANNOTATION_PLANNED_RESTART: grow.why,
+                                         names.ANNOTATION_READMITTED: ",".join(grow.readmitted)}}}
+    patched = []
+    for rank in range(ranks):
+        name = names.pod_name(job, run_id, attempt, rank)
+        client.patch_namespaced_pod(name, namespace, body)
+        patched.append(name)
+    log(f"[sat] elastic: {grow.why}: asked the {len(patched)} pod(s) of attempt {attempt} to stop at their final "
+        f"checkpoint; the next attempt runs on {grow.nodes} nodes (a planned restart, not a failover)")
+    return patched
+
+
+def _attempt_pods(client: Any, namespace: str, job: TrainingJob, run_id: str, attempt: int, ranks: int) -> list[Any]:
+    from kubernetes.client.exceptions import ApiException
+
+    found = []
+    for rank in range(ranks):
+        try:
+            found.append(client.read_namespaced_pod(names.pod_name(job, run_id, attempt, rank), namespace))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    return found
+
+
+def _training_started(pod: Any) -> bool:
+    """The pod runs and its main container has started (its startupProbe, the engine's first step, passed)."""
+    status = pod.status
+    if status is None or status.phase != "Running":
+        return False
+    return any(c.started for c in status.container_statuses or ())

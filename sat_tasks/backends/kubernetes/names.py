@@ -33,6 +33,12 @@ ANNOTATION_TAGS = "sat.ai/tags"
 # elastic failover may resume on fewer (ADR 0029). Rank 0's launch decides it; the other ranks read it here.
 ANNOTATION_RANKS = "sat.ai/ranks"
 
+# Set on the pods of an attempt running on fewer ranks when capacity is back (ADR 0029): why it stops for a
+# planned restart to grow back, and the excluded nodes a person released since. The pod's PID 1 sees the
+# first through the downward API and SIGTERMs the command (its final checkpoint); classify reads both.
+ANNOTATION_PLANNED_RESTART = "sat.ai/planned-restart"
+ANNOTATION_READMITTED = "sat.ai/readmitted-nodes"
+
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sat", "app.kubernetes.io/component": "training"}
 
 LABEL_COMPONENT = "app.kubernetes.io/component"

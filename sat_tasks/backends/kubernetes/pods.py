@@ -36,6 +36,8 @@ from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pull_secret import pull_secret_refs
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
 from sat_tasks.backends.kubernetes.supervisor import (
+    POD_ANNOTATIONS_ENV,
+    POD_INFO_DIR,
     PROGRESS_FILE,
     launch_command,
     nproc_per_node,
@@ -105,6 +107,7 @@ def _env(
     if ranks < job.nodes:  # an elastic failover on fewer nodes (ADR 0029): the global batch stays the planned one
         contract[NODES_ENV] = str(ranks)
         contract[ACCUMULATION_SCALE_ENV] = str(job.nodes // ranks)
+        contract[POD_ANNOTATIONS_ENV] = f"{POD_INFO_DIR}/annotations"  # PID 1 watches it to grow back (supervisor)
     field_refs = {NODE_ENV: "spec.nodeName", POD_NAME_ENV: "metadata.name"}
     env = [{"name": k, "value": v} for k, v in contract.items() if k not in field_refs]
     env.append({"name": RUN_ID_ENV, "value": run_id})
@@ -279,6 +282,10 @@ def attempt_pod_manifests(
     service = names.attempt_name(job, run_id, attempt) if job.distributed else None
     node_selector, tolerations, affinity = _scheduling(job, plan.exclude_nodes, settings, quarantined_nodes)
     volumes, mounts = _volumes(job, run_id, pvc_name)
+    if ranks < job.nodes:  # the pod's own annotations, where its PID 1 sees a planned restart to grow back
+        volumes.append({"name": "sat-pod-info", "downwardAPI": {"items": [
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}})
+        mounts.append({"mountPath": POD_INFO_DIR, "name": "sat-pod-info", "readOnly": True})
     script = supervisor_script(job, settings)
     command = launch_command(job)
     startup_probe, liveness_probe = training_probes(job)

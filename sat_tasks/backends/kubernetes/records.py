@@ -205,10 +205,22 @@ def read_attempt_record(run: JobRun, attempt: int, *, client: Any, namespace: st
         handle.writelines(f"{now_utc().isoformat()} [sat] attempt {attempt} rank {rank}: no pod left to read "
                           "(stopped when a peer failed, or never created)\n" for rank in missing)
     record = combine_rank_records(records, log)
-    record = record.model_copy(update={"nodes": _held_nodes(record, pods)})
+    record = record.model_copy(update={"nodes": _held_nodes(record, pods), **_planned_restart(pods)})
     run.store_record(record)
     run.upload_file(section, run.attempt_log_uri(attempt))
     return record
+
+
+def _planned_restart(pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The grow-back watch's note on the attempt's pods (`elastic.request_growth`, ADR 0029): why it was stopped,
+    and the excluded nodes it takes back; {} when none was stopped to grow back."""
+    for pod in pods:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        why = (annotations.get(names.ANNOTATION_PLANNED_RESTART) or "").strip()
+        if why:
+            readmitted = [n for n in (annotations.get(names.ANNOTATION_READMITTED) or "").split(",") if n.strip()]
+            return {"planned_restart": why[:500], "readmitted_nodes": [n.strip() for n in readmitted]}
+    return {}
 
 
 def assemble_job_log(run: JobRun) -> Path | None:

@@ -7,10 +7,18 @@ import re
 from typing import Any
 
 from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_NAME
+from sat_tasks.backends.kubernetes.names import ANNOTATION_PLANNED_RESTART
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.core.joblog import START_MARKER
 from sat_tasks.core.runtime_env import POD_OUTPUT_DIR
 from sat_tasks.spec import Framework, TrainingJob
+
+# How often PID 1 of an attempt on fewer ranks reads its annotations (the kubelet refreshes the
+# downward API file on its own sync, typically within a minute of the patch).
+GROW_WATCH_SECONDS = 5
+# Where the pod's annotations appear (a downwardAPI volume), for an attempt on fewer ranks.
+POD_INFO_DIR = "/etc/sat-pod"
+POD_ANNOTATIONS_ENV = "SAT_POD_ANNOTATIONS"
 
 # `python [-u|-B|-O...] script.py ...` or `python ... -m module ...`: what a launcher can take over.
 _PYTHON_CMD_RE = re.compile(
@@ -34,6 +42,11 @@ _PYTHON_CMD_RE = re.compile(
 # Beside the command runs the node's metrics sidecar (`python -m ckpt_engine.metrics`, from
 # the vendored engine): the system and job series of every attempt, whatever the command is;
 # it ends (a last sample, the upload) after the command. An image without Python has none.
+# An attempt on fewer ranks than the job's nodes (an elastic failover, ADR 0029) also watches
+# its own annotations (the downward API file `$SAT_POD_ANNOTATIONS`): once SAT's grow-back watch
+# sets `sat.ai/planned-restart`, PID 1 gets SIGTERM as from the kubelet, the command takes its
+# final checkpoint and the pod ends 143, kept for classify (no pod is deleted, no exec needed).
+# (No `$$` in this script: the kubelet would turn it into `$`; `BASHPID` is PID 1's own.)
 _SUPERVISOR = """\
 set -m
 trap 'echo "[sat] SIGTERM before the command started: exit 143"; exit 143' TERM INT
@@ -50,6 +63,16 @@ child=$!
 set +m
 stopped=
 trap 'stopped=1; kill -TERM -- "-${child}" 2>/dev/null' TERM INT
+watch=
+if [ -n "${SAT_POD_ANNOTATIONS}" ]; then
+  self="${BASHPID}"
+  ( while sleep %(grow_poll)d; do
+      if grep -q '^%(planned_restart)s=' "${SAT_POD_ANNOTATIONS}" 2>/dev/null; then
+        echo "[sat] elastic: this pod's sat.ai/planned-restart annotation is set (capacity is back): SIGTERM to the command for its final checkpoint; the next attempt grows back"
+        kill -TERM "${self}"; exit 0
+      fi
+    done ) & watch=$!
+fi
 wait "${child}"; rc=$?
 while kill -0 "${child}" 2>/dev/null; do wait "${child}"; rc=$?; done
 if [ -n "${stopped}" ] && kill -0 -- "-${child}" 2>/dev/null; then
@@ -60,6 +83,7 @@ fi
 if [ -n "${stopped}" ] && [ "${rc}" = 0 ]; then
   echo "[sat] stopped by SIGTERM before the command finished: exit 143"; rc=143
 fi
+if [ -n "${watch}" ]; then kill "${watch}" 2>/dev/null; fi
 if [ -n "${sampler}" ]; then kill -TERM "${sampler}" 2>/dev/null; wait "${sampler}"; fi
 exit "${rc}"
 """
@@ -123,7 +147,8 @@ def supervisor_script(job: TrainingJob, settings: KubernetesSettings) -> str:
     wait = ""
     if job.distributed:
         wait = _WAIT_FOR_RANK0 % {"tries": max(settings.rendezvous_dns_wait_seconds // 5, 1)}
-    return _SUPERVISOR % {"marker": START_MARKER, "wait_for_rank0": wait}
+    return _SUPERVISOR % {"marker": START_MARKER, "wait_for_rank0": wait, "grow_poll": GROW_WATCH_SECONDS,
+                          "planned_restart": ANNOTATION_PLANNED_RESTART.replace(".", "\\.")}
 
 
 

@@ -24,7 +24,7 @@ from sat_tasks.backends.base import (
     WarmState,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Action, Decision, Log
+from sat_tasks.core.contracts import Action, Decision, Log, Plan
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -100,6 +100,10 @@ class LocalBackend(Backend):
         if decision.action is Action.RESUME and time.time() < (decision.capacity_at or 0):
             free = []
         return Capacity(bool(free), f"{len(free)} node(s) available in the local pool")
+
+    def watch_growth(self, run: JobRun, plan: Plan, log: Log) -> bool:
+        """Nothing to watch from outside: the local runner asks itself while the attempt runs (`grow_watch` False)."""
+        return True
 
     # ---- after training ------------------------------------------------------------------------
     def upload_outputs(self, run: JobRun, log: Log) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def _quiet(_line: str) -> None:
 # ---- the protocol's shape ------------------------------------------------------------------------
 def test_the_protocol_has_the_methods_the_module_doc_lists():
     assert METHODS == ["stage", "check_staged_data", "launch_operators", "read_attempt_record", "cleanup_attempt",
-                       "capacity", "upload_outputs", "job_log", "live_log", "cleanup_run", "keep_warm",
+                       "capacity", "watch_growth", "upload_outputs", "job_log", "live_log", "cleanup_run", "keep_warm",
                        "release_warm", "release_node", "workspace_queue_problem"]
 
 

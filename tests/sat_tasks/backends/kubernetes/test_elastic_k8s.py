@@ -365,3 +365,212 @@ class _History:
 
     def record(self, status, reason, **kwargs):
         self.entries.append((status, reason))
+
+
+# ---- growing back ------------------------------------------------------------------------------
+def test_only_an_attempt_on_fewer_ranks_watches_its_annotations(tmp_path):
+    """The downward API file its PID 1 reads (schema-valid); an attempt on every node has neither."""
+    job = _job(2)
+    _, shrunk = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), namespace=NAMESPACE,
+                                                  settings=SETTINGS, ranks=1)
+    _validate(shrunk)
+    assert _env(shrunk)["SAT_POD_ANNOTATIONS"] == "/etc/sat-pod/annotations"
+    assert {"name": "sat-pod-info", "downwardAPI": {"items": [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}} in shrunk["spec"]["volumes"]
+    assert {"mountPath": "/etc/sat-pod", "name": "sat-pod-info", "readOnly": True} in \
+        shrunk["spec"]["containers"][0]["volumeMounts"]
+    _, *full = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), settings=SETTINGS)
+    for pod in full:
+        assert "SAT_POD_ANNOTATIONS" not in _env(pod)
+        assert not [v for v in pod["spec"]["volumes"] if v["name"] == "sat-pod-info"]
+
+
+def test_pid_1_stops_the_command_for_its_final_checkpoint_when_the_annotation_comes(tmp_path):
+    """The supervisor as rendered for a shrunk attempt, run here with bash: the annotation file as the kubelet writes
+    it (`key="value"` lines); the command gets SIGTERM, saves, and the pod ends 143 (never a success)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    job = _job(2)
+    _, pod = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), namespace=NAMESPACE,
+                                               settings=SETTINGS, ranks=1)
+    script = pod["spec"]["containers"][0]["command"][2]
+    annotations = tmp_path / "annotations"
+    annotations.write_text('sat.ai/ranks="1"\nsat.ai/planned-restart-not="x"\n')  # a near miss: not the key
+    trainer = tmp_path / "train.py"
+    trainer.write_text("import signal, sys, time\n"
+                       "def stop(*_):\n    print('final checkpoint saved', flush=True); sys.exit(0)\n"
+                       "signal.signal(signal.SIGTERM, stop)\nprint('training', flush=True)\ntime.sleep(120)\n")
+    env = {**os.environ, "SAT_CODE_DIR": str(tmp_path), "SAT_ATTEMPT": "2", "SAT_JOB_NAME": job.name,
+           "SAT_NODE": "node-a", "SAT_POD_ANNOTATIONS": str(annotations), "NODE_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.Popen(["bash", "-c", script, "sat-launch", f"{sys.executable} {trainer}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout.readline() and "training" in proc.stdout.readline()
+        time.sleep(7)  # more than one look of PID 1's watch: the near miss does not stop it
+        assert proc.poll() is None
+        annotations.write_text('sat.ai/planned-restart="planned restart to grow back from 1 to 2 of 2 nodes"\n'
+                               'sat.ai/ranks="1"\n')
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "[sat] elastic: this pod's sat.ai/planned-restart annotation is set" in out
+    assert "final checkpoint saved" in out and proc.returncode == 143
+
+
+def _running_shrunk_attempt(cluster: Cluster, job: TrainingJob, plan: Plan, node: str = "node-a") -> dict:
+    """Attempt `plan.attempt` on 1 of 2 ranks, its pod training on `node` (its start recorded as the launch does)."""
+    service, pod = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=plan, namespace=NAMESPACE,
+                                                     settings=SETTINGS, ranks=1)
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running", "startTime": "2026-12-02T08:00:00Z", "containerStatuses": [
+        {"name": "base", "ready": True, "started": True, "restartCount": 0, "image": "x", "imageID": "",
+         "state": {"running": {"startedAt": "2026-12-02T08:00:00Z"}}}]}
+    cluster.services.append(service)
+    cluster.pods.append(pod)
+    JobRun(job, RUN_ID).record_attempt_start(plan, lambda _m: None, where=pod["metadata"]["name"], nodes_held=1)
+    return pod
+
+
+def test_a_shrunk_attempt_grows_back_once_the_excluded_node_is_released(launch_env, monkeypatch):
+    """Issue 32 on Kubernetes: the watch asks while the attempt trains on 1 of 2 nodes; nothing while node-b stays
+    excluded; once a person releases it in the ledger the pods are asked to stop, and classify and decide
+    take over as on the local backend (a planned restart: no failover spent, node-b placed again)."""
+    from sat_tasks.io.node_ledger import NodeLedger
+    from sat_tasks.pipeline import steps
+
+    monkeypatch.setenv("AIRFLOW__SAT__NODE_LEDGER_URI", f"s3://{BUCKET}/_node-health/")
+    job = _job(2, name="elastic-grows")
+    plan = _failover()
+    cluster = Cluster(nodes=[_node("node-a"), _node("node-b")])
+    pod = _running_shrunk_attempt(cluster, job, plan)
+    run = JobRun(job, RUN_ID)
+    backend = KubernetesBackend(client=cluster.client(), namespace=NAMESPACE)
+    said: list[str] = []
+
+    assert backend.watch_growth(run, plan, said.append) is False  # node-a is the attempt's, node-b excluded
+    assert not [r for r in cluster.requests if r[0] == "PATCH"]
+
+    NodeLedger.for_job(job, run.hook()).release("node-b", by="ops", note="GPU replaced")
+    assert backend.watch_growth(run, plan, said.append) is True
+    why = "planned restart to grow back from 1 to 2 of 2 nodes: capacity is back (node-b released)"
+    assert pod["metadata"]["annotations"][k8s_names.ANNOTATION_PLANNED_RESTART] == why
+    assert pod["metadata"]["annotations"][k8s_names.ANNOTATION_READMITTED] == "node-b"
+    assert any("asked the 1 pod(s) of attempt 2 to stop at their final checkpoint" in line for line in said)
+    patches = len([r for r in cluster.requests if r[0] == "PATCH"])
+    assert backend.watch_growth(run, plan, said.append) is True  # asked once
+    assert len([r for r in cluster.requests if r[0] == "PATCH"]) == patches
+
+    # PID 1 stopped the command at its final checkpoint: the pod ended 143, kept for classify.
+    pod["status"] = {"phase": "Failed", "startTime": "2026-12-02T08:00:00Z", "containerStatuses": [
+        {"name": "base", "ready": False, "started": False, "restartCount": 0, "image": "x", "imageID": "",
+         "state": {"terminated": {"exitCode": 143, "reason": "Error", "startedAt": "2026-12-02T08:00:00Z",
+                                  "finishedAt": "2026-12-02T08:10:00Z"}}}]}
+    cluster.logs[pod["metadata"]["name"]] = ("[sat] elastic: this pod's sat.ai/planned-restart annotation is set\n"
+                                             "[Concurrent Checkpoint] SIGTERM received: finishing the in-flight "
+                                             "checkpoint\n")
+    monkeypatch.setattr("sat_tasks.backends.kubernetes.client.core_v1_client", lambda *a, **k: cluster.client())
+    verdict = steps.classify_attempt(job, RUN_ID, 2, log=lambda _m: None)
+    assert verdict["kind"] == "PLANNED_RESTART" and verdict["reason"] == why
+    record = run.load_record(2)
+    assert record.planned_restart == why and record.readmitted_nodes == ["node-b"]
+    from sat_tasks.core.contracts import Verdict
+
+    decision = Decision.from_xcom(steps.decide(job, RUN_ID, plan, Verdict.from_xcom(verdict), log=lambda _m: None))
+    assert decision.action is Action.FAILOVER and decision.exclude_nodes == [] and decision.failovers == 1
+    assert "not a failover: 1 of 3 used" in decision.why
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("all-ranks", (True, "runs on all 2 nodes")),
+    ("not-started", (False, "training has not started")),
+    ("ended", (True, "has ended")),
+    ("last-attempt", (True, "is the last one")),
+    ("workspace", (True, "a workspace job does not grow back on Kubernetes")),
+    ("undecided", (False, "rank 0 has not decided")),
+    ("quarantined", (False, "no room to grow")),
+])
+def test_the_watch_leaves_alone_what_it_must_not_grow(case, expected, launch_env):
+    """Near misses: each of these must not ask the pods to stop (and most end the watch)."""
+    job = _job(2, name=f"elastic-{case}")
+    plan = _failover()
+    cluster = Cluster(nodes=[_node("node-a"), _node("node-b"), _node("node-c")])
+    quarantined: list[str] = []
+    if case == "last-attempt":
+        plan = _failover(attempt=job.max_attempts())
+    if case == "workspace":
+        job = parse_spec(job_spec(nodes=2, elastic={"min_nodes": 1, "wait_seconds": 0}, job_failover=True))
+    if case == "all-ranks":
+        cluster.services.append(k8s_pods.rendezvous_service(job, run_id=RUN_ID, attempt=2, namespace=NAMESPACE,
+                                                            settings=SETTINGS, ranks=2))
+    elif case not in ("undecided", "workspace"):  # a workspace job is left alone before anything is read
+        pod = _running_shrunk_attempt(cluster, job, plan)
+        if case == "not-started":
+            pod["status"]["containerStatuses"][0]["started"] = False
+        if case == "ended":
+            pod["status"]["phase"] = "Succeeded"
+        if case == "quarantined":  # node-c would fit, but the ledger quarantined it; node-b stays excluded
+            quarantined = ["node-c"]
+    growth = k8s_elastic.check_growth(job, RUN_ID, plan, client=cluster.client(), namespace=NAMESPACE,
+                                      quarantined=quarantined, log=lambda _m: None)
+    assert (growth.done, growth.grow) == (expected[0], None) and expected[1] in growth.why, growth
+    assert not [r for r in cluster.requests if r[0] == "PATCH"]
+
+
+def test_a_spare_node_that_fits_grows_the_attempt_back_without_a_release(launch_env):
+    """Capacity, not only a release: a third healthy node with room is enough (node-b stays excluded)."""
+    job = _job(2, name="elastic-spare-back")
+    cluster = Cluster(nodes=[_node("node-a"), _node("node-b"), _node("node-c")])
+    _running_shrunk_attempt(cluster, job, _failover())
+    growth = k8s_elastic.check_growth(job, RUN_ID, _failover(), client=cluster.client(), namespace=NAMESPACE,
+                                      log=lambda _m: None)
+    assert growth.done and growth.grow is not None and growth.grow.nodes == 2 and growth.grow.readmitted == ()
+    assert growth.why == "planned restart to grow back from 1 to 2 of 2 nodes: capacity is back"
+
+
+def test_the_dag_watches_only_the_failover_attempts_of_an_elastic_kubernetes_job():
+    from sat_tasks.airflow.dag_factory import build_job_dag
+
+    job = _job(2, name="elastic-dag")
+    dag = build_job_dag(job, dag_id="elastic-dag")
+    watches = sorted(t for t in dag.task_dict if t.endswith(".watch_growth"))
+    assert watches == [f"attempt_{k}.watch_growth" for k in range(2, job.max_attempts())]
+    sensor = dag.task_dict["attempt_2.watch_growth"]
+    assert sensor.mode == "reschedule" and sensor.soft_fail
+    launch = dag.task_dict["attempt_2.launch"]
+    assert launch.upstream_task_ids and launch.upstream_task_ids <= sensor.upstream_task_ids  # after attempt 1
+    assert "attempt_2.watch_growth" in dag.task_dict["attempt_3.launch"].upstream_task_ids  # ends before attempt 3
+    plain = build_job_dag(_job(2, name="plain-dag", elastic=None), dag_id="plain-dag")
+    assert not [t for t in plain.task_dict if t.endswith(".watch_growth")]
+    local = build_job_dag(_job(2, name="local-dag", backend="local"), dag_id="local-dag")
+    assert not [t for t in local.task_dict if t.endswith(".watch_growth")]
+
+
+def test_the_watch_task_asks_the_backend_and_ends_with_the_launch(launch_env, monkeypatch):
+    """The sensor's own body, with the task context it gets: it plans the attempt from attempt 1's decision, asks
+    the Kubernetes backend (here a third node fits: the pod is asked to stop), and ends without asking once
+    the attempt's launch task has ended."""
+    from sat_tasks.airflow import dag_factory
+
+    job = _job(2, name="elastic-sensor")
+    sensor = dag_factory.build_job_dag(job, dag_id="elastic-sensor").task_dict["attempt_2.watch_growth"]
+    cluster = Cluster(nodes=[_node("node-a"), _node("node-b"), _node("node-c")])
+    pod = _running_shrunk_attempt(cluster, job, _failover())
+    monkeypatch.setattr("sat_tasks.backends.kubernetes.client.core_v1_client", lambda *a, **k: cluster.client())
+    decision = Decision(attempt=1, verdict="HARDWARE", action=Action.FAILOVER, why="test", exclude_nodes=["node-b"],
+                        failovers=1, resume_step=40).to_xcom()
+    ti = _TI("attempt_2.watch_growth", {"attempt_1.decide": decision})
+    monkeypatch.setattr(dag_factory, "get_current_context", lambda: {"ti": ti, "run_id": RUN_ID})
+
+    ti.states = {"attempt_2.launch": "success"}  # the attempt ended: nothing to ask
+    assert sensor.python_callable(job.to_dict()) is True
+    assert not [r for r in cluster.requests if r[0] == "PATCH"]
+
+    ti.states = {"attempt_2.launch": "deferred"}  # its pods run
+    assert sensor.python_callable(job.to_dict()) is True
+    assert pod["metadata"]["annotations"][k8s_names.ANNOTATION_PLANNED_RESTART] == (
+        "planned restart to grow back from 1 to 2 of 2 nodes: capacity is back")
