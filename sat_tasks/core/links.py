@@ -36,3 +36,6 @@ AIRFLOW_VIEWS: tuple[tuple[str, str, str], ...] = (
     ("Workspaces", "/sat/workspaces", "workspaces"),
     ("Nodes", "/sat/nodes", "nodes"),
 )
+#: The entries that open a form rather than a place: Airflow's menu lists them, the view's own top
+#: links do not (the list page has the button).
+FORM_VIEWS = frozenset({"create-training-job"})

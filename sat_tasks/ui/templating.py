@@ -14,14 +14,14 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from starlette.templating import Jinja2Templates
 
-from sat_tasks.core.links import AIRFLOW_VIEWS, job_page_path
+from sat_tasks.core.links import AIRFLOW_VIEWS, FORM_VIEWS, job_page_path
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
-# The view's own navigation, on top of every page: (label, path). A new page of the view is a
-# router in `sat_tasks.ui.app`, a template extending base.html and, when it is a place to go, a line here.
-NAVIGATION: list[tuple[str, str]] = [("Training Jobs", "/sat/jobs"), ("Workspaces", "/sat/workspaces"),
-                                     ("Nodes", "/sat/nodes")]
+# The view's own navigation, on top of every page: (label, path), Airflow's entries for it less the
+# forms. A new page of the view is a router in `sat_tasks.ui.app`, a template extending base.html
+# and, when it is a place to go, an entry of `core.links.AIRFLOW_VIEWS`.
+NAVIGATION: list[tuple[str, str]] = [(name, href) for name, href, route in AIRFLOW_VIEWS if route not in FORM_VIEWS]
 
 
 def cell(value: Any) -> str:

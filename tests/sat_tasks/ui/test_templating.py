@@ -44,6 +44,9 @@ def test_every_value_is_escaped_and_the_navigation_is_on_top():
     assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html and "r&#39;1" in html
     nav = html[html.index("<nav class='views'>"):html.index("</nav>")]
     assert [f"<a href='{href}'>{label}</a>" in nav for label, href in NAVIGATION] == [True] * len(NAVIGATION)
+    # Airflow's entries for the view, less the Create form (the list page's button)
+    assert NAVIGATION == [("Training Jobs", "/sat/jobs"), ("Workspaces", "/sat/workspaces"), ("Nodes", "/sat/nodes")]
+    assert "/sat/jobs/new" not in nav
     assert html.index("</nav>") < html.index("<h1>")
 
 
