@@ -88,6 +88,30 @@ def _through(socket: str, command: str) -> str:
 # ---- the failover standby (ADR 0031) ------------------------------------------------------------
 #: How long a standby stays after the launch that owns it is gone: the verdict, the decision and the next launch.
 STANDBY_GRACE_S = 300.0
+#: `failover_warm_interpreter = auto`: a standby starts only while the host has this much memory available
+#: (it holds ~0.5-1 GB with torch and transformers imported).
+STANDBY_MIN_AVAILABLE_BYTES = 4 << 30
+
+
+def standby_enabled() -> bool:
+    """`[sat] failover_warm_interpreter`: true, false, or auto (the default: while memory is plentiful)."""
+    value = config.sat_setting("failover_warm_interpreter").strip().lower()
+    if value == "auto":
+        available = _memory_available()
+        return available is not None and available >= STANDBY_MIN_AVAILABLE_BYTES
+    return value in ("1", "true", "yes", "on")
+
+
+def _memory_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def standby_eligible(job) -> bool:
@@ -102,9 +126,8 @@ def standby_eligible(job) -> bool:
     """
     from sat_tasks.spec.model import FaultKind
 
-    enabled = config.sat_setting("failover_warm_interpreter", "false").strip().lower() in ("1", "true", "yes")
-    return (enabled and bool(job.job_failover) and job.nodes == 1 and _preload() != "none"
-            and bool(_PYTHON_SCRIPT.match(job.command)) and not any(f.kind is FaultKind.HANG for f in job.faults))
+    return (bool(job.job_failover) and job.nodes == 1 and bool(_PYTHON_SCRIPT.match(job.command))
+            and not any(f.kind is FaultKind.HANG for f in job.faults) and _preload() != "none" and standby_enabled())
 
 
 def standby_socket_path(run: JobRun) -> str:

@@ -238,3 +238,21 @@ def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monke
         assert not local_warm.standby_eligible(other)
     monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "false")
     assert not local_warm.standby_eligible(job)
+
+
+def test_the_standby_is_on_by_default_while_memory_is_plentiful(warm_job, monkeypatch):
+    """`failover_warm_interpreter = auto` (the default): on with STANDBY_MIN_AVAILABLE_BYTES available, off below,
+    off where /proc/meminfo cannot be read; `true` and `false` as written."""
+    monkeypatch.delenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", raising=False)
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
+    job = warm_job.job(job_failover=True, warm_pool=None)
+    assert local_warm._memory_available() > 0  # this Linux host's own /proc/meminfo
+    for available, expected in ((local_warm.STANDBY_MIN_AVAILABLE_BYTES, True),
+                                (local_warm.STANDBY_MIN_AVAILABLE_BYTES - 1, False), (None, False)):
+        monkeypatch.setattr(local_warm, "_memory_available", lambda value=available: value)
+        assert local_warm.standby_eligible(job) is expected, available
+    monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "true")
+    assert local_warm.standby_eligible(job)
+    monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "false")
+    monkeypatch.setattr(local_warm, "_memory_available", lambda: 1 << 40)
+    assert not local_warm.standby_eligible(job)
