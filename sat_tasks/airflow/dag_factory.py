@@ -317,16 +317,26 @@ GROW_POKE_SECONDS = 15
 def _growth_watch(spec, k: int, job: TrainingJob, plan):
     """`watch_growth`: beside attempt k's launch, asks the backend whether capacity is back (ADR 0029).
 
-    Never fails the run: errors are logged and it looks again; done when the launch ended.
+    It is a leaf of attempt k's group, so attempt k+1 starts after it: it skips only when attempt
+    k is not needed (then neither is the next), and otherwise always ends in success — done when
+    the launch ended or there is nothing to grow; an error is logged and it looks again — so it
+    never keeps the next attempt from starting.
     """
 
     @_task(task.sensor, task_id="watch_growth", poke_interval=GROW_POKE_SECONDS, mode="reschedule",
-           timeout=timedelta(days=30).total_seconds(), soft_fail=True)
+           timeout=timedelta(days=365).total_seconds(), soft_fail=True)
     def watch_growth(spec: dict) -> bool:
-        job_ = _job(spec)
-        plan_ = plan(job_)
+        try:
+            job_ = _job(spec)
+            plan_ = plan(job_)  # AirflowSkipException when attempt k is not needed
+        except AirflowSkipException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - nothing to watch that can be planned: done, not failed
+            _say(f"[sat] elastic: not watching attempt {k} for capacity ({type(exc).__name__}: {exc})")
+            return True
         if plan_.failovers == 0:
-            raise AirflowSkipException(f"attempt {k} is not a failover: it runs on every node")
+            _say(f"[sat] elastic: attempt {k} is not a failover: it runs on every node, nothing to grow back")
+            return True
         if _launch_ended(k):
             return True
         try:  # not `_run`: a look that failed is no task failure of the run

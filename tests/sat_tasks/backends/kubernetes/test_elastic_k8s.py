@@ -574,3 +574,10 @@ def test_the_watch_task_asks_the_backend_and_ends_with_the_launch(launch_env, mo
     assert sensor.python_callable(job.to_dict()) is True
     assert pod["metadata"]["annotations"][k8s_names.ANNOTATION_PLANNED_RESTART] == (
         "planned restart to grow back from 1 to 2 of 2 nodes: capacity is back")
+
+    # It is upstream of attempt 3: it ends in success, not skipped or failed, where attempt 2 runs anyway.
+    resumed = Decision(attempt=1, verdict="PREEMPTED", action=Action.RESUME, why="test", resumes=1).to_xcom()
+    ti._xcoms["attempt_1.decide"] = resumed  # not a failover: every node
+    assert sensor.python_callable(job.to_dict()) is True
+    ti._xcoms["attempt_1.decide"] = {"garbage": True}  # cannot be planned: done, never a failure
+    assert sensor.python_callable(job.to_dict()) is True
