@@ -137,16 +137,22 @@ def standby_socket_path(run: JobRun) -> str:
 
 
 def _through_standby(run: JobRun, command: str) -> str:
-    """Through the run's standby when one answers (this launch then owns it); else start one, this attempt cold.
+    """Through the run's standby when it is ready (this launch then owns it); else this attempt starts cold.
 
-    The standby stays while the launch that owns it runs, and `STANDBY_GRACE_S` after; each
-    launch takes it over, so it outlives every attempt of the run by that much at most.
+    A standby still importing is left to it, on idle CPU, for the next failover: asking it
+    would hurry it to normal priority into this attempt's way (`warm_interpreter.is_ready`).
+    With none running, one starts. The standby stays while the launch that owns it runs, and
+    `STANDBY_GRACE_S` after; each launch that uses it takes it over, so it outlives every
+    attempt of the run by that much at most.
     """
     from sat_tasks.backends.local import warm_interpreter
 
     path = standby_socket_path(run)
-    if warm_interpreter.extend(path, time.time() + STANDBY_GRACE_S, owner=os.getpid()):
-        return _through(path, command)
+    if warm_interpreter.is_ready(path):
+        if warm_interpreter.extend(path, time.time() + STANDBY_GRACE_S, owner=os.getpid()):
+            return _through(path, command)
+    elif _standby_pids(path):
+        return command
     env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
     subprocess.Popen(
         [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
@@ -157,13 +163,9 @@ def _through_standby(run: JobRun, command: str) -> str:
     return command
 
 
-def release_standby(run: JobRun) -> list[str]:
-    """Stop the run's standby interpreter, if one runs (SIGTERM); `process/warm-interpreter-<pid>`.
-
-    Found by its socket in its command line: it is nobody's warm state, only the run's.
-    """
-    path = standby_socket_path(run).encode()
-    released = []
+def _standby_pids(socket: str) -> list[int]:
+    """The processes serving the standby socket `socket` (found by it in their command line)."""
+    path, pids = socket.encode(), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -172,11 +174,22 @@ def release_standby(run: JobRun) -> list[str]:
         except OSError:
             continue
         if b"serve" in cmdline and path in cmdline and any(b"warm_interpreter" in part for part in cmdline):
-            try:
-                os.kill(int(entry), signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            released.append(f"process/warm-interpreter-{entry}")
+            pids.append(int(entry))
+    return pids
+
+
+def release_standby(run: JobRun) -> list[str]:
+    """Stop the run's standby interpreter, if one runs (SIGTERM); `process/warm-interpreter-<pid>`.
+
+    Found by its socket in its command line: it is nobody's warm state, only the run's.
+    """
+    released = []
+    for pid in _standby_pids(standby_socket_path(run)):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        released.append(f"process/warm-interpreter-{pid}")
     return released
 
 

@@ -70,6 +70,7 @@ def serve(socket_path: str, preload: Sequence[str], until: float, *, owner: int 
         except Exception:  # noqa: BLE001 - a module the job does not have is just not preloaded
             continue
     _set_policy(getattr(os, "SCHED_OTHER", None))  # the children train at normal priority
+    _mark_ready(socket_path)
     sys.stdout.flush()
     children: dict[int, socket.socket] = {}
     lease = {"owner": owner}
@@ -88,9 +89,30 @@ def serve(socket_path: str, preload: Sequence[str], until: float, *, owner: int 
             until = _handle(server, conn, children, loaded, until, lease)
     finally:
         server.close()
-        if os.path.exists(socket_path):
-            os.unlink(socket_path)
+        for path in (ready_path(socket_path), socket_path):
+            if os.path.exists(path):
+                os.unlink(path)
     return 0
+
+
+def ready_path(socket_path: str) -> str:
+    """The file a server writes beside its socket once its imports are done (`is_ready`)."""
+    return socket_path + ".ready"
+
+
+def _mark_ready(socket_path: str) -> None:
+    fd = os.open(ready_path(socket_path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+
+
+def is_ready(socket_path: str) -> bool:
+    """Whether a server on `socket_path` has done its imports, asked without connecting.
+
+    A connection would move a server that is still importing to normal priority (it takes a
+    waiting client as a reason to hurry); a failover that finds it unready starts cold instead
+    and leaves it importing on idle CPU.
+    """
+    return os.path.exists(ready_path(socket_path)) and os.path.exists(socket_path)
 
 
 def bind_private(socket_path: str) -> socket.socket:

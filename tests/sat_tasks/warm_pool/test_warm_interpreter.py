@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -222,7 +223,7 @@ def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monke
     path = local_warm.standby_socket_path(run)
     try:
         assert local_warm.warm_command(run, "python train.py 5") == "python train.py 5"  # attempt 1 cold; one starts
-        _wait_for(lambda: os.path.exists(path), "the standby's socket")
+        _wait_for(lambda: warm_interpreter.is_ready(path), "the standby's imports")
         command = local_warm.warm_command(run, "python train.py 5")  # a failover's attempt
         assert command.endswith(f"{warm_interpreter.__file__} run --socket {path} -- train.py 5")
         (tmp_path / "train.py").write_text(SCRIPT)
@@ -232,6 +233,7 @@ def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monke
         released = local_warm.release_standby(run)
     assert len(released) == 1 and released[0].startswith("process/warm-interpreter-")
     _wait_for(lambda: not os.path.exists(path), "the standby to stop")
+    assert not os.path.exists(warm_interpreter.ready_path(path))
     hang = [{"kind": "hang", "attempt": 1, "after_seconds": 5}]
     for other in (warm_job.job(job_failover=True, warm_pool=None, faults=hang), warm_job.job(warm_pool=None),
                   warm_job.job(job_failover=True, warm_pool=None, command="torchrun --nproc_per_node 2 train.py")):
@@ -256,3 +258,28 @@ def test_the_standby_is_on_by_default_while_memory_is_plentiful(warm_job, monkey
     monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "false")
     monkeypatch.setattr(local_warm, "_memory_available", lambda: 1 << 40)
     assert not local_warm.standby_eligible(job)
+
+
+def test_a_failover_leaves_a_standby_still_importing_alone_and_starts_cold(warm_job, monkeypatch, tmp_path):
+    """A standby that has not finished its imports is neither asked (a connection would hurry it to normal priority,
+    into the cold attempt's way: seen as +40% on the suite's failover tests) nor doubled by a second one."""
+    monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
+    monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "true")
+    job = warm_job.job(job_failover=True, warm_pool=None, faults=[{"kind": "hardware", "attempt": 1, "at_step": 5}])
+    run = JobRun(job, warm_job.run_id())
+    path = local_warm.standby_socket_path(run)
+    server = warm_interpreter.bind_private(path)  # bound and listening, as a server is while it imports
+    server.listen(8)
+    importing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "warm_interpreter", "serve",
+                                  "--socket", path])
+    try:
+        assert not warm_interpreter.is_ready(path)
+        assert local_warm.warm_command(run, "python train.py 5") == "python train.py 5"  # cold
+        readable, _, _ = select.select([server], [], [], 0.5)
+        assert not readable  # nobody connected: it was not hurried
+        assert local_warm._standby_pids(path) == [importing.pid]  # and no second standby started
+    finally:
+        importing.kill()
+        importing.wait(timeout=30)
+        server.close()
+        os.unlink(path)
