@@ -22,8 +22,8 @@ job with no fault and reports its goodput the same way (start-up overhead only),
 `--standby` turns on the local backend's failover standby interpreter (`[sat]
 failover_warm_interpreter`, ADR 0031) for every scenario: a failover's attempt then runs in an
 interpreter that imported the framework while the attempt before it trained. Without it the
-benchmark turns it off (the service's default, `auto`, has it on while 4 GiB of memory are
-available), so the two figures are the two settings, not the machine's memory.
+benchmark turns it off explicitly (the service's default too; `auto` would depend on the memory
+available), so the two figures are the two settings, not the machine's.
 
 `--elastic` (issue 32: a failover with no spare node) runs a two-node job instead (`nodes: 2`,
 `elastic: {min_nodes: 1, wait_seconds: 0}`, DDP over gloo, one rank per local node) twice with
@@ -289,8 +289,7 @@ def main() -> None:
         if label != "clean":
             _print_faults(label, result, f"one {when} each of the first {faults} attempts")
     print(("standby warm interpreter on (--standby)" if args.standby else
-           "standby warm interpreter off (without --standby; the service's default, auto, has it on where 4 GiB "
-           "are available)"))
+           "standby warm interpreter off (the default; --standby turns it on)"))
     print(machine_line(results))
 
 

@@ -242,13 +242,16 @@ def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monke
     assert not local_warm.standby_eligible(job)
 
 
-def test_the_standby_is_on_by_default_while_memory_is_plentiful(warm_job, monkeypatch):
-    """`failover_warm_interpreter = auto` (the default): on with STANDBY_MIN_AVAILABLE_BYTES available, off below,
-    off where /proc/meminfo cannot be read; `true` and `false` as written."""
+def test_the_standby_is_off_by_default_and_auto_follows_the_memory_available(warm_job, monkeypatch):
+    """Off by default; `auto`: on with STANDBY_MIN_AVAILABLE_BYTES available, off below, off where /proc/meminfo
+    cannot be read; `true` and `false` as written."""
     monkeypatch.delenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", raising=False)
     monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
     job = warm_job.job(job_failover=True, warm_pool=None)
     assert local_warm._memory_available() > 0  # this Linux host's own /proc/meminfo
+    monkeypatch.setattr(local_warm, "_memory_available", lambda: 1 << 40)
+    assert not local_warm.standby_eligible(job)  # the default, however much memory there is
+    monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "auto")
     for available, expected in ((local_warm.STANDBY_MIN_AVAILABLE_BYTES, True),
                                 (local_warm.STANDBY_MIN_AVAILABLE_BYTES - 1, False), (None, False)):
         monkeypatch.setattr(local_warm, "_memory_available", lambda value=available: value)
@@ -273,6 +276,8 @@ def test_a_failover_leaves_a_standby_still_importing_alone_and_starts_cold(warm_
     importing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "warm_interpreter", "serve",
                                   "--socket", path])
     try:
+        # its command line shows once it has exec'd (before, /proc shows the forking pytest's)
+        _wait_for(lambda: local_warm._standby_pids(path) == [importing.pid], "the importing stand-in")
         assert not warm_interpreter.is_ready(path)
         assert local_warm.warm_command(run, "python train.py 5") == "python train.py 5"  # cold
         readable, _, _ = select.select([server], [], [], 0.5)
