@@ -95,9 +95,6 @@ class SignalStop:
         signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
         self._set = False
 
-    def is_set(self) -> bool:
-        return self._set
-
     def wait(self, timeout: float) -> bool:
         """True once a stop signal came (at once if it came before); else False after ``timeout`` seconds."""
         if not self._set:

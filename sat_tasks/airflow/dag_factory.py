@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sat_tasks.airflow import summary_xcom
 from sat_tasks.airflow.notify import job_end_callbacks
 from sat_tasks.backends import Backend, backend_for
+from sat_tasks.backends.launch import ended_task_state
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import plan_attempt
 from sat_tasks.errors import JobStopped, NotApplicable
@@ -351,10 +352,4 @@ def _growth_watch(spec, k: int, job: TrainingJob, plan):
 def _launch_ended(k: int) -> bool:
     """Whether attempt k's rank-0 `launch` task has ended (then there is nothing to grow back)."""
     context = get_current_context()
-    ti, run_id, task_id = context["ti"], context["run_id"], f"attempt_{k}.launch"
-    try:
-        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[run_id]) or {}
-    except Exception:  # noqa: BLE001 - unknown: the pods' own phases still end the watch
-        return False
-    state = (states.get(run_id) or {}).get(task_id)
-    return str(getattr(state, "value", state)) in {"success", "failed", "upstream_failed", "skipped", "removed"}
+    return ended_task_state(context["ti"], context["run_id"], f"attempt_{k}.launch") is not None

@@ -7,7 +7,7 @@ or skips the task when the attempt is not needed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 
@@ -20,6 +20,26 @@ if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk.definitions.context import Context
 
 SPEC_TASK_ID = "validate_spec"
+# Task states after which a task (retries = 0) does nothing more: a launch that creates no pod, runs nothing.
+ENDED_STATES = frozenset({"success", "failed", "upstream_failed", "skipped", "removed"})
+
+
+def state_name(state: Any) -> str | None:
+    """A task state as the task SDK returns it (an enum or a string) as its name; None for none."""
+    return None if state is None else str(getattr(state, "value", state))
+
+
+def ended_task_state(ti: Any, run_id: str, task_id: str) -> str | None:
+    """The state of `task_id` in run `run_id` once it has ended (`ENDED_STATES`); None while not, or unreadable.
+
+    Read through the task SDK's `ti.get_task_states` (any task of the same DAG run).
+    """
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[run_id])
+    except Exception:  # noqa: BLE001 - no answer is no end: the caller's own deadline or evidence decides
+        return None
+    state = state_name(((states or {}).get(run_id) or {}).get(task_id) if isinstance(states, dict) else None)
+    return state if state in ENDED_STATES else None
 
 
 class AttemptLaunch:

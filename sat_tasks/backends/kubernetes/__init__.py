@@ -168,7 +168,7 @@ class KubernetesBackend(Backend):
         growth = check_growth(job, run.run_id, plan, client=self.client, namespace=self.namespace,
                               quarantined=quarantined, released=released, log=log)
         if growth.grow is not None:
-            request_growth(self.client, self.namespace, job, run.run_id, plan.attempt, growth.grow, log=log)
+            request_growth(self.client, self.namespace, plan.attempt, growth, log=log)
         elif growth.done:
             log(f"[sat] elastic: not watching attempt {plan.attempt} for capacity to grow back: {growth.why}")
         return growth.done

@@ -222,16 +222,13 @@ def await_attempt_ranks(
 
 
 # ---- growing back --------------------------------------------------------------------------------
-#: How often the attempt group's grow-back watch asks (a reschedule-mode sensor: no worker slot between).
-GROW_POLL_SECONDS = 30.0
-
-
 class Growth(NamedTuple):
-    """One look of the grow-back watch: `done` ends the watch; `grow` when it asked the attempt to stop and grow."""
+    """One look of the grow-back watch: `done` ends the watch; `grow` (and the attempt's `pods` to ask) to grow."""
 
     done: bool
     why: str
     grow: GrowBack | None = None
+    pods: tuple[str, ...] = ()
 
 
 def check_growth(
@@ -264,7 +261,7 @@ def check_growth(
         return Growth(False, "rank 0 has not decided how many ranks the attempt runs")
     if ranks >= job.nodes:
         return Growth(True, f"attempt {plan.attempt} runs on all {job.nodes} nodes")
-    pods = _attempt_pods(client, namespace, job, run_id, plan.attempt, ranks)
+    pods = _attempt_pods(client, namespace, job, run_id, plan.attempt)
     if len(pods) < ranks:
         return Growth(False, f"{len(pods)} of the attempt's {ranks} pod(s) exist")
     if any(((p.metadata.annotations or {}).get(names.ANNOTATION_PLANNED_RESTART)) for p in pods):
@@ -289,37 +286,26 @@ def check_growth(
     grow = grow_back(job, ranks, free, readmitted)
     if grow is None:
         return Growth(False, f"no room to grow from {ranks} of {job.nodes} nodes: {assessment.summary()}")
-    return Growth(True, grow.why, grow)
+    return Growth(True, grow.why, grow, tuple(p.metadata.name for p in pods))
 
 
-def request_growth(client: Any, namespace: str, job: TrainingJob, run_id: str, attempt: int, grow: GrowBack,
-                   *, log: Log = print) -> list[str]:
-    """Ask every pod of the attempt to stop for its final checkpoint (the `sat.ai/planned-restart` annotation, which
-    each pod's PID 1 reads through the downward API); the pods patched."""
-    ranks = read_attempt_ranks(client, namespace, job, run_id, attempt) or job.nodes
+def request_growth(client: Any, namespace: str, attempt: int, growth: Growth, *, log: Log = print) -> list[str]:
+    """Ask the attempt's pods (`growth.pods`) to stop for their final checkpoint: the `sat.ai/planned-restart`
+    annotation, which each pod's PID 1 reads through the downward API; the pods patched."""
+    grow = growth.grow
     body = {"metadata": {"annotations": {names.ANNOTATION_PLANNED_RESTART: grow.why,
                                          names.ANNOTATION_READMITTED: ",".join(grow.readmitted)}}}
-    patched = []
-    for rank in range(ranks):
-        name = names.pod_name(job, run_id, attempt, rank)
+    for name in growth.pods:
         client.patch_namespaced_pod(name, namespace, body)
-        patched.append(name)
-    log(f"[sat] elastic: {grow.why}: asked the {len(patched)} pod(s) of attempt {attempt} to stop at their final "
-        f"checkpoint; the next attempt runs on {grow.nodes} nodes (a planned restart, not a failover)")
-    return patched
+    log(f"[sat] elastic: {grow.why}: asked the {len(growth.pods)} pod(s) of attempt {attempt} to stop at their "
+        f"final checkpoint; the next attempt runs on {grow.nodes} nodes (a planned restart, not a failover)")
+    return list(growth.pods)
 
 
-def _attempt_pods(client: Any, namespace: str, job: TrainingJob, run_id: str, attempt: int, ranks: int) -> list[Any]:
-    from kubernetes.client.exceptions import ApiException
-
-    found = []
-    for rank in range(ranks):
-        try:
-            found.append(client.read_namespaced_pod(names.pod_name(job, run_id, attempt, rank), namespace))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    return found
+def _attempt_pods(client: Any, namespace: str, job: TrainingJob, run_id: str, attempt: int) -> list[Any]:
+    """The attempt's pods (by its label, as classify and cleanup find them)."""
+    selector = names.attempt_label_selector(job, run_id, attempt)
+    return list(client.list_namespaced_pod(namespace, label_selector=selector).items)
 
 
 def _training_started(pod: Any) -> bool:

@@ -39,7 +39,7 @@ from sat_tasks.backends.kubernetes.pods import (
     rendezvous_service,
 )
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
-from sat_tasks.backends.launch import AttemptLaunch
+from sat_tasks.backends.launch import AttemptLaunch, ended_task_state, state_name
 from sat_tasks.config import sat_setting
 from sat_tasks.core.attempt import MAIN_CONTAINER_NAME
 from sat_tasks.core.contracts import Log, Plan
@@ -51,8 +51,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # How often a rank > 0 looks for rank 0's pod while rank 0 queues in its workspace's pool.
 RANK0_POLL_SECONDS = 10.0
-# Task states after which rank 0's task will create no pod any more (retries = 0).
-_ENDED_STATES = frozenset({"success", "failed", "upstream_failed", "skipped", "removed"})
 
 
 def rank_task_id(node_rank: int) -> str:
@@ -477,7 +475,7 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
                 self.log.warning("could not read the states of this attempt's rank tasks: %s", exc)
                 states = {}
             mine = states.get(run_id) or {}
-            return ranks_with_slots({r: _state(mine.get(task_id)) for task_id, r in ranks.items()}, job)
+            return ranks_with_slots({r: state_name(mine.get(task_id)) for task_id, r in ranks.items()}, job)
 
         return held
 
@@ -529,14 +527,7 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         rank0_id = self.rank0_task_id()
         if rank0_id is None:
             return None
-        ti, run_id = context.get("ti"), context["run_id"]
-        try:
-            states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[rank0_id], run_ids=[run_id])
-        except Exception:  # noqa: BLE001 - no signal: the deadline still bounds the wait
-            return None
-        state = ((states or {}).get(run_id) or {}).get(rank0_id) if isinstance(states, dict) else None
-        value = None if state is None else str(getattr(state, "value", state))
-        return value if value in _ENDED_STATES else None
+        return ended_task_state(context.get("ti"), context["run_id"], rank0_id)
 
     def await_rank0(self, job: TrainingJob, context: Context, plan: Plan) -> float:
         """A rank > 0 whose rank 0 queues in the workspace's pool waits for rank 0's pod (`await_rank0_pod`)."""
@@ -600,10 +591,6 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
         # now (a node already gone has none to keep).
         self.record_node_at_start(event.get("name"), event.get("namespace"))
         return super().trigger_reentry(context, event)
-
-
-def _state(state: Any) -> str | None:
-    return None if state is None else str(getattr(state, "value", state))
 
 
 # Operator attributes that `build_pod_operator_kwargs` sets and `__init__` stores unchanged.
