@@ -35,8 +35,11 @@ state = {"step": None, "last_committed_step": committed[-1] if committed else No
          "attempt": int(attempt) if attempt.isdigit() else None}
 
 
-def write_progress():
-    tmp = os.path.join(out, "progress.json.tmp")
+def write_progress(writer="loop"):
+    # Each writer its own temporary file: the SIGTERM handler runs between any two bytecodes of the
+    # loop's write, and sharing one name let the loop's half-written buffer land in the file the
+    # handler had just renamed into place (progress.json torn, its checkpoint read as none).
+    tmp = os.path.join(out, f"progress.json.{writer}.tmp")
     with open(tmp, "w") as handle:
         json.dump(state, handle)
     os.replace(tmp, os.path.join(out, "progress.json"))
@@ -52,7 +55,7 @@ def commit(step):
 
 def on_sigterm(signum, frame):
     commit(state["step"])
-    write_progress()
+    write_progress("final")
     print(f"SIGTERM: final checkpoint at step {state['step']}", flush=True)
     if metrics is not None:
         metrics.close()
