@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -112,10 +111,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
-    """A migrated SQLite metadata DB in the session's Airflow home."""
-    subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL, env=os.environ
-    )
+    """A migrated SQLite metadata DB in the session's Airflow home (migrated once: `sat run`'s own
+    check, `ensure_metadata_db`, finds its stamp and does not migrate it a second time)."""
+    from sat_tasks.cli.common import ensure_metadata_db
+
+    ensure_metadata_db(say=lambda _line: None)
     return _HOME / "airflow.db"
 
 

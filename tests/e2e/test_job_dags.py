@@ -63,6 +63,27 @@ def statuses(report) -> list[str]:
     return [entry["status"] for entry in report["history"]]
 
 
+def task_runs(report) -> dict[str, tuple[str, int]]:
+    """Each task of the report's DAG run: its state and how often it was started (try_number 0: never)."""
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = session.query(TaskInstance).filter(TaskInstance.dag_id == GENERIC_DAG_ID,
+                                                 TaskInstance.run_id == report["run_id"]).all()
+        return {ti.task_id: (str(getattr(ti.state, "value", ti.state)), ti.try_number) for ti in tis}
+
+
+def assert_later_attempts_never_started(report, last: int) -> None:
+    """Attempt `last` decided that no attempt follows: every task of the later groups was skipped at once by its
+    `decide`, none started (not a task process per group that skips itself), and the run went on to its upload."""
+    runs = task_runs(report)
+    later = {task: state for task, state in runs.items()
+             if task.startswith("attempt_") and int(task.split(".")[0].split("_")[1]) > last}
+    assert later and all(state == ("skipped", 0) for state in later.values()), later
+    assert runs[f"attempt_{last}.decide"][0] == "success" and runs["upload_results"][1] == 1, runs
+
+
 def test_hardware_fault_fails_over_and_resumes_from_last_commit(scripts_in_bucket, s3_hook):
     job = make_job("e2e-failover", faults=[{"kind": "hardware", "attempt": 1, "at_step": 17, "xid": 79}])
     report, attempts = run(job)
@@ -84,6 +105,7 @@ def test_hardware_fault_fails_over_and_resumes_from_last_commit(scripts_in_bucke
     assert read_json(s3_hook, report["results"] + "status.json")[-1]["status"] == "Completed"
     assert s3_hook.check_for_key(report["results"][len("s3://sat-demo/"):] + "output/trainer_state.json",
                                  bucket_name="sat-demo")
+    assert_later_attempts_never_started(report, 2)
 
 
 def test_four_hardware_faults_end_in_max_retries(scripts_in_bucket):
@@ -104,6 +126,7 @@ def test_broken_script_is_internal_after_one_attempt(scripts_in_bucket, s3_hook)
     assert report["status"] == "Pending - internalerror"
     assert len(attempts) == 1 and attempts[0]["verdict"] == "INTERNAL"
     assert any("KeyError" in line for line in attempts[0]["evidence"])
+    assert_later_attempts_never_started(report, 1)
     # The report and the status history are JSON and hold no secret, on this error path too.
     assert "sat-local-secret" not in json.dumps(report)
     status = read_json(s3_hook, JobRun.of(job, GENERIC_DAG_ID, report["run_id"]).status_uri)
