@@ -20,6 +20,7 @@ the simple auth manager's roles are global), reaches none of its runs through th
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -66,6 +67,11 @@ OTHER_RUN = "manual__2026-01-01T00:00:00+00:00"  # another run of the probing jo
 VICTIM = b"another run's result: not the probing job's to read or change"
 PROBE_MARK = "SAT-TENANCY-PROBE "
 TENANCY_STEPS = 20
+# The cron job: daily, at a time a few minutes past. Airflow (catchup off) runs the latest past tick at once and
+# the next one tomorrow: one scheduled run. "* * * * *" also ran at once, but then once a minute: until the
+# module paused it, a second whole run (data validation, a launch) took the two cores from the demo job.
+_CRON_AT = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+CRON = f"{_CRON_AT.minute} {_CRON_AT.hour} * * *"
 
 
 def _fast_spec(name: str, **fields) -> dict:
@@ -126,7 +132,7 @@ def deployment(tmp_path_factory):
     jobs = root / "jobs"
     jobs.mkdir()
     shutil.copy(REPO / "include" / "jobs" / "tiny-llama-demo.yaml", jobs)
-    (jobs / "svc-cron.yaml").write_text(yaml.safe_dump(_fast_spec("svc-cron", schedule="* * * * *")))
+    (jobs / "svc-cron.yaml").write_text(yaml.safe_dump(_fast_spec("svc-cron", schedule=CRON)))
     (jobs / "svc-asset.yaml").write_text(yaml.safe_dump(_fast_spec(
         "svc-asset", schedule=f"asset:{WATCHED}", data={"source": WATCHED})))
     (jobs / f"{TENANCY}.yaml").write_text(yaml.safe_dump(_tenancy_spec()))
@@ -205,6 +211,15 @@ def _wait_for_run(api, dag_id: str, run_id: str | None = None, *, deadline: floa
             return run
         time.sleep(3)
     raise AssertionError(f"{dag_id} {run_id or '(any run)'}: not finished in time")
+
+
+def _wait_for_a_run(api, dag_id: str, *, deadline: float) -> None:
+    """Until `dag_id` has a run, in any state; fails at `deadline` (monotonic)."""
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    while not DagRunApi(api).get_dag_runs(dag_id, limit=1).dag_runs:
+        assert time.monotonic() < deadline, f"{dag_id}: no run in time"
+        time.sleep(2)
 
 
 def _retrying(call, attempts: int = 3):
@@ -353,12 +368,13 @@ def runs(deployment, api, registry, browser):
     storage = deployment.storage.client()
     for part in sorted((REPO / "include" / "corpus").glob("*.txt")):
         storage.upload_file(str(part), BUCKET, f"datasets/watched/{part.name}")
+    _wait_for_a_run(api, "svc-asset", deadline=deadline)
+    _pause(api, "sat_data_changes")  # its event is in: no more looks every 10 s (a task process each)
     created["stopped"] = _create_stop_and_delete_in_the_browser(page, api, deployment, registry, deadline)
     page.close()
     finished = {"cron": _wait_for_run(api, "svc-cron", deadline=deadline)}
     _pause(api, "svc-cron")  # not before its run has finished: a paused DAG's runs are not scheduled
     finished["asset"] = _wait_for_run(api, "svc-asset", deadline=deadline)
-    _pause(api, "sat_data_changes")
     finished["demo"] = _wait_for_run(api, "sat_training_job", created["demo"]["run_id"], deadline=deadline)
     finished["generic"] = _wait_for_run(api, "sat_training_job", form.dag_run_id, deadline=deadline)
     finished["tenancy"] = _wait_for_run(api, TENANCY, tenancy.dag_run_id, deadline=deadline)
@@ -775,7 +791,7 @@ def test_the_training_jobs_api_lists_and_shows_the_demo_run(deployment, runs):
     demo = rows[("sat_training_job", demo_run)]
     assert (demo["status"], demo["attempt"], demo["last_checkpoint_step"]) == ("Completed", 2, 80)
     assert ("sat_training_job", runs["generic"].dag_run_id) in rows  # a job created from the form
-    assert rows[("svc-cron", runs["cron"].dag_run_id)]["schedule"] == "* * * * *"
+    assert rows[("svc-cron", runs["cron"].dag_run_id)]["schedule"] == CRON
     started = [row["started"] for row in response.json()["jobs"]]
     queued = started.count(None)  # not started yet: the newest of all, on top
     assert started[:queued] == [None] * queued and started[queued:] == sorted(started[queued:], reverse=True)
