@@ -21,6 +21,7 @@ from sat_tasks.airflow import summary_xcom
 from sat_tasks.airflow.notify import job_end_callbacks
 from sat_tasks.backends import Backend, backend_for
 from sat_tasks.backends.launch import ended_task_state
+from sat_tasks.core.attempt import attempt_group_id, attempt_in_task_id
 from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import plan_attempt
 from sat_tasks.errors import JobStopped, NotApplicable
@@ -193,12 +194,12 @@ def build_job_dag(
         upstream = gate
         decide_ids = []
         for k in range(1, attempts + 1):
-            with TaskGroup(group_id=f"attempt_{k}", tooltip=f"attempt {k}: launch, classify, decide") as group:
+            with TaskGroup(group_id=attempt_group_id(k), tooltip=f"attempt {k}: launch, classify, decide") as group:
                 entries = _attempt_group(spec, k, previous_decide, spot_waits, job, backend)
             for entry in entries:
                 upstream >> entry
             upstream = group
-            previous_decide = f"attempt_{k}.decide"
+            previous_decide = f"{attempt_group_id(k)}.decide"
             decide_ids.append(previous_decide)
 
         @_task(task_id="upload_results", trigger_rule=TriggerRule.ALL_DONE)
@@ -319,18 +320,12 @@ def _skip_later_attempts_unless_needed(k: int, decision: dict) -> None:
     if Decision.from_xcom(decision).needs_attempt:
         return
     context = get_current_context()
-    later = [task_id for task_id in context["dag"].task_ids if _attempt_of(task_id) > k]
+    later = [task_id for task_id in context["dag"].task_ids
+             if (place := attempt_in_task_id(task_id)) is not None and place[0] > k]
     if not later:
         return
     context["ti"].xcom_push(BaseXCom.XCOM_RETURN_KEY, decision)
     raise DownstreamTasksSkipped(tasks=later)
-
-
-def _attempt_of(task_id: str) -> int:
-    """The attempt whose group holds `task_id` (`attempt_<k>.<task>`); 0 for a task outside them."""
-    group, dot, _ = task_id.partition(".")
-    number = group.removeprefix("attempt_")
-    return int(number) if dot and number != group and number.isdigit() else 0
 
 
 def _grows_back(k: int, job: TrainingJob | None, backend: Backend) -> bool:
@@ -382,4 +377,4 @@ def _growth_watch(spec, k: int, job: TrainingJob, plan):
 def _launch_ended(k: int) -> bool:
     """Whether attempt k's rank-0 `launch` task has ended (then there is nothing to grow back)."""
     context = get_current_context()
-    return ended_task_state(context["ti"], context["run_id"], f"attempt_{k}.launch") is not None
+    return ended_task_state(context["ti"], context["run_id"], f"{attempt_group_id(k)}.launch") is not None

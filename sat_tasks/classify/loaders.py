@@ -10,7 +10,6 @@ reads them.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from datetime import datetime
 from typing import Any
@@ -29,10 +28,10 @@ from sat_tasks.core.attempt import (
     MAIN_CONTAINER_NAME,
     NODE_LOG_LINES,
     AttemptRecord,
+    attempt_in_task_id,
 )
 from sat_tasks.errors import SatError
 
-_ATTEMPT_IN_TASK_ID = re.compile(r"attempt_(\d+)")
 #: A log file is read from its end: at most this many bytes (a record keeps a tail anyway).
 LOG_READ_BYTES = 8 * 1024 * 1024
 #: Longer lines are cut (a binary log can hold megabytes without a newline).
@@ -167,8 +166,8 @@ def _labels_job_and_attempt(pod: dict[str, Any]) -> tuple[str | None, int | None
     labels = as_dict(as_dict(pod.get("metadata")).get("labels"))
     job = labels.get("sat.ai/job") or labels.get("sat/job") or labels.get("dag_id")
     job = job if isinstance(job, str) and job else None
-    match = _ATTEMPT_IN_TASK_ID.search(str(labels.get("task_id") or ""))
-    return job, int(match.group(1)) if match else None
+    place = attempt_in_task_id(str(labels.get("task_id") or ""))
+    return job, place[0] if place else None
 
 
 def record_from_pod(

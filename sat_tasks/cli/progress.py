@@ -28,6 +28,7 @@ import pluggy
 
 from ckpt_engine.contract import PROGRESS_NAME, ProgressRecord
 from sat_tasks.cli.console import Console
+from sat_tasks.core.attempt import attempt_in_task_id
 
 # Airflow's own marker (`airflow.listeners.hookimpl` is this, for the project "airflow"): no Airflow import here.
 hookimpl = pluggy.HookimplMarker("airflow")
@@ -36,7 +37,6 @@ POLL_S = 1.0  # training progress (local files) and queued task events
 HANDLED_WAIT_S = 10.0  # how long a task's end waits for its line (the records it wrote are read first)
 STATUS_POLL_S = 2.0  # the status history (Object Storage) between task events
 METRICS_TAIL_BYTES = 16_384
-_ATTEMPT_TASK = re.compile(r"^attempt_(\d+)\.(\w+)$")
 TASK_WIDTH = 20
 
 
@@ -249,12 +249,12 @@ class RunWatcher:
             from sat_tasks.io.run_layout import JobRun
 
             self._run = JobRun.of(self.job, self.dag_id, event.run_id) if self.dag_id else JobRun(self.job, event.run_id)
-        match = _ATTEMPT_TASK.match(event.task_id)
-        launch = match is not None and match.group(2).startswith("launch")
+        place = attempt_in_task_id(event.task_id)
+        launch = place is not None and place[1].startswith("launch")
         if event.kind == "start":
             self._task_started[event.task_id] = event.at
             if launch:
-                self._training, self._checkpoint_shown = int(match.group(1)), False
+                self._training, self._checkpoint_shown = place[0], False
             return
         if launch:
             self._training = None
@@ -263,8 +263,8 @@ class RunWatcher:
         if event.outcome == "skipped":
             return  # not needed (a later attempt group, most often): nothing ran
         outcome, detail = event.outcome, event.error
-        if event.outcome == "done" and match is not None:
-            outcome, detail = self._attempt_outcome(int(match.group(1)), match.group(2)) or (outcome, detail)
+        if event.outcome == "done" and place is not None:
+            outcome, detail = self._attempt_outcome(*place) or (outcome, detail)
         self._say(event.at, task_line(event.task_id, outcome, None if started is None else event.at - started, detail))
 
     def _attempt_outcome(self, attempt: int, step: str) -> tuple[str, str] | None:

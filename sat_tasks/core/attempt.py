@@ -10,7 +10,10 @@ from pydantic import BaseModel, Field, field_validator
 
 from ckpt_engine.contract import ProgressRecord
 
-__all__ = ["LOG_TAIL_LINES", "MAIN_CONTAINER_NAME", "NODE_LOG_LINES", "AttemptRecord", "Interruption"]
+__all__ = [
+    "LOG_TAIL_LINES", "MAIN_CONTAINER_NAME", "NODE_LOG_LINES", "AttemptRecord", "Interruption", "attempt_group_id",
+    "attempt_in_task_id",
+]
 
 #: Name KubernetesPodOperator gives the training container; preferred as the main one.
 MAIN_CONTAINER_NAME = "base"
@@ -18,6 +21,20 @@ MAIN_CONTAINER_NAME = "base"
 LOG_TAIL_LINES = 1000
 #: How many kernel-log lines of the node a record keeps (the newest).
 NODE_LOG_LINES = 2000
+
+
+def attempt_group_id(k: int) -> str:
+    """The id of attempt k's task group in a job's DAG (`attempt_<k>`); its tasks are `attempt_<k>.<task>`."""
+    return f"attempt_{k}"
+
+
+def attempt_in_task_id(task_id: str) -> tuple[int, str] | None:
+    """`(k, task)` for a task id `attempt_<k>.<task>` of an attempt group; None for a task outside them."""
+    group, dot, task = task_id.partition(".")
+    number = group.removeprefix("attempt_")
+    if not dot or not task or number == group or not number.isdigit():
+        return None
+    return int(number), task
 
 
 class AttemptRecord(BaseModel):

@@ -26,6 +26,7 @@ from ckpt_engine.contract import (
     SAVE_STEPS_ENV,
 )
 from sat_tasks.config import PROJECT_ROOT
+from sat_tasks.core.attempt import attempt_group_id
 from sat_tasks.spec import TrainingJob
 from sat_tasks.spec.testing import Rehearsal, Scenario
 from sat_tasks.testing.runs import FinishedRun
@@ -101,7 +102,7 @@ def dag_problems(job: TrainingJob, dag: Any) -> list[str]:
     problems = []
     ids = set(dag.task_dict)
     problems += [f"task {task} is missing" for task in BASE_TASKS if task not in ids]
-    expected_groups = [f"attempt_{k}" for k in range(1, job.max_attempts() + 1)]
+    expected_groups = [attempt_group_id(k) for k in range(1, job.max_attempts() + 1)]
     groups = sorted({tid.split(".", 1)[0] for tid in ids if "." in tid}, key=lambda g: (len(g), g))
     if groups != expected_groups:
         problems.append(f"attempt groups {groups}, expected {expected_groups} (1 + "
