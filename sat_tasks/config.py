@@ -38,9 +38,9 @@ SAT_DEFAULTS = {
     "final_checkpoint_grace_seconds": "60",
     # A failover job's next attempt starts in a standby interpreter that has imported the framework
     # (local backend, ADR 0031): `true`, `false`, or `auto` (on while the host has
-    # `warm.STANDBY_MIN_AVAILABLE_BYTES` of memory available when the standby would start). Off by
-    # default: on a busy 2-core host the standbys slowed the test suite's failover jobs (ADR 0031).
-    "failover_warm_interpreter": "false",
+    # `warm.STANDBY_MIN_AVAILABLE_BYTES` of memory available when the standby would start), the default:
+    # the standby imports only once the attempt has run `warm.STANDBY_DELAY_S` (ADR 0031).
+    "failover_warm_interpreter": "auto",
     # Node labels or taints (`key=value` or `key`, comma-separated) that mark an on-premise
     # pool as Spot/preemptible capacity; the classifier reads a lost node there as a
     # preemption (ADR 0004). GKE, EKS, Karpenter and AKS labels are known without it.

@@ -1,7 +1,7 @@
 """Benchmark: goodput and recovery time, by phase, of a local Training Job with hardware faults at a fixed rate.
 
 Run: .venv/bin/python tests/benchmarks/bench_goodput.py [--steps 4200] [--fault-every 120 | --fault-step N]
-     [--faults 2] [--clean] [--elastic] [--standby]
+     [--faults 2] [--clean] [--elastic] [--standby [auto|true|false]]
 
 Through the real DAG (dag.test, local backend, embedded S3), the tiny-Llama job with a GPU
 fault (Xid 79) `--fault-every` seconds into each of the first `--faults` attempts.
@@ -19,11 +19,12 @@ next attempt's command starts) + start (-> the script hands over to the trainer:
 model, data) + restore (-> the checkpoint is loaded) + first step. `--clean` also runs the
 job with no fault and reports its goodput the same way (start-up overhead only), side by side.
 
-`--standby` turns on the local backend's failover standby interpreter (`[sat]
+`--standby` sets the local backend's failover standby interpreter (`[sat]
 failover_warm_interpreter`, ADR 0031) for every scenario: a failover's attempt then runs in an
-interpreter that imported the framework while the attempt before it trained. Without it the
-benchmark turns it off explicitly (the service's default too; `auto` would depend on the memory
-available), so the two figures are the two settings, not the machine's.
+interpreter that imported the framework while the attempt before it trained (from
+`warm.STANDBY_DELAY_S` into it). `--standby` alone is `true`; without it the setting is the
+service's default, `auto` (on while the host has `warm.STANDBY_MIN_AVAILABLE_BYTES` available:
+the output says how much it had); `--standby false` turns it off.
 
 `--elastic` (issue 32: a failover with no spare node) runs a two-node job instead (`nodes: 2`,
 `elastic: {min_nodes: 1, wait_seconds: 0}`, DDP over gloo, one rank per local node) twice with
@@ -259,13 +260,13 @@ def main() -> None:
                              "(the same point of training whatever the machine's load)")
     parser.add_argument("--elastic", action="store_true",
                         help="a two-node job with a spare node and with none (resumes on one): goodput side by side")
-    parser.add_argument("--standby", action="store_true",
-                        help="[sat] failover_warm_interpreter on: failovers start in a standby warm interpreter (ADR 0031)")
+    parser.add_argument("--standby", nargs="?", const="true", default="auto", choices=("auto", "true", "false"),
+                        help="[sat] failover_warm_interpreter (ADR 0031): `true` (the flag alone), `false`, or `auto` "
+                             "(the default: on while memory is plentiful)")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one scenario, in the child process main() starts
     args = parser.parse_args()
-    # read by the launches of the scenario's child process (sat_tasks.backends.local.warm); explicit both ways, as
-    # the default (`auto`) depends on the memory available
-    os.environ["AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER"] = "true" if args.standby else "false"
+    # read by the launches of the scenario's child process (sat_tasks.backends.local.warm)
+    os.environ["AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER"] = args.standby
     runs = scenarios(args)
     if args.only:
         label, job, pool = next(run for run in runs if run[0] == args.only)
@@ -288,9 +289,21 @@ def main() -> None:
     for label, result in results.items():
         if label != "clean":
             _print_faults(label, result, f"one {when} each of the first {faults} attempts")
-    print(("standby warm interpreter on (--standby)" if args.standby else
-           "standby warm interpreter off (the default; --standby turns it on)"))
+    print(_standby_line(args.standby))
     print(machine_line(results))
+
+
+def _standby_line(setting: str) -> str:
+    from sat_tasks.backends.local import warm
+
+    if setting != "auto":
+        return f"standby warm interpreter {'on' if setting == 'true' else 'off'} (--standby {setting})"
+    available = warm._memory_available()
+    on = available is not None and available >= warm.STANDBY_MIN_AVAILABLE_BYTES
+    return (f"standby warm interpreter auto (the default): {'on' if on else 'off'}, "
+            f"{'unknown' if available is None else f'{available / 2**30:.1f} GiB'} available now "
+            f"(needs {warm.STANDBY_MIN_AVAILABLE_BYTES / 2**30:.0f} GiB), imports {warm.STANDBY_DELAY_S:.0f} s "
+            "into an attempt")
 
 
 if __name__ == "__main__":

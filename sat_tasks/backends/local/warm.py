@@ -91,6 +91,9 @@ STANDBY_GRACE_S = 300.0
 #: `failover_warm_interpreter = auto`: a standby starts only while the host has this much memory available
 #: (it holds ~0.5-1 GB with torch and transformers imported).
 STANDBY_MIN_AVAILABLE_BYTES = 4 << 30
+#: How long a standby waits, as a bare interpreter, before it imports the framework: an attempt that fails
+#: sooner (most of the test suite's) never has one importing beside it, and a fault that early loses little.
+STANDBY_DELAY_S = 60.0
 
 
 def standby_enabled() -> bool:
@@ -141,7 +144,8 @@ def _through_standby(run: JobRun, command: str) -> str:
 
     A standby still importing is left to it, on idle CPU, for the next failover: asking it
     would hurry it to normal priority into this attempt's way (`warm_interpreter.is_ready`).
-    With none running, one starts. The standby stays while the launch that owns it runs, and
+    With none running, one starts: it imports once this launch has run `STANDBY_DELAY_S`, and
+    exits if the launch ends sooner. The standby stays while the launch that owns it runs, and
     `STANDBY_GRACE_S` after; each launch that uses it takes it over, so it outlives every
     attempt of the run by that much at most.
     """
@@ -156,7 +160,8 @@ def _through_standby(run: JobRun, command: str) -> str:
     env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
     subprocess.Popen(
         [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
-         "--until", str(time.time() + STANDBY_GRACE_S), "--owner", str(os.getpid()), "--grace", str(STANDBY_GRACE_S)],
+         "--until", str(time.time() + STANDBY_GRACE_S), "--owner", str(os.getpid()), "--grace", str(STANDBY_GRACE_S),
+         "--delay", str(STANDBY_DELAY_S)],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )

@@ -49,17 +49,26 @@ BANNER = "[sat] warm pool: warm interpreter"
 
 # ---- the server ------------------------------------------------------------------------------
 def serve(socket_path: str, preload: Sequence[str], until: float, *, owner: int | None = None,
-          grace: float = 0.0) -> int:
+          grace: float = 0.0, delay: float = 0.0) -> int:
     """Bind the socket first (early clients queue), import `preload`, then fork a child per request.
 
     `owner`: a process (a launch task) for as long as which the server stays; once it is gone
     the deadline is at least `grace` seconds later (the next attempt's launch names itself
     the new owner with an `until` request). Without one, `until` alone decides.
+
+    `delay`: seconds to wait, holding nothing but a bare interpreter, before importing (a failover
+    job's standby, ADR 0031): the server exits instead if its owner ends first or on SIGTERM, and
+    imports at once when a client connects.
     """
     server = bind_private(socket_path)
     server.listen(8)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    if not _waited(server, delay, owner, stopping):
+        server.close()
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)
+        return 0
     loaded = []
     _set_policy(getattr(os, "SCHED_IDLE", None))  # import on idle CPU: never slow the runs on this host
     _hurry_when_a_client_waits(server)
@@ -93,6 +102,21 @@ def serve(socket_path: str, preload: Sequence[str], until: float, *, owner: int 
             if os.path.exists(path):
                 os.unlink(path)
     return 0
+
+
+def _waited(server: socket.socket, delay: float, owner: int | None, stopping: list) -> bool:
+    """Wait up to `delay` seconds; False when SIGTERM came or `owner` ended first, True otherwise.
+
+    A client already queued ends the wait at once (it is waiting for the imports).
+    """
+    deadline = time.monotonic() + delay
+    while (left := deadline - time.monotonic()) > 0:
+        if stopping or (owner is not None and not _pid_alive(owner)):
+            return False
+        readable, _, _ = select.select([server], [], [], min(0.2, left))
+        if readable:
+            return True
+    return not stopping
 
 
 def ready_path(socket_path: str) -> str:
@@ -382,13 +406,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_p.add_argument("--until", type=float, required=True)
     serve_p.add_argument("--owner", type=int, default=None, help="stay while this process lives")
     serve_p.add_argument("--grace", type=float, default=0.0, help="seconds to stay after the owner is gone")
+    serve_p.add_argument("--delay", type=float, default=0.0,
+                         help="seconds to wait before importing; exit instead if the owner ends first")
     run_p = sub.add_parser("run")
     run_p.add_argument("--socket", required=True)
     run_p.add_argument("script", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args.socket, [m for m in args.preload.split(",") if m], args.until, owner=args.owner,
-                     grace=args.grace)
+                     grace=args.grace, delay=args.delay)
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     return run_client(args.socket, script)
 

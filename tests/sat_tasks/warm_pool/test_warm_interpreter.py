@@ -214,8 +214,58 @@ def test_a_server_with_an_owner_serves_past_its_deadline_until_the_owner_is_gone
                 process.wait(timeout=30)
 
 
+def _delayed_server(sock: str, delay: float, owner: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", MODULE, "serve", "--socket", sock, "--preload", "json",
+                             "--until", str(time.time() + 300), "--owner", str(owner), "--grace", "300",
+                             "--delay", str(delay)], stdin=subprocess.DEVNULL)
+
+
+def test_a_delayed_server_imports_after_its_delay_or_at_once_for_a_client(tmp_path):
+    """A standby's `--delay`: nothing imported while it waits; imported when the delay is over, or at once when
+    a client connects (it waits for the imports)."""
+    owner = subprocess.Popen(["sleep", "300"])
+    servers = []
+    try:
+        waiting, soon = str(tmp_path / "waiting.sock"), str(tmp_path / "soon.sock")
+        servers = [_delayed_server(waiting, 600, owner.pid), _delayed_server(soon, 1, owner.pid)]
+        _wait_for(lambda: warm_interpreter.is_ready(soon), "the imports after a 1 s delay")
+        assert os.path.exists(waiting) and not warm_interpreter.is_ready(waiting)  # 600 s: still waiting
+        out, _ = _client(tmp_path, waiting, "0").communicate(timeout=60)
+        assert "json preloaded True" in out  # the client did not wait out the delay
+        assert warm_interpreter.is_ready(waiting)
+    finally:
+        for process in (owner, *servers):
+            process.kill()
+            process.wait(timeout=30)
+
+
+def test_a_delayed_server_leaves_without_importing_when_its_owner_ends_or_on_sigterm(tmp_path):
+    """An attempt that fails before the standby's delay is over leaves no standby behind: the server exits
+    (the next launch starts its own); SIGTERM (the run's cleanup) ends the wait too."""
+    owner = subprocess.Popen(["sleep", "300"])
+    other = subprocess.Popen(["sleep", "300"])
+    servers = []
+    try:
+        first, second = str(tmp_path / "first.sock"), str(tmp_path / "second.sock")
+        servers = [_delayed_server(first, 600, owner.pid), _delayed_server(second, 600, other.pid)]
+        _wait_for(lambda: os.path.exists(first) and os.path.exists(second), "the two servers' sockets")
+        owner.kill()
+        owner.wait(timeout=30)
+        assert servers[0].wait(timeout=60) == 0
+        servers[1].terminate()
+        assert servers[1].wait(timeout=60) == 0
+        for sock in (first, second):
+            assert not os.path.exists(sock) and not os.path.exists(warm_interpreter.ready_path(sock))
+    finally:
+        for process in (owner, other, *servers):
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+
+
 def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
+    monkeypatch.setattr(local_warm, "STANDBY_DELAY_S", 0.0)  # its imports at once (the delay: the tests above)
     monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "true")
     hardware = [{"kind": "hardware", "attempt": 1, "at_step": 5}]
     job = warm_job.job(job_failover=True, warm_pool=None, faults=hardware)
@@ -242,20 +292,20 @@ def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monke
     assert not local_warm.standby_eligible(job)
 
 
-def test_the_standby_is_off_by_default_and_auto_follows_the_memory_available(warm_job, monkeypatch):
-    """Off by default; `auto`: on with STANDBY_MIN_AVAILABLE_BYTES available, off below, off where /proc/meminfo
+def test_the_standby_is_auto_by_default_and_auto_follows_the_memory_available(warm_job, monkeypatch):
+    """`auto` by default: on with STANDBY_MIN_AVAILABLE_BYTES available, off below, off where /proc/meminfo
     cannot be read; `true` and `false` as written."""
     monkeypatch.delenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", raising=False)
     monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
     job = warm_job.job(job_failover=True, warm_pool=None)
     assert local_warm._memory_available() > 0  # this Linux host's own /proc/meminfo
-    monkeypatch.setattr(local_warm, "_memory_available", lambda: 1 << 40)
-    assert not local_warm.standby_eligible(job)  # the default, however much memory there is
-    monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "auto")
-    for available, expected in ((local_warm.STANDBY_MIN_AVAILABLE_BYTES, True),
-                                (local_warm.STANDBY_MIN_AVAILABLE_BYTES - 1, False), (None, False)):
-        monkeypatch.setattr(local_warm, "_memory_available", lambda value=available: value)
-        assert local_warm.standby_eligible(job) is expected, available
+    for value in (None, "auto"):  # the default, then written
+        if value:
+            monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", value)
+        for available, expected in ((local_warm.STANDBY_MIN_AVAILABLE_BYTES, True),
+                                    (local_warm.STANDBY_MIN_AVAILABLE_BYTES - 1, False), (None, False)):
+            monkeypatch.setattr(local_warm, "_memory_available", lambda value=available: value)
+            assert local_warm.standby_eligible(job) is expected, (value, available)
     monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "true")
     assert local_warm.standby_eligible(job)
     monkeypatch.setenv("AIRFLOW__SAT__FAILOVER_WARM_INTERPRETER", "false")
