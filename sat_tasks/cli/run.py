@@ -108,10 +108,9 @@ def _run_job(job, spec_path: Path | None, console, log_path: Path | None) -> dic
         dag, conf = _dag_for(job, spec_path)
         console.line(f"[sat] job {job.name}: running DAG {dag.dag_id} with dag.test()"
                      + (f"; Airflow's logs: {log_path}" if log_path else ""))
-        watcher_hook = object_storage_hook()  # the watcher's thread has its own
-        watcher_hook.get_conn()
+        hook.get_conn()  # made here: the watcher's thread shares the client (boto3 clients are thread-safe)
         started = time.monotonic()
-        with RunWatcher(job, watcher_hook, console, dag_id=dag.dag_id).watching():
+        with RunWatcher(job, hook, console, dag_id=dag.dag_id).watching():
             dag_run = dag.test(run_conf=conf)
         report = read_json(hook, JobRun.of(job, dag.dag_id, dag_run.run_id).report_uri)  # as validate_spec recorded
         _print_summary(console, report, dag_run.run_id, time.monotonic() - started, log_path)

@@ -99,10 +99,14 @@ class TransferReport:
 
 
 def object_storage_hook(conn_id: str = DEFAULT_CONN_ID) -> S3Hook:
-    """The S3Hook for SAT's Object Storage connection (endpoint URL in the connection extra)."""
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+    """The S3Hook for SAT's Object Storage connection (endpoint URL in the connection extra).
 
-    return S3Hook(aws_conn_id=conn_id, transfer_config_args={"max_concurrency": 4})
+    One per process and connection content (`sat_tasks.io.object_storage_hook`): its boto3 client is
+    made once, not per task or request.
+    """
+    from sat_tasks.io.object_storage_hook import shared_hook
+
+    return shared_hook(conn_id)
 
 
 def safe_relative_path(key: str, prefix: str) -> PurePosixPath:
