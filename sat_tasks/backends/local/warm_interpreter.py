@@ -64,26 +64,14 @@ def serve(socket_path: str, preload: Sequence[str], until: float, *, owner: int 
     server.listen(8)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    if not _waited(server, delay, owner, stopping):
-        server.close()
-        if os.path.exists(socket_path):
-            os.unlink(socket_path)
-        return 0
-    loaded = []
-    _set_policy(getattr(os, "SCHED_IDLE", None))  # import on idle CPU: never slow the runs on this host
-    _hurry_when_a_client_waits(server)
-    for name in preload:
-        try:
-            importlib.import_module(name)
-            loaded.append(name)
-        except Exception:  # noqa: BLE001 - a module the job does not have is just not preloaded
-            continue
-    _set_policy(getattr(os, "SCHED_OTHER", None))  # the children train at normal priority
-    _mark_ready(socket_path)
-    sys.stdout.flush()
-    children: dict[int, socket.socket] = {}
-    lease = {"owner": owner}
     try:
+        if not _waited(server, delay, owner, stopping):
+            return 0
+        loaded = _import_preload(server, preload)
+        _mark_ready(socket_path)
+        sys.stdout.flush()
+        children: dict[int, socket.socket] = {}
+        lease = {"owner": owner}
         while not stopping:
             _reap(children)
             if lease["owner"] is not None and not _pid_alive(lease["owner"]):
@@ -102,6 +90,21 @@ def serve(socket_path: str, preload: Sequence[str], until: float, *, owner: int 
             if os.path.exists(path):
                 os.unlink(path)
     return 0
+
+
+def _import_preload(server: socket.socket, preload: Sequence[str]) -> list[str]:
+    """Import `preload` on idle CPU (hurried once a client waits); the modules that imported."""
+    loaded = []
+    _set_policy(getattr(os, "SCHED_IDLE", None))  # import on idle CPU: never slow the runs on this host
+    _hurry_when_a_client_waits(server)
+    for name in preload:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception:  # noqa: BLE001 - a module the job does not have is just not preloaded
+            continue
+    _set_policy(getattr(os, "SCHED_OTHER", None))  # the children train at normal priority
+    return loaded
 
 
 def _waited(server: socket.socket, delay: float, owner: int | None, stopping: list) -> bool:
