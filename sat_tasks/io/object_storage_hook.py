@@ -41,6 +41,11 @@ class ObjectStorageHook(S3Hook):
         return CALLER
 
 
+def new_hook(conn_id: str | None) -> ObjectStorageHook:
+    """A hook of its own for `conn_id` (None: boto3's credential chain, as in a staging pod), not kept."""
+    return ObjectStorageHook(aws_conn_id=conn_id, transfer_config_args=dict(TRANSFER_CONFIG))
+
+
 def connection_fingerprint(conn_id: str) -> str | None:
     """A digest of the connection's fields (its secret among them, never kept itself); None when it cannot be read."""
     try:
@@ -55,12 +60,12 @@ def shared_hook(conn_id: str) -> ObjectStorageHook:
     """The process's hook for `conn_id` as the connection reads now: made once per content, then reused."""
     fingerprint = connection_fingerprint(conn_id)
     if fingerprint is None:
-        return ObjectStorageHook(aws_conn_id=conn_id, transfer_config_args=dict(TRANSFER_CONFIG))
+        return new_hook(conn_id)
     key = (conn_id, fingerprint)
     with _lock:
         hook = _kept.get(key)
         if hook is None:
-            hook = _kept[key] = ObjectStorageHook(aws_conn_id=conn_id, transfer_config_args=dict(TRANSFER_CONFIG))
+            hook = _kept[key] = new_hook(conn_id)
             while len(_kept) > MAX_KEPT:
                 _kept.popitem(last=False)
         else:

@@ -3,7 +3,7 @@
 `stage_job_files` is what the `stage_data` task does on every backend. Locally the Airflow
 worker calls it with the `sat_object_storage` connection's hook; on Kubernetes the staging
 pod (`sat_tasks.backends.kubernetes.staging`) runs this module, which has no Airflow metadata and so no
-connection: it uses `S3Hook(aws_conn_id=None)`, i.e. boto3's own credential chain. The pod
+connection: it uses SAT's S3Hook with `aws_conn_id=None` (`object_storage_hook.new_hook`), i.e. boto3's own credential chain. The pod
 gets the keys as `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (secretKeyRef into the Object
 Storage Secret) and the endpoint as `AWS_ENDPOINT_URL_S3` (boto3 reads it natively), so the
 same verified, parallel, idempotent `storage.stage_prefix` runs in both places.
@@ -153,9 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, move the files with boto3's credential chain, print the report line."""
     args = build_parser().parse_args(argv)
 
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+    from sat_tasks.io.object_storage_hook import new_hook
 
-    hook = S3Hook(aws_conn_id=None, transfer_config_args={"max_concurrency": 4})
+    hook = new_hook(None)
     try:
         report = args.func(args, hook)
     except Exception as exc:  # one clear line for the task log; the pod fails with status 1
