@@ -299,8 +299,7 @@ def _standby_line(setting: str) -> str:
     if setting != "auto":
         return f"standby warm interpreter {'on' if setting == 'true' else 'off'} (--standby {setting})"
     available = warm._memory_available()
-    on = available is not None and available >= warm.STANDBY_MIN_AVAILABLE_BYTES
-    return (f"standby warm interpreter auto (the default): {'on' if on else 'off'}, "
+    return (f"standby warm interpreter auto (the default): {'on' if warm.standby_enabled() else 'off'}, "
             f"{'unknown' if available is None else f'{available / 2**30:.1f} GiB'} available now "
             f"(needs {warm.STANDBY_MIN_AVAILABLE_BYTES / 2**30:.0f} GiB), imports {warm.STANDBY_DELAY_S:.0f} s "
             "into an attempt")
