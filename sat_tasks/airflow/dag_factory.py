@@ -53,30 +53,33 @@ DEFAULT_ARGS = {
 CHECK_IMAGE_TIMEOUT = timedelta(minutes=5)
 
 
-# What `@task` works out from a task body's function alone (its signature, read four times per task,
-# and `multiple_outputs`, inferred from the return annotation), by the body's code: every DAG built in
-# a process defines the same bodies anew as closures, with the same code (issue 31.2).
-_BODY_FACTS: dict[Any, tuple[inspect.Signature, bool]] = {}
+# What `@task` works out from a task body's function alone (its signature, read four times per task), by
+# the body's code: every DAG built in a process defines the same bodies anew as closures, with the same
+# code (issue 31.2).
+_BODY_SIGNATURES: dict[Any, inspect.Signature] = {}
 
 
 def _task(factory: Any = None, **kwargs: Any):
     """`@task(**kwargs)` (or `@task.sensor(**kwargs)`: `factory`) for a body defined anew for each DAG.
 
-    The first body with a given code is decorated as written, so Airflow infers what it infers;
-    the next ones get that signature (`__signature__`, which `inspect.signature` returns at once)
-    and that `multiple_outputs`, and Airflow builds the same task from them.
+    The first body with a given code is decorated as written; the next ones get its signature
+    (`__signature__`, which `inspect.signature` returns at once), and Airflow builds the same task.
+    A `@task` pushes its return value as one XCom (`multiple_outputs=False`): Airflow would infer
+    True from a `-> dict` annotation and push every key of the dict once more as an XCom of its own
+    (validate_spec's spec alone has ~30), which nothing reads (every reader takes `return_value`):
+    one Execution API call and one metadata row each, on every task's way to its successor.
     """
     factory = factory or task
+    if factory is task:  # `task.sensor` fixes multiple_outputs itself (False)
+        kwargs.setdefault("multiple_outputs", False)
 
     def decorate(fn):
-        facts = _BODY_FACTS.get(fn.__code__)
-        if facts is None:
+        signature = _BODY_SIGNATURES.get(fn.__code__)
+        if signature is None:
             decorated = factory(**kwargs)(fn)
-            _BODY_FACTS[fn.__code__] = (decorated.function_signature, decorated.multiple_outputs)
+            _BODY_SIGNATURES[fn.__code__] = decorated.function_signature
             return decorated
-        fn.__signature__ = facts[0]
-        if factory is task:  # `task.sensor` fixes multiple_outputs itself (False)
-            return factory(multiple_outputs=facts[1], **kwargs)(fn)
+        fn.__signature__ = signature
         return factory(**kwargs)(fn)
 
     return decorate

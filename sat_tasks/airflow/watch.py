@@ -53,7 +53,8 @@ def build_watch_dag(jobs: list[TrainingJob], fileloc: str | None = None) -> DAG 
 
 
 def _watch_task(uri: str, names: list[str], task_id: str):
-    @task(task_id=task_id, outlets=[Asset(uri)], doc_md=f"Watches `{uri}` for {', '.join(names)}.")
+    @task(task_id=task_id, outlets=[Asset(uri)], multiple_outputs=False,  # one XCom, not one per key too
+          doc_md=f"Watches `{uri}` for {', '.join(names)}.")
     def watch() -> dict:
         from sat_tasks.io.object_storage import object_storage_hook, prefix_fingerprint
 

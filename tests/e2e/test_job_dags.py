@@ -14,6 +14,7 @@ import pytest
 
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.cli.run import run_job
+from sat_tasks.core.run_summary import SUMMARY_KEY
 from sat_tasks.io.object_storage import read_json
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec
@@ -74,6 +75,17 @@ def task_runs(report) -> dict[str, tuple[str, int]]:
         return {ti.task_id: (str(getattr(ti.state, "value", ti.state)), ti.try_number) for ti in tis}
 
 
+def xcom_keys(report) -> set[str]:
+    """The keys of every XCom the report's DAG run pushed."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel.key).filter(XComModel.dag_id == GENERIC_DAG_ID,
+                                                   XComModel.run_id == report["run_id"]).distinct()
+        return {key for (key,) in rows}
+
+
 def assert_later_attempts_never_started(report, last: int) -> None:
     """Attempt `last` decided that no attempt follows: every task of the later groups was skipped at once by its
     `decide`, none started (not a task process per group that skips itself), and the run went on to its upload."""
@@ -106,6 +118,8 @@ def test_hardware_fault_fails_over_and_resumes_from_last_commit(scripts_in_bucke
     assert s3_hook.check_for_key(report["results"][len("s3://sat-demo/"):] + "output/trainer_state.json",
                                  bucket_name="sat-demo")
     assert_later_attempts_never_started(report, 2)
+    # each task's value is one XCom (what every reader takes), not also one per key of a returned dict
+    assert xcom_keys(report) == {"return_value", SUMMARY_KEY}
 
 
 def test_four_hardware_faults_end_in_max_retries(scripts_in_bucket):

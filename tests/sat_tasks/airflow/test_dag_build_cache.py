@@ -1,9 +1,9 @@
 """Building a job DAG reuses what `@task` works out from each task body (issue 31.2): the DAG is the same.
 
-`dag_factory._task` decorates the first body of each code as written (Airflow infers its signature
-and `multiple_outputs`) and hands the next bodies those facts: a DAG built from the facts serializes
-exactly as one built by plain inference, for a job DAG (Spot: the capacity sensors too) and the
-generic DAG.
+`dag_factory._task` decorates the first body of each code as written (Airflow reads its signature)
+and hands the next bodies that signature: a DAG built from the cached signatures serializes exactly
+as one built by plain inspection, for a job DAG (Spot: the capacity sensors too) and the generic DAG.
+Every `@task` pushes its return value as one XCom (`multiple_outputs=False`), `-> dict` or not.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ def _serialized(job, dag_id: str) -> str:
 def test_a_dag_built_from_the_cached_facts_is_the_dag_airflow_infers(spec, monkeypatch):
     job = load_spec(ROOT / "include" / "jobs" / spec) if spec else None
     dag_id = job.name if job else dag_factory.GENERIC_DAG_ID
-    monkeypatch.setattr(dag_factory, "_BODY_FACTS", {})
+    monkeypatch.setattr(dag_factory, "_BODY_SIGNATURES", {})
     inferred = _serialized(job, dag_id)  # every body decorated as written
-    facts = dict(dag_factory._BODY_FACTS)
-    assert facts, "the first build records what Airflow inferred"
-    assert _serialized(job, dag_id) == inferred  # every body from the recorded facts
-    assert dag_factory._BODY_FACTS == facts
-    # the facts are Airflow's: `-> dict` bodies push their keys (multiple_outputs), the others do not
+    signatures = dict(dag_factory._BODY_SIGNATURES)
+    assert signatures, "the first build records the signatures Airflow read"
+    assert _serialized(job, dag_id) == inferred  # every body from the recorded signatures
+    assert dag_factory._BODY_SIGNATURES == signatures
+    # one XCom per task: a `-> dict` body (validate_spec, classify, decide) does not push its keys too
     dag = dag_factory.build_job_dag(job, dag_id=dag_id)
-    assert dag.get_task("validate_spec").multiple_outputs is True
-    assert dag.get_task("cleanup_run").multiple_outputs is False
+    decorated = [t for t in dag.tasks if hasattr(t, "multiple_outputs")]
+    assert {"validate_spec", "attempt_1.classify", "attempt_1.decide", "cleanup_run"} <= {t.task_id for t in decorated}
+    assert not [t.task_id for t in decorated if t.multiple_outputs]
