@@ -8,13 +8,18 @@ For each round, in this order:
   first health answer. The demo job is triggered through the REST API with the official
   client; `first step` is trigger -> the first `progress.json` with step >= 1 under the
   work dir; `wall` is trigger -> the run's end_date;
-- dag.test: `sat run include/jobs/tiny-llama-demo.yaml -q` in a subprocess with its own
+- dag.test: `sat run include/jobs/tiny-llama-demo.yaml` in a subprocess with its own
   (pre-migrated) Airflow home and work dir; `first step` and `wall` count from the
-  moment it starts the DAG (its "seeded" line; before it only its S3 server starts).
+  moment it starts the DAG (its "seeded" line, which `-q` would leave out; before it only
+  its S3 server starts).
 
 Where the time goes, for both: the union of the task instances' run intervals ("in
 tasks") and the rest of the wall ("between tasks": scheduling, task start-up), and the
-two `launch` tasks (the training itself). Ratios service / dag.test are printed.
+two `launch` tasks (the training itself). Ratios service / dag.test are printed. Then the
+demo's failover as its job report measured it (`report.json` `recovery`: the fault -> the
+next attempt's first step, by phase), for each run: under the scheduler `detect` and
+`schedule` hold the task hops (launch -> classify -> cleanup -> decide -> the next launch)
+that `dag.test` makes in one process.
 """
 
 from __future__ import annotations
@@ -125,12 +130,33 @@ def run_service() -> dict:
             tis = TaskInstanceApi(api).get_task_instances("tiny-llama-demo", run.dag_run_id, limit=100).task_instances
             intervals = [(t.task_id, _parse(t.start_date), _parse(t.end_date)) for t in tis
                          if t.start_date and t.end_date]
+        report = _service_report(stack, "tiny-llama-demo", run.dag_run_id)
         return {"state": str(getattr(run.state, "value", run.state)), "first_answer": stack.first_answer_s,
                 "first_step": seen.get("at", float("nan")) - triggered, "wall": wall,
-                **split_time(intervals, wall)}
+                **split_time(intervals, wall), "recovery": recovery_lines(report)}
     finally:
         stack.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _service_report(stack, dag_id: str, run_id: str) -> dict:
+    """The demo run's `report.json`, read from the service's Object Storage ({} when it has none)."""
+    from sat_tasks.io.run_layout import JobRun
+    from sat_tasks.spec import load_spec
+
+    bucket, _, key = JobRun.of(load_spec(DEMO), dag_id, run_id).report_uri[len("s3://"):].partition("/")
+    try:
+        return json.loads(stack.storage.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    except Exception as exc:  # noqa: BLE001 - the timings stand without it
+        print(f"no report.json for {run_id}: {exc}", flush=True)
+        return {}
+
+
+def recovery_lines(report: dict) -> list[str]:
+    """Each fault's recovery from a job report, as the report's summary prints it."""
+    from sat_tasks.pipeline.report import format_recovery
+
+    return [format_recovery(fault) for fault in report.get("recovery") or []]
 
 
 def run_dag_test() -> dict:
@@ -145,7 +171,7 @@ def run_dag_test() -> dict:
     sat = str(Path(sys.executable).with_name("sat"))
     try:
         stop, seen = first_step_watch(root / "work")
-        proc = subprocess.Popen([sat, "run", str(DEMO), "-q"], env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sat, "run", str(DEMO)], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         started = None
         output = []
@@ -164,8 +190,9 @@ def run_dag_test() -> dict:
                               "WHERE start_date IS NOT NULL AND end_date IS NOT NULL").fetchall()
         intervals = [(task, _utc(start), _utc(end)) for task, start, end in rows]
         state = "success" if proc.returncode == 0 else f"exit {proc.returncode}"
+        recovery = [line.strip() for line in output if line.strip().startswith("recovery after attempt")]
         return {"state": state, "first_answer": float("nan"), "first_step": seen.get("at", float("nan")) - started,
-                "wall": wall, **split_time(intervals, wall)}
+                "wall": wall, **split_time(intervals, wall), "recovery": recovery}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -189,6 +216,10 @@ def main() -> None:
     svc = {k: statistics.median(r[k] for r in results["service"]) for k in keys[1:]}
     ref = {k: statistics.median(r[k] for r in results["dag.test"]) for k in keys[1:]}
     print("ratio service / dag.test (medians): " + ", ".join(f"{k} {svc[k] / ref[k]:.2f}x" for k in keys[1:] if ref[k]))
+    for name, rows in results.items():
+        for number, row in enumerate(rows, 1):
+            for line in row["recovery"] or ["no recovery measured (no failover in the report)"]:
+                print(f"{name} round {number}: {line}")
 
 
 if __name__ == "__main__":

@@ -158,14 +158,27 @@ def _through_standby(run: JobRun, command: str) -> str:
     elif _standby_pids(path):
         return command
     env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
-    subprocess.Popen(
+    spawn_detached(
         [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
          "--until", str(time.time() + STANDBY_GRACE_S), "--owner", str(os.getpid()), "--grace", str(STANDBY_GRACE_S),
-         "--delay", str(STANDBY_DELAY_S)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+         "--delay", str(STANDBY_DELAY_S)], env)
     return command
+
+
+def spawn_detached(argv: list[str], env: dict[str, str]) -> int:
+    """Start `argv` in a session of its own, adopted at once by init (not this process's child); its pid.
+
+    A launch task leaves the standby (and the warm pool's task its warm interpreter) running when it
+    ends. As the task process's child it made Airflow's supervisor see the task's end up to `[workers]
+    min_heartbeat_interval` late: under `make up` a failed launch that had started a standby ended in the
+    metadata DB 5.1 s after its last log line, one without 0.06 s (bench_service.py's failover, ADR 0031).
+    `sh` starts it in the background and exits at once (its stdout carries the pid, nothing else), so the
+    task process never has it as a child. No file descriptor of this process reaches it (close_fds).
+    """
+    started = subprocess.run(["/bin/sh", "-c", '"$@" </dev/null >/dev/null 2>&1 & echo $!', "sh", *argv],
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             start_new_session=True, check=True, text=True, timeout=60)
+    return int(started.stdout.strip())
 
 
 def _standby_pids(socket: str) -> list[int]:
@@ -237,13 +250,9 @@ def _start_interpreter(run: JobRun, until: float) -> dict:
     # Not the service's environment: a run's child keeps the server's in /proc/<pid>/environ (its
     # os.environ is replaced by the run's, the memory the kernel shows is not).
     env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
-         "--until", str(until)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    return {"interpreter_pid": proc.pid, "interpreter_socket": path}
+    pid = spawn_detached([sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path,
+                          "--preload", _preload(), "--until", str(until)], env)
+    return {"interpreter_pid": pid, "interpreter_socket": path}
 
 
 def _alive(pid: int | None) -> bool:

@@ -263,6 +263,10 @@ def test_a_delayed_server_leaves_without_importing_when_its_owner_ends_or_on_sig
                 process.wait(timeout=30)
 
 
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW__SAT__WARM_POOL_PRELOAD", "json")
     monkeypatch.setattr(local_warm, "STANDBY_DELAY_S", 0.0)  # its imports at once (the delay: the tests above)
@@ -274,6 +278,9 @@ def test_a_failover_attempt_runs_in_the_runs_standby_interpreter(warm_job, monke
     try:
         assert local_warm.warm_command(run, "python train.py 5") == "python train.py 5"  # attempt 1 cold; one starts
         _wait_for(lambda: warm_interpreter.is_ready(path), "the standby's imports")
+        # not the launch's child (Airflow's supervisor saw a launch with a child end 5 s late), nor in its session
+        (standby,) = local_warm._standby_pids(path)
+        assert _parent_of(standby) != os.getpid() and os.getsid(standby) != os.getsid(0)
         command = local_warm.warm_command(run, "python train.py 5")  # a failover's attempt
         assert command.endswith(f"{warm_interpreter.__file__} run --socket {path} -- train.py 5")
         (tmp_path / "train.py").write_text(SCRIPT)
