@@ -93,16 +93,18 @@ def test_a_local_attempt_whose_command_is_env_prints_none_of_the_service_secrets
 
 def test_the_warm_interpreter_starts_without_the_service_secrets(tmp_path, monkeypatch, service_secrets_env):
     """Its children keep its environment in /proc/<pid>/environ whatever os.environ they are given."""
-    started: list[dict] = []
+    started: list[tuple[list, dict]] = []
 
-    def popen(argv, **kwargs):
-        started.append(kwargs)
-        return SimpleNamespace(pid=4242)
+    def run(argv, **kwargs):  # `warm.spawn_detached`: `sh` starts the server in the background, prints its pid
+        started.append((argv, kwargs))
+        return SimpleNamespace(stdout="4242\n")
 
-    monkeypatch.setattr(local_warm.subprocess, "Popen", popen)
+    monkeypatch.setattr(local_warm.subprocess, "run", run)
     job = parse_spec({**BASE, "env": JOB_ENV, "command": "python train.py"})
-    local_warm._start_interpreter(SimpleNamespace(job=job), until=0.0)
-    env = started[0]["env"]
+    assert local_warm._start_interpreter(SimpleNamespace(job=job), until=0.0)["interpreter_pid"] == 4242
+    argv, kwargs = started[0]
+    assert argv[0] == "/bin/sh" and "serve" in argv
+    env = kwargs["env"]  # `sh` and the server it starts get this environment and no other
     assert _leaked("\n".join(f"{k}={v}" for k, v in env.items()), service_secrets_env) == []
     assert not [name for name in env if name.startswith("AIRFLOW")]
     assert env["FROM_THE_JOB"] == "job-value-7" and env["HF_HUB_OFFLINE"] == "1" and env["PATH"] == os.environ["PATH"]
