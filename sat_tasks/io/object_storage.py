@@ -398,12 +398,44 @@ def write_json(hook: S3Hook, uri: str, payload: Any) -> None:
     hook.load_string(json.dumps(payload, indent=2, default=str), key=key, bucket_name=bucket, replace=True)
 
 
-def read_json(hook: S3Hook, uri: str) -> Any | None:
-    """Read one JSON document from `uri`; None when it does not exist."""
-    bucket, key = split_s3_uri(uri)
-    if not hook.check_for_key(key, bucket_name=bucket):
+#: The most `read_json` takes of one document. SAT's own JSON (status history, attempt records, the report) stays
+#: far below it, but a run's training process writes some of what SAT reads back (progress.json under the run's
+#: results, with its run-scoped credentials): whatever a job puts there, one read holds at most this in memory.
+MAX_JSON_BYTES = 64 << 20
+
+
+class ObjectTooLargeError(SatError, ValueError):
+    """A JSON document over `MAX_JSON_BYTES` (or the caller's bound): not read."""
+
+
+def read_json(hook: S3Hook, uri: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any | None:
+    """Read one JSON document from `uri` (one GET); None when it does not exist.
+
+    Raises ObjectTooLargeError, naming the object and the bound, for a document over `max_bytes`
+    (by its Content-Length, and by what the body holds: at most `max_bytes` + 1 bytes are read).
+    """
+    client = hook.get_conn()
+    try:
+        stream = open_object_stream(hook, uri)
+    except client.exceptions.NoSuchBucket:
+        return None  # as a missing key (what a HEAD's 404 said before)
+    if stream is None:
         return None
-    return json.loads(hook.read_key(key, bucket_name=bucket))
+    parts: list[bytes] = []
+    total = 0
+    try:
+        if stream.size <= max_bytes:
+            for chunk in stream.chunks:
+                parts.append(chunk)
+                total += len(chunk)
+                if total > max_bytes:
+                    break
+    finally:
+        stream.chunks.close()  # type: ignore[attr-defined]  # a generator: closes the object's body
+    if stream.size > max_bytes or total > max_bytes:
+        raise ObjectTooLargeError(f"{uri} holds {_fmt_bytes(max(stream.size, total))}, more than the "
+                                  f"{_fmt_bytes(max_bytes)} a JSON document SAT reads may hold: not read")
+    return json.loads(b"".join(parts))
 
 
 @dataclass(frozen=True)

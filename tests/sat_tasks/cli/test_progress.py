@@ -127,6 +127,23 @@ class FakeHook:
     def read_key(self, key, bucket_name):
         return self.objects[(bucket_name, key)]
 
+    def get_conn(self):  # `object_storage.read_json`'s one GET
+        hook = self
+
+        class NoSuchKey(Exception):
+            pass
+
+        class Client:
+            exceptions = SimpleNamespace(NoSuchKey=NoSuchKey)
+
+            def get_object(self, Bucket, Key):  # noqa: N803 - boto3's names
+                if (Bucket, Key) not in hook.objects:
+                    raise NoSuchKey(Key)
+                data = hook.objects[(Bucket, Key)].encode()
+                return {"ContentLength": len(data), "Body": io.BytesIO(data)}
+
+        return Client()
+
 
 def test_each_step_ends_after_the_status_it_recorded_and_attempt_steps_say_what_they_found():
     from sat_tasks.io.metrics import ORCHESTRATOR_SERIES

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,8 +99,44 @@ def test_upload_dir_round_trip_and_multipart(s3_hook, bucket, tmp_path):
 def test_json_helpers(s3_hook, bucket):
     uri = f"s3://{BUCKET}/json/doc.json"
     assert storage.read_json(s3_hook, uri) is None
+    assert storage.read_json(s3_hook, "s3://no-such-bucket-here/doc.json") is None
     storage.write_json(s3_hook, uri, {"a": [1, 2]})
     assert storage.read_json(s3_hook, uri) == {"a": [1, 2]}
+
+
+def test_read_json_is_bounded_whatever_a_job_wrote(s3_hook, bucket):
+    """A run's training process writes some of the JSON SAT reads back (progress.json): one read holds at most
+    `max_bytes` (MAX_JSON_BYTES by default) and refuses the rest with the object and the bound named."""
+    uri = f"s3://{BUCKET}/json/progress.json"
+    document = {"step": 7, "padding": "x" * 4000}
+    storage.write_json(s3_hook, uri, document)
+    assert storage.read_json(s3_hook, uri, max_bytes=len(json.dumps(document, indent=2))) == document  # at the bound
+    with pytest.raises(storage.ObjectTooLargeError, match=r"progress\.json holds 3\.9 KiB, more than the 1\.0 KiB"):
+        storage.read_json(s3_hook, uri, max_bytes=1024)
+    assert storage.MAX_JSON_BYTES == 64 << 20
+
+
+def test_read_json_stops_at_the_bound_when_the_body_is_longer_than_its_length_says():
+    read = []
+
+    class Body:
+        def read(self, amount):
+            read.append(amount)
+            return b" " * amount  # never ends
+
+        def close(self):
+            read.append("closed")
+
+    class Client:
+        exceptions = SimpleNamespace(NoSuchKey=KeyError)
+
+        def get_object(self, Bucket, Key):  # noqa: N803 - boto3's names
+            return {"ContentLength": 10, "Body": Body()}
+
+    hook = SimpleNamespace(get_conn=Client)
+    with pytest.raises(storage.ObjectTooLargeError, match="more than the 3.0 MiB"):
+        storage.read_json(hook, "s3://job-results/progress.json", max_bytes=3 << 20)
+    assert read[-1] == "closed" and len(read) == 5  # four chunks of 1 MiB (the fourth passes the bound), then closed
 
 
 # ---- which check an object gets ---------------------------------------------------------------------
