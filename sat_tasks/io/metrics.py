@@ -98,11 +98,20 @@ def read_object_storage(results_uri: str, hook: Any = None) -> RunMetrics:
     found = RunMetrics(source=base)
     for key in sorted(hook.list_keys(bucket_name=bucket, prefix=prefix) or []):
         name = f"{METRICS_DIR}{key[len(prefix):]}"
-        if _is_series_file(name):
-            found.add_file(name, hook.read_key(key=key, bucket_name=bucket))
+        if _is_series_file(name):  # the training process writes these: each read is bounded
+            try:
+                data = storage.read_bounded(hook, f"s3://{bucket}/{key}")
+            except storage.ObjectTooLargeError as exc:
+                found.problems.append(f"{name}: {exc}")
+                continue
+            if data is not None:
+                found.add_file(name, data.decode("utf-8", errors="replace"))
     for extra, attribute in ((STATUS_NAME, "history"), (REPORT_NAME, "report")):
         try:
             value = storage.read_json(hook, base + extra)
+        except storage.ObjectTooLargeError as exc:
+            found.problems.append(f"{extra}: {exc}")
+            continue
         except ValueError as exc:
             found.problems.append(f"{extra}: not JSON ({exc})")
             continue

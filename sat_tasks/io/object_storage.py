@@ -398,22 +398,34 @@ def write_json(hook: S3Hook, uri: str, payload: Any) -> None:
     hook.load_string(json.dumps(payload, indent=2, default=str), key=key, bucket_name=bucket, replace=True)
 
 
-#: The most `read_json` takes of one document. SAT's own JSON (status history, attempt records, the report) stays
+#: The most `read_json` (and `read_bounded`) takes of one document. SAT's own JSON (status history, attempt records, the report) stays
 #: far below it, but a run's training process writes some of what SAT reads back (progress.json under the run's
 #: results, with its run-scoped credentials): whatever a job puts there, one read holds at most this in memory.
 MAX_JSON_BYTES = 64 << 20
 
 
 class ObjectTooLargeError(SatError, ValueError):
-    """A JSON document over `MAX_JSON_BYTES` (or the caller's bound): not read."""
+    """A document over `MAX_JSON_BYTES` (or the caller's bound): not read."""
 
 
-def read_json(hook: S3Hook, uri: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any | None:
+def read_json(hook: S3Hook, uri: str, *, max_bytes: int | None = None) -> Any | None:
     """Read one JSON document from `uri` (one GET); None when it does not exist.
 
     Raises ObjectTooLargeError, naming the object and the bound, for a document over `max_bytes`
-    (by its Content-Length, and by what the body holds: at most `max_bytes` + 1 bytes are read).
+    (MAX_JSON_BYTES unless given; `read_bounded`).
     """
+    data = read_bounded(hook, uri, max_bytes)
+    return None if data is None else json.loads(data)
+
+
+def read_bounded(hook: S3Hook, uri: str, max_bytes: int | None = None) -> bytes | None:
+    """The bytes of the object at `uri` (one GET), None when it (or its bucket) does not exist.
+
+    Raises ObjectTooLargeError for an object over `max_bytes`, by its Content-Length and by what
+    its body holds: at most one 1 MiB chunk past the bound is read before the body is closed.
+    `max_bytes`: MAX_JSON_BYTES unless given.
+    """
+    max_bytes = MAX_JSON_BYTES if max_bytes is None else max_bytes
     client = hook.get_conn()
     try:
         stream = open_object_stream(hook, uri)
@@ -434,8 +446,8 @@ def read_json(hook: S3Hook, uri: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any
         stream.chunks.close()  # type: ignore[attr-defined]  # a generator: closes the object's body
     if stream.size > max_bytes or total > max_bytes:
         raise ObjectTooLargeError(f"{uri} holds {_fmt_bytes(max(stream.size, total))}, more than the "
-                                  f"{_fmt_bytes(max_bytes)} a JSON document SAT reads may hold: not read")
-    return json.loads(b"".join(parts))
+                                  f"{_fmt_bytes(max_bytes)} a document SAT reads back may hold: not read")
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)

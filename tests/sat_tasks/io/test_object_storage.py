@@ -242,3 +242,20 @@ def test_multipart_objects_are_checked_by_a_full_object_checksum_or_their_size(s
     head = s3_hook.get_conn().head_object(Bucket=BUCKET, Key="mp/big.bin", ChecksumMode="ENABLED")
     assert report.checks == {storage.object_check(head).method: 1}
     assert (tmp_path / "dst" / "big.bin").read_bytes() == big
+
+
+def test_a_runs_metrics_over_the_bound_are_named_and_the_rest_read(s3_hook, bucket, monkeypatch):
+    """The series files are the training process's: one over the bound is a problem of the run's metrics, not a
+    read of all of it into memory, and the other series and the status history still come."""
+    from sat_tasks.io.metrics import read_object_storage
+
+    base = f"s3://{BUCKET}/bounded-run/"
+    sample = {"series": "training", "time": 1.0, "attempt": 1, "node": "n", "step": 1, "loss": 2.0}
+    put(s3_hook, "bounded-run/metrics/attempt-1/n/training.jsonl", (json.dumps(sample) + "\n").encode())
+    put(s3_hook, "bounded-run/metrics/attempt-1/n/system.jsonl", b"x" * 5000)
+    storage.write_json(s3_hook, base + "status.json", [{"status": "Running", "at": "2026-12-03T00:00:00+00:00"}])
+    monkeypatch.setattr(storage, "MAX_JSON_BYTES", 4096)
+    metrics = read_object_storage(base, s3_hook)
+    assert any(p.startswith("metrics/attempt-1/n/system.jsonl: ") and "more than the 4.0 KiB" in p
+               for p in metrics.problems), metrics.problems
+    assert metrics.history and [r["step"] for r in metrics.records.get("training", [])] == [1]
