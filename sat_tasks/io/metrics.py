@@ -141,9 +141,12 @@ def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> di
     """
     from sat_tasks.spec import split_s3_uri
 
+    from sat_tasks.io.object_storage import read_bounded
+
     base = results_uri if results_uri.endswith("/") else results_uri + "/"
     bucket, key = split_s3_uri(base + ORCHESTRATOR_SERIES)
-    text = hook.read_key(key=key, bucket_name=bucket) if hook.check_for_key(key=key, bucket_name=bucket) else ""
+    # under the run's results, where its training may write too: read within the bound (ObjectTooLargeError)
+    text = (read_bounded(hook, base + ORCHESTRATOR_SERIES) or b"").decode("utf-8", errors="replace")
     written = {"series": "job", "device": HOST_DEVICE, **record}
     hook.load_string(text + json.dumps(written, separators=(",", ":"), default=str) + "\n", key=key,
                      bucket_name=bucket, replace=True)
