@@ -100,7 +100,7 @@ def read_object_storage(results_uri: str, hook: Any = None) -> RunMetrics:
         name = f"{METRICS_DIR}{key[len(prefix):]}"
         if _is_series_file(name):  # the training process writes these: each read is bounded
             try:
-                data = storage.read_bounded(hook, f"s3://{bucket}/{key}")
+                data = storage.read_bounded(hook, base + name)
             except storage.ObjectTooLargeError as exc:
                 found.problems.append(f"{name}: {exc}")
                 continue
@@ -139,9 +139,8 @@ def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> di
 
     Returns the record as written (with its `series` and `device`).
     """
-    from sat_tasks.spec import split_s3_uri
-
     from sat_tasks.io.object_storage import read_bounded
+    from sat_tasks.spec import split_s3_uri
 
     base = results_uri if results_uri.endswith("/") else results_uri + "/"
     bucket, key = split_s3_uri(base + ORCHESTRATOR_SERIES)

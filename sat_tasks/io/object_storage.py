@@ -398,9 +398,10 @@ def write_json(hook: S3Hook, uri: str, payload: Any) -> None:
     hook.load_string(json.dumps(payload, indent=2, default=str), key=key, bucket_name=bucket, replace=True)
 
 
-#: The most `read_json` (and `read_bounded`) takes of one document. SAT's own JSON (status history, attempt records, the report) stays
-#: far below it, but a run's training process writes some of what SAT reads back (progress.json under the run's
-#: results, with its run-scoped credentials): whatever a job puts there, one read holds at most this in memory.
+#: The most `read_bounded` (and `read_json`) takes of one document. SAT's own JSON (status history, attempt
+#: records, the report) stays far below it, but a run's training process writes some of what SAT reads back
+#: (progress.json, the metrics series, under the run's results with its run-scoped credentials): whatever a job
+#: puts there, one read holds at most this in memory.
 MAX_JSON_BYTES = 64 << 20
 
 

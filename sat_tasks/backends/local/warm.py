@@ -157,12 +157,22 @@ def _through_standby(run: JobRun, command: str) -> str:
             return _through(path, command)
     elif _standby_pids(path):
         return command
-    env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
-    spawn_detached(
-        [sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path, "--preload", _preload(),
-         "--until", str(time.time() + STANDBY_GRACE_S), "--owner", str(os.getpid()), "--grace", str(STANDBY_GRACE_S),
-         "--delay", str(STANDBY_DELAY_S)], env)
+    _serve(run, path, time.time() + STANDBY_GRACE_S, "--owner", str(os.getpid()), "--grace", str(STANDBY_GRACE_S),
+           "--delay", str(STANDBY_DELAY_S))
     return command
+
+
+def _serve(run: JobRun, path: str, until: float, *options: str) -> int:
+    """Start a warm interpreter server for `run` on the socket `path` (detached); its pid.
+
+    Not the service's environment: a run's child keeps the server's in /proc/<pid>/environ (its
+    os.environ is replaced by the run's, the memory the kernel shows is not).
+    """
+    from sat_tasks.backends.local import warm_interpreter
+
+    env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
+    return spawn_detached([sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path,
+                           "--preload", _preload(), "--until", str(until), *options], env)
 
 
 def spawn_detached(argv: list[str], env: dict[str, str]) -> int:
@@ -244,15 +254,8 @@ def socket_path(job) -> str:
 
 
 def _start_interpreter(run: JobRun, until: float) -> dict:
-    from sat_tasks.backends.local import warm_interpreter
-
     path = socket_path(run.job)
-    # Not the service's environment: a run's child keeps the server's in /proc/<pid>/environ (its
-    # os.environ is replaced by the run's, the memory the kernel shows is not).
-    env = process_environment({**run.job.env, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, os.environ)
-    pid = spawn_detached([sys.executable, "-m", warm_interpreter.__name__, "serve", "--socket", path,
-                          "--preload", _preload(), "--until", str(until)], env)
-    return {"interpreter_pid": pid, "interpreter_socket": path}
+    return {"interpreter_pid": _serve(run, path, until), "interpreter_socket": path}
 
 
 def _alive(pid: int | None) -> bool:
