@@ -115,6 +115,10 @@ def main() -> None:
         dist.all_gather_object(results, result)
         if dist.get_rank() == 0:
             print("RESULT " + json.dumps(results), flush=True)
+    # Run bare under torchrun (not through ckpt_engine.launch, which does this for users' scripts): left to the
+    # interpreter's finalization, gloo's threads can abort a rank after the RESULT line (SIGABRT, "terminate called
+    # without an active exception", pytorch/pytorch#190489), as one CI run saw.
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
