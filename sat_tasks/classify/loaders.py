@@ -30,6 +30,7 @@ from sat_tasks.core.attempt import (
     AttemptRecord,
     attempt_in_task_id,
 )
+from sat_tasks.core.bounded import ObjectTooLargeError, read_file, tail_file
 from sat_tasks.errors import SatError
 
 #: A log file is read from its end: at most this many bytes (a record keeps a tail anyway).
@@ -295,11 +296,10 @@ def _read_bytes(path: str, limit: int | None) -> tuple[bytes, int]:
     if path == "-":
         data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
         return (data[-limit:] if limit else data), len(data)
-    with open(path, "rb") as handle:
-        size = handle.seek(0, 2)
-        start = max(0, size - limit) if limit else 0
-        handle.seek(start)
-        return handle.read(), size
+    if limit:
+        return tail_file(path, limit)
+    data = read_file(path)  # a record whole, within MAX_JSON_BYTES (ObjectTooLargeError)
+    return data, len(data)
 
 
 def _read_text(path: str, *, limit: int | None = None, notes: list[str] | None = None) -> str:
@@ -307,6 +307,8 @@ def _read_text(path: str, *, limit: int | None = None, notes: list[str] | None =
         data, size = _read_bytes(path, limit)
     except OSError as error:
         raise UnreadableInput(f"cannot read {path}: {error.strerror or error}") from error
+    except ObjectTooLargeError as error:
+        raise UnreadableInput(str(error)) from error
     text = _decode(data)
     if notes is not None:
         if limit and size > limit:

@@ -29,6 +29,7 @@ import pluggy
 from ckpt_engine.contract import PROGRESS_NAME, ProgressRecord
 from sat_tasks.cli.console import Console
 from sat_tasks.core.attempt import attempt_in_task_id
+from sat_tasks.core.bounded import read_file, tail_file
 
 # Airflow's own marker (`airflow.listeners.hookimpl` is this, for the project "airflow"): no Airflow import here.
 hookimpl = pluggy.HookimplMarker("airflow")
@@ -127,18 +128,17 @@ def read_training(output_dir: Path, metrics_dir: Path, attempt: int) -> Training
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON document at `path`, None when unreadable, not JSON or over the bound (the training writes it)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(read_file(path))
+    except (OSError, ValueError):  # ObjectTooLargeError is a ValueError
         return None
 
 
 def _tail_records(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of the end of `path` (a series file grows for the whole attempt)."""
     try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, handle.seek(0, 2) - METRICS_TAIL_BYTES))
-            lines = handle.read().decode("utf-8", "replace").splitlines()
+        lines = tail_file(path, METRICS_TAIL_BYTES)[0].decode("utf-8", "replace").splitlines()
     except OSError:
         return []
     records = []
@@ -279,14 +279,10 @@ class RunWatcher:
         return None
 
     def _job_records(self) -> list[dict[str, Any]]:
-        """SAT's own job series (`attempt_end` and `final` records) of this run."""
-        from sat_tasks.io.metrics import ORCHESTRATOR_SERIES
-        from sat_tasks.spec import split_s3_uri
+        """SAT's own job series (`attempt_end` and `final` records) of this run (a bounded read)."""
+        from sat_tasks.io.metrics import read_job_records
 
-        bucket, key = split_s3_uri(self._run.results_uri + ORCHESTRATOR_SERIES)
-        if not self.hook.check_for_key(key, bucket_name=bucket):
-            return []
-        return [json.loads(line) for line in self.hook.read_key(key, bucket_name=bucket).splitlines() if line.strip()]
+        return read_job_records(self.hook, self._run.results_uri)
 
     def _poll_statuses(self) -> None:
         from sat_tasks.io.object_storage import read_json

@@ -14,6 +14,7 @@ from sat_tasks.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, configure_a
 from sat_tasks.config import PROJECT_ROOT
 
 LOG_TAIL_LINES = 30
+LOG_TAIL_BYTES = 256 << 10  # the end of a log that carries the training's output, however long it grew
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -159,6 +160,10 @@ def _print_summary(console, report: dict | None, run_id: str, seconds: float, lo
 
 def _log_tail(log_path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
     """The end of Airflow's logs (a run without a report: where it broke)."""
+    from sat_tasks.core.bounded import tail_file
+
     if log_path is None or not log_path.is_file():
         return []
-    return log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    data, size = tail_file(log_path, LOG_TAIL_BYTES)
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return (text[1:] if size > len(data) else text)[-lines:]  # a line cut by the bound is left out

@@ -21,6 +21,7 @@ from ckpt_engine.contract import (
     SERIES,
     STATUS_NAME,
 )
+from sat_tasks.core.bounded import ObjectTooLargeError, read_file
 from sat_tasks.core.contracts import VerdictKind
 
 
@@ -72,13 +73,18 @@ def read_local(directory: str | Path) -> RunMetrics:
     found = RunMetrics(source=str(root))
     for path in sorted(metrics_root.rglob("*.jsonl")):
         name = f"{METRICS_DIR}{path.relative_to(metrics_root).as_posix()}"
-        if _is_series_file(name):
-            found.add_file(name, path.read_text(encoding="utf-8", errors="replace"))
+        if _is_series_file(name):  # the training process writes these: each read is bounded
+            try:
+                found.add_file(name, read_file(path).decode("utf-8", errors="replace"))
+            except (ObjectTooLargeError, OSError) as exc:
+                found.problems.append(f"{name}: {exc}")
     for extra, attribute in ((STATUS_NAME, "history"), (REPORT_NAME, "report")):
         path = root / extra
         if path.is_file():
             try:
-                setattr(found, attribute, json.loads(path.read_text(encoding="utf-8")))
+                setattr(found, attribute, json.loads(read_file(path)))
+            except ObjectTooLargeError as exc:
+                found.problems.append(f"{extra}: {exc}")
             except ValueError as exc:
                 found.problems.append(f"{extra}: not JSON ({exc})")
     return found.finish()
@@ -101,7 +107,7 @@ def read_object_storage(results_uri: str, hook: Any = None) -> RunMetrics:
         if _is_series_file(name):  # the training process writes these: each read is bounded
             try:
                 data = storage.read_bounded(hook, base + name)
-            except storage.ObjectTooLargeError as exc:
+            except ObjectTooLargeError as exc:
                 found.problems.append(f"{name}: {exc}")
                 continue
             if data is not None:
@@ -109,7 +115,7 @@ def read_object_storage(results_uri: str, hook: Any = None) -> RunMetrics:
     for extra, attribute in ((STATUS_NAME, "history"), (REPORT_NAME, "report")):
         try:
             value = storage.read_json(hook, base + extra)
-        except storage.ObjectTooLargeError as exc:
+        except ObjectTooLargeError as exc:
             found.problems.append(f"{extra}: {exc}")
             continue
         except ValueError as exc:
@@ -139,17 +145,40 @@ def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> di
 
     Returns the record as written (with its `series` and `device`).
     """
-    from sat_tasks.io.object_storage import read_bounded
     from sat_tasks.spec import split_s3_uri
 
     base = results_uri if results_uri.endswith("/") else results_uri + "/"
     bucket, key = split_s3_uri(base + ORCHESTRATOR_SERIES)
-    # under the run's results, where its training may write too: read within the bound (ObjectTooLargeError)
-    text = (read_bounded(hook, base + ORCHESTRATOR_SERIES) or b"").decode("utf-8", errors="replace")
+    text = _job_series_text(hook, base)
     written = {"series": "job", "device": HOST_DEVICE, **record}
     hook.load_string(text + json.dumps(written, separators=(",", ":"), default=str) + "\n", key=key,
                      bucket_name=bucket, replace=True)
     return written
+
+
+def read_job_records(hook: Any, results_uri: str) -> list[dict[str, Any]]:
+    """The records of `<results>/metrics/sat/job.jsonl` (lines that are not JSON objects left out)."""
+    base = results_uri if results_uri.endswith("/") else results_uri + "/"
+    records = []
+    for line in _job_series_text(hook, base).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _job_series_text(hook: Any, base: str) -> str:
+    """job.jsonl's text ('' before its first record).
+
+    It lies under the run's results, where the run's training may write too: read within the bound
+    (ObjectTooLargeError names it).
+    """
+    from sat_tasks.io.object_storage import read_bounded
+
+    return (read_bounded(hook, base + ORCHESTRATOR_SERIES) or b"").decode("utf-8", errors="replace")
 
 
 # ---- what the plots need -----------------------------------------------------------------------

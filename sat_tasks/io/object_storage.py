@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+from sat_tasks.core import bounded
+from sat_tasks.core.bounded import fmt_bytes, too_large
 from sat_tasks.core.contracts import Log
 from sat_tasks.errors import SatError
 from sat_tasks.spec import split_s3_uri
@@ -285,7 +287,7 @@ def stage_prefix(
     plan = [(meta, dest / rel) for meta, (_, rel) in zip(objects, relative)]
     report = TransferReport(source=source_uri, destination=str(dest), files=len(plan))
     report.bytes_total = sum(int(meta["Size"]) for meta, _ in plan)
-    log(f"staging {len(plan)} objects ({_fmt_bytes(report.bytes_total)}) from {source_uri} to {dest}")
+    log(f"staging {len(plan)} objects ({fmt_bytes(report.bytes_total)}) from {source_uri} to {dest}")
     client = hook.get_conn()
 
     def fetch(meta: dict[str, Any], target: Path) -> tuple[str, int, bool, str]:
@@ -317,7 +319,7 @@ def stage_prefix(
     _run_parallel(plan, fetch, report, workers=workers, log=log, verb="staged", progress_every=progress_every)
     report.seconds = round(time.monotonic() - started, 3)
     log(
-        f"staged {report.files} files: {report.transferred} copied ({_fmt_bytes(report.bytes_transferred)}), "
+        f"staged {report.files} files: {report.transferred} copied ({fmt_bytes(report.bytes_transferred)}), "
         f"{report.skipped} already present, in {report.seconds}s; verified: {describe_checks(report.checks)}"
     )
     return report
@@ -343,7 +345,7 @@ def upload_dir(
     )
     report = TransferReport(source=str(src), destination=dest_uri, files=len(files))
     report.bytes_total = sum(p.stat().st_size for p in files)
-    log(f"uploading {len(files)} files ({_fmt_bytes(report.bytes_total)}) from {src} to {dest_uri}")
+    log(f"uploading {len(files)} files ({fmt_bytes(report.bytes_total)}) from {src} to {dest_uri}")
     started = time.monotonic()
 
     def put(path: Path, key: str) -> tuple[str, int, bool, str | None]:
@@ -353,7 +355,7 @@ def upload_dir(
     plan = [(path, prefix + path.relative_to(src).as_posix()) for path in files]
     _run_parallel(plan, put, report, workers=workers, log=log, verb="uploaded", progress_every=progress_every)
     report.seconds = round(time.monotonic() - started, 3)
-    log(f"uploaded {report.files} files ({_fmt_bytes(report.bytes_transferred)}) in {report.seconds}s")
+    log(f"uploaded {report.files} files ({fmt_bytes(report.bytes_transferred)}) in {report.seconds}s")
     return report
 
 
@@ -374,7 +376,7 @@ def _run_parallel(plan, fn, report: TransferReport, *, workers: int, log: Log, v
                     report.checks[method] = report.checks.get(method, 0) + 1
                 if time.monotonic() - last >= progress_every:
                     last = time.monotonic()
-                    log(f"{verb} {done}/{len(plan)} files ({_fmt_bytes(report.bytes_transferred)})")
+                    log(f"{verb} {done}/{len(plan)} files ({fmt_bytes(report.bytes_transferred)})")
         except BaseException:
             for future in futures:
                 future.cancel()
@@ -398,17 +400,6 @@ def write_json(hook: S3Hook, uri: str, payload: Any) -> None:
     hook.load_string(json.dumps(payload, indent=2, default=str), key=key, bucket_name=bucket, replace=True)
 
 
-#: The most `read_bounded` (and `read_json`) takes of one document. SAT's own JSON (status history, attempt
-#: records, the report) stays far below it, but a run's training process writes some of what SAT reads back
-#: (progress.json, the metrics series, under the run's results with its run-scoped credentials): whatever a job
-#: puts there, one read holds at most this in memory.
-MAX_JSON_BYTES = 64 << 20
-
-
-class ObjectTooLargeError(SatError, ValueError):
-    """A document over `MAX_JSON_BYTES` (or the caller's bound): not read."""
-
-
 def read_json(hook: S3Hook, uri: str, *, max_bytes: int | None = None) -> Any | None:
     """Read one JSON document from `uri` (one GET); None when it does not exist.
 
@@ -426,7 +417,7 @@ def read_bounded(hook: S3Hook, uri: str, max_bytes: int | None = None) -> bytes 
     its body holds: at most one 1 MiB chunk past the bound is read before the body is closed.
     `max_bytes`: MAX_JSON_BYTES unless given.
     """
-    max_bytes = MAX_JSON_BYTES if max_bytes is None else max_bytes
+    max_bytes = bounded.MAX_JSON_BYTES if max_bytes is None else max_bytes
     client = hook.get_conn()
     try:
         stream = open_object_stream(hook, uri)
@@ -446,8 +437,7 @@ def read_bounded(hook: S3Hook, uri: str, max_bytes: int | None = None) -> bytes 
     finally:
         stream.chunks.close()  # type: ignore[attr-defined]  # a generator: closes the object's body
     if stream.size > max_bytes or total > max_bytes:
-        raise ObjectTooLargeError(f"{uri} holds {_fmt_bytes(max(stream.size, total))}, more than the "
-                                  f"{_fmt_bytes(max_bytes)} a document SAT reads back may hold: not read")
+        raise too_large(uri, max(stream.size, total), max_bytes)
     return b"".join(parts)
 
 
@@ -496,9 +486,3 @@ def download_object(hook: S3Hook, uri: str, dest: str | Path) -> Path:
     return dest
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"

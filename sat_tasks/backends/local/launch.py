@@ -30,6 +30,7 @@ from sat_tasks.backends.local.runner import (
 from sat_tasks.backends.local.warm import warm_command
 from sat_tasks.backends.local.workspace import attempt_nodes, growth_watch
 from sat_tasks.core.attempt import AttemptRecord, Interruption
+from sat_tasks.core.bounded import read_file
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.core.policy import resume_interrupted
@@ -112,8 +113,8 @@ def last_committed_step(output_dir: Path) -> int | None:
     if any((root / checkpoint_dir(step) / MANIFEST_NAME).exists() for step in steps):
         return next((step for step in steps if verify_checkpoint(storage, checkpoint_dir(step), deep=False).ok), None)
     try:
-        progress = ProgressRecord.from_json((root / PROGRESS_NAME).read_bytes())
-    except (OSError, ValueError):
+        progress = ProgressRecord.from_json(read_file(root / PROGRESS_NAME))  # the training writes it: bounded
+    except (OSError, ValueError):  # ObjectTooLargeError is a ValueError
         return None
     step = progress.last_committed_step
     return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_FILE_ENV, PROGRESS_NAME
 from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, STOP_TIMEOUT_S, MetricsSidecar
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
+from sat_tasks.core.bounded import read_file
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
@@ -545,7 +546,8 @@ def _wait_for_exit(proc: subprocess.Popen, seconds: float) -> None:
 
 
 def _read_json(path: Path) -> dict | None:
+    """The JSON at `path` (the training's progress.json: a bounded read); None when unreadable or over the bound."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(read_file(path))
+    except (OSError, ValueError):  # ObjectTooLargeError is a ValueError
         return None

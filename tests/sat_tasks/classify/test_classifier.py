@@ -436,6 +436,17 @@ def test_cli_unreadable_input_exits_2_with_one_line(tmp_path, capsys, content, m
     assert message in captured.err and captured.err.count("\n") == 1
 
 
+def test_cli_refuses_a_record_over_the_bound_in_one_line(tmp_path, capsys, monkeypatch):
+    from sat_tasks.core import bounded
+
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({"job": "x", "padding": "p" * 5000}))
+    monkeypatch.setattr(bounded, "MAX_JSON_BYTES", 4096)
+    assert run_classify_cli(parse(["classify", str(path)])) == 2
+    captured = capsys.readouterr()
+    assert "record.json holds 4.9 KiB, more than the 4.0 KiB" in captured.err and captured.err.count("\n") == 1
+
+
 def test_cli_as_a_subprocess(tmp_path):
     import subprocess
     import sys

@@ -193,3 +193,27 @@ def test_each_step_ends_after_the_status_it_recorded_and_attempt_steps_say_what_
         "attempt_1.decide     HARDWARE -> failover from checkpoint 60 (1.0s)",
         "upload_results       failed, to be retried (1.0s): Object Storage did not answer",
     ]
+
+
+def test_progress_json_over_the_bound_is_not_read_and_the_metrics_still_say_where_training_is(tmp_path,
+                                                                                              monkeypatch):
+    from sat_tasks.core import bounded
+
+    output, metrics = _write_run_files(tmp_path, progress={**PROGRESS, "padding": "p" * 5000})
+    monkeypatch.setattr(bounded, "MAX_JSON_BYTES", 4096)
+    progress = read_training(output, metrics, 1)
+    assert progress.step == max(r["global_step"] for r in TRAINING) < PROGRESS["step"]  # from training.jsonl only
+    assert progress.last_committed_step is None
+
+
+def test_the_job_series_is_read_within_the_bound_and_its_torn_lines_left_out(monkeypatch):
+    from sat_tasks.core import bounded
+    from sat_tasks.io.metrics import ORCHESTRATOR_SERIES, read_job_records
+
+    hook, results = FakeHook(), "s3://sat-demo/results/job/run/"
+    assert read_job_records(hook, results) == []
+    hook.put(results + ORCHESTRATOR_SERIES, json.dumps(ATTEMPT_END) + "\n[1]\n{\"torn")
+    assert read_job_records(hook, results) == [ATTEMPT_END]
+    monkeypatch.setattr(bounded, "MAX_JSON_BYTES", 16)
+    with pytest.raises(bounded.ObjectTooLargeError, match=r"metrics/sat/job\.jsonl holds"):
+        read_job_records(hook, results)

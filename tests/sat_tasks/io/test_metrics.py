@@ -118,3 +118,20 @@ def test_malformed_metrics_file_is_named_with_its_line_and_the_rest_renders(tmp_
 def test_report_of_a_directory_that_is_not_there(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_a_series_over_the_bound_is_a_named_problem_and_the_rest_still_loads(tmp_path, monkeypatch):
+    """The training process writes the series: one over MAX_JSON_BYTES is not read, the run's report still is."""
+    from sat_tasks.core import bounded
+
+    a_run_with_a_failover(tmp_path)
+    big = write_series(tmp_path, 2, "n1", "system", [record(130 + i, 2, "n1", "system", cpu_percent=50.0,
+                                                            padding="p" * 400) for i in range(20)])
+    monkeypatch.setattr(bounded, "MAX_JSON_BYTES", 4096)
+    metrics = read_local(tmp_path)
+    assert big.stat().st_size > 4096
+    assert any(p.startswith("metrics/attempt-2/n1/system.jsonl: ") and "more than the 4.0 KiB" in p
+               for p in metrics.problems), metrics.problems
+    assert metrics.history and [r["global_step"] for r in metrics.records["training"]][:4] == [10, 20, 30, 40]
+    (tmp_path / "status.json").write_bytes(b"[" + b" " * 5000 + b"]")
+    assert any(p.startswith("status.json: ") and "more than the 4.0 KiB" in p for p in read_local(tmp_path).problems)

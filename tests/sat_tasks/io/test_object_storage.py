@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sat_tasks.core import bounded
 from sat_tasks.io import object_storage as storage
 
 BUCKET = "stage-tests"
@@ -111,9 +112,9 @@ def test_read_json_is_bounded_whatever_a_job_wrote(s3_hook, bucket):
     document = {"step": 7, "padding": "x" * 4000}
     storage.write_json(s3_hook, uri, document)
     assert storage.read_json(s3_hook, uri, max_bytes=len(json.dumps(document, indent=2))) == document  # at the bound
-    with pytest.raises(storage.ObjectTooLargeError, match=r"progress\.json holds 3\.9 KiB, more than the 1\.0 KiB"):
+    with pytest.raises(bounded.ObjectTooLargeError, match=r"progress\.json holds 3\.9 KiB, more than the 1\.0 KiB"):
         storage.read_json(s3_hook, uri, max_bytes=1024)
-    assert storage.MAX_JSON_BYTES == 64 << 20
+    assert bounded.MAX_JSON_BYTES == 64 << 20
 
 
 def test_read_json_stops_at_the_bound_when_the_body_is_longer_than_its_length_says():
@@ -134,7 +135,7 @@ def test_read_json_stops_at_the_bound_when_the_body_is_longer_than_its_length_sa
             return {"ContentLength": 10, "Body": Body()}
 
     hook = SimpleNamespace(get_conn=Client)
-    with pytest.raises(storage.ObjectTooLargeError, match="more than the 3.0 MiB"):
+    with pytest.raises(bounded.ObjectTooLargeError, match="more than the 3.0 MiB"):
         storage.read_json(hook, "s3://job-results/progress.json", max_bytes=3 << 20)
     assert read[-1] == "closed" and len(read) == 5  # four chunks of 1 MiB (the fourth passes the bound), then closed
 
@@ -254,7 +255,7 @@ def test_a_runs_metrics_over_the_bound_are_named_and_the_rest_read(s3_hook, buck
     put(s3_hook, "bounded-run/metrics/attempt-1/n/training.jsonl", (json.dumps(sample) + "\n").encode())
     put(s3_hook, "bounded-run/metrics/attempt-1/n/system.jsonl", b"x" * 5000)
     storage.write_json(s3_hook, base + "status.json", [{"status": "Running", "at": "2026-12-03T00:00:00+00:00"}])
-    monkeypatch.setattr(storage, "MAX_JSON_BYTES", 4096)
+    monkeypatch.setattr(bounded, "MAX_JSON_BYTES", 4096)
     metrics = read_object_storage(base, s3_hook)
     assert any(p.startswith("metrics/attempt-1/n/system.jsonl: ") and "more than the 4.0 KiB" in p
                for p in metrics.problems), metrics.problems
