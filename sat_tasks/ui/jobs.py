@@ -41,6 +41,7 @@ from sat_tasks.core.policy import GROW_BACK
 from sat_tasks.core.run_summary import running_seconds, short_node_seconds, summarize_history, usage
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun, ownership_problem, scoped
+from sat_tasks.pipeline.report import PLANNED_RESTART, RECOVERY_PHASES
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
 
 ReadJson = Callable[[str], Any]
@@ -187,7 +188,7 @@ def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: Lis
     progress = read_progress(read_json, layout.progress_uri)
     stop = read_json(layout.stop_uri)
     return {**row, "spec": job.to_dict(), "log": job_log_uri(job, run.run_id),
-            "history": history, "attempts": attempts, **run_usage(run, job, history, held_nodes(job, attempts)),
+            "history": history, "attempts": attempts, "recovery": recovery_rows(read_json(layout.report_uri)), **run_usage(run, job, history, held_nodes(job, attempts)),
             "stop_requested": stop if isinstance(stop, dict) else None,
             "checkpoints": {"committed_steps": progress.committed_steps,
                             "last_mirrored_step": progress.last_mirrored_step,
@@ -253,6 +254,37 @@ def attempt_row(number: int, raw_record: Any, raw_verdict: Any) -> dict[str, Any
         "last_committed_step": _int(progress.last_committed_step),
         "stopped_by": record.stopped_by if record else None, "unreadable": unreadable,
     }
+
+
+def recovery_rows(raw_report: Any) -> list[dict[str, Any]] | None:
+    """The Attempts tab's recovery table: each fault's and planned restart's recovery by phase, from report.json.
+
+    None before the run's report is written (finalize measures recovery from the run's series). The report lies
+    under the run's results, where its training may write too: only numbers and strings of the expected fields are
+    taken, anything else reads as unknown.
+    """
+    if not isinstance(raw_report, dict):
+        return None
+    entries = [e for key in ("recovery", "planned_restarts") if isinstance(raw_report.get(key), list)
+               for e in raw_report[key] if isinstance(e, dict)]
+    rows = []
+    for entry in sorted(entries, key=lambda e: _int(e.get("attempt")) or 0):
+        phases = entry.get("phases") if isinstance(entry.get("phases"), dict) else {}
+        unknown = entry.get("unknown") if isinstance(entry.get("unknown"), dict) else {}
+        rows.append({
+            "attempt": _int(entry.get("attempt")), "next_attempt": _int(entry.get("next_attempt")),
+            "node": _text(entry.get("node")), "next_node": _text(entry.get("next_node")),
+            "verdict": _text(entry.get("verdict")), "planned": entry.get("verdict") == PLANNED_RESTART,
+            "resumed_from_step": _int(entry.get("resumed_from_step")), "recovery_s": _number(entry.get("recovery_s")),
+            "phases": [(name.replace("_", " "), _number(phases.get(name)), _text(unknown.get(name)))
+                       for name, _, _ in RECOVERY_PHASES],
+        })
+    return rows
+
+
+def _text(value: Any) -> str | None:
+    """``value`` when it is a string, else None."""
+    return value if isinstance(value, str) else None
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:

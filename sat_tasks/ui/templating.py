@@ -38,6 +38,13 @@ def duration(seconds: float | None) -> str:
     return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
 
 
+def seconds(value: float | None) -> str:
+    """`2.6 s` for a short span (a recovery's phases), `duration` from a minute on; `unknown` for None."""
+    if value is None:
+        return "unknown"
+    return f"{value:.1f} s" if value < 60 else duration(value)
+
+
 def size(n: int | None) -> str:
     """A byte count for people: `512 B`, `1.5 KiB`, ... `2.0 GiB`; nothing for None."""
     if n is None:
@@ -58,7 +65,7 @@ def job_href(row: dict[str, Any]) -> str:
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES_DIR), autoescape=select_autoescape(["html"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(cell=cell, duration=duration, size=size, job_href=job_href)
+    env.filters.update(cell=cell, duration=duration, seconds=seconds, size=size, job_href=job_href)
     env.globals["navigation"] = NAVIGATION
     env.globals["airflow_routes"] = [route for _name, _href, route in AIRFLOW_VIEWS]
     return env

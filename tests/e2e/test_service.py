@@ -853,6 +853,10 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     attempts = page.inner_text("#attempts")
     assert "HARDWARE" in attempts and "GPU has fallen off the bus" in attempts and "SUCCEEDED" in attempts
     assert "Xid" in attempts
+    recovery = page.inner_text("#recovery")  # the failover's recovery by phase, from the run's report
+    assert "1 (" in recovery and "HARDWARE" in recovery and "2 (" in recovery, recovery
+    assert all(phase in recovery for phase in ("Detect", "Schedule", "Start", "Restore", "First step")), recovery
+    assert re.search(r"\d+\.\d s", recovery) and "unknown" not in recovery, recovery
     page.screenshot(path=str(SCREENSHOTS / "03b-attempts.png"), full_page=True)
     page.get_by_role("link", name="Checkpoints", exact=True).click()
     checkpoints = page.inner_text("#checkpoints")

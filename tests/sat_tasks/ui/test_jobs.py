@@ -332,3 +332,40 @@ def test_an_older_elastic_runs_usage_takes_the_nodes_its_attempt_records_list():
     plain = _job("plain-job", nodes=2)
     page = job_page(ref, plain, _older_elastic_run(plain, "manual__1").get)
     assert (page["node_hours"], page["gpu_hours"]) == (2.0, 16.0)
+
+
+def test_the_attempts_tab_shows_each_faults_recovery_by_phase_from_the_report():
+    from sat_tasks.ui.pages import job_page_html
+
+    job = _job("demo-job")
+    store = _written(job, "manual__1")
+    ref = RunRef("demo-job", "manual__1", "success", start_date=T0)
+    before = job_page(ref, job, store.get)
+    assert before["recovery"] is None  # no report yet
+    assert "measured from the run's series when the run ends" in job_page_html(before)
+    store[JobRun(job, "manual__1").report_uri] = {"recovery": [
+        {"attempt": 1, "next_attempt": 2, "node": "node-0", "next_node": "node-1", "verdict": "HARDWARE",
+         "resumed_from_step": 60, "recovery_s": 2.64,
+         "phases": {"detect": 0.8, "schedule": 0.6, "start": 0.7, "restore": 0.4, "first_step": 0.14}},
+        "not an entry",
+    ], "planned_restarts": [
+        {"attempt": 2, "next_attempt": 3, "node": "node-1", "next_node": "node-0,node-1", "verdict": "PLANNED_RESTART",
+         "resumed_from_step": "<b>100</b>", "recovery_s": True,
+         "phases": {"detect": 1.0, "schedule": "x", "start": None, "restore": None, "first_step": None},
+         "unknown": {"restore": "attempt 3's trainer did not report the end of its checkpoint load"}},
+    ]}
+    page = job_page(ref, job, store.get)
+    failover, planned = page["recovery"]
+    assert (failover["attempt"], failover["next_node"], failover["recovery_s"], failover["planned"]) == (
+        1, "node-1", 2.64, False)
+    assert [(name, value) for name, value, _ in failover["phases"]] == [
+        ("detect", 0.8), ("schedule", 0.6), ("start", 0.7), ("restore", 0.4), ("first step", 0.14)]
+    assert planned["planned"] and planned["recovery_s"] is None and planned["resumed_from_step"] is None
+    assert planned["phases"][1][1] is None and "did not report" in planned["phases"][3][2]  # wrongly typed: unknown
+    html = job_page_html(page)
+    assert "<td><b>2.6 s</b></td><td>0.8 s</td><td>0.6 s</td><td>0.7 s</td><td>0.4 s</td><td>0.1 s</td>" in html
+    assert "2 (node-1, planned restart to grow back)" in html
+    assert "title='attempt 3&#39;s trainer did not report the end of its checkpoint load'>unknown</td>" in html
+    assert "<b>100</b>" not in html
+    store[JobRun(job, "manual__1").report_uri] = {"recovery": []}
+    assert "nothing to recover from" in job_page_html(job_page(ref, job, store.get))
