@@ -114,6 +114,8 @@ class Backend(Protocol):
         kind: the name it is installed under (its `sat.backends` entry point; the spec's
             `backend` value it serves).
         capabilities: what it does differently (`BackendCapabilities`).
+        task_modules (optional): the modules its tasks import when they run (its launch operator's), which
+            the scheduler and the DAG processor import before they fork (`sat_tasks.service.preload`).
     """
 
     kind: str

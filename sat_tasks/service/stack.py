@@ -38,6 +38,7 @@ from sat_tasks.service.database import (
     choose_database,
     sqlite_env,
 )
+from sat_tasks.service.preload import FORKING_COMPONENTS
 from sat_tasks.service.sqlite import use_wal
 
 PID_FILE = "sat-up.pid"
@@ -50,6 +51,13 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 class ServiceError(SatError):
     """A component did not start or stopped; the message names it and where its log is."""
+
+
+def component_command(component: str, args: list[str]) -> list[str]:
+    """The command of one Airflow component: those that fork their work start through `service.preload`."""
+    if component in FORKING_COMPONENTS:
+        return [sys.executable, "-m", "sat_tasks.service.preload", component, *args]
+    return [sys.executable, "-m", "airflow", component, *args]
 
 
 @dataclass
@@ -192,7 +200,7 @@ class ServiceStack:
     def _start_component(self, component: str, args: list[str], env: dict[str, str]) -> None:
         with open(self.logs_dir / f"{component}.log", "ab") as out:
             self.processes[component] = subprocess.Popen(
-                [sys.executable, "-m", "airflow", component, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                component_command(component, args), env=env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
 
     def await_api(self, timeout: float) -> float:

@@ -1,6 +1,6 @@
 """Benchmark: the demo job under the running service (`make up`) against `dag.test()` (`make demo`), in one run.
 
-Run: .venv/bin/python tests/benchmarks/bench_service.py [--rounds 1]
+Run: .venv/bin/python tests/benchmarks/bench_service.py [--rounds 1] [--service-only]
 
 For each round, in this order:
 - service: a `ServiceStack` as `make up` starts it (free loopback ports, a temporary
@@ -19,7 +19,9 @@ two `launch` tasks (the training itself). Ratios service / dag.test are printed.
 demo's failover as its job report measured it (`report.json` `recovery`: the fault -> the
 next attempt's first step, by phase), for each run: under the scheduler `detect` and
 `schedule` hold the task hops (launch -> classify -> cleanup -> decide -> the next launch)
-that `dag.test` makes in one process.
+that `dag.test` makes in one process. Last, the DAG processor's CPU (its file parses, forked, included)
+per second of the demo's wall. `--service-only` leaves `dag.test` out: an A/B of a change to the
+service (ADR 0011's addendum on the preload ran the service side alone, alternating the two trees).
 """
 
 from __future__ import annotations
@@ -120,12 +122,14 @@ def run_service() -> dict:
                 except af.exceptions.NotFoundException:
                     time.sleep(1)
             stop, seen = first_step_watch(root / "work")
+            parse_cpu = tree_cpu(stack.processes["dag-processor"].pid)
             triggered_wall, triggered = time.time(), time.monotonic()
             run = runs.trigger_dag_run("tiny-llama-demo", af.TriggerDAGRunPostBody(logical_date=None))
             while run.state not in ("success", "failed"):
                 time.sleep(1)
                 run = runs.get_dag_run("tiny-llama-demo", run.dag_run_id)
             stop.set()
+            parse_cpu = (tree_cpu(stack.processes["dag-processor"].pid) - parse_cpu) / (time.monotonic() - triggered)
             wall = _parse(run.end_date) - triggered_wall
             tis = TaskInstanceApi(api).get_task_instances("tiny-llama-demo", run.dag_run_id, limit=100).task_instances
             intervals = [(t.task_id, _parse(t.start_date), _parse(t.end_date)) for t in tis
@@ -133,10 +137,30 @@ def run_service() -> dict:
         report = _service_report(stack, "tiny-llama-demo", run.dag_run_id)
         return {"state": str(getattr(run.state, "value", run.state)), "first_answer": stack.first_answer_s,
                 "first_step": seen.get("at", float("nan")) - triggered, "wall": wall,
-                **split_time(intervals, wall), "recovery": recovery_lines(report)}
+                **split_time(intervals, wall), "recovery": recovery_lines(report), "parse_cpu": parse_cpu}
     finally:
         stack.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of process `pid` and its live descendants, with what their reaped children used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)  # ppid; u+s+cu+cs
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += stats.get(current, (0, 0.0))[1]
+        todo.extend(child for child, (parent, _) in stats.items() if parent == current)
+    return total
 
 
 def _service_report(stack, dag_id: str, run_id: str) -> dict:
@@ -200,10 +224,12 @@ def run_dag_test() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--service-only", action="store_true",
+                        help="run only the service side (an A/B of a change to the service, not to dag.test)")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {"service": [], "dag.test": []}
     for number in range(1, args.rounds + 1):
-        for name, fn in (("service", run_service), ("dag.test", run_dag_test)):
+        for name, fn in (("service", run_service), ("dag.test", run_dag_test))[:1 if args.service_only else 2]:
             print(f"round {number}: {name} ...", flush=True)
             results[name].append(fn())
     keys = ("first_answer", "first_step", "wall", "in_tasks", "between_tasks", "launch")
@@ -214,8 +240,12 @@ def main() -> None:
     import statistics
 
     svc = {k: statistics.median(r[k] for r in results["service"]) for k in keys[1:]}
-    ref = {k: statistics.median(r[k] for r in results["dag.test"]) for k in keys[1:]}
-    print("ratio service / dag.test (medians): " + ", ".join(f"{k} {svc[k] / ref[k]:.2f}x" for k in keys[1:] if ref[k]))
+    ref = {k: statistics.median(r[k] for r in results["dag.test"]) for k in keys[1:]} if results["dag.test"] else {}
+    if ref:
+        print("ratio service / dag.test (medians): "
+              + ", ".join(f"{k} {svc[k] / ref[k]:.2f}x" for k in keys[1:] if ref[k]))
+    print("the DAG processor's CPU while the demo ran (its file parses included), CPU s per s of wall: "
+          + ", ".join(f"{row['parse_cpu']:.3f}" for row in results["service"]))
     for name, rows in results.items():
         for number, row in enumerate(rows, 1):
             for line in row["recovery"] or ["no recovery measured (no failover in the report)"]:

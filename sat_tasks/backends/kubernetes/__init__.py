@@ -57,6 +57,7 @@ class KubernetesBackend(Backend):
         workspace_pool=True,  # without Kueue, rank 0's launch takes a slot per node (`workspace.launch_pool`)
         grow_watch=True,  # the launch is deferred while the pods run: a sensor watches for capacity (ADR 0029)
     )
+    task_modules = ("sat_tasks.backends.kubernetes.operator", "sat_tasks.backends.kubernetes.workspace")
 
     def __init__(self, client: CoreV1Api | None = None, namespace: str | None = None,
                  scheduling: SchedulingV1Api | None = None) -> None:

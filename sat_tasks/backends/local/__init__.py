@@ -47,6 +47,8 @@ class LocalBackend(Backend):
         injects_faults=True,  # the runner injects the spec's faults (tests, the demo)
         workspace_pool=False,  # the slot board (`io.workspaces.SlotBoard`) queues workspace jobs
     )
+    task_modules = ("sat_tasks.backends.local.operator", "sat_tasks.backends.local.launch",
+                    "sat_tasks.backends.local.workspace", "sat_tasks.backends.local.warm")
 
     # ---- before training -----------------------------------------------------------------------
     def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
