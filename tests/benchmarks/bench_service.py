@@ -91,7 +91,7 @@ def split_time(intervals: list[tuple[str, float, float]], wall: float) -> dict:
     return {"in_tasks": busy, "between_tasks": max(0.0, wall - busy), "launch": launch, "tasks": len(intervals)}
 
 
-def run_service() -> dict:
+def run_service(keep: Path | None = None) -> dict:
     import airflow_client.client as af
     import requests
     from airflow_client.client.api.dag_run_api import DagRunApi
@@ -140,6 +140,8 @@ def run_service() -> dict:
                 **split_time(intervals, wall), "recovery": recovery_lines(report), "parse_cpu": parse_cpu}
     finally:
         stack.stop()
+        if keep is not None:  # the components' and the tasks' logs, to read where a run's time went
+            shutil.copytree(stack.home / "logs", keep / f"service-{int(time.time())}", dirs_exist_ok=True)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -224,12 +226,14 @@ def run_dag_test() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--keep-logs", type=Path, help="copy each service run's logs (Airflow's home) here")
     parser.add_argument("--service-only", action="store_true",
                         help="run only the service side (an A/B of a change to the service, not to dag.test)")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {"service": [], "dag.test": []}
     for number in range(1, args.rounds + 1):
-        for name, fn in (("service", run_service), ("dag.test", run_dag_test))[:1 if args.service_only else 2]:
+        for name, fn in (("service", lambda: run_service(args.keep_logs)),
+                         ("dag.test", run_dag_test))[:1 if args.service_only else 2]:
             print(f"round {number}: {name} ...", flush=True)
             results[name].append(fn())
     keys = ("first_answer", "first_step", "wall", "in_tasks", "between_tasks", "launch")

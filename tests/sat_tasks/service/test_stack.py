@@ -66,3 +66,21 @@ def test_sat_down_returns_once_sat_up_has_exited_even_before_it_is_reaped(tmp_pa
 
 def test_sat_down_without_sat_up_says_so(tmp_path):
     assert stop_running(tmp_path) is False
+
+
+def test_the_shipped_config_bounds_the_supervisors_wait_for_a_failed_task_to_a_second():
+    """A failed task (the launch of an attempt that died) is marked failed only when its supervisor sees the
+    process exit, up to `[workers] min_heartbeat_interval` after its sockets closed (ADR 0031, 2026-12-04):
+    `make up`'s config keeps that at Airflow's least, 1 s, and as the value Airflow reads."""
+    import configparser
+
+    from sat_tasks.config import PROJECT_ROOT
+
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(PROJECT_ROOT / "airflow.cfg")
+    assert parser.getint("workers", "min_heartbeat_interval") == 1
+    done = subprocess.run([sys.executable, "-c", "from airflow.configuration import conf; "
+                           "print(conf.getint('workers', 'min_heartbeat_interval'))"],
+                          env={**os.environ, "AIRFLOW_CONFIG": str(PROJECT_ROOT / "airflow.cfg")},
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "1"
