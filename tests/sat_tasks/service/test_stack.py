@@ -68,10 +68,11 @@ def test_sat_down_without_sat_up_says_so(tmp_path):
     assert stop_running(tmp_path) is False
 
 
-def test_the_shipped_config_bounds_the_supervisors_wait_for_a_failed_task_to_a_second():
-    """A failed task (the launch of an attempt that died) is marked failed only when its supervisor sees the
-    process exit, up to `[workers] min_heartbeat_interval` after its sockets closed (ADR 0031, 2026-12-04):
-    `make up`'s config keeps that at Airflow's least, 1 s, and as the value Airflow reads."""
+def test_the_shipped_config_keeps_task_hops_short():
+    """What `make up`'s config sets for the time between two tasks, as Airflow reads it (ADR 0011 and 0031,
+    2026-12-04): a failed task (the launch of an attempt that died) is marked failed only when its
+    supervisor sees the process exit, up to `[workers] min_heartbeat_interval` after its sockets closed
+    (Airflow's least, 1 s); a succeeded task's next task waits for the scheduler's idle sleep (0.25 s)."""
     import configparser
 
     from sat_tasks.config import PROJECT_ROOT
@@ -79,8 +80,10 @@ def test_the_shipped_config_bounds_the_supervisors_wait_for_a_failed_task_to_a_s
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(PROJECT_ROOT / "airflow.cfg")
     assert parser.getint("workers", "min_heartbeat_interval") == 1
+    assert parser.getfloat("scheduler", "scheduler_idle_sleep_time") == 0.25
     done = subprocess.run([sys.executable, "-c", "from airflow.configuration import conf; "
-                           "print(conf.getint('workers', 'min_heartbeat_interval'))"],
+                           "print(conf.getint('workers', 'min_heartbeat_interval'), "
+                           "conf.getfloat('scheduler', 'scheduler_idle_sleep_time'))"],
                           env={**os.environ, "AIRFLOW_CONFIG": str(PROJECT_ROOT / "airflow.cfg")},
                           capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.strip().splitlines()[-1] == "1"
+    assert done.stdout.strip().splitlines()[-1] == "1 0.25"
