@@ -45,18 +45,33 @@ PRELOADED: tuple[str, ...] = (
 FORKING_COMPONENTS = ("scheduler", "dag-processor")
 
 
-def preload(modules: Sequence[str] = PRELOADED) -> float:
-    """Import `modules` and the configured backend (`[sat] backend`, with the installed backends' entry points);
-    the seconds it took."""
-    started = time.perf_counter()
-    for name in modules:
-        importlib.import_module(name)
-    from sat_tasks.backends import backend_for
+def preload(modules: Sequence[str] = PRELOADED) -> tuple[float, list[str]]:
+    """Import `modules` and the configured backend (`[sat] backend`, with the installed backends' entry points)
+    with the modules its tasks import; (the seconds it took, what could not be imported and why).
 
-    backend = backend_for(None)  # the generic DAG's and most specs' backend, and the modules its tasks import
-    for name in getattr(backend, "task_modules", ()):
-        importlib.import_module(name)
-    return time.perf_counter() - started
+    What fails to import is left to the tasks that need it, which fail with the error where a person looks
+    (their task log): the scheduler still starts, and so do the DAGs that do not need it.
+    """
+    started, failed = time.perf_counter(), []
+
+    def load(name: str) -> None:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any import error: the scheduler must start all the same
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+
+    for name in modules:
+        load(name)
+    try:
+        from sat_tasks.backends import backend_for
+
+        backend = backend_for(None)  # the generic DAG's and most specs' backend, and the modules its tasks import
+    except Exception as exc:  # noqa: BLE001 - a [sat] backend that is not installed: its tasks say so
+        failed.append(f"the configured backend: {type(exc).__name__}: {exc}")
+    else:
+        for name in getattr(backend, "task_modules", ()):
+            load(name)
+    return time.perf_counter() - started, failed
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -64,9 +79,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in FORKING_COMPONENTS:
         raise SystemExit(f"usage: python -m sat_tasks.service.preload {{{'|'.join(FORKING_COMPONENTS)}}} [ARGS ...]")
-    seconds = preload()
+    seconds, failed = preload()
     print(f"[sat] {args[0]}: SAT's task modules imported in {seconds:.2f}s before Airflow forks its processes",
           file=sys.stderr, flush=True)
+    for problem in failed:
+        print(f"[sat] {args[0]}: not preloaded (its tasks import it themselves): {problem}", file=sys.stderr,
+              flush=True)
     from airflow.__main__ import main as airflow_main
 
     sys.argv = ["airflow", *args]

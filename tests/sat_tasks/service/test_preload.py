@@ -32,7 +32,7 @@ def test_another_component_is_refused_with_the_usage():
 _PROBE = """
 import json, runpy, sys
 from sat_tasks.service import preload
-preload.preload()
+assert preload.preload()[1] == []
 before = set(sys.modules)
 for path in sys.argv[1:]:
     runpy.run_path(path)
@@ -66,3 +66,27 @@ def test_each_backends_task_modules_import(kind):
     assert modules and all(name.startswith(f"sat_tasks.backends.{kind}.") for name in modules)
     for name in modules:
         importlib.import_module(name)
+
+
+def test_what_cannot_be_imported_is_named_and_airflow_still_runs(monkeypatch, capsys):
+    """A module that fails to import (or a configured backend that is not installed) is named on the
+    component's log; the component starts all the same (its tasks meet the error in their own logs)."""
+    import sat_tasks.backends
+
+    def no_backend(job):
+        raise ValueError("'nomad' is not a valid BackendKind")
+
+    monkeypatch.setattr(sat_tasks.backends, "backend_for", no_backend)
+    seconds, failed = preload.preload(("json", "sat_tasks.no_such_module"))
+    assert seconds >= 0 and len(failed) == 2
+    assert failed[0].startswith("sat_tasks.no_such_module: ModuleNotFoundError")
+    assert failed[1] == "the configured backend: ValueError: 'nomad' is not a valid BackendKind"
+    ran = []
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main sets Airflow's argv: restored after the test
+    monkeypatch.setattr(preload, "preload", lambda: (0.5, ["x: ImportError: broken"]))
+    monkeypatch.setattr("airflow.__main__.main", lambda: ran.append(list(sys.argv)))
+    preload.main(["scheduler", "--num-runs", "1"])
+    assert ran == [["airflow", "scheduler", "--num-runs", "1"]]
+    err = capsys.readouterr().err
+    assert "SAT's task modules imported in 0.50s" in err
+    assert "[sat] scheduler: not preloaded (its tasks import it themselves): x: ImportError: broken" in err
