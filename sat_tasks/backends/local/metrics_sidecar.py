@@ -18,11 +18,15 @@ from pathlib import Path
 
 from ckpt_engine.contract import METRICS_DIR_ENV
 from ckpt_engine.contract import METRICS_SIDECAR_ENV as SIDECAR_ENV
+from sat_tasks.core.bounded import tail_file
 from sat_tasks.core.contracts import Log
 
 __all__ = ["SIDECAR_ENV", "MetricsSidecar"]
 
 STOP_TIMEOUT_S = 30.0
+#: What `stop` relays of the sidecar's own log into the task log: its end (a sidecar that retried uploads for hours
+#: logged a line each time).
+LOG_TAIL_BYTES = 64 << 10
 
 
 class MetricsSidecar:
@@ -79,10 +83,14 @@ class MetricsSidecar:
                 self.proc.kill()
                 self.proc.wait()
         try:
-            lines = self.log_file.read_text(encoding="utf-8", errors="replace").splitlines()
+            data, size = tail_file(self.log_file, LOG_TAIL_BYTES)
         except OSError:
             return []
-        return [line if line.startswith("[sat") else f"[sat metrics] {line}" for line in lines if line.strip()]
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        cut = [] if size <= len(data) else [f"[sat metrics] (the sidecar logged {size} bytes: its last "
+                                            f"{LOG_TAIL_BYTES // 1024} KiB follow)"]
+        return cut + [line if line.startswith("[sat") else f"[sat metrics] {line}"
+                      for line in lines[1 if cut else 0:] if line.strip()]
 
 
 def _normal_priority(pid: int) -> None:

@@ -106,3 +106,21 @@ def test_the_runner_asks_its_sidecar_to_stop_once(tmp_path):
     sidecar.stop(lambda _: None)
     assert sidecar.proc.returncode == 0 and time.monotonic() - began < 30
     assert counted.read_text() == "1"
+
+
+def test_stop_relays_the_end_of_a_long_sidecar_log_and_says_it_was_cut(tmp_path, monkeypatch):
+    from sat_tasks.backends.local import metrics_sidecar
+
+    log_file = tmp_path / "sidecar.log"
+    sidecar = MetricsSidecar({}, log_file)
+    sidecar.proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    sidecar.proc.wait()
+    log_file.write_text("no GPU series: NVML cannot be read\n[sat metrics] uploaded\n")
+    assert sidecar.stop(lambda _: None) == ["[sat metrics] no GPU series: NVML cannot be read", "[sat metrics] uploaded"]
+    log_file.write_text("".join(f"upload {i} failed, retrying\n" for i in range(10_000)))
+    monkeypatch.setattr(metrics_sidecar, "LOG_TAIL_BYTES", 1024)
+    lines = sidecar.stop(lambda _: None)
+    assert lines[0].startswith(f"[sat metrics] (the sidecar logged {log_file.stat().st_size} bytes: its last 1 KiB")
+    assert lines[-1] == "[sat metrics] upload 9999 failed, retrying"
+    assert all(line.startswith("[sat metrics] upload ") and line.endswith(" failed, retrying") for line in lines[1:])
+    assert len(lines) < 1024 // 20
