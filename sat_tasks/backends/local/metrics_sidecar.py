@@ -87,8 +87,8 @@ class MetricsSidecar:
         except OSError:
             return []
         lines = data.decode("utf-8", errors="replace").splitlines()
-        cut = [] if size <= len(data) else [f"[sat metrics] (the sidecar logged {size} bytes: its last "
-                                            f"{LOG_TAIL_BYTES // 1024} KiB follow)"]
+        note = f"[sat metrics] (the sidecar logged {size} bytes: its last {LOG_TAIL_BYTES // 1024} KiB follow)"
+        cut = [] if size <= len(data) else [note]
         return cut + [line if line.startswith("[sat") else f"[sat metrics] {line}"
                       for line in lines[1 if cut else 0:] if line.strip()]
 
