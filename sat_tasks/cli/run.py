@@ -160,10 +160,8 @@ def _print_summary(console, report: dict | None, run_id: str, seconds: float, lo
 
 def _log_tail(log_path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
     """The end of Airflow's logs (a run without a report: where it broke)."""
-    from sat_tasks.core.bounded import tail_file
+    from sat_tasks.core.bounded import tail_lines
 
     if log_path is None or not log_path.is_file():
         return []
-    data, size = tail_file(log_path, LOG_TAIL_BYTES)
-    text = data.decode("utf-8", errors="replace").splitlines()
-    return (text[1:] if size > len(data) else text)[-lines:]  # a line cut by the bound is left out
+    return tail_lines(log_path, LOG_TAIL_BYTES)[0][-lines:]

@@ -63,3 +63,12 @@ def tail_file(path: str | Path, limit: int) -> tuple[bytes, int]:
         size = handle.seek(0, 2)
         handle.seek(max(0, size - limit))
         return handle.read(limit), size
+
+
+def tail_lines(path: str | Path, limit: int) -> tuple[list[str], int]:
+    """The whole lines among the last `limit` bytes of the file at `path` (the one the bound cut left out), and
+    the file's size (OSError as `open` raises it)."""
+    data, size = tail_file(path, limit + 1)  # the byte before the bound: does a whole line start there?
+    whole = size <= limit or data[:1] == b"\n"
+    lines = data[-limit:].decode("utf-8", errors="replace").splitlines()
+    return (lines if whole else lines[1:]), size

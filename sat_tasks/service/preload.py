@@ -9,7 +9,7 @@ Started by `airflow scheduler` alone, every SAT task process imported SAT's DAG-
 boto3/botocore and the Amazon provider's S3 hook itself (about 0.3 s of a task's start on a quiet machine,
 more under load), and every parse of a SAT DAG file imported the job model again, every 30 s per file.
 With them imported once in the parent, a task or a parse starts with them loaded. A failover crosses four
-task starts (launch -> classify -> decide -> the next launch): ADR 0001's addendum has the measurements.
+task starts (launch -> classify -> decide -> the next launch): ADR 0011's addendum has the measurements.
 
 What the parent does is import: no DAG file is parsed, no connection or client is made, no thread
 started (a fork keeps only the forking thread). A change to SAT's code takes effect when the service

@@ -188,7 +188,8 @@ def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: Lis
     progress = read_progress(read_json, layout.progress_uri)
     stop = read_json(layout.stop_uri)
     return {**row, "spec": job.to_dict(), "log": job_log_uri(job, run.run_id),
-            "history": history, "attempts": attempts, "recovery": recovery_rows(read_json(layout.report_uri)), **run_usage(run, job, history, held_nodes(job, attempts)),
+            "history": history, "attempts": attempts, **run_usage(run, job, history, held_nodes(job, attempts)),
+            "recovery": recovery_rows(read_json(layout.report_uri)),
             "stop_requested": stop if isinstance(stop, dict) else None,
             "checkpoints": {"committed_steps": progress.committed_steps,
                             "last_mirrored_step": progress.last_mirrored_step,

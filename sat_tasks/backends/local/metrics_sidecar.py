@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ckpt_engine.contract import METRICS_DIR_ENV
 from ckpt_engine.contract import METRICS_SIDECAR_ENV as SIDECAR_ENV
-from sat_tasks.core.bounded import tail_file
+from sat_tasks.core.bounded import tail_lines
 from sat_tasks.core.contracts import Log
 
 __all__ = ["SIDECAR_ENV", "MetricsSidecar"]
@@ -83,14 +83,12 @@ class MetricsSidecar:
                 self.proc.kill()
                 self.proc.wait()
         try:
-            data, size = tail_file(self.log_file, LOG_TAIL_BYTES)
+            lines, size = tail_lines(self.log_file, LOG_TAIL_BYTES)
         except OSError:
             return []
-        lines = data.decode("utf-8", errors="replace").splitlines()
         note = f"[sat metrics] (the sidecar logged {size} bytes: its last {LOG_TAIL_BYTES // 1024} KiB follow)"
-        cut = [] if size <= len(data) else [note]
-        return cut + [line if line.startswith("[sat") else f"[sat metrics] {line}"
-                      for line in lines[1 if cut else 0:] if line.strip()]
+        cut = [note] if size > LOG_TAIL_BYTES else []
+        return cut + [line if line.startswith("[sat") else f"[sat metrics] {line}" for line in lines if line.strip()]
 
 
 def _normal_priority(pid: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sat_tasks.core import bounded
-from sat_tasks.core.bounded import ObjectTooLargeError, read_file, tail_file
+from sat_tasks.core.bounded import ObjectTooLargeError, read_file, tail_file, tail_lines
 
 
 def test_a_document_is_read_whole_up_to_the_bound_and_refused_past_it_by_name(tmp_path):
@@ -65,3 +65,12 @@ def test_a_log_is_read_from_its_end(tmp_path):
     assert tail_file(path, 5000) == (b"0123456789" * 100, 1000)
     with pytest.raises(OSError):
         tail_file(tmp_path / "missing.log", 10)
+
+
+def test_the_lines_of_a_logs_end_leave_out_the_one_the_bound_cut(tmp_path):
+    path = tmp_path / "job.log"
+    path.write_text("first line\nsecond\nthird\n")
+    assert tail_lines(path, 13) == (["second", "third"], 24)  # the bound falls where "second" starts: kept
+    assert tail_lines(path, 14) == (["second", "third"], 24)  # "\nsecond\nthird\n"
+    assert tail_lines(path, 9) == (["third"], 24)  # "nd\nthird\n": "nd" is what was left of "second"
+    assert tail_lines(path, 24) == tail_lines(path, 100) == (["first line", "second", "third"], 24)
