@@ -425,6 +425,8 @@ _K8S_CALLS = {
     "list_node": ("", "nodes", "list", True),
     "patch_node": ("", "nodes", "patch", True),
     "read_priority_class": ("scheduling.k8s.io", "priorityclasses", "get", True),
+    # the one custom object SAT reads: a workspace's Kueue LocalQueue (elastic.workspace_queue_waiting)
+    "get_namespaced_custom_object": ("kueue.x-k8s.io", "localqueues", "get", False),
 }
 # Calls the manifests deliberately do not grant, and why.
 _NOT_GRANTED = {
@@ -434,14 +436,14 @@ _NOT_GRANTED = {
 
 
 def _backend_calls() -> set[str]:
-    """Kubernetes API methods (of CoreV1Api / SchedulingV1Api) named anywhere in sat_tasks/backends/kubernetes/."""
-    from kubernetes.client import CoreV1Api, SchedulingV1Api
+    """Kubernetes API methods (of CoreV1Api / SchedulingV1Api / CustomObjectsApi) named in sat_tasks/backends/kubernetes/."""
+    from kubernetes.client import CoreV1Api, CustomObjectsApi, SchedulingV1Api
 
     names = set()
     for path in (REPO / "sat_tasks" / "backends" / "kubernetes").glob("*.py"):
-        names |= set(re.findall(r"\.((?:create|read|list|patch|delete|replace|watch|connect)_[a-z_]+)\b",
+        names |= set(re.findall(r"\.((?:create|read|get|list|patch|delete|replace|watch|connect)_[a-z_]+)\b",
                                 path.read_text(encoding="utf-8")))
-    return {name for name in names if hasattr(CoreV1Api, name) or hasattr(SchedulingV1Api, name)}
+    return {name for name in names if any(hasattr(api, name) for api in (CoreV1Api, SchedulingV1Api, CustomObjectsApi))}
 
 
 def _grants() -> set[tuple[str, str, str, bool]]:
@@ -466,7 +468,8 @@ def _grants() -> set[tuple[str, str, str, bool]]:
 
 def test_rbac_grants_every_call_of_the_kubernetes_backend():
     calls = _backend_calls()
-    assert {"list_pod_for_all_namespaces", "create_namespaced_secret", "read_priority_class"} <= calls  # the grep works
+    assert {"list_pod_for_all_namespaces", "create_namespaced_secret", "read_priority_class",
+            "get_namespaced_custom_object"} <= calls  # the grep works
     unknown = calls - set(_K8S_CALLS) - set(_NOT_GRANTED)
     assert not unknown, f"new Kubernetes calls in sat_tasks/backends/kubernetes/: map them in _K8S_CALLS: {unknown}"
     granted = _grants()

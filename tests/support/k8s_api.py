@@ -22,10 +22,12 @@ from urllib.parse import parse_qsl, unquote, urlparse
 
 from kubernetes.client import ApiClient
 
-_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict"}
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
+            500: "Internal Server Error"}
 _KINDS = {"pods": "Pod", "services": "Service", "events": "Event", "persistentvolumeclaims": "PersistentVolumeClaim",
-          "secrets": "Secret"}
-_ROUTE = re.compile(r"/api/v1/namespaces/([^/]+)/(pods|events|services|persistentvolumeclaims|secrets)(?:/([^/]+))?(/log)?")
+          "secrets": "Secret", "localqueues": "LocalQueue"}
+_ROUTE = re.compile(r"(?:/api/v1|/apis/kueue\.x-k8s\.io/v1beta1)/namespaces/([^/]+)/"
+                    r"(pods|events|services|persistentvolumeclaims|secrets|localqueues)(?:/([^/]+))?(/log)?")
 Kubelet = Callable[[dict], "tuple[int, str]"]
 
 
@@ -98,7 +100,7 @@ def _body(body) -> dict:
 
 
 class RecordedCluster:
-    """The API server behind a real CoreV1Api: pods, services, claims, events, nodes and logs.
+    """The API server behind a real CoreV1Api: pods, services, claims, events, nodes and logs (and Kueue's LocalQueues).
 
     Attributes:
         requests: every request as (method, path, query, body).
@@ -110,6 +112,7 @@ class RecordedCluster:
         self.pods, self.events, self.nodes = list(pods), list(events), list(nodes)
         self.services, self.claims = list(services), list(claims)
         self.secrets: list[dict] = []
+        self.local_queues: list[dict] = []  # Kueue's LocalQueues (kueue.x-k8s.io/v1beta1), with their status
         self.logs = dict(logs or {})
         self.forbidden_namespaces = set(forbidden_namespaces)
         self.kubelet = kubelet
@@ -139,7 +142,8 @@ class RecordedCluster:
 
     def objects(self, kind: str) -> list[dict]:
         return {"pods": self.pods, "events": self.events, "services": self.services,
-                "persistentvolumeclaims": self.claims, "secrets": self.secrets}[kind]
+                "persistentvolumeclaims": self.claims, "secrets": self.secrets,
+                "localqueues": self.local_queues}[kind]
 
     # ---- the kubelet ---------------------------------------------------------------------------
     def _run(self, pod: dict) -> None:

@@ -27,8 +27,10 @@ not hold. Then every pod of the attempt gets the `sat.ai/planned-restart` annota
 PID 1 sees it through the downward API and SIGTERMs its command (the final checkpoint), the pods
 end and are kept, and `records.read_attempt_record` carries the annotation into the record's
 `planned_restart`, so classify and decide take over as on the local backend (a planned restart,
-not a failover). A workspace job does not grow back on Kubernetes: its pool or Kueue queue
-decides who gets freed room, which this watch does not ask (ADR 0029).
+not a failover). A workspace job grows back only when its workspace's queue is Kueue and no other
+workload waits in it (`workspace_queue_waiting`: the LocalQueue's `pendingWorkloads`): freed room
+is theirs first, as the local backend's slot board decides. A workspace job queued by the Airflow
+pool does not grow back: the tasks waiting in a pool are not visible to a task (ADR 0029).
 
 Without Kueue a workspace job's ranks hold the workspace pool's slots (`workspace.launch_pool`):
 rank 0 counts only the ranks whose tasks hold theirs (`ranks_with_slots`), so `K` never names a
@@ -48,6 +50,12 @@ from sat_tasks.backends.kubernetes.capacity import (
     CapacityAssessment,
     CapacityForbidden,
     cluster_capacity,
+)
+from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.backends.kubernetes.workspace import (
+    KUEUE_API,
+    local_queue_name,
+    pool_name,
 )
 from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.core.policy import GrowBack, elastic_shrink, grow_back, shrink_reason
@@ -240,6 +248,7 @@ def check_growth(
     namespace: str,
     quarantined: Sequence[str] = (),
     released: Sequence[str] = (),
+    kueue: bool | None = None,
     log: Log = print,
 ) -> Growth:
     """Whether attempt `plan.attempt`, running on fewer ranks than `job.nodes`, should stop now to grow back.
@@ -247,15 +256,19 @@ def check_growth(
     `released`: nodes a person released in the node health ledger since the attempt started (of
     the plan's exclusions, they count again); `quarantined`: the ledger's quarantined nodes (never
     counted). Not done while the attempt's decision, its pods or its training's start are still to
-    come. Done (nothing to watch) when it runs on all nodes, ended, was already asked, is a
-    workspace job, or is the DAG's last attempt (a planned restart takes an attempt of the DAG).
+    come, or while another workload waits in its workspace's Kueue queue. Done (nothing to watch)
+    when it runs on all nodes, ended, was already asked, is the DAG's last attempt (a planned
+    restart takes an attempt of the DAG), or is a workspace job queued by the Airflow pool
+    (`kueue`: Kueue queues workspace jobs; None: `[sat] k8s_kueue`).
     """
     if job.elastic is None or not job.distributed:
         return Growth(True, "not an elastic job")
     if plan.attempt >= job.max_attempts():
         return Growth(True, f"attempt {plan.attempt} is the last one: there is no attempt to grow back in")
-    if job.workspace is not None:
-        return Growth(True, "a workspace job does not grow back on Kubernetes (its queue decides who gets the room)")
+    if job.workspace is not None and not (KubernetesSettings.from_sat_config().kueue if kueue is None else kueue):
+        return Growth(True, f"workspace {job.workspace}'s jobs queue in the Airflow pool {pool_name(job.workspace)}, "
+                            "whose waiting tasks this watch cannot see, so it does not grow back (with Kueue it "
+                            "grows when no other workload waits in the workspace's queue: [sat] k8s_kueue)")
     ranks = read_attempt_ranks(client, namespace, job, run_id, plan.attempt)
     if ranks is None:
         return Growth(False, "rank 0 has not decided how many ranks the attempt runs")
@@ -271,6 +284,10 @@ def check_growth(
         return Growth(True, f"attempt {plan.attempt} has ended")
     if not all(_training_started(p) for p in pods):
         return Growth(False, "the attempt's training has not started on every pod")
+    if job.workspace is not None:
+        waiting = workspace_queue_waiting(client, namespace, job.workspace)
+        if waiting.done or waiting.count != 0:  # someone waits, or the count is unknown: not now
+            return Growth(waiting.done, waiting.why)
     readmitted = [n for n in plan.exclude_nodes if n in released and n not in quarantined]
     excluded = [n for n in plan.exclude_nodes if n not in readmitted] + [n for n in quarantined
                                                                          if n not in plan.exclude_nodes]
@@ -287,6 +304,47 @@ def check_growth(
     if grow is None:
         return Growth(False, f"no room to grow from {ranks} of {job.nodes} nodes: {assessment.summary()}")
     return Growth(True, grow.why, grow, tuple(p.metadata.name for p in pods))
+
+
+class QueueLook(NamedTuple):
+    """What a workspace's Kueue LocalQueue says: `count` workloads waiting (None: unknown); `done`: never ask again."""
+
+    count: int | None
+    why: str
+    done: bool = False
+
+
+def workspace_queue_waiting(client: Any, namespace: str, workspace: str) -> QueueLook:
+    """The workloads waiting in the workspace's LocalQueue (`status.pendingWorkloads`), the room's first claimants.
+
+    A workspace's ClusterQueue serves this one namespace (`workspace.workspace_manifests`), so its
+    LocalQueue's count is the whole queue's. Read with `get` on `localqueues` in the namespace, no
+    cluster-wide grant. Refused (401/403) or missing (404): `done`, said why; anything else:
+    unknown, asked again at the next look.
+    """
+    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    name = local_queue_name(workspace)
+    group, version = KUEUE_API.split("/")
+    try:
+        queue = CustomObjectsApi(client.api_client).get_namespaced_custom_object(
+            group, version, namespace, "localqueues", name)
+    except ApiException as exc:
+        if exc.status in (401, 403, 404):
+            return QueueLook(None, f"cannot read workspace {workspace}'s Kueue LocalQueue {namespace}/{name} "
+                                   f"({exc.status} {exc.reason}): the attempt runs on its nodes to its end", True)
+        return QueueLook(None, f"the Kubernetes API did not answer for LocalQueue {namespace}/{name} ({exc.status})")
+    except (HTTPError, OSError) as exc:
+        return QueueLook(None, f"the Kubernetes API did not answer for LocalQueue {namespace}/{name} "
+                               f"({type(exc).__name__})")
+    pending = ((queue or {}).get("status") or {}).get("pendingWorkloads") or 0
+    count = pending if isinstance(pending, int) and pending > 0 else 0
+    if count:
+        return QueueLook(count, f"{count} workload(s) wait in workspace {workspace}'s queue (LocalQueue "
+                                f"{namespace}/{name}): the room that frees is theirs first")
+    return QueueLook(0, f"no workload waits in workspace {workspace}'s queue")
 
 
 def request_growth(client: Any, namespace: str, attempt: int, growth: Growth, *, log: Log = print) -> list[str]:

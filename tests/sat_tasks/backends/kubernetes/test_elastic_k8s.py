@@ -490,7 +490,7 @@ def test_a_shrunk_attempt_grows_back_once_the_excluded_node_is_released(launch_e
     ("not-started", (False, "training has not started")),
     ("ended", (True, "has ended")),
     ("last-attempt", (True, "is the last one")),
-    ("workspace", (True, "a workspace job does not grow back on Kubernetes")),
+    ("workspace-pool", (True, "whose waiting tasks this watch cannot see, so it does not grow back")),
     ("undecided", (False, "rank 0 has not decided")),
     ("quarantined", (False, "no room to grow")),
 ])
@@ -502,12 +502,12 @@ def test_the_watch_leaves_alone_what_it_must_not_grow(case, expected, launch_env
     quarantined: list[str] = []
     if case == "last-attempt":
         plan = _failover(attempt=job.max_attempts())
-    if case == "workspace":
+    if case == "workspace-pool":  # Kueue off: the Airflow pool queues the workspace
         job = parse_spec(job_spec(nodes=2, elastic={"min_nodes": 1, "wait_seconds": 0}, job_failover=True))
     if case == "all-ranks":
         cluster.services.append(k8s_pods.rendezvous_service(job, run_id=RUN_ID, attempt=2, namespace=NAMESPACE,
                                                             settings=SETTINGS, ranks=2))
-    elif case not in ("undecided", "workspace"):  # a workspace job is left alone before anything is read
+    elif case not in ("undecided", "workspace-pool"):  # a pool-queued workspace job: left before anything is read
         pod = _running_shrunk_attempt(cluster, job, plan)
         if case == "not-started":
             pod["status"]["containerStatuses"][0]["started"] = False
@@ -530,6 +530,85 @@ def test_a_spare_node_that_fits_grows_the_attempt_back_without_a_release(launch_
                                       log=lambda _m: None)
     assert growth.done and growth.grow is not None and growth.grow.nodes == 2 and growth.grow.readmitted == ()
     assert growth.why == "planned restart to grow back from 1 to 2 of 2 nodes: capacity is back"
+
+
+def _workspace_node(name: str, workspace: str = "team-a") -> dict:
+    node = _node(name)
+    node["metadata"]["labels"][SETTINGS.workspace_label] = workspace
+    node["spec"]["taints"] = [{"key": SETTINGS.workspace_label, "value": workspace, "effect": "NoSchedule"}]
+    return node
+
+
+def _local_queue(workspace: str, pending: int) -> dict:
+    return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+            "metadata": {"name": workspace, "namespace": NAMESPACE},
+            "spec": {"clusterQueue": f"sat-workspace-{workspace}"},
+            "status": {"pendingWorkloads": pending, "reservingWorkloads": 1, "admittedWorkloads": 1}}
+
+
+def test_a_kueue_workspace_job_grows_back_only_when_no_other_workload_waits_in_its_queue(launch_env):
+    """Issue 32 in a workspace (Kueue): node-c of the workspace is free, but another job's workload waits in the
+    workspace's LocalQueue, so the room is that job's first: no stop. Once nobody waits, the pods are asked to
+    stop (a planned restart). A node outside the workspace never counts: the rank pod selects the workspace."""
+    job = _job(2, name="elastic-ws-grows", workspace="team-a")
+    cluster = Cluster(nodes=[_workspace_node("node-a"), _workspace_node("node-b"), _workspace_node("node-c"),
+                             _node("node-elsewhere")])
+    queue = _local_queue("team-a", pending=1)
+    cluster.local_queues.append(queue)
+    pod = _running_shrunk_attempt(cluster, job, _failover())
+
+    def look():
+        return k8s_elastic.check_growth(job, RUN_ID, _failover(), client=cluster.client(), namespace=NAMESPACE,
+                                        kueue=True, log=lambda _m: None)
+
+    growth = look()
+    assert (growth.done, growth.grow) == (False, None)
+    assert growth.why == ("1 workload(s) wait in workspace team-a's queue (LocalQueue sat-jobs/team-a): "
+                          "the room that frees is theirs first")
+    reads = [r for r in cluster.requests if r[1].endswith("/localqueues/team-a")]
+    assert [(m, p) for m, p, *_ in reads] == [("GET", "/apis/kueue.x-k8s.io/v1beta1/namespaces/sat-jobs/localqueues/team-a")]
+
+    queue["status"]["pendingWorkloads"] = 0
+    growth = look()
+    assert growth.done and growth.grow is not None and growth.grow.nodes == 2, growth
+    assert growth.pods == (pod["metadata"]["name"],)
+
+    # Nothing free inside the workspace (node-c runs another job's pod): no growth, whatever is free elsewhere.
+    cluster.pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "other", "namespace": NAMESPACE},
+                         "spec": {"nodeName": "node-c", "containers": [{"name": "x", "image": "x", "resources": {
+                             "requests": {"cpu": "8"}}}]}, "status": {"phase": "Running"}})
+    growth = look()
+    assert (growth.done, growth.grow) == (False, None) and "no room to grow" in growth.why, growth
+
+
+class _FailingQueue(Cluster):
+    def request(self, method, url, *args, **kwargs):
+        if "/localqueues/" in url:
+            return _Response(500, json.dumps({"kind": "Status", "code": 500, "message": "etcd timeout"}))
+        return super().request(method, url, *args, **kwargs)
+
+
+@pytest.mark.parametrize("queue", ["missing", "api-error", "unknown-count"])
+def test_a_kueue_workspace_queue_that_cannot_be_read_or_says_nothing(queue, launch_env):
+    """Near misses: no LocalQueue (404) ends the watch, said why; an API error is asked again, never grown on;
+    a status without `pendingWorkloads` (Kueue has not counted yet) is nobody waiting."""
+    job = _job(2, name=f"elastic-ws-{queue}", workspace="team-a")
+    nodes = [_workspace_node("node-a"), _workspace_node("node-b"), _workspace_node("node-c")]
+    cluster = _FailingQueue(nodes=nodes) if queue == "api-error" else Cluster(nodes=nodes)
+    if queue == "unknown-count":
+        cluster.local_queues.append({**_local_queue("team-a", 0), "status": {}})
+    _running_shrunk_attempt(cluster, job, _failover())
+    growth = k8s_elastic.check_growth(job, RUN_ID, _failover(), client=cluster.client(), namespace=NAMESPACE,
+                                      kueue=True, log=lambda _m: None)
+    if queue == "missing":
+        assert growth.done and growth.grow is None
+        assert growth.why.startswith("cannot read workspace team-a's Kueue LocalQueue sat-jobs/team-a (404")
+        assert not [r for r in cluster.requests if r[0] == "PATCH"]
+    elif queue == "api-error":
+        assert (growth.done, growth.grow) == (False, None)
+        assert growth.why == "the Kubernetes API did not answer for LocalQueue sat-jobs/team-a (500)"
+    else:
+        assert growth.done and growth.grow is not None and growth.grow.nodes == 2
 
 
 def test_the_dag_watches_only_the_failover_attempts_of_an_elastic_kubernetes_job():
