@@ -32,7 +32,6 @@ Conditions, the same for both sides of each ratio:
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import shutil
 import statistics
@@ -41,29 +40,9 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from paired import PeakRss, alternating, ratios
+from paired import PeakRss, alternating, disk_write_rate, ratios
 
 from ckpt_engine import CheckpointEngine
-
-
-def disk_write_rate(path: Path, total: int, chunk: int = 64 << 20, direct: bool = False) -> float:
-    """Bytes per second of a plain sequential write of a new file plus fsync (buffered, or O_DIRECT).
-
-    The file is left in place: the caller deletes it before the next write of the same
-    kind, as the engine's retention deletes its previous checkpoint.
-    """
-    buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
-    buffer.write(os.urandom(chunk))
-    start = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0), 0o644)
-    try:
-        written = 0
-        while written < total:
-            written += os.write(fd, memoryview(buffer)[: min(chunk, total - written)])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return total / (time.perf_counter() - start)
 
 
 def settle(engine: CheckpointEngine) -> None:

@@ -23,7 +23,11 @@ as ``ckpt_io.py`` uses them):
 The last line::
 
     blocking_ratio=<median> overhead_ratio=<median> spread=<lo>-<hi> vs_dcp=<median>
-    vs_dcp_spread=<lo>-<hi> stall_s=<median> peak_rss_mb=<median> pairs=<n>
+    vs_dcp_spread=<lo>-<hi> stall_s=<median> peak_rss_mb=<median> pairs=<n> disk_mb_s=<lo>-<hi>
+
+``disk_mb_s`` is the directory's O_DIRECT write rate measured before the first round and
+after the last: the final checkpoint's durable write cannot overlap training, so on a
+slower disk the same engine shows a larger ``overhead_ratio`` (ADR 0030).
 
     python tests/benchmarks/ckpt_overhead.py --dir /tmp/ckpt-bench
 """
@@ -43,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from paired import Paired, PeakRss, alternating, ratios
+from paired import Paired, PeakRss, alternating, disk_write_rate, ratios
 
 from ckpt_engine import CheckpointEngine
 
@@ -119,6 +123,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def measure_disk(base: Path, size: int, when: str) -> float:
+    """The disk's O_DIRECT write rate for one state's bytes (+fsync), printed: it bounds the last save's wait."""
+    path = base / "disk-rate.bin"
+    rate = disk_write_rate(path, size, direct=True)
+    path.unlink()
+    print(f"disk {when}: {rate / 1e6:.0f} MB/s O_DIRECT + fsync; the last checkpoint's {size / 1e6:.0f} MB "
+          f"cannot be durable in less than {size / rate:.2f} s after the loop ends (every way pays it)", flush=True)
+    return rate
+
+
 def mean_stall(result: Result) -> float:
     """Mean seconds the training thread was held per checkpoint."""
     return statistics.mean(result.blocking_s) if result.blocking_s else 0.0
@@ -157,6 +171,7 @@ def main() -> None:
     print(f"state: {size / 1e6:.0f} MB ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params + AdamW), "
           f"{args.steps} steps, checkpoint every {args.every}, torch threads {torch.get_num_threads()}, "
           f"{args.pairs} pairs after one warm-up round", flush=True)
+    disk = [measure_disk(base, size, "before")]
 
     def loop(name: str, **hooks: Callable | None) -> Result:  # type: ignore[type-arg]
         return run(name, model, optimizer, args.steps, args.every, args.batch, hooks.get("checkpoint"),
@@ -220,6 +235,7 @@ def main() -> None:
             f"rss +{results[name].peak_extra_rss_mb:.0f}MB" for name in methods), flush=True)
         if index:
             rounds.append(results)
+    disk.append(measure_disk(base, size, "after"))
     peak_pool = {name: engine.pool.peak_bytes for name, engine in engines.items()}
     for engine in engines.values():
         engine.close()
@@ -256,7 +272,8 @@ def main() -> None:
         versus_dcp = versus(reported, "dcp.async_save")
         last += f" vs_dcp={versus_dcp.median:.3f} vs_dcp_spread={versus_dcp.spread()}"
     last += (f" stall_s={median_of(reported, mean_stall):.3f} "
-             f"peak_rss_mb={median_of(reported, lambda r: r.peak_extra_rss_mb):.0f} pairs={args.pairs}")
+             f"peak_rss_mb={median_of(reported, lambda r: r.peak_extra_rss_mb):.0f} pairs={args.pairs} "
+             f"disk_mb_s={min(disk) / 1e6:.0f}-{max(disk) / 1e6:.0f}")
     print(f"reported: {reported} (memory bound is measured in a fresh process by ckpt_io.py)")
     print(last)
     dist.destroy_process_group()

@@ -4,16 +4,20 @@ On this shared 2-core machine one run of a side can be 30% off its neighbour's f
 that have nothing to do with it (another tenant, what the disk just wrote), so a figure is
 the median of ratios taken inside each round (pair), never a ratio of two separate
 medians or of two best runs, and every round is printed with it. ``ckpt_io.py`` and
-``ckpt_overhead.py`` use these.
+``ckpt_overhead.py`` use these, and the disk's own write rate, which decides what the
+last (unhidden) save of a run can cost.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import statistics
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Self
 
 import psutil
@@ -89,3 +93,25 @@ class PeakRss:
     def extra(self) -> int:
         """Bytes of the peak above the RSS at the start."""
         return max(self.peak - self.baseline, 0)
+
+
+def disk_write_rate(path: Path, total: int, chunk: int = 64 << 20, direct: bool = False) -> float:
+    """Bytes per second of a plain sequential write of a new file plus fsync (buffered, or O_DIRECT).
+
+    The file is left in place: the caller deletes it before the next write of the same
+    kind, as the engine's retention deletes its previous checkpoint. ``total`` is rounded up
+    to whole 4 KiB blocks (O_DIRECT writes whole blocks) and the rate is of what was written.
+    """
+    total = -(-total // 4096) * 4096
+    buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
+    buffer.write(os.urandom(chunk))
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0), 0o644)
+    try:
+        written = 0
+        while written < total:
+            written += os.write(fd, memoryview(buffer)[: min(chunk, total - written)])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return total / (time.perf_counter() - start)
