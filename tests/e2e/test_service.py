@@ -882,8 +882,18 @@ def test_a_person_logs_in_and_reads_the_training_jobs_view(deployment, runs, bro
     page.screenshot(path=str(SCREENSHOTS / "03e-tags.png"), full_page=True)
 
     page.goto(f"{deployment.url}/plugin/training-jobs")  # the view inside Airflow's UI, from its navigation
-    page.frame_locator("iframe").get_by_text("Training Jobs").first.wait_for()
+    frame = page.frame_locator("iframe")
+    frame.get_by_text("Training Jobs").first.wait_for()
     page.screenshot(path=str(SCREENSHOTS / "04-training-jobs-in-airflow.png"))
+    # The same demo's recovery by phase, reached as a person does inside Airflow's navigation.
+    frame.get_by_role("link", name=DEMO_NAME).first.click()
+    frame.locator("#details").wait_for()
+    frame.get_by_role("link", name="Attempts", exact=True).click()
+    embedded = frame.locator("#recovery").inner_text()
+    assert all(phase in embedded for phase in ("Detect", "Schedule", "Start", "Restore", "First step")), embedded
+    assert "HARDWARE" in embedded and re.search(r"\d+\.\d s", embedded) and "unknown" not in embedded, embedded
+    frame.locator("#recovery").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "04b-recovery-in-airflow.png"))
     page.close()
 
 
