@@ -29,7 +29,7 @@ import pluggy
 from ckpt_engine.contract import PROGRESS_NAME, ProgressRecord
 from sat_tasks.cli.console import Console
 from sat_tasks.core.attempt import attempt_in_task_id
-from sat_tasks.core.bounded import read_file, tail_file
+from sat_tasks.core.bounded import json_objects, read_file, tail_file
 
 # Airflow's own marker (`airflow.listeners.hookimpl` is this, for the project "airflow"): no Airflow import here.
 hookimpl = pluggy.HookimplMarker("airflow")
@@ -74,8 +74,9 @@ def task_line(task_id: str, outcome: str, seconds: float | None = None, detail: 
 def verdict_outcome(verdict: dict[str, Any]) -> tuple[str, str]:
     """What classify found (verdict, node, the last committed checkpoint), and why."""
     checkpoint = verdict.get("last_committed_step")
-    return (f"{verdict.get('kind')} on {verdict.get('node')}, last checkpoint "
-            f"{checkpoint if checkpoint is not None else 'none'}", str(verdict.get("reason") or ""))
+    what = (f"{verdict.get('kind')} on {verdict.get('node')}, last checkpoint "
+            f"{checkpoint if checkpoint is not None else 'none'}")
+    return what, str(verdict.get("reason") or "")
 
 
 def decision_outcome(record: dict[str, Any]) -> tuple[str, str]:
@@ -138,16 +139,9 @@ def _read_json(path: Path) -> Any:
 def _tail_records(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of the end of `path` (a series file grows for the whole attempt)."""
     try:
-        lines = tail_file(path, METRICS_TAIL_BYTES)[0].decode("utf-8", "replace").splitlines()
+        return json_objects(tail_file(path, METRICS_TAIL_BYTES)[0].decode("utf-8", "replace"))
     except OSError:
         return []
-    records = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                records.append(record)
-    return records
 
 
 # ---- the watcher -------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ for objects); a log or a series is read from its end (`tail_file`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from sat_tasks.errors import SatError
 
@@ -72,3 +74,19 @@ def tail_lines(path: str | Path, limit: int) -> tuple[list[str], int]:
     whole = size <= limit or data[:1] == b"\n"
     lines = data[-limit:].decode("utf-8", errors="replace").splitlines()
     return (lines if whole else lines[1:]), size
+
+
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines text, in order; a line that is not one (cut, torn, a list) is left out.
+
+    For series a job's training appends to while SAT reads (a cut first line of a tail, a torn last one).
+    """
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records

@@ -21,7 +21,7 @@ from ckpt_engine.contract import (
     SERIES,
     STATUS_NAME,
 )
-from sat_tasks.core.bounded import ObjectTooLargeError, read_file
+from sat_tasks.core.bounded import ObjectTooLargeError, json_objects, read_file
 from sat_tasks.core.contracts import VerdictKind
 
 
@@ -159,15 +159,7 @@ def append_job_record(hook: Any, results_uri: str, record: dict[str, Any]) -> di
 def read_job_records(hook: Any, results_uri: str) -> list[dict[str, Any]]:
     """The records of `<results>/metrics/sat/job.jsonl` (lines that are not JSON objects left out)."""
     base = results_uri if results_uri.endswith("/") else results_uri + "/"
-    records = []
-    for line in _job_series_text(hook, base).splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    return json_objects(_job_series_text(hook, base))
 
 
 def _job_series_text(hook: Any, base: str) -> str:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sat_tasks.core import bounded
-from sat_tasks.core.bounded import ObjectTooLargeError, read_file, tail_file, tail_lines
+from sat_tasks.core.bounded import (
+    ObjectTooLargeError,
+    json_objects,
+    read_file,
+    tail_file,
+    tail_lines,
+)
 
 
 def test_a_document_is_read_whole_up_to_the_bound_and_refused_past_it_by_name(tmp_path):
@@ -74,3 +80,14 @@ def test_the_lines_of_a_logs_end_leave_out_the_one_the_bound_cut(tmp_path):
     assert tail_lines(path, 14) == (["second", "third"], 24)  # "\nsecond\nthird\n"
     assert tail_lines(path, 9) == (["third"], 24)  # "nd\nthird\n": "nd" is what was left of "second"
     assert tail_lines(path, 24) == tail_lines(path, 100) == (["first line", "second", "third"], 24)
+
+
+def test_the_json_objects_of_a_series_leave_out_cut_torn_and_non_object_lines():
+    text = ('e": 1}\n'  # the end of a line a tail cut
+            '{"step": 1, "loss": 2.5}\n'
+            '[1, 2]\n'  # JSON, not an object
+            '\n'
+            '{"step": 2, "loss": 2.1}\n'
+            '{"step": 3, "lo')  # the training is still writing it
+    assert json_objects(text) == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.1}]
+    assert json_objects("") == []
