@@ -339,8 +339,8 @@ def workspace_queue_waiting(client: Any, namespace: str, workspace: str) -> Queu
     except (HTTPError, OSError) as exc:
         return QueueLook(None, f"the Kubernetes API did not answer for LocalQueue {namespace}/{name} "
                                f"({type(exc).__name__})")
-    pending = ((queue or {}).get("status") or {}).get("pendingWorkloads") or 0
-    count = pending if isinstance(pending, int) and pending > 0 else 0
+    pending = ((queue or {}).get("status") or {}).get("pendingWorkloads")
+    count = pending if isinstance(pending, int) and pending > 0 else 0  # absent (not counted yet): nobody
     if count:
         return QueueLook(count, f"{count} workload(s) wait in workspace {workspace}'s queue (LocalQueue "
                                 f"{namespace}/{name}): the room that frees is theirs first")
