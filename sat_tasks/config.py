@@ -28,6 +28,14 @@ SAT_DEFAULTS = {
     # slot on the least-loaded healthy node and queues while every slot is taken, for at most
     # `workspace_wait_seconds`, as a workspace job waits for its nodes (sat_tasks.backends.local.pool).
     "local_node_slots": "1",
+    # Where the local backend runs an attempt (ADR 0035): `host` (a process of this host in SAT's own environment;
+    # the job's image is not used), `container` (podman runs the attempt in the job's image, isolated: its run's
+    # directories and Object Storage endpoint only), or `auto` (container wherever podman is installed; what the
+    # shipped airflow.cfg sets for `make up`). `sat run` / `sat demo --runtime` choose for one run.
+    "local_runtime": "host",
+    # `forbidden`: an attempt never runs on this host outside a container (a deployment for more than one
+    # trusted team); a job whose attempt would run in host mode fails with this setting named.
+    "local_host_mode": "allowed",
     "kubernetes_namespace": "sat-jobs",
     "kubernetes_conn_id": "kubernetes_default",
     "jobs_dir": str(PROJECT_ROOT / "include" / "jobs"),

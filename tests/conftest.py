@@ -24,6 +24,9 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__SAT__WORK_DIR"] = str(_HOME / "work")
 os.environ["AIRFLOW__SAT__JOBS_DIR"] = str(ROOT / "include" / "jobs")
 os.environ["AIRFLOW__SAT__BACKEND"] = "local"
+# Unit and DAG tests run attempts on the host (the container runtime's own tests, and the service tests that
+# run a deployment as `make up` does, choose `container`).
+os.environ["AIRFLOW__SAT__LOCAL_RUNTIME"] = "host"
 os.environ["AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS"] = "20"
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

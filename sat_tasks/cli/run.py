@@ -28,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime", choices=("host", "container"), default=None,
+                        help="where the local backend runs each attempt: `container` (in the job's image, podman; "
+                             "`make image` builds SAT's) or `host` (this host's environment; the image is not used). "
+                             "Default: [sat] local_runtime, `host` unless configured")
     loudness = parser.add_mutually_exclusive_group()
     loudness.add_argument("-q", "--quiet", action="store_true",
                           help="print only the summary (Airflow's logs still go to their file)")
@@ -45,6 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"{args.file}: {problem.field}: {problem.rule}")
         return EXIT_INVALID
+    if getattr(args, "runtime", None):
+        os.environ["AIRFLOW__SAT__LOCAL_RUNTIME"] = args.runtime  # the launch task reads it (chosen_runtime)
     report = run_job(job, Path(args.file), quiet=args.quiet, verbose=args.verbose)
     return EXIT_OK if report and report.get("status") == "Completed" else EXIT_FAILED
 
@@ -77,6 +83,9 @@ def run_job(job, spec_path: Path | None, *, quiet: bool = False, verbose: bool =
 
     configure_airflow_env()
     os.environ.setdefault("AIRFLOW__SAT__BACKEND", "local")
+    # here, on the host unless `--runtime container` (or the environment) says otherwise: the deployment's
+    # `local_runtime = auto` is for the service (`make up`), a `sat run`/`sat demo`/`sat test` is quick on the host
+    os.environ.setdefault("AIRFLOW__SAT__LOCAL_RUNTIME", "host")
     log_path = None if verbose else (airflow_log or default_log_path(job))
     output = contextlib.nullcontext(sys.stdout) if log_path is None else output_to_file(log_path)
     with output as stream:

@@ -10,6 +10,7 @@ import re
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlparse
 
 from ckpt_engine.contract import (
     CONCURRENT_DIR,
@@ -22,6 +23,15 @@ from ckpt_engine.contract import (
 )
 from ckpt_engine.integrations.elastic import ACCUMULATION_SCALE_ENV
 from ckpt_engine.vendor import write_vendor_dir
+from sat_tasks.backends.local.container_run import (
+    ContainerPlan,
+    ContainerRuntimeError,
+    Mount,
+    chosen_runtime,
+    container_name,
+    prepare_image,
+    writable_by_container,
+)
 from sat_tasks.backends.local.runner import (
     LocalAttempt,
     local_node_labels,
@@ -35,7 +45,12 @@ from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.core.policy import resume_interrupted
 from sat_tasks.core.runtime_env import (
+    IMAGE_VENDOR_DIR,
     LAUNCHER_GRACE_MARGIN_S,
+    POD_CODE_DIR,
+    POD_DATA_DIR,
+    POD_METRICS_DIR,
+    POD_OUTPUT_DIR,
     TrainingPaths,
     final_checkpoint_grace_seconds,
     training_environment,
@@ -44,6 +59,7 @@ from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.scoped_credentials import training_credentials
 from sat_tasks.spec import Framework
+from sat_tasks.spec.quantities import parse_quantity, quantity_bytes
 
 
 class AttemptInterrupted(RuntimeError):
@@ -147,31 +163,25 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
             job_log.write(f"{now_utc().isoformat()} [sat] {interruption.reason}\n")
     write_vendor_dir(run.vendor_dir)
     run.output_dir.mkdir(parents=True, exist_ok=True)
-    object_storage = run.hook().conn_config
-    env = training_environment(
-        job,
-        TrainingPaths(str(run.data_dir), str(run.output_dir), str(run.code_dir), str(run.vendor_dir)),
-        plan,
-        node=node,
-        mirror_url=run.mirror_uri,
-        s3_endpoint_url=object_storage.get_service_endpoint_url("s3"),
-        metrics_dir=str(run.metrics_dir),
-        metrics_url=run.metrics_uri,
-    )
-    env[RUN_ID_ENV] = run.run_id
-    # credentials scoped to this run (ADR 0020), for the training process only: never logged or recorded
-    env.update(training_credentials(run, run.hook(), plan.attempt, log))
+    runtime = chosen_runtime()
+    endpoint = run.hook().conn_config.get_service_endpoint_url("s3")
+    host_paths = TrainingPaths(str(run.data_dir), str(run.output_dir), str(run.code_dir), str(run.vendor_dir))
+    env = _attempt_env(run, plan, node, nodes, log, host_paths, str(run.metrics_dir), endpoint)
     command = job.command
     if job.elastic is not None:  # one rank per node it holds (ADR 0029)
-        env[NODES_ENV] = str(len(nodes))
-        if len(nodes) < job.nodes:
-            env[ACCUMULATION_SCALE_ENV] = str(job.nodes // len(nodes))  # the global batch stays the planned one
         command = elastic_command(command, len(nodes), deepspeed=job.framework is Framework.DEEPSPEED)
+    container: dict[str, object] = {}
+    if runtime == "container":
+        container = _container(run, plan, node, log, endpoint)
+        container["sidecar_env"] = env
+        env = _attempt_env(run, plan, node, nodes, log, CONTAINER_PATHS, POD_METRICS_DIR, endpoint)
+    else:
+        command = warm_command(run, command)  # the failover standby is a host interpreter (ADR 0031)
     runner = LocalAttempt(
         job=job.name,
         attempt=plan.attempt,
         node=node,
-        command=warm_command(run, command),
+        command=command,
         env=env,
         cwd=run.code_dir,
         output_dir=run.output_dir,
@@ -188,6 +198,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         procs_file=procs_file(run, plan.attempt),
         interrupt=interrupt,
         grow_check=grow_check,
+        **container,
     )
     record = runner.run(log)
     if runner.interrupted and record.exit_code != 0:  # not its end: the task's next run resumes it (find_interruption)
@@ -196,6 +207,57 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
     record = record.model_copy(update={"nodes": list(nodes)})
     run.store_record(record)
     return record
+
+
+def _attempt_env(run: JobRun, plan: Plan, node: str, nodes: list[str], log: Log, paths: TrainingPaths,
+                 metrics_dir: str, endpoint: str | None) -> dict[str, str]:
+    """The training environment of the attempt, with `paths` (this host's, or the container's)."""
+    job = run.job
+    env = training_environment(job, paths, plan, node=node, mirror_url=run.mirror_uri, s3_endpoint_url=endpoint,
+                               metrics_dir=metrics_dir, metrics_url=run.metrics_uri)
+    env[RUN_ID_ENV] = run.run_id
+    # credentials scoped to this run (ADR 0020), for the training process only: never logged or recorded
+    env.update(training_credentials(run, run.hook(), plan.attempt, log))
+    if job.elastic is not None:  # one rank per node it holds (ADR 0029)
+        env[NODES_ENV] = str(len(nodes))
+        if len(nodes) < job.nodes:
+            env[ACCUMULATION_SCALE_ENV] = str(job.nodes // len(nodes))  # the global batch stays the planned one
+    return env
+
+
+# The run's directories inside its container: where a Kubernetes pod has them (one contract for both backends).
+CONTAINER_PATHS = TrainingPaths(POD_DATA_DIR, POD_OUTPUT_DIR, POD_CODE_DIR, IMAGE_VENDOR_DIR)
+
+
+def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | None) -> dict[str, object]:
+    """The LocalAttempt arguments of a container attempt: its plan, the image's digest, the ports it may reach."""
+    job = run.job
+    ports: tuple[int, ...] = ()
+    if endpoint:
+        parsed = urlparse(endpoint)
+        if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise ContainerRuntimeError(
+                f"the container runtime reaches only an Object Storage endpoint on this host's loopback; the run's is "
+                f"{parsed.scheme}://{parsed.hostname}:{parsed.port or ''} (set [sat] local_runtime = host for it)")
+        ports = (parsed.port or (443 if parsed.scheme == "https" else 80),)
+    digest = prepare_image(job.image.url, log)
+    for path in (run.output_dir, run.code_dir, run.metrics_dir):
+        writable_by_container(path)  # the training's uid in its user namespace writes them (ADR 0035)
+    resources = job.resources
+    plan_ = ContainerPlan(
+        image=job.image.url,
+        name=container_name(f"{job.name}-{run.run_id}", plan.attempt),
+        mounts=(Mount(run.data_dir, POD_DATA_DIR), Mount(run.code_dir, POD_CODE_DIR, writable=True),
+                Mount(run.output_dir, POD_OUTPUT_DIR, writable=True), Mount(run.vendor_dir, IMAGE_VENDOR_DIR),
+                Mount(run.metrics_dir, POD_METRICS_DIR, writable=True)),
+        workdir=POD_CODE_DIR,
+        memory_bytes=quantity_bytes(resources.memory),
+        cpus=float(parse_quantity(resources.cpu)),
+        shm_bytes=quantity_bytes(resources.shared_memory),
+        gpus=resources.gpus_per_node,
+        labels={"sat.ai/job": job.name, "sat.ai/attempt": str(plan.attempt), "sat.ai/node": node},
+    )
+    return {"container": plan_, "image_digest": digest, "forward_ports": ports}
 
 
 # `python [flags] script.py ...` or `python -m module ...`, not a launcher's own module (those run as written).

@@ -9,8 +9,10 @@ a real GPU node's dmesg would.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -22,6 +24,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_FILE_ENV, PROGRESS_NAME
+from sat_tasks.backends.local.container_run import (
+    CONTAINER_HOME,
+    AttemptNetwork,
+    ContainerPlan,
+    oom_kills,
+    podman_env,
+    podman_run_args,
+)
 from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, STOP_TIMEOUT_S, MetricsSidecar
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.bounded import read_file
@@ -30,7 +40,7 @@ from sat_tasks.core.contracts import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.core.policy import GrowBack
 from sat_tasks.core.procs import carries, marked, state_of, terminate
-from sat_tasks.core.runtime_env import process_environment
+from sat_tasks.core.runtime_env import POD_OUTPUT_DIR, process_environment
 from sat_tasks.errors import SatError
 from sat_tasks.spec import Fault, FaultKind
 
@@ -134,6 +144,14 @@ class LocalAttempt:
     # runs on more nodes: a planned restart, recorded as `planned_restart`, not a fault.
     grow_check: Callable[[], GrowBack | None] | None = field(default=None, repr=False)
     grow_poll_seconds: float = 2.0
+    # Container mode (ADR 0035): the attempt runs `podman run` of this plan (the job's image), on a network of its
+    # own where only `forward_ports` of this host's loopback (the run's Object Storage) are reachable; `env` then
+    # holds the container's paths, `sidecar_env` the same contract with this host's paths (the metrics sidecar runs
+    # here). None: host mode, the command runs on this host and the image is not used.
+    container: ContainerPlan | None = None
+    image_digest: str | None = None
+    forward_ports: tuple[int, ...] = ()
+    sidecar_env: dict[str, str] | None = field(default=None, repr=False)
 
     def run(self, log: Log = print) -> AttemptRecord:
         """Start the command, stream its output, inject faults, watch for hangs; return the record."""
@@ -143,24 +161,48 @@ class LocalAttempt:
         kern_offset = kern_log.stat().st_size if kern_log.exists() else 0
         tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         state = _WatchState()
-        env = process_environment(self.env, os.environ)  # not the service's environment (its secrets)
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        env.setdefault(PROGRESS_FILE_ENV, str(self.output_dir / PROGRESS_RELATIVE))
         tag = secrets.token_hex(8)
-        sidecar = MetricsSidecar({**env, SIDECAR_TAG_ENV: tag},
+        if self.container is None:
+            env = process_environment(self.env, os.environ)  # not the service's environment (its secrets)
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+            env.setdefault(PROGRESS_FILE_ENV, str(self.output_dir / PROGRESS_RELATIVE))
+            sidecar_env = dict(env)
+        else:
+            training = {**self.env, "HOME": CONTAINER_HOME}
+            training.setdefault(PROGRESS_FILE_ENV, f"{POD_OUTPUT_DIR}/{PROGRESS_RELATIVE}")
+            sidecar_env = process_environment(self.sidecar_env or self.env, os.environ)
+            sidecar_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{sidecar_env.get('PATH', '')}"
+            sidecar_env.setdefault(PROGRESS_FILE_ENV, str(self.output_dir / PROGRESS_RELATIVE))
+            # podman takes each value from its own environment (`--env NAME`): no value is on a command line
+            env = {**process_environment({}, os.environ), **podman_env(), **training}
+        sidecar = MetricsSidecar({**sidecar_env, SIDECAR_TAG_ENV: tag},
                                  self.node_dir / f"metrics-sidecar-attempt-{self.attempt}.log").start()
         if sidecar is not None:
             env[SIDECAR_ENV] = "1"  # the training process then writes only the training and checkpoint series
         env[ATTEMPT_TAG_ENV] = tag
+        if self.container is None:
+            argv = ["bash", "-c", self.command]
+            where = f"runs on this host; image {self.image} is not used" if self.image else "runs on this host"
+        else:
+            names = sorted({*training, SIDECAR_ENV, ATTEMPT_TAG_ENV} & set(env))
+            self._cid_file().unlink(missing_ok=True)
+            argv = ["podman", "--cgroup-manager=cgroupfs", *podman_run_args(self.container, self.command, names,
+                                                                             cid_file=self._cid_file())]
+            where = f"runs in image {self.container.image}" + (f" ({self.image_digest})" if self.image_digest else "")
         started = now_utc()
+        network = AttemptNetwork(self.forward_ports) if self.container is not None else contextlib.nullcontext()
         try:
-            with open(self.job_log, "a", encoding="utf-8") as job_log:
+            with open(self.job_log, "a", encoding="utf-8") as job_log, network as joined:
                 header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
                 job_log.write(header + "\n")
+                job_log.write(f"{now_utc().isoformat()} [sat] attempt {self.attempt} {where}\n")
                 job_log.flush()
                 log(header)
+                log(f"[sat] attempt {self.attempt} {where}")
+                if joined is not None:
+                    argv[argv.index("--network") + 1] = f"ns:{joined.path}"
                 proc = subprocess.Popen(
-                    ["bash", "-c", self.command],
+                    argv,
                     cwd=self.cwd,
                     env=env,
                     stdout=subprocess.PIPE,
@@ -200,6 +242,9 @@ class LocalAttempt:
         return self._record(proc.returncode, started, finished, list(tail), kern_log, kern_offset, state)
 
     # ---- steps ------------------------------------------------------------------------------
+    def _cid_file(self) -> Path:
+        return self.node_dir / f"attempt-{self.attempt}.cid"
+
     def _note_processes(self, tag: str, pgid: int) -> None:
         if self.procs_file is not None:
             self.procs_file.parent.mkdir(parents=True, exist_ok=True)
@@ -255,6 +300,8 @@ class LocalAttempt:
                 self._check_growth(procs, state, log)
             if state.kill_at is not None and time.monotonic() >= state.kill_at:
                 procs.signal_all(signal.SIGKILL)  # the grace period after SIGTERM is over
+            if self.container is not None and state.container_id is None:
+                state.container_id = _read_cid(self._cid_file())
             progress = _read_json(progress_path)
             mtime = progress_path.stat().st_mtime if progress_path.exists() else None
             own = self._own_progress(progress, mtime, started_at)
@@ -380,7 +427,21 @@ class LocalAttempt:
                 handle.seek(kern_offset)
                 node_log = [line.rstrip("\n") for line in handle]
         sig = -returncode if returncode is not None and returncode < 0 else None
+        if sig is None and self.container is not None and returncode is not None and 128 < returncode < 160:
+            sig = returncode - 128  # podman reports a container killed by a signal as 128 + N, as a pod's exitCode
         exit_code = 128 + sig if sig else returncode
+        container_states, reason, message = [], "Completed" if returncode == 0 else "Error", None
+        if self.container is not None:
+            oom = oom_kills(state.container_id) if exit_code == 137 and state.container_id else []
+            if oom:
+                reason, message = "OOMKilled", oom[0]
+            container_states = [{
+                "name": self.container.name, "runtime": "podman", "image": self.container.image,
+                "imageID": self.image_digest or "", "containerID": state.container_id or "",
+                "state": {"terminated": {"exitCode": exit_code, "reason": reason,
+                                         **({"signal": sig} if sig else {}), **({"message": message} if message else {}),
+                                         "startedAt": started.isoformat(), "finishedAt": finished.isoformat()}},
+            }]
         node_conditions = []
         if state.node_lost:
             node_conditions.append(
@@ -398,7 +459,9 @@ class LocalAttempt:
             node=self.node,
             exit_code=exit_code,
             signal=sig,
-            termination_reason="Completed" if returncode == 0 else "Error",
+            termination_reason=reason,
+            termination_message=message,
+            container_states=container_states,
             log_tail=tail,
             node_log=node_log,
             node_conditions=node_conditions,
@@ -428,6 +491,7 @@ class _WatchState:
     kill_at: float | None = None  # monotonic time of the SIGKILL after a Spot notice or a stop request
     stopped_by: str | None = None
     grow: GrowBack | None = None  # the launcher stopped the attempt to grow back (elastic)
+    container_id: str | None = None  # container mode: podman's id of the attempt's container (its --cidfile)
 
 
 class AttemptProcesses:
@@ -543,6 +607,14 @@ def _wait_for_exit(proc: subprocess.Popen, seconds: float) -> None:
         proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         pass
+
+
+def _read_cid(path: Path) -> str | None:
+    try:
+        found = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return found if re.fullmatch(r"[0-9a-f]{64}", found) else None
 
 
 def _read_json(path: Path) -> dict | None:
