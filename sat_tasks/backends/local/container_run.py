@@ -359,15 +359,33 @@ def oom_kills(container_id: str, kmsg: Path = Path("/dev/kmsg")) -> list[str]:
     return found
 
 
+def remove_container(name: str) -> None:
+    """Remove the container `name` if it is still there (its processes are gone; `--rm` may not have run yet)."""
+    podman(["rm", "--force", "--ignore", "--time", "0", name], check=False, timeout=60)
+
+
 def container_id(name: str) -> str:
     """The full id of a container by name ("" when it is gone)."""
     found = podman(["container", "inspect", "--format", "{{.Id}}", name], check=False, timeout=30)
     return found.stdout.strip() if found.returncode == 0 else ""
 
 
-__all__ = ["AttemptNetwork", "ContainerPlan", "ContainerRuntimeError", "ImagePullError", "Mount", "container_id",
-           "container_name", "local_image_digest", "oom_kills", "podman_env", "podman_run_args", "prepare_image",
-           "writable_by_container"]
+__all__ = [
+    "AttemptNetwork",
+    "ContainerPlan",
+    "ContainerRuntimeError",
+    "ImagePullError",
+    "Mount",
+    "container_id",
+    "container_name",
+    "local_image_digest",
+    "oom_kills",
+    "podman_env",
+    "podman_run_args",
+    "prepare_image",
+    "remove_container",
+    "writable_by_container",
+]
 
 
 # ---- which runtime -----------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from sat_tasks.backends.local.container_run import (
     ContainerPlan,
     oom_kills,
     podman_env,
+    remove_container,
     podman_run_args,
 )
 from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, STOP_TIMEOUT_S, MetricsSidecar
@@ -222,6 +223,8 @@ class LocalAttempt:
                 reader.start()
                 self._watch(procs, state, kern_log, log, started.timestamp())
                 self._end(procs, state, log)
+                if self.container is not None:  # removed at once, even when its podman client was killed with it
+                    remove_container(self.container.name)
                 if sidecar is not None:  # its last sample and upload overlap with the end of the log (recovery path)
                     sidecar.request_stop()
                 if self.procs_file is not None:
