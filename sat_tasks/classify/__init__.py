@@ -1,5 +1,6 @@
 """Failure classification: tell hardware faults, preemptions, image and user errors apart.
 
+`ended` (who ended the process, decided first from the record's structured fields),
 `rules` (what is known: the Xid catalog, log-line rules, Kubernetes words), `evidence`
 (applying them to a record), `classifier` (weighing the findings into a Verdict),
 `multirank` (which rank speaks for a multi-node attempt), `loaders` (records from pods
@@ -7,6 +8,7 @@ and files). Pure Python: no Airflow, no Kubernetes client.
 """
 
 from sat_tasks.classify.classifier import Explanation, classify, explain
+from sat_tasks.classify.ended import INTERRUPTED, Ender, WhoEnded, who_ended
 from sat_tasks.classify.loaders import (
     UnreadableInput,
     job_and_attempt_of_pod,
@@ -28,12 +30,15 @@ __all__ = [
     "APPLICATION_XIDS",
     "CUDA_ERRORS",
     "HARDWARE_XIDS",
+    "INTERRUPTED",
     "NOT_A_NODE_FAULT_XIDS",
     "PEER_STOP_REASON",
+    "Ender",
     "Explanation",
     "UnreadableInput",
     "Verdict",
     "VerdictKind",
+    "WhoEnded",
     "classify",
     "combine_rank_records",
     "explain",
@@ -41,4 +46,5 @@ __all__ = [
     "load_record",
     "load_record_with_notes",
     "record_from_pod",
+    "who_ended",
 ]

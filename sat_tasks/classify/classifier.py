@@ -4,6 +4,12 @@ Call order: build an `AttemptRecord` (local backend, or `record_from_pod`), then
 `classify(record) -> Verdict` (or `explain(record)` for the findings and steps behind it). The rules and their precedence are in
 docs/adr/0004-failure-classification.md; in short:
 
+0. WHO ENDED IT — decided first, from the record's structured fields (`classify.ended`):
+   the process itself, the kubelet or the runtime, a controller through the API, the node,
+   or something outside unnamed. An interruption from outside (a controller, an unnamed
+   SIGTERM/SIGKILL/SIGHUP or no exit status, a node its owner reclaimed) with no evidence of a
+   fault is PREEMPTED, its reason starting with "interrupted:": resumed without blame (no
+   failover, no ledger entry). A lost node is HARDWARE only when it was not reclaimed.
 1. PREEMPTED  — a Spot notice, scheduler or Kueue preemption, graceful node shutdown,
    a Spot interruption taint/event, Karpenter's disruption or a cloud notice of an
    attempt killed from outside; or, on Spot/preemptible capacity (node labels, the
@@ -13,8 +19,8 @@ docs/adr/0004-failure-classification.md; in short:
 2. HARDWARE   — hardware Xids, "fallen off the bus", CUDA errors that name the device
    or the node (`rules.CUDA_ERRORS`), uncorrectable ECC, PCIe AER, machine checks,
    NIC/IB link loss, NCCL/gloo network errors, a hang (heartbeat timeout, a collective
-   or peer timeout), node NotReady / problem conditions, evictions and other pod
-   disruptions. Outranks exit codes and tracebacks.
+   or peer timeout), node NotReady / problem conditions, pressure evictions. Outranks
+   exit codes and tracebacks.
 3. IMAGE_PULL — the container never ran and its image could not be pulled.
 4. SUCCEEDED  — exit code 0 and no evidence of kinds 1-2 that can outrank a clean
    exit (network noise at shutdown and node snapshots cannot).
@@ -22,11 +28,11 @@ docs/adr/0004-failure-classification.md; in short:
    job's code or image, a collective mismatch between ranks, exit codes 1-127.
    Peer symptoms (NCCL watchdog timeouts, remote errors) yield to any INTERNAL
    evidence: a rank's own exception outranks its peers' timeouts.
-   Ambiguous evidence (NCCL "unhandled cuda error", Xid 68) counts only when nothing
-   decisive is left; its reason starts with "ambiguous:" and says why it chose.
-6. By exit status alone: killed by SIGKILL/SIGTERM/SIGHUP from outside with no other
-   evidence → HARDWARE; crash signals (SIGSEGV, SIGBUS, SIGABRT, ...) → INTERNAL;
-   no exit status at all → HARDWARE (the attempt was lost).
+   Ambiguous evidence (a CUDA status that is a bad device or a bad kernel, NCCL "unhandled
+   cuda error", Xid 68) counts only when nothing decisive is left; its reason starts with
+   "ambiguous:" and `core.node_health` makes it SUSPECT_NODE (relocation).
+6. By exit status alone: crash signals (SIGSEGV, SIGBUS, SIGABRT, ...) and exit codes →
+   INTERNAL; an outside kill or no exit status reaches step 0's interruption.
 
 The classifier is pure Python (no Airflow, no Kubernetes client) and never raises on
 odd input: missing fields just mean less evidence.
@@ -37,6 +43,7 @@ from __future__ import annotations
 import signal as signal_module
 from dataclasses import dataclass, field
 
+from sat_tasks.classify.ended import INTERRUPTED, Ender, WhoEnded, who_ended
 from sat_tasks.classify.evidence import (
     Finding,
     as_dict,
@@ -90,12 +97,14 @@ class Explanation:
 
     `findings`: every piece of evidence the rules produced (matched rules), in gathering order.
     `steps`: (step, outcome) for each precedence step in the order `_weigh` considered them; the
-    last one decided. `verdict`: the verdict `classify` returns.
+    last one decided. `verdict`: the verdict `classify` returns. `who`: who ended the process
+    (`classify.ended`), decided before any finding is weighed.
     """
 
     verdict: Verdict | None = None
     findings: list[Finding] = field(default_factory=list)
     steps: list[tuple[str, str]] = field(default_factory=list)
+    who: WhoEnded | None = None
 
     def step(self, name: str, outcome: str) -> None:
         self.steps.append((name, outcome))
@@ -126,6 +135,8 @@ def _kinds(findings: list[Finding]) -> str:
 
 def _weigh(record: AttemptRecord, why: Explanation) -> Verdict:
     """The verdict from the record's evidence, by the precedence of the module doc."""
+    who = why.who = who_ended(record)
+    why.step("0 who ended it", who.line())
     found = gather(record)
     why.findings = found
     findings = [f for f in found if not f.ambiguous]
@@ -138,6 +149,11 @@ def _weigh(record: AttemptRecord, why: Explanation) -> Verdict:
                                 "ranks log network errors)")
         return _verdict(VerdictKind.PREEMPTED, by_kind[VerdictKind.PREEMPTED])
     why.step("1 PREEMPTED", "no preemption evidence")
+    interrupted = _interrupted(record, who, found)
+    if interrupted is not None:
+        why.step("1a interrupted", f"decided: ended from outside by {who.line()}, and nothing shows a fault")
+        return interrupted
+    why.step("1a interrupted", _why_not_interrupted(who, found))
     spot = find_spot_capacity(record)
     hardware = [f for f in by_kind[HW] if f.beats_success or not clean_exit]
     if spot:
@@ -193,6 +209,74 @@ def _weigh(record: AttemptRecord, why: Explanation) -> Verdict:
     verdict = _classify_by_exit_status(record)
     why.step("6 exit status", f"decided by how the process ended: {verdict.reason}")
     return verdict
+
+
+#: Findings that describe the interruption itself (who ended it), not a fault of the node or the job.
+_INTERRUPTION_RULES = ("disruption-target:", "pod-termination", "node-condition:Ready", "node-down-taint",
+                       "event:NodeNotReady", "event:TaintManagerEviction", "event:NodeLost", "event:Rebooted",
+                       "event:Evict", "event:Preempt", "event:Delet")
+
+
+def fault_evidence(found: list[Finding]) -> list[Finding]:
+    """The findings that show a fault of the node (a device, the kernel, a hang, a problem condition):
+    not the interruption itself, not a peer's or the network's symptom."""
+    return [f for f in found if f.kind is HW and not f.peer_symptom
+            and (not f.node_loss or f.rule == "karpenter-disruption")
+            and not any(f.rule.startswith(prefix) for prefix in _INTERRUPTION_RULES)]
+
+
+def _may_be_interrupted(who: WhoEnded) -> bool:
+    if not who.outside or who.node_fault:
+        return False
+    return who.who in (Ender.CONTROLLER, Ender.OUTSIDE) or (who.who is Ender.NODE and who.reclaimed is not None)
+
+
+def _why_not_interrupted(who: WhoEnded, found: list[Finding]) -> str:
+    if not who.outside:
+        return f"not an interruption: {who.who.value} ended it"
+    if who.node_fault:
+        return "the controller acted on a node fault"
+    if who.who is Ender.NODE and who.reclaimed is None:
+        return "the node was lost and nothing shows it was reclaimed"
+    if who.who is Ender.RUNTIME:
+        return "the kubelet or the runtime ended it (decided by what it says)"
+    faults = fault_evidence(found)
+    if faults:
+        return f"an interruption, but {len(faults)} finding(s) show a fault ({faults[0].rule or faults[0].reason})"
+    return "an interruption, but the job's own error came first"
+
+
+def _interrupted(record: AttemptRecord, who: WhoEnded, found: list[Finding]) -> Verdict | None:
+    """An interruption from outside with no evidence of a fault: PREEMPTED, "interrupted:" (ADR 0004)."""
+    if not _may_be_interrupted(who) or fault_evidence(found):
+        return None
+    if record.exit_code is None and any(f.kind is VerdictKind.IMAGE_PULL for f in found):
+        return None  # the container never ran: nothing was interrupted
+    if any(f.ambiguous and f.kind is VerdictKind.PREEMPTED for f in found):
+        return None  # a weak sign of a queue's eviction (Kueue's PodsReadyTimeout) is weighed at its own step
+    if who.who is Ender.OUTSIDE and any(f.kind is HW and f.node_loss for f in found):
+        return None  # the node went away (NodeLost, a node-failure eviction): a reclaim only on Spot (step 1b)
+    own = [f for f in found if f.kind is INT and (who.who is not Ender.CONTROLLER or f.rule != "last-exception")]
+    if own:
+        return None  # the job's own error came first (a kernel OOM kill, its own storage limit): it decides
+    peer_stop = next((line for line in reversed(record.log_tail) if PEER_STOP.search(line)), None)
+    child_signal, child_line = find_torchrun_signal(list(record.log_tail))
+    number = exit_signal(record) or child_signal
+    if who.who is Ender.OUTSIDE:
+        how = (f"killed by {signal_name(number)} from outside" if number is not None
+               else "ended without an exit status")
+        if peer_stop is not None:
+            how = f"{PEER_STOP_REASON} ({how})"
+    else:
+        how = f"ended from outside by {who.who.value} ({who.by})"
+    reclaimed = f"; reclaimed: {who.reclaimed}" if who.reclaimed else ""
+    first = [who.reclaimed] if who.reclaimed and who.who is Ender.NODE else []  # what made the loss a reclaim
+    evidence = list(dict.fromkeys([*first, _exit_line(record), *who.evidence[1:], *([child_line] if child_line else []),
+                                   *([peer_stop] if peer_stop else []), *([who.reclaimed] if who.reclaimed else []),
+                                   *(f.evidence for f in found if f.kind is not INT)]))[:8]
+    return Verdict.of(VerdictKind.PREEMPTED, evidence,
+                      f"{INTERRUPTED} {how}{reclaimed}, with no evidence of a fault: resumed without blame (no "
+                      "failover spent, no ledger entry; ADR 0004)")
 
 
 def _reclaimed_spot_node(spot: str, hardware: list[Finding]) -> Verdict | None:

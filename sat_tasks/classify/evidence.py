@@ -17,6 +17,7 @@ from sat_tasks.classify.rules import (
     AMBIGUOUS_RULES,
     AMBIGUOUS_XIDS,
     APPLICATION_XIDS,
+    BY_NODE,
     CUDA_OUTSIDE_NCCL_ONLY,
     EXCEPTION_LINE,
     EXTERNAL_KILL_SIGNALS,
@@ -47,6 +48,7 @@ from sat_tasks.classify.rules import (
     NCCL_FRAME,
     NCCL_SYSTEM_ERROR,
     NODE_DOWN_TAINTS,
+    NODE_FAULT_WORDS,
     NODE_LOG_SLACK_AFTER,
     NODE_LOG_SLACK_BEFORE,
     NODE_LOW_ON_RESOURCE,
@@ -529,9 +531,11 @@ def _find_pod_conditions(record: AttemptRecord) -> Iterator[Finding]:
             yield Finding(INT, line, "the pod exceeded its own ephemeral-storage limit (evicted for it)", rule=rule)
         elif reason == "TerminationByKubelet":
             yield Finding(HW, line, "the kubelet evicted the pod (node pressure)", rule=rule)
-        else:
+        elif BY_NODE.search(reason) or NODE_FAULT_WORDS.search(message):
             yield Finding(HW, line, f"the node disrupted the pod ({reason or 'DisruptionTarget'})", node_loss=True,
                           rule=rule)
+        # Any other reason is a controller's (the eviction API, a descheduler, a queue, an autoscaler): who
+        # ended the process (`classify.ended`), not a fault of the node; the classifier weighs it first.
 
 
 def _karpenter_disruption(reason: str, message: str, line: str, outside: bool) -> Finding | None:

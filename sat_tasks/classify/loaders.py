@@ -142,6 +142,27 @@ def _pod_capacity_markers(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return markers
 
 
+def _end_facts(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the pod says of who ended it beyond its status (`AttemptRecord.end_facts`): its deletion, and the
+    `managedFields` managers (which of them wrote the DisruptionTarget condition)."""
+    metadata = as_dict(pod.get("metadata"))
+    facts: dict[str, Any] = {}
+    if metadata.get("deletionTimestamp"):
+        facts["deletion_timestamp"] = str(metadata["deletionTimestamp"])
+        if metadata.get("deletionGracePeriodSeconds") is not None:
+            facts["deletion_grace_seconds"] = metadata["deletionGracePeriodSeconds"]
+    managers = []
+    for entry in as_dicts(metadata.get("managedFields")):
+        if not entry.get("manager"):
+            continue
+        fields = json.dumps(entry.get("fieldsV1") or {})
+        managers.append({"manager": str(entry["manager"]), "operation": str(entry.get("operation") or ""),
+                         "time": str(entry.get("time") or ""), "disruption": "DisruptionTarget" in fields})
+    if managers:
+        facts["managers"] = managers[:20]
+    return facts
+
+
 def _main_container_status(pod: dict[str, Any], container: str | None) -> dict[str, Any] | None:
     """The status entry of the training container: named, `base`, or the first spec'd one."""
     statuses = as_dicts(as_dict(pod.get("status")).get("containerStatuses"))
@@ -255,6 +276,7 @@ def record_from_pod(
         finished_at=_moment(terminated.get("finishedAt"), "finishedAt", notes),
         progress=progress if isinstance(progress, dict) else None,
         image=_text_or_none(image),
+        end_facts=_end_facts(pod),
     )
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 
 from sat_tasks.classify.classifier import classify
+from sat_tasks.classify.ended import INTERRUPTED
 from sat_tasks.classify.rules import PEER_STOP_REASON
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Log, VerdictKind
@@ -25,11 +26,13 @@ PEER_SYMPTOM_REASONS = re.compile(
 def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> AttemptRecord:
     """The record that speaks for a multi-node attempt (records in rank order).
 
-    Precedence: a pre-empted rank; a rank with hardware evidence of its own; a rank whose
-    image could not be pulled; a rank with an internal error of its own; a rank that only
-    shows a peer's failure (NCCL/gloo network errors, stopped from outside); a rank that
-    stopped because another rank got SIGTERM (the one that got it comes first); else
-    (every rank succeeded) rank 0. The chosen rank's node is the one a failover avoids.
+    Precedence: a pre-empted rank (with evidence of the preemption); a rank with hardware
+    evidence of its own; a rank whose image could not be pulled; a rank with an internal error
+    of its own; a rank that only shows a peer's failure (NCCL/gloo network errors) or was
+    interrupted from outside with no evidence of a fault ("interrupted:", ADR 0004: the gang's
+    teardown stops the healthy ranks so); a rank that stopped because another rank got SIGTERM
+    (the one that got it comes first); else (every rank succeeded) rank 0. So an attempt whose
+    every rank was interrupted stays interrupted, and one rank's own fault outranks the rest. The chosen rank's node is the one a failover avoids.
     Its progress is the newest checkpoint every rank has committed.
     """
     if len(records) == 1:
@@ -39,9 +42,11 @@ def combine_rank_records(records: Sequence[AttemptRecord], log: Log = print) -> 
     def order(index: int) -> int:
         verdict = verdicts[index]
         peer_only = verdict.kind is VerdictKind.HARDWARE and bool(PEER_SYMPTOM_REASONS.search(verdict.reason))
+        if PEER_STOP_REASON in verdict.reason and verdict.kind in (VerdictKind.HARDWARE, VerdictKind.PREEMPTED):
+            return 5
+        if verdict.kind is VerdictKind.PREEMPTED and verdict.reason.startswith(INTERRUPTED):
+            return 4
         if verdict.kind is VerdictKind.HARDWARE:
-            if verdict.reason.startswith(PEER_STOP_REASON):
-                return 5
             return 4 if peer_only else 1
         return {VerdictKind.PREEMPTED: 0, VerdictKind.IMAGE_PULL: 2, VerdictKind.INTERNAL: 3,
                 VerdictKind.SUCCEEDED: 6}[verdict.kind]

@@ -529,6 +529,57 @@ NODE_DOWN_TAINTS = frozenset({
     "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready", "node.kubernetes.io/out-of-service",
 })
 
+# ---- who ended the process (`classify.ended`): families of words, not lists of reasons ----
+#: Words of a disruption, in any component's reason or message (a deletion, an eviction, a
+#: preemption, a scale-down, a reclaim, a drain, a consolidation, an expiry, ...).
+DISRUPTION_WORDS = re.compile(
+    r"preempt|evict|delet|drain|scal\w*[ -]?down|remov|reclaim|disrupt|deschedul|terminat|kill|interrupt"
+    r"|consolidat|shut ?down|expir|drift|rebalanc|maintenance|retir|to ?be ?deleted|cordon|stopp?(?:ed|ing)\b"
+    r"|underutili|idle|suspend|requeue",
+    re.IGNORECASE,
+)
+#: ...but not these: what failed to happen, or a pod's own problem (a probe, a pull, a mount).
+NOT_A_DISRUPTION = re.compile(
+    r"fail|error|backoff|back-off|unhealthy|pull|mount|probe|FailedScheduling|Scheduled\b|Created\b|Started\b",
+    re.IGNORECASE,
+)
+#: A controller that acts because the node is broken (node repair, a failed-node replacement,
+#: a health check): the node's fault, not a reclaim.
+NODE_FAULT_WORDS = re.compile(
+    r"unhealthy|node ?repair|NodeFailures?|failed node|hardware|health ?check|not ?ready|unreachable|faulty|"
+    r"\bbroken\b|\bfault",
+    re.IGNORECASE,
+)
+#: Graceful node shutdown (the kubelet's words): the node went down, as a rule for its owner.
+SHUTDOWN_WORDS = re.compile(r"shut ?down|shutting down", re.IGNORECASE)
+#: The kubelet, by whatever name an event or a manager gives it.
+KUBELET = re.compile(r"^kubelet\b|\bkubelet$", re.IGNORECASE)
+#: The node lifecycle: the node controller, its taint manager, the pod garbage collector.
+NODE_CONTROLLERS = re.compile(
+    r"node-?controller|node-?lifecycle|taint-?(?:eviction-?)?(?:manager|controller)|pod-?garbage|podgc",
+    re.IGNORECASE,
+)
+#: A `DisruptionTarget` reason that names the kubelet (node pressure, graceful shutdown).
+BY_KUBELET = re.compile(r"kubelet", re.IGNORECASE)
+#: A `DisruptionTarget` reason that names the node's loss (garbage collection, NoExecute taints).
+BY_NODE = re.compile(r"PodGC|GarbageCollect|TaintManager|Taint|NodeLifecycle|NodeLost|Unreachable|NotReady",
+                     re.IGNORECASE)
+#: Pod termination reasons of the kubelet and the runtime.
+RUNTIME_REASONS = re.compile(r"^(?:OOMKilled|Evicted|OutOf\w+|DeadlineExceeded|UnexpectedAdmissionError)$")
+#: Pod termination reasons that name the node going away.
+NODE_REASONS = re.compile(r"^(?:NodeLost|NodeShutdown|Shutdown|Terminated|NodeAffinity)$")
+#: Pod termination reasons that name a controller's preemption.
+CONTROLLER_REASONS = re.compile(r"preempt", re.IGNORECASE)
+#: Node taints a controller puts on a node it is taking away (cluster-autoscaler's
+#: ToBeDeletedByClusterAutoscaler / DeletionCandidateOfClusterAutoscaler, Karpenter's disrupted,
+#: a provider's termination or maintenance notice): the node's loss is then a reclaim.
+RECLAIM_TAINT = re.compile(
+    r"ToBeDeleted|DeletionCandidate|disrupt|drain|reclaim|terminat|preempt|scale-?down|spot|maintenance|rebalanc"
+    r"|consolidat|retir",
+    re.IGNORECASE,
+)
+
+
 EXTERNAL_KILL_SIGNALS = frozenset({signal_module.SIGKILL, signal_module.SIGTERM, signal_module.SIGHUP})
 
 #: Kernel-log lines timestamped this long before the attempt started are stale.

@@ -56,7 +56,8 @@ def run_classify_cli(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         data = verdict.model_dump(mode="json", include={"kind", "evidence", "reason"})
         if getattr(args, "explain", False):
-            data["explain"] = {"findings": [_finding_json(f) for f in why.findings],
+            data["explain"] = {"who_ended": _who_json(why.who),
+                               "findings": [_finding_json(f) for f in why.findings],
                                "steps": [{"step": step, "outcome": outcome} for step, outcome in why.steps]}
         print(json.dumps(data, indent=2))
         return 0
@@ -70,6 +71,13 @@ def run_classify_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def _who_json(who) -> dict | None:
+    if who is None:
+        return None
+    return {"who": who.who.name.lower(), "by": who.by, "outside": who.outside, "reclaimed": who.reclaimed,
+            "node_fault": who.node_fault, "evidence": list(who.evidence), "line": who.line()}
+
+
 def _finding_json(finding) -> dict:
     return {"rule": finding.rule or "-", "kind": finding.kind.value, "line": finding.evidence,
             "reason": finding.reason, "ambiguous": finding.ambiguous, "peer_symptom": finding.peer_symptom,
@@ -77,8 +85,13 @@ def _finding_json(finding) -> dict:
 
 
 def render_explanation(why) -> str:
-    """The --explain text: the rules that matched, then the precedence steps, the deciding one marked."""
-    out = ["", "rules that matched (rule family, kind, line):"]
+    """The --explain text: who ended the process first, then the rules that matched, then the precedence steps
+    (the deciding one marked)."""
+    out = [""]
+    if why.who is not None:
+        out.append(f"who ended it: {why.who.line()}" + ("" if why.who.outside else " (not an interruption)"))
+        out += [f"  {line}" for line in why.who.evidence]
+    out.append("rules that matched (rule family, kind, line):")
     if not why.findings:
         out.append("  none: the verdict comes from how the process ended")
     for finding in why.findings:

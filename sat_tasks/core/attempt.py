@@ -86,6 +86,13 @@ class AttemptRecord(BaseModel):
             PLANNED_RESTART (`core.policy.grow_verdict`). None otherwise.
         readmitted_nodes: nodes the plan excluded that were released since and that the next
             attempt takes back (with `planned_restart`).
+        end_facts: what SAT read of who ended the process, beyond the fields above
+            (`sat_tasks.classify.ended`, ADR 0004): `deletion_timestamp` (the pod's
+            `metadata.deletionTimestamp`), `managers` (the pod's `managedFields` managers:
+            `manager`, `operation`, `time`, `disruption` when it wrote the DisruptionTarget
+            condition), `node_gone` (the Node object was not found when the attempt ended),
+            `who` (a backend that knows who ended it: `process`, `runtime`, `controller`, `node`).
+            Empty in records written before it existed: the classifier then reads the rest.
     """
 
     job: str
@@ -116,6 +123,7 @@ class AttemptRecord(BaseModel):
     stopped_by: str | None = None
     planned_restart: str | None = None
     readmitted_nodes: list[str] = Field(default_factory=list)
+    end_facts: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("log_tail", "node_log", mode="before")
     @classmethod

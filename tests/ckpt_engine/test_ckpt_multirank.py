@@ -399,7 +399,9 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     records = [AttemptRecord(job=job.name, attempt=1, backend="kubernetes", node=f"node-{rank}", exit_code=1,
                              log_tail=output.splitlines()[-200:]) for rank, output in enumerate(outputs)]
     verdicts = [classify(record) for record in records]
-    assert all(verdict.kind is VerdictKind.HARDWARE for verdict in verdicts), verdicts  # a stop, not a bug
+    # a stop from outside, not a bug, and no fault: an interruption resumed without blame (issue 43, ADR 0004)
+    assert all(verdict.kind is VerdictKind.PREEMPTED for verdict in verdicts), verdicts
+    assert all(verdict.reason.startswith("interrupted:") for verdict in verdicts), verdicts
     assert "after another rank received SIGTERM" in verdicts[0].reason
     assert "killed by SIGTERM from outside" in verdicts[1].reason
     combined = combine_rank_records(records, log=lambda _: None)

@@ -150,16 +150,17 @@ def test_heartbeat_timeout_is_hardware_even_with_a_traceback():
 @pytest.mark.parametrize(
     ("fields", "kind"),
     [
-        ({"exit_code": 137, "signal": 9}, VerdictKind.HARDWARE),  # bare SIGKILL: node-side (ADR 0004)
-        ({"exit_code": -9}, VerdictKind.HARDWARE),  # subprocess style
-        ({"exit_code": 143}, VerdictKind.HARDWARE),  # bare SIGTERM
+        # An outside kill with no evidence of a fault: interrupted, resumed without blame (issue 43, ADR 0004).
+        ({"exit_code": 137, "signal": 9}, VerdictKind.PREEMPTED),  # bare SIGKILL
+        ({"exit_code": -9}, VerdictKind.PREEMPTED),  # subprocess style
+        ({"exit_code": 143}, VerdictKind.PREEMPTED),  # bare SIGTERM
         ({"exit_code": 139}, VerdictKind.INTERNAL),  # SIGSEGV in the process's own code
         ({"exit_code": 134}, VerdictKind.INTERNAL),  # SIGABRT
         ({"exit_code": 135}, VerdictKind.INTERNAL),  # SIGBUS without memory-failure lines
         ({"exit_code": 1}, VerdictKind.INTERNAL),
         ({"exit_code": 127}, VerdictKind.INTERNAL),
         ({"exit_code": 255}, VerdictKind.INTERNAL),
-        ({"exit_code": None}, VerdictKind.HARDWARE),  # attempt lost
+        ({"exit_code": None}, VerdictKind.PREEMPTED),  # no exit status, no sign the node failed
         ({"exit_code": 0}, VerdictKind.SUCCEEDED),
     ],
 )
@@ -184,7 +185,7 @@ def test_disruption_target_reasons():
         is VerdictKind.PREEMPTED
     assert with_condition("TerminationByKubelet", "The node was low on resource: memory.") is VerdictKind.HARDWARE
     assert with_condition("DeletionByTaintManager") is VerdictKind.HARDWARE
-    assert with_condition("EvictionByEvictionAPI") is VerdictKind.HARDWARE
+    assert with_condition("EvictionByEvictionAPI") is VerdictKind.PREEMPTED  # a drain: a controller, no fault
     assert with_condition("DeletionByPodGC") is VerdictKind.HARDWARE
 
 
@@ -209,7 +210,7 @@ def test_torchrun_wrapper_traceback_is_not_the_cause():
         "  traceback : Signal 9 (SIGKILL) received by PID 77",
     ]
     verdict = classify(record(exit_code=1, log_tail=log))
-    assert verdict.kind is VerdictKind.HARDWARE
+    assert verdict.kind is VerdictKind.PREEMPTED and verdict.reason.startswith("interrupted:")
     assert log[-1] in verdict.evidence
 
 
@@ -247,7 +248,8 @@ def test_torchrun_stopped_by_sigterm_is_not_an_internal_error(log):
     """Before: INTERNAL ("the training script raised SignalException" / "exited with code 1"), so a
     Spot notice without Kubernetes evidence stopped the job instead of resuming it."""
     verdict = classify(record(exit_code=1, log_tail=log))
-    assert verdict.kind is VerdictKind.HARDWARE
+    # An outside SIGTERM with no fault evidence: interrupted, resumed without blame (issue 43).
+    assert verdict.kind is VerdictKind.PREEMPTED and verdict.reason.startswith("interrupted:")
     if log is TORCHRUN_SIGTERMED:
         assert "killed by SIGTERM from outside" in verdict.reason and log[-1] in verdict.evidence
     else:  # the engine said why this rank stopped
@@ -306,7 +308,7 @@ def test_verdict_round_trips_through_xcom_json():
 
 def test_classify_never_raises_on_an_empty_record():
     verdict = classify(record())
-    assert verdict.kind is VerdictKind.HARDWARE
+    assert verdict.kind is VerdictKind.PREEMPTED and verdict.reason.startswith("interrupted:")
     assert verdict.evidence
 
 

@@ -203,7 +203,9 @@ def test_kueue_pods_ready_timeout_is_weak():
     pytest.param([condition("DisruptionTarget", "TerminationByKubelet", "The node was low on resource: memory.")], HW,
                  id="TerminationByKubelet-pressure"),
     pytest.param([condition("DisruptionTarget", "DeletionByTaintManager")], HW, id="DeletionByTaintManager"),
-    pytest.param([condition("DisruptionTarget", "EvictionByEvictionAPI")], HW, id="EvictionByEvictionAPI"),
+    # a drain through the eviction API is a controller's interruption: no fault, resumed without blame (issue 43)
+    pytest.param([condition("DisruptionTarget", "EvictionByEvictionAPI")], VerdictKind.PREEMPTED,
+                 id="EvictionByEvictionAPI"),
     pytest.param([condition("DisruptionTarget", "DeletionByPodGC")], HW, id="DeletionByPodGC"),
 ])
 def test_every_disruption_target_reason_on_demand(pod_conditions, kind):
@@ -218,7 +220,8 @@ def test_a_node_disruption_on_spot_capacity_is_a_reclaim_also_from_the_labels_at
     assert verdict.kind is PRE and "at the attempt's start" in verdict.reason
     # The node's own labels, when it is still there, win over those read at the start.
     still_there = gone.model_copy(update={"node_labels": {"eks.amazonaws.com/capacityType": "ON_DEMAND"}})
-    assert classify(still_there).kind is HW
+    # ...then a node-side disruption is the node's; a drain through the eviction API a controller's (issue 43).
+    assert classify(still_there).kind is (PRE if reason == "EvictionByEvictionAPI" else HW)
 
 
 @pytest.mark.parametrize(("event", "exit_code", "kind"), [
@@ -295,7 +298,9 @@ def test_explain_names_each_matching_rule_and_the_deciding_step(tmp_path, capsys
     assert "[collective-timeout] HARDWARE: [Rank 1] Watchdog" in out and "peer symptom" in out
     assert "[last-exception] INTERNAL: ValueError: bad config" in out
     steps = out.split("precedence steps considered")[1].splitlines()[1:]
-    assert [line.split(":")[0].strip() for line in steps] == ["1 PREEMPTED", "2 HARDWARE", "=> 5 INTERNAL"]
+    assert out.split("\n\n", 1)[1].splitlines()[0].startswith("who ended it: the process itself (exit code 1)")
+    assert [line.split(":")[0].strip() for line in steps] == ["0 who ended it", "1 PREEMPTED", "1a interrupted",
+                                                              "2 HARDWARE", "=> 5 INTERNAL"]
     assert "outranks the peer symptoms" in steps[-1]
 
 
@@ -305,8 +310,11 @@ def test_explain_as_json_and_without_any_rule(tmp_path, capsys):
     args = parse(["classify", str(path), "--explain", "--json"])
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["kind"] == "HARDWARE" and out["explain"]["findings"] == []
-    assert out["explain"]["steps"][-1]["step"] == "6 exit status"
+    # An outside SIGKILL with nothing else: an interruption, resumed without blame (issue 43).
+    assert out["kind"] == "PREEMPTED" and out["explain"]["findings"] == []
+    assert out["explain"]["who_ended"]["who"] == "outside" and out["explain"]["who_ended"]["outside"] is True
+    assert out["explain"]["steps"][0]["step"] == "0 who ended it"
+    assert out["explain"]["steps"][-1]["step"] == "1a interrupted"
     assert re.search(r"SIGKILL", out["explain"]["steps"][-1]["outcome"])
 
 

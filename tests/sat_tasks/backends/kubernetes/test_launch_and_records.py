@@ -587,7 +587,8 @@ _STOPPED_FOR_PEER = ["[Concurrent Checkpoint] another rank received SIGTERM: fin
     pytest.param([("n0", 1, _XID, {}), ("n1", 143, [], _PREEMPTED)], "n1", "PREEMPTED", id="preemption-first"),
     pytest.param([("n0", 1, _PEER, {}), ("n1", None, [], _IMAGE)], "n1", "IMAGE_PULL", id="image-beats-peer"),
     pytest.param([("n0", 1, _PEER, {}), ("n1", 137, [], {})], "n0", "HARDWARE", id="only-peer-symptoms"),
-    pytest.param([("n0", 1, _STOPPED_FOR_PEER, {}), ("n1", 1, _TORCHRUN_SIGTERMED, {})], "n1", "HARDWARE",
+    # an outside SIGTERM with no fault evidence is an interruption, resumed without blame (issue 43, ADR 0004)
+    pytest.param([("n0", 1, _STOPPED_FOR_PEER, {}), ("n1", 1, _TORCHRUN_SIGTERMED, {})], "n1", "PREEMPTED",
                  id="the-rank-that-got-sigterm-before-its-peer"),
     pytest.param([("n0", 0, [], {}), ("n1", 0, [], {})], "n0", "SUCCEEDED", id="all-succeeded"),
     pytest.param([("n0", 0, [], {}), ("n1", 1, _TRACEBACK, {})], "n1", "INTERNAL", id="one-rank-failed"),
