@@ -53,6 +53,7 @@ from sat_tasks.classify.rules import (
     NODE_LOG_SLACK_BEFORE,
     NODE_LOW_ON_RESOURCE,
     NVIDIA_RUNTIME,
+    OOM_WITH_MEMORY_FREE,
     OWN_LIMIT_EVICTION,
     PEER_EXCEPTION_MESSAGE,
     PEER_EXCEPTIONS,
@@ -78,6 +79,7 @@ from sat_tasks.classify.rules import (
     XID_LINE,
     XID_RECOVERY_ACTION,
     TextRule,
+    oom_with_memory_free,
 )
 from sat_tasks.config import sat_setting
 from sat_tasks.core.attempt import AttemptRecord
@@ -306,8 +308,8 @@ def find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[Find
         elif xid in APPLICATION_XIDS:
             yield Finding(INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}", rule=f"xid:{xid}")
         elif xid in AMBIGUOUS_XIDS:
-            yield Finding(HW, describe(line), f"ambiguous: Xid {xid}{on}: {AMBIGUOUS_XIDS[xid]}. Chose HARDWARE: "
-                          "a wrong failover costs at most three retries from the last checkpoint (ADR 0004)",
+            yield Finding(HW, describe(line), f"ambiguous: Xid {xid}{on}: {AMBIGUOUS_XIDS[xid]}. Chose relocation "
+                          "(SUSPECT_NODE): the same failure on another node is the job's (ADR 0004)",
                           ambiguous=True, rule=f"xid:{xid}")
         elif xid == XID_RECOVERY_ACTION and _recovery_action_needed(line):
             yield Finding(HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot",
@@ -335,6 +337,10 @@ def first_rule(line: str) -> tuple[TextRule, bool] | None:
 
 def find_text(lines: Iterable[str], describe=lambda line: line) -> Iterator[Finding]:
     for line in lines:
+        if oom_with_memory_free(line):
+            yield Finding(HW, describe(line), OOM_WITH_MEMORY_FREE.reason, ambiguous=True,
+                          rule=OOM_WITH_MEMORY_FREE.family)
+            continue
         found = first_rule(line)
         if found is not None:
             rule, ambiguous = found
@@ -374,6 +380,8 @@ def _is_symptom(text: str) -> bool:
     A line whose first matching rule points at the job (a collective mismatch, CUDA's illegal
     address, an OOM) is the script's own, whatever else it mentions.
     """
+    if oom_with_memory_free(text):
+        return True  # an allocation that failed with memory free: the device's as likely as the job's
     found = first_rule(text)
     if found is not None:
         return found[0].kind is not INT

@@ -172,10 +172,12 @@ CUDA_ERRORS: tuple[CudaError, ...] = (
     CudaError(("cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"), ("out of memory",),
               INT, "out of GPU memory"),
     CudaError(("cudaErrorIllegalAddress", "CUDA_ERROR_ILLEGAL_ADDRESS"), ("an illegal memory access was encountered",),
-              INT, "an illegal memory access in a kernel (out-of-bounds index or bad pointer: the code; a faulty "
-                   "device shows an Xid or an ECC error as well, and those outrank this)"),
+              HW, "an illegal memory access: an out-of-bounds index or a bad pointer in a kernel, or a GPU whose "
+                  "memory or MMU failed (with no Xid or ECC line to tell; those outrank this): relocation decides",
+              ambiguous=True),
     CudaError(("cudaErrorIllegalInstruction", "CUDA_ERROR_ILLEGAL_INSTRUCTION"), ("an illegal instruction was encountered",),
-              INT, "an illegal instruction in a kernel (code compiled wrongly for the device)"),
+              HW, "an illegal instruction: code compiled wrongly for the device, or a device that misread good "
+                  "code: relocation decides", ambiguous=True),
     CudaError(("cudaErrorMisalignedAddress", "CUDA_ERROR_MISALIGNED_ADDRESS"), ("misaligned address",),
               INT, "a misaligned memory access in a kernel (the code)"),
     CudaError(("cudaErrorInvalidPc", "CUDA_ERROR_INVALID_PC"), ("invalid program counter",),
@@ -185,7 +187,8 @@ CUDA_ERRORS: tuple[CudaError, ...] = (
     CudaError(("cudaErrorInvalidValue", "CUDA_ERROR_INVALID_VALUE"), ("invalid argument",),
               INT, "a CUDA call got an invalid argument (the code)"),
     CudaError(("cudaErrorInvalidDevice", "CUDA_ERROR_INVALID_DEVICE"), ("invalid device ordinal",),
-              INT, "the script asked for a GPU index beyond those it was given (the job's configuration)"),
+              HW, "a GPU index beyond those CUDA sees: the job's configuration, or a GPU the node should have and "
+                  "lost (device plugin, driver): relocation decides", ambiguous=True),
     CudaError(("cudaErrorLaunchOutOfResources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
               ("too many resources requested for launch",), INT, "a kernel launch asked for too many resources (the code)"),
     CudaError(("cudaErrorPeerAccessAlreadyEnabled", "cudaErrorPeerAccessNotEnabled"),
@@ -249,8 +252,8 @@ def _cuda_family(error: CudaError) -> str:
 
 def cuda_rule(error: CudaError) -> TextRule:
     kind = "ambiguous: " if error.ambiguous else ""
-    choice = (". Chose HARDWARE: a wrong failover costs at most three retries from the last checkpoint, a wrong "
-              "stop costs the job (ADR 0004)") if error.ambiguous else ""
+    choice = (". Chose relocation (SUSPECT_NODE): a code bug costs one extra attempt on another node, a bad GPU no "
+              "longer costs the job (ADR 0004)") if error.ambiguous else ""
     return rule(_cuda_text_pattern(error), error.kind, f"{kind}{error.names[0]}: {error.reason}{choice}",
                 family=_cuda_family(error))
 
@@ -267,6 +270,43 @@ CUDA_INIT_AT_ENUMERATION = rule(
     HW, "cudaErrorInitializationError while CUDA enumerated the devices: the node's driver or GPU",
     family="cuda:cudaErrorInitializationError@enumeration",
 )
+
+# An allocation that failed on a device with memory free: PyTorch's "CUDA out of memory" names the
+# request and what was free (before 2.1: "(GPU 0; 79 GiB total capacity; 1 GiB already allocated;
+# 70 GiB free; ...)", since: "GPU 0 has a total capacity of 79 GiB of which 70 GiB is free"). With
+# far more free than asked for, memory the device cannot hand out (retired pages, an uncorrectable
+# ECC error surfacing only as an allocation failure) is as likely as the job: relocation decides.
+OOM_TRIED = re.compile(r"Tried to allocate ([\d.]+) ?([KMGT]i?B)", re.IGNORECASE)
+OOM_FREE = re.compile(r"(?:;\s*([\d.]+) ?([KMGT]i?B) free\b|of which ([\d.]+) ?([KMGT]i?B) is free)", re.IGNORECASE)
+OOM_FREE_FACTOR = 2.0  # free at least twice the request...
+OOM_FREE_MIN_BYTES = 1 << 30  # ...and at least 1 GiB: not fragmentation at the edge of a full device
+OOM_WITH_MEMORY_FREE = rule(
+    r"CUDA out of memory", HW,
+    "ambiguous: a GPU allocation failed with memory free on the device (far more than asked for): retired or "
+    "uncorrectable memory the device cannot hand out, or the job's allocator. Chose relocation (SUSPECT_NODE): a "
+    "code bug costs one extra attempt on another node, a bad GPU no longer costs the job (ADR 0004)",
+    family="cuda-oom-with-memory-free",
+)
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(number: str, unit: str) -> float:
+    """`2.00`, `GiB` -> bytes (KiB/KB alike: the text rounds anyway)."""
+    try:
+        return float(number) * _UNITS.get(unit[:1].lower(), 1)
+    except ValueError:
+        return 0.0
+
+
+def oom_with_memory_free(line: str) -> bool:
+    """A "CUDA out of memory" line whose device had far more memory free than the failed request."""
+    tried, free = OOM_TRIED.search(line), OOM_FREE.search(line)
+    if not tried or not free or not OOM_WITH_MEMORY_FREE.pattern.search(line):
+        return False
+    asked = size_bytes(*tried.groups())
+    have = size_bytes(free.group(1) or free.group(3), free.group(2) or free.group(4))
+    return have >= max(asked * OOM_FREE_FACTOR, OOM_FREE_MIN_BYTES)
+
 
 # ---- kernel-log families beyond Xid ---------------------------------------------------------
 
@@ -383,8 +423,8 @@ AMBIGUOUS_RULES: tuple[TextRule, ...] = (
     *CUDA_AMBIGUOUS_RULES,
     rule(r"unhandled cuda error|ncclUnhandledCudaError|NCCL WARN Cuda failure\b(?!.*out of memory)", HW,
          "ambiguous: NCCL's CUDA call failed (\"unhandled cuda error\") with no other sign; a driver or GPU "
-         "fault as often as a CUDA/NCCL mismatch in the image. Chose HARDWARE: a wrong failover costs at most "
-         "three retries from the last checkpoint, a wrong stop costs the job (ADR 0004)", family="nccl-cuda"),
+         "fault as often as a CUDA/NCCL mismatch in the image. Chose relocation (SUSPECT_NODE): a code bug costs "
+         "one extra attempt on another node, a bad GPU no longer costs the job (ADR 0004)", family="nccl-cuda"),
 )
 
 NCCL_SYSTEM_ERROR = re.compile(r"\bncclSystemError\b|unhandled system error", re.IGNORECASE)
