@@ -22,6 +22,7 @@ from ckpt_engine.contract import (
     parse_step,
 )
 from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.where_ran import runtime_of
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import split_s3_uri
 
@@ -82,6 +83,7 @@ def build_report(run: JobRun, entries: list[dict], metrics: Any = None) -> dict:
             "step_at_end": progress.step,
             "started_at": record.started_at.isoformat() if record.started_at else None,
             "finished_at": record.finished_at.isoformat() if record.finished_at else None,
+            **runtime_of(record),
         })
     uploaded = committed_checkpoints(hook, f"{run.output_uri}{CONCURRENT_DIR}/")
     mirrored = committed_checkpoints(hook, run.mirror_uri)

@@ -18,10 +18,11 @@ reads is bounded by the job (`max_attempts`), not by what the records claim.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -38,8 +39,14 @@ from sat_tasks.airflow.params import spec_from_params
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Verdict, VerdictKind
 from sat_tasks.core.policy import GROW_BACK
-from sat_tasks.core.run_summary import running_seconds, short_node_seconds, summarize_history, usage
+from sat_tasks.core.run_summary import (
+    running_seconds,
+    short_node_seconds,
+    summarize_history,
+    usage,
+)
 from sat_tasks.core.status import JobStatus
+from sat_tasks.core.where_ran import runtime_of
 from sat_tasks.io.run_layout import JobRun, ownership_problem, scoped
 from sat_tasks.pipeline.report import PLANNED_RESTART, RECOVERY_PHASES
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
@@ -142,7 +149,7 @@ def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime
     attempts = [number for entry in history if (number := _int(entry.get("attempt")))]
     edited_tags = read_json(layout.tags_uri)
     status = history[-1]["status"] if history else _STATUS_BEFORE_HISTORY.get(run.state, JobStatus.PENDING.value)
-    end = run.end_date or (now or datetime.now(timezone.utc))
+    end = run.end_date or (now or datetime.now(UTC))
     return {
         "job": job.name, "dag_id": run.dag_id, "run_id": run.run_id, "run_state": run.state,
         "learning_type": job.learning_type.value, "framework": job.framework.value, "nodes": job.nodes,
@@ -214,7 +221,7 @@ def run_usage(run: RunRef, job: TrainingJob, history: list[dict[str, Any]], held
     summary = summarize_history(history, held, job.nodes)
     since = datetime.fromisoformat(summary.running_since) if summary.running_since else None
     ended = run.state not in ("queued", "running")
-    until = (run.end_date if ended else None) or now or datetime.now(timezone.utc)
+    until = (run.end_date if ended else None) or now or datetime.now(UTC)
     seconds = running_seconds(summary.running_s, since, until)
     short = short_node_seconds(summary.short_node_s, summary.running_short_nodes, since, until)
     return {"running_s": round(seconds, 1), "running_since": None if ended else summary.running_since,
@@ -254,6 +261,7 @@ def attempt_row(number: int, raw_record: Any, raw_verdict: Any) -> dict[str, Any
         "resumed_from_step": _int(progress.resumed_from_step),
         "last_committed_step": _int(progress.last_committed_step),
         "stopped_by": record.stopped_by if record else None, "unreadable": unreadable,
+        **(runtime_of(record) if record else {"runtime": None, "image": None, "image_digest": None}),
     }
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from sat_tasks.config import PROJECT_ROOT, sat_setting
 

@@ -20,6 +20,7 @@ from ckpt_engine.contract import (
     PROGRESS_NAME,
     RUN_ID_ENV,
     ProgressRecord,
+    series_path,
 )
 from ckpt_engine.integrations.elastic import ACCUMULATION_SCALE_ENV
 from ckpt_engine.vendor import write_vendor_dir
@@ -241,8 +242,11 @@ def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | Non
                 f"{parsed.scheme}://{parsed.hostname}:{parsed.port or ''} (set [sat] local_runtime = host for it)")
         ports = (parsed.port or (443 if parsed.scheme == "https" else 80),)
     digest = prepare_image(job.image.url, log)
-    for path in (run.output_dir, run.code_dir, run.metrics_dir):
-        writable_by_container(path)  # the training's uid in its user namespace writes them (ADR 0035)
+    # the training's uid in its user namespace writes them (ADR 0035); the attempt's series folder too, which the
+    # metrics sidecar (this host's root) would otherwise make first
+    series_dir = run.metrics_dir / Path(series_path(plan.attempt, node, "training")).parent
+    for path in (run.output_dir, run.code_dir, run.metrics_dir, series_dir):
+        writable_by_container(path)
     resources = job.resources
     plan_ = ContainerPlan(
         image=job.image.url,

@@ -1,0 +1,112 @@
+"""Under `make up`, the demo job runs in its image: a deployment in container mode, the demo through the REST API.
+
+One deployment for the module, as `make up` starts it (the shipped airflow.cfg's
+`local_runtime = auto` is `container` where podman is installed; here it is said outright, and
+host mode is forbidden, so no attempt can quietly run on the host). The demo job (its spec with
+half the steps: CPU time on 2 cores) is triggered with the official client; its injected GPU
+fault fails it over to another node, it resumes from its last committed checkpoint in a new
+container and Completes. Each attempt reports the image and the digest it ran, the job's log
+says so, and the Training Jobs view shows the digest on the job's page.
+
+Needs the training image in the project's store (`make image`, which `make test` runs first).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+
+import pytest
+import requests
+import yaml
+
+from sat_tasks.backends.local.container_run import local_image_digest
+from sat_tasks.backends.local.containers import podman_installed
+from sat_tasks.io.local_s3 import free_port
+from sat_tasks.service.stack import ServiceStack
+from tests.e2e.test_service import _password, _report, _retrying, _token, _wait_for_dags, _wait_for_run
+from tests.support.paths import REPO
+
+IMAGE = "registry.sat.local/sat/training:0.1.0"
+JOB = "tiny-llama-container"
+DEADLINE = 1200  # seconds the demo may take on a busy 2-core machine (a bound, not a wait)
+pytestmark = [pytest.mark.timeout(DEADLINE + 600),
+              pytest.mark.skipif(not podman_installed(), reason="podman/runc not installed: `make system-deps`")]
+
+
+@pytest.fixture(scope="module")
+def image_digest() -> str:
+    digest = local_image_digest(IMAGE)
+    if digest is None:
+        pytest.fail(f"{IMAGE} is not in the project's image store: `make image` builds it (make test runs it)")
+    return digest
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, image_digest):
+    root = tmp_path_factory.mktemp("service-container")
+    jobs = root / "jobs"
+    jobs.mkdir()
+    spec = yaml.safe_load((REPO / "include" / "jobs" / "tiny-llama-demo.yaml").read_text())
+    spec["name"] = JOB
+    spec["command"] = spec["command"].replace("--max_steps 160", "--max_steps 80")
+    assert "--max_steps 80" in spec["command"] and spec["image"]["url"] == IMAGE
+    (jobs / f"{JOB}.yaml").write_text(yaml.safe_dump(spec))
+    stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
+                         storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work",
+                         extra_env={"AIRFLOW__SAT__LOCAL_RUNTIME": "container",
+                                    "AIRFLOW__SAT__LOCAL_HOST_MODE": "forbidden",
+                                    "AIRFLOW__SAT__WORKSPACES_DIR": str(root / "workspaces"),
+                                    "AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS": "20",
+                                    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+                                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+                                    "PYTHONPATH": str(REPO)},
+                         log=lambda _line: None)
+    stack.start()
+    yield stack
+    stack.stop()
+    shutil.rmtree(root / "work", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def demo(deployment):
+    import airflow_client.client as airflow_client
+    from airflow_client.client import TriggerDAGRunPostBody
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    config = airflow_client.Configuration(host=deployment.url,
+                                          access_token=_token(deployment.url, _password(deployment)))
+    with airflow_client.ApiClient(config) as api:
+        _wait_for_dags(api, [JOB], deadline=time.monotonic() + 300)
+        triggered = _retrying(lambda: DagRunApi(api).trigger_dag_run(JOB, TriggerDAGRunPostBody(logical_date=None)))
+        return _wait_for_run(api, JOB, triggered.dag_run_id, deadline=time.monotonic() + DEADLINE)
+
+
+def test_the_demo_fails_over_in_its_image_and_completes(deployment, demo, image_digest):
+    assert demo.state == "success", demo
+    report = _report(deployment, JOB, demo.dag_run_id)
+    assert [e["status"] for e in report["history"]] == [
+        "Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
+    first, second = report["attempts"]
+    assert (first["verdict"], second["verdict"]) == ("HARDWARE", "SUCCEEDED") and first["node"] != second["node"]
+    assert second["resumed_from"] == first["last_committed_step"] and report["global_step"] == 80
+    for attempt in (first, second):  # each attempt ran in the image, and says which one
+        assert (attempt["runtime"], attempt["image"], attempt["image_digest"]) == ("container", IMAGE, image_digest)
+    token = _token(deployment.url, _password(deployment))
+    log = requests.get(f"{deployment.url}/sat/api/jobs/{JOB}/runs/{demo.dag_run_id}/log",
+                       headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert log.status_code == 200, log.text[:500]
+    assert len(re.findall(rf"\[sat\] attempt [12] runs in image {re.escape(IMAGE)} \({image_digest}\)", log.text)) == 2
+    assert "runs on this host" not in log.text
+
+
+def test_the_job_page_shows_each_attempts_image_digest(deployment, demo, image_digest):
+    token = _token(deployment.url, _password(deployment))
+    headers = {"Authorization": f"Bearer {token}"}
+    data = requests.get(f"{deployment.url}/sat/api/jobs/{JOB}/runs/{demo.dag_run_id}", headers=headers, timeout=60)
+    assert data.status_code == 200, data.text[:500]
+    attempts = data.json()["attempts"]
+    assert [(a["runtime"], a["image_digest"]) for a in attempts] == [("container", image_digest)] * 2
+    page = requests.get(f"{deployment.url}/sat/jobs/{JOB}/runs/{demo.dag_run_id}", headers=headers, timeout=60)
+    assert page.status_code == 200 and page.text.count(image_digest) == 2, page.text[:500]
