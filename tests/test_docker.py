@@ -154,7 +154,7 @@ def test_every_copy_source_exists_in_the_build_context(dockerfile):
 @pytest.mark.parametrize("dockerfile", [pytest.param(p, id=p.stem) for p in DOCKERFILES])
 def test_dockerfile_starts_from_a_pinned_base(dockerfile):
     instructions = _instructions(dockerfile)
-    args = dict(re.match(r"(\w+)=(\S+)", a).groups() for k, a in instructions if k == "ARG" and "=" in a)
+    args = dict(re.match(r"(\w+)=(\S*)", a).groups() for k, a in instructions if k == "ARG" and "=" in a)
     bases = [a.split()[0] for k, a in instructions if k == "FROM"]
     assert bases
     for base in bases:
@@ -180,6 +180,85 @@ def test_training_image_vendors_the_engine_and_sets_the_env():
     assert f"CHECKPOINT_VENDOR={IMAGE_VENDOR_DIR}" in env
     assert f"PYTHONPATH={IMAGE_VENDOR_DIR}" in env
     assert "from datastates.llm import DecoratedCheckpointing" in runs  # the build smoke-tests the vendor dir
+
+
+def _arg_defaults(dockerfile: Path) -> dict[str, str]:
+    return dict(re.match(r"(\w+)=(\S*)", a).groups() for k, a in _instructions(dockerfile) if k == "ARG" and "=" in a)
+
+
+def test_training_image_defaults_are_still_the_cuda_variant():
+    """`make image` builds the CPU variant through build-args alone; without them the file is the CUDA image."""
+    args = _arg_defaults(DOCKER / "training.Dockerfile")
+    assert args["BASE_IMAGE"].startswith("nvidia/cuda:12.9.") and "cudnn-devel" in args["BASE_IMAGE"]
+    assert args["UV_IMAGE"].startswith("ghcr.io/astral-sh/uv:")
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cu129"
+    assert args["PYTHON_VERSION"] == "3.11"
+    # the build-time additions default to nothing: no wheel folder, no extra CA, no cache
+    assert args["FIND_LINKS"] == "" and args["BUILD_CA_BUNDLE"] == "" and args["UV_NO_CACHE"] == "1"
+
+
+def test_training_image_build_settings_stay_out_of_the_image_env():
+    instructions = _instructions(DOCKER / "training.Dockerfile")
+    env = " ".join(a for k, a in instructions if k == "ENV")
+    runs = " ".join(a for k, a in instructions if k == "RUN")
+    for name in ("SSL_CERT_FILE", "BUILD_CA_BUNDLE", "FIND_LINKS", "UV_NO_CACHE", "UV_INDEX_STRATEGY",
+                 "REQUESTS_CA_BUNDLE", "UV_NATIVE_TLS"):
+        assert name not in env, f"{name} would be baked into the image's environment"
+    # the CA bundle is trusted for the build's own step only, and the torch step compares every index
+    assert 'export SSL_CERT_FILE="${BUILD_CA_BUNDLE}"' in runs
+    assert "UV_INDEX_STRATEGY=unsafe-best-match uv pip install" in runs
+    assert "${FIND_LINKS:+--find-links ${FIND_LINKS}}" in runs
+
+
+def _run_fragment(pattern: str) -> str:
+    runs = [a for k, a in _instructions(DOCKER / "training.Dockerfile") if k == "RUN"]
+    for run in runs:
+        match = re.search(pattern, run)
+        if match:
+            return match.group(0)
+    raise AssertionError(f"no RUN matches {pattern}")
+
+
+def test_training_image_constraints_are_the_lock_without_torch(tmp_path):
+    """The CUDA build's torch (2.13.0+cu129) would contradict the lock's CPU pin: the build's constraints drop
+    torch's entry (its hashes and comments with it) and keep every other pin with its hashes."""
+    awk = _run_fragment(r"awk '[^']*' +/opt/sat/requirements\.lock")
+    command = awk.replace("/opt/sat/requirements.lock", shlex.quote(str(REPO / "requirements.lock")))
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True).stdout
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(out, encoding="utf-8")
+    kept = _locked(constraints)
+    full = _locked(REPO / "requirements.lock")
+    assert "torch" not in kept and full["torch"].endswith("+cpu")
+    assert kept == {name: version for name, version in full.items() if name != "torch"}
+    lock_lines = (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines()
+    torch_block = _block(lock_lines, next(i for i, line in enumerate(lock_lines) if line.startswith("torch==")))
+    torch_hashes = [line.strip() for line in torch_block if "--hash=" in line]
+    assert torch_hashes and not set(torch_hashes) & {line.strip() for line in out.splitlines()}, "torch's hashes remained"
+    assert out.count("--hash=") == "\n".join(lock_lines).count("--hash=") - len(torch_hashes)
+
+
+def _block(lines: list[str], start: int) -> list[str]:
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line[:1].isspace():
+            break
+        block.append(line)
+    return block
+
+
+def test_training_image_login_shell_keeps_the_venv(tmp_path):
+    """`bash -lc` (the pod's supervisor) runs /etc/profile, which resets PATH on Debian: /etc/profile.d/sat.sh
+    puts the venv back in front, once."""
+    printf = _run_fragment(r"printf .*> /etc/profile\.d/sat\.sh")
+    profile = tmp_path / "sat.sh"
+    subprocess.run(["bash", "-c", printf.replace("/etc/profile.d/sat.sh", shlex.quote(str(profile)))],
+                   check=True, timeout=60)
+    sourced = shlex.quote(str(profile))
+    script = f'PATH=/usr/bin:/bin; . {sourced}; . {sourced}; echo "$PATH|$VIRTUAL_ENV"'
+    out = subprocess.run(["env", "-i", "bash", "--norc", "--noprofile", "-c", script],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert out == "/opt/sat/venv/bin:/usr/bin:/bin|/opt/sat/venv"
 
 
 def test_airflow_image_is_the_official_one_with_the_project():
@@ -239,7 +318,7 @@ def test_vendor_dir_imports_on_its_own(tmp_path):
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(vendor), "HOME": str(tmp_path),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-s", "-c", _ISOLATED_IMPORT, str(REPO)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith(str(vendor) + "/ckpt_engine/")
