@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sat_tasks.classify.catalogues import XID_NODE_WORDS, XID_NONE_WORDS
 from sat_tasks.classify.rules import (
     AMBIGUOUS_RULES,
     AMBIGUOUS_XIDS,
@@ -52,6 +53,7 @@ from sat_tasks.classify.rules import (
     NODE_LOG_SLACK_AFTER,
     NODE_LOG_SLACK_BEFORE,
     NODE_LOW_ON_RESOURCE,
+    NOT_A_NODE_FAULT_XIDS,
     NVIDIA_RUNTIME,
     OOM_WITH_MEMORY_FREE,
     OWN_LIMIT_EVICTION,
@@ -311,10 +313,18 @@ def find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[Find
             yield Finding(HW, describe(line), f"ambiguous: Xid {xid}{on}: {AMBIGUOUS_XIDS[xid]}. Chose relocation "
                           "(SUSPECT_NODE): the same failure on another node is the job's (ADR 0004)",
                           ambiguous=True, rule=f"xid:{xid}")
-        elif xid == XID_RECOVERY_ACTION and _recovery_action_needed(line):
-            yield Finding(HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot",
-                          rule="xid:154")
-        # 63/92/94 and unknown Xids are not evidence of a node fault on their own.
+        elif xid == XID_RECOVERY_ACTION:
+            if _recovery_action_needed(line):
+                yield Finding(HW, describe(line), f"Xid 154{on}: the driver asks for a GPU reset or node reboot",
+                              rule="xid:154")
+        elif xid not in NOT_A_NODE_FAULT_XIDS:
+            # A code newer than the catalogue: read by the words the driver wrote after it.
+            words = line[match.end():]
+            if XID_NODE_WORDS.search(words) and not XID_NONE_WORDS.search(words):
+                yield Finding(HW, describe(line), f"Xid {xid}{on} (not in the catalogue): its line names an "
+                              f"uncorrectable, fatal or lost condition ({XID_NODE_WORDS.search(words).group(0)})",
+                              rule=f"xid:{xid}")
+        # Corrected, contained, recorded or unused codes are not evidence of a node fault on their own.
 
 
 def _applies(rule: TextRule, line: str) -> bool:

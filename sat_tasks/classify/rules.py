@@ -11,45 +11,27 @@ import signal as signal_module
 from dataclasses import dataclass
 from datetime import timedelta
 
+from sat_tasks.classify.catalogues import (
+    CATALOGUES,
+    CUDA_RUNTIME,
+    NVIDIA_XID,
+    Catalogue,
+    Fault,
+)
 from sat_tasks.core.contracts import VerdictKind
 
 HW, INT = VerdictKind.HARDWARE, VerdictKind.INTERNAL
 
-#: NVIDIA Xids that mean the node (GPU, NVLink, GSP, memory) is at fault → fail over.
-HARDWARE_XIDS: dict[int, str] = {
-    48: "double-bit (uncorrectable) ECC error",
-    61: "internal micro-controller breakpoint/warning",
-    62: "GPU internal micro-controller halt",
-    64: "ECC page retirement / row remapping failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    95: "uncontained ECC error",
-    109: "context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    136: "hardware fault (NVIDIA Xid catalog)",
-    140: "unrecovered ECC error",
-    143: "hardware fault (NVIDIA Xid catalog)",
-    **{xid: "NVLink fault" for xid in range(144, 151)},
-}
-#: Xids caused by the application (bad kernel, illegal address, ...) → the user's bug.
-APPLICATION_XIDS: dict[int, str] = {
-    13: "graphics engine exception (application fault)",
-    31: "GPU memory page fault (application fault)",
-    43: "GPU stopped processing after an application fault",
-    45: "preemptive cleanup after an earlier error",
-}
-#: Xids that are logged but do not make the node faulty (corrected/contained ECC events).
-NOT_A_NODE_FAULT_XIDS: dict[int, str] = {
-    63: "ECC page retirement / row remapping recorded",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-}
-#: Xids whose cause NVIDIA's catalog leaves open (hardware, driver or the application): the
-#: verdict says so and errs toward HARDWARE, the cheaper mistake (ADR 0004).
-AMBIGUOUS_XIDS: dict[int, str] = {
-    68: "video decoder (NVDEC) exception: hardware, driver or application",
-}
+#: The Xid dictionaries, derived from the NVIDIA Xid catalogue (`catalogues.NVIDIA_XID`: every code, once).
+#: The node (GPU, NVLink, GSP, memory) is at fault → fail over. Xid 154 is read by its recovery action.
+HARDWARE_XIDS: dict[int, str] = {int(c.code): c.reason for c in NVIDIA_XID.codes if c.fault is Fault.NODE
+                                 and c.code != 154}
+#: Caused by the application (bad kernel, illegal address, ...) → the user's bug.
+APPLICATION_XIDS: dict[int, str] = {int(c.code): c.reason for c in NVIDIA_XID.codes if c.fault is Fault.JOB}
+#: Logged but not a fault of the node (corrected/contained ECC, unused, engines training does not use).
+NOT_A_NODE_FAULT_XIDS: dict[int, str] = {int(c.code): c.reason for c in NVIDIA_XID.codes if c.fault is Fault.NONE}
+#: The cause is open (hardware, driver or the application): relocation decides (SUSPECT_NODE, ADR 0004).
+AMBIGUOUS_XIDS: dict[int, str] = {int(c.code): c.reason for c in NVIDIA_XID.codes if c.fault is Fault.AMBIGUOUS}
 XID_RECOVERY_ACTION = 154  # GPU recovery action changed; a fault unless the action is "None"
 
 XID_LINE = re.compile(r"\bxid\b(?:\s+error)?\s*(?:\(([^)]*)\))?\s*[:=]?\s*(\d{1,3})\b", re.IGNORECASE)
@@ -417,6 +399,36 @@ TEXT_RULES: tuple[TextRule, ...] = (
          family="device-assert"),
 )
 
+# ---- rules from the vendor catalogues (`catalogues`): each code once, after the rules above ----------
+_RELOCATE = (". Chose relocation (SUSPECT_NODE): a code bug costs one extra attempt on another node, a bad "
+             "device no longer costs the job (ADR 0004)")
+
+
+def catalogue_rules(catalogue: Catalogue, skip: frozenset[str] = frozenset()) -> tuple[TextRule, ...]:
+    """A line rule for each code of `catalogue` that points somewhere (NONE codes make none)."""
+    made = []
+    for code in catalogue.codes:
+        if code.fault is Fault.NONE or code.name in skip:
+            continue
+        pattern = code.pattern or rf"\b{re.escape(code.name)}\b"
+        kind = INT if code.fault is Fault.JOB else HW
+        reason = f"{catalogue.title} {code.name}: {code.reason}"
+        if code.fault is Fault.AMBIGUOUS:
+            reason = f"ambiguous: {reason}{_RELOCATE}"
+        made.append(rule(pattern, kind, reason, beats_success=code.beats_success,
+                         family=f"{catalogue.key}:{code.code}"))
+    return tuple(made)
+
+
+_CUDA_NAMED = frozenset(name for error in CUDA_ERRORS for name in error.names)
+#: Every catalogue's rules but the Xids' (`evidence.find_xids` reads those), decisive and ambiguous apart.
+CATALOGUE_RULES: tuple[TextRule, ...] = tuple(
+    made for catalogue in CATALOGUES if catalogue is not NVIDIA_XID
+    for made in catalogue_rules(catalogue, _CUDA_NAMED if catalogue is CUDA_RUNTIME else frozenset()))
+CATALOGUE_DECISIVE = tuple(r for r in CATALOGUE_RULES if not r.reason.startswith("ambiguous:"))
+CATALOGUE_AMBIGUOUS = tuple(r for r in CATALOGUE_RULES if r.reason.startswith("ambiguous:"))
+TEXT_RULES = (*TEXT_RULES, *CATALOGUE_DECISIVE)
+
 #: NCCL's "unhandled cuda error" with no other sign: a CUDA call inside NCCL failed, which is
 #: a driver or GPU fault as often as a CUDA/NCCL mismatch in the image. Ambiguous (ADR 0004).
 AMBIGUOUS_RULES: tuple[TextRule, ...] = (
@@ -425,6 +437,7 @@ AMBIGUOUS_RULES: tuple[TextRule, ...] = (
          "ambiguous: NCCL's CUDA call failed (\"unhandled cuda error\") with no other sign; a driver or GPU "
          "fault as often as a CUDA/NCCL mismatch in the image. Chose relocation (SUSPECT_NODE): a code bug costs "
          "one extra attempt on another node, a bad GPU no longer costs the job (ADR 0004)", family="nccl-cuda"),
+    *CATALOGUE_AMBIGUOUS,
 )
 
 NCCL_SYSTEM_ERROR = re.compile(r"\bncclSystemError\b|unhandled system error", re.IGNORECASE)

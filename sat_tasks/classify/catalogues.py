@@ -1,0 +1,502 @@
+"""Vendor catalogues as data: each code classified once, with its reason, its source document and version.
+
+A `Catalogue` is one vendor's list (NVIDIA Xid, CUDA runtime errors, NCCL results, NVML
+returns, DCGM health systems, AMD amdgpu/RAS/HIP, the InfiniBand/RoCE/EFA drivers, PCIe
+AER, MCE/EDAC). Each `Code` says what it means for a training attempt (`Fault`):
+
+- NODE: the node (a device, its driver, its link) is at fault: HARDWARE, fail over;
+- JOB: the job's code, configuration or image: INTERNAL;
+- AMBIGUOUS: the vendor leaves the cause open between the device and the code: an
+  "ambiguous:" HARDWARE verdict that `core.node_health` makes SUSPECT_NODE (relocation);
+- NONE: logged, but no evidence of a fault on its own (corrected, informational, unused).
+
+`rules` builds its line rules from these tables (`catalogue_rules`); `evidence.find_xids`
+reads the Xid table, and decides an Xid that is not in it by the words of its own line
+(`XID_NODE_WORDS`), so a code newer than this table is still read by family. ADR 0004 lists
+the tables and their sources; tests/sat_tasks/classify/test_catalogues.py checks each names
+its source and version and classifies each code once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Fault(str, Enum):
+    NODE = "node"
+    JOB = "job"
+    AMBIGUOUS = "ambiguous"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Code:
+    """One code of a catalogue. `pattern`: how it shows in a log line (regex, case-insensitive; empty: the
+    code's name as a word). `beats_success`: the line can turn a clean exit into a failure."""
+
+    code: int | str
+    name: str
+    fault: Fault
+    reason: str
+    pattern: str = ""
+    beats_success: bool = True
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    key: str
+    title: str
+    source: str  # the document (and where it is published)
+    version: str  # the version of the document or the software it describes
+    codes: tuple[Code, ...]
+
+    def by_code(self) -> dict[int | str, Code]:
+        return {code.code: code for code in self.codes}
+
+
+N, J, A, X = Fault.NODE, Fault.JOB, Fault.AMBIGUOUS, Fault.NONE
+#: The pattern of a code that a dedicated gatherer decides from the lines around it (never matches alone).
+DEDICATED = "(?!)"
+
+
+def _codes(*rows: tuple) -> tuple[Code, ...]:
+    return tuple(Code(*row) for row in rows)
+
+
+def _range(first: int, last: int, name: str, fault: Fault, reason: str) -> list[tuple]:
+    return [(code, name, fault, reason) for code in range(first, last + 1)]
+
+
+# ---- NVIDIA Xid ------------------------------------------------------------------------------
+_UNUSED = "unused on current GPUs (the catalog lists it as unused)"
+_VIDEO = "a video/JPEG/optical-flow engine exception: not an engine a training job uses; not evidence alone"
+_DISPLAY = "a display engine event: not evidence for a compute node"
+_CE = ("a copy engine exception: a bad address or size from the application as often as the engine: the catalog's "
+       "first action is to restart the application")
+NVIDIA_XID = Catalogue(
+    key="nvidia-xid",
+    title="NVIDIA Xid",
+    source="NVIDIA, Xid Errors: Analyzing Xid Errors with the Xid Catalog "
+           "(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), resolution buckets; and NVIDIA "
+           "GPU Operational Events release notes (Xid 185, HBM sparing)",
+    version="Xid catalog for Ampere/Hopper/Blackwell (A100, H100, B100, GB200), driver branches R535-R620",
+    codes=_codes(
+        *_range(1, 7, "ROBUST_CHANNEL_FIFO_ERROR", X, _UNUSED),
+        (8, "GPU stopped processing (channel idle timeout)", A,
+         ("the GPU stopped processing a channel: the catalog restarts the application, then contacts support "
+         "(a hung kernel or a hung device)")),
+        (9, "ROBUST_CHANNEL_GR_ERROR_INSTANCE", X, _UNUSED),
+        (10, "ROBUST_CHANNEL_GR_ERROR_SINGLE_STEP", X, _UNUSED),
+        (11, "invalid or corrupted push buffer stream", J,
+         "an invalid push buffer stream: the catalog checks the application/CUDA first"),
+        (12, "ROBUST_CHANNEL_GR_ERROR_SW_METHOD", X, _UNUSED),
+        (13, "graphics engine exception", J, "graphics engine exception (application fault)"),
+        (14, "unused", X, _UNUSED), (15, "unused", X, _UNUSED),
+        (16, "display engine hung", X, _DISPLAY), (17, "unused", X, _UNUSED),
+        (18, "bus mastering disabled in PCI config space", N, "the GPU's PCI bus mastering was disabled (the node)"),
+        (19, "display engine error", X, _DISPLAY),
+        *_range(20, 22, "invalid or corrupted video push buffer", X, _VIDEO),
+        (23, "unused", X, _UNUSED),
+        (24, "GPU semaphore timeout", A, "a GPU semaphore timed out: the application, the driver or the device"),
+        (25, "invalid or illegal push buffer stream", J, "an illegal push buffer stream (the application)"),
+        (26, "framebuffer timeout", N, "the framebuffer timed out (the device's memory interface)"),
+        *_range(27, 29, "video processor exception", X, _VIDEO),
+        (30, "GPU semaphore access error", A, "a GPU semaphore access failed: the driver or the device"),
+        (31, "GPU memory page fault", J, "GPU memory page fault (application fault)"),
+        (32, "invalid or corrupted push buffer stream (PBDMA)", A,
+         "a push buffer DMA error: the application, the driver, the bus or the device"),
+        (33, "internal micro-controller error", A, "an internal micro-controller error: the driver or the device"),
+        *_range(34, 36, "video processor exception", X, _VIDEO),
+        (37, "driver firmware error", A, "a driver firmware error: the driver or the device"),
+        (38, "driver firmware error", A, "a driver firmware error: the driver or the device"),
+        (39, "copy/video engine exception", X, _VIDEO), (40, "copy/video engine exception", X, _VIDEO),
+        (41, "copy engine exception (CE2)", A, _CE), (42, "video processor exception", X, _VIDEO),
+        (43, "GPU stopped processing", J, "GPU stopped processing after an application fault"),
+        (44, "graphics engine fault during context switch", N,
+         "a graphics engine fault during a context switch: the catalog resets the GPU"),
+        (45, "preemptive cleanup, due to previous errors", J, "preemptive cleanup after an earlier error"),
+        (46, "GPU stopped processing", N, "the GPU stopped processing: the catalog drains and resets the GPU"),
+        (47, "video processor exception", X, _VIDEO),
+        (48, "double bit ECC error", N, "double-bit (uncorrectable) ECC error"),
+        *_range(49, 53, "unused", X, _UNUSED),
+        (54, "auxiliary power is not connected to the GPU board", N, "the GPU board's auxiliary power is missing"),
+        (55, "unused", X, _UNUSED), (56, "display engine error", X, _DISPLAY),
+        (57, "error programming video memory interface", N, "the video memory interface could not be programmed"),
+        (58, "unstable video memory interface detected", N, "the video memory interface is unstable"),
+        (59, "internal micro-controller error", N, "an internal micro-controller error (older drivers)"),
+        (60, "video processor exception", X, _VIDEO),
+        (61, "internal micro-controller breakpoint/warning", N, "internal micro-controller breakpoint/warning"),
+        (62, "internal micro-controller halt", N, "GPU internal micro-controller halt"),
+        (63, "ECC page retirement or row remapping recording event", X,
+         "ECC page retirement / row remapping recorded (the memory protected itself)"),
+        (64, "ECC page retirement or row remapper recording failure", N,
+         "ECC page retirement / row remapping failure"),
+        (65, "video processor exception", X, _VIDEO),
+        (66, "illegal access by driver", A, "an illegal access by the driver"),
+        (67, "illegal access by driver", A, "an illegal access by the driver"),
+        (68, "NVDEC0 exception", A, "video decoder (NVDEC) exception: hardware, driver or application"),
+        (69, "graphics engine class error", J, "a graphics engine class error (the application, as a rule)"),
+        *[(code, f"copy engine {name}: unknown error", A, _CE)
+          for code, name in ((70, "CE3"), (71, "CE4"), (72, "CE5"), (75, "CE6"), (76, "CE7"), (77, "CE8"),
+                             (85, "CE9"))],
+        (73, "NVENC2 error", X, _VIDEO),
+        (74, "NVLink error", N, "NVLink error"),
+        (78, "vGPU start error", N, "a vGPU could not start (the host)"),
+        (79, "GPU has fallen off the bus", N, "GPU has fallen off the bus"),
+        (80, "corrupted data sent to GPU", N, "corrupted data reached the GPU (the bus or system memory)"),
+        (81, "VGA subsystem error", N, "VGA subsystem error"),
+        (82, "NVJPG0 error", X, _VIDEO), (83, "NVDEC1 error", X, _VIDEO), (84, "NVDEC2 error", X, _VIDEO),
+        (86, "OFA exception", X, _VIDEO), (87, "reserved", X, _UNUSED),
+        (88, "NVDEC3 error", X, _VIDEO), (89, "NVDEC4 error", X, _VIDEO),
+        (90, "reserved", X, _UNUSED), (91, "reserved", X, _UNUSED),
+        (92, "high single-bit ECC error rate", X, "high single-bit ECC error rate"),
+        (93, "non-fatal violation of provisioned InfoROM wear limit", X, "InfoROM wear limit (informational)"),
+        (94, "contained ECC error", X, "contained ECC error"),
+        (95, "uncontained ECC error", N, "uncontained ECC error"),
+        *_range(96, 98, "NVDEC error", X, _VIDEO),
+        *_range(99, 105, "NVJPG error", X, _VIDEO),
+        (106, "SMBPBI test message", X, "a test message"), (107, "SMBPBI test message silent", X, "a test message"),
+        (108, "reserved", X, _UNUSED),
+        (109, "context switch timeout", N, "context switch timeout"),
+        (110, "security fault error", N, "a security fault on the GPU"),
+        *_range(111, 118, "display error", X, _DISPLAY),
+        (119, "GSP RPC timeout", N, "GSP RPC timeout"),
+        (120, "GSP error", N, "GSP error"),
+        (121, "C2C link error", N, "the chip-to-chip (C2C) link failed"),
+        (122, "SPI PMU RPC read failure", N, "the GPU's PMU could not read its SPI flash"),
+        (123, "SPI PMU RPC write failure", N, "the GPU's PMU could not write its SPI flash"),
+        (124, "SPI PMU RPC erase failure", N, "the GPU's PMU could not erase its SPI flash"),
+        (125, "InfoROM FS failure", N, "the GPU's InfoROM file system failed"),
+        (136, "hardware fault", N, "hardware fault (NVIDIA Xid catalog)"),
+        (140, "unrecovered ECC error", N, "unrecovered ECC error (HBM)"),
+        (143, "hardware fault", N, "hardware fault (NVIDIA Xid catalog)"),
+        *[(code, f"NVLink {name} error", N, "NVLink fault")
+          for code, name in ((144, "SAW"), (145, "RLW"), (146, "TLW"), (147, "TREX"), (148, "NVLPW_CTRL"),
+                             (149, "NETIR"), (150, "MSE"))],
+        (154, "GPU recovery action changed", N,
+         "the driver asks for a GPU reset or node reboot (a fault unless the new action is None)"),
+        (185, "HBM sparing event", X,
+         "HBM sparing state changed (the memory spared a failing region; like a row remap, not a fault alone)"),
+    ),
+)
+
+#: Words of an Xid line whose code is not in the table: the driver describes the event after the code, and
+#: a code newer than this table is still read by family (the node's when its words name an uncorrectable,
+#: fatal or lost condition; nothing when they name a corrected or recorded one).
+XID_NODE_WORDS = re.compile(
+    r"uncorrect\w*|uncontained|unrecover\w*|\bfatal\b|fallen off|\blost\b|link (?:down|fail\w*)|reset (?:required|"
+    r"fail\w*)|retirement fail\w*|remap\w* fail\w*|sparing fail\w*|\btimeout\b|timed out|poison",
+    re.IGNORECASE,
+)
+XID_NONE_WORDS = re.compile(r"\bcorrected\b|\bcontained\b|recorded|pending|informational|no action", re.IGNORECASE)
+
+
+# ---- CUDA runtime errors (beyond rules.CUDA_ERRORS, which decides the codes it names) ---------------------
+_MISUSE = "a CUDA API misused or misconfigured by the job's code"
+CUDA_RUNTIME = Catalogue(
+    key="cuda-runtime",
+    title="CUDA runtime cudaError_t",
+    source="NVIDIA, CUDA Runtime API reference, enum cudaError (driver_types.h), and the Driver API's CUresult",
+    version="CUDA 12.8 / 13.0",
+    codes=_codes(
+        (1, "cudaErrorInvalidValue", J, _MISUSE), (2, "cudaErrorMemoryAllocation", J, "out of GPU memory"),
+        (3, "cudaErrorInitializationError", A, "CUDA could not be initialized (driver or GPU; a fork also)"),
+        (4, "cudaErrorCudartUnloading", J, "a CUDA call while the runtime unloads (the job's shutdown order)"),
+        (9, "cudaErrorInvalidConfiguration", J, _MISUSE), (12, "cudaErrorInvalidPitchValue", J, _MISUSE),
+        (13, "cudaErrorInvalidSymbol", J, _MISUSE), (16, "cudaErrorInvalidHostPointer", J, _MISUSE),
+        (17, "cudaErrorInvalidDevicePointer", J, _MISUSE), (18, "cudaErrorInvalidTexture", J, _MISUSE),
+        (21, "cudaErrorInvalidMemcpyDirection", J, _MISUSE),
+        (34, "cudaErrorStubLibrary", J, "the image links CUDA's stub library instead of the driver (the image)"),
+        (35, "cudaErrorInsufficientDriver", J, "the image needs a newer driver than the fleet's (the image)"),
+        (36, "cudaErrorCallRequiresNewerDriver", J, "the image needs a newer driver than the fleet's (the image)"),
+        (46, "cudaErrorDevicesUnavailable", N, "the pod's GPU is busy or unavailable"),
+        (49, "cudaErrorIncompatibleDriverContext", J, _MISUSE), (52, "cudaErrorMissingConfiguration", J, _MISUSE),
+        (53, "cudaErrorPriorLaunchFailure", A, "an earlier launch failed (the earlier error decides)"),
+        (98, "cudaErrorInvalidDeviceFunction", J, "no kernel for this function in the image (the image)"),
+        (100, "cudaErrorNoDevice", N, "CUDA sees no GPU though the pod was given one"),
+        (101, "cudaErrorInvalidDevice", A, "invalid device ordinal: the job's configuration or a GPU the node lost"),
+        (102, "cudaErrorDeviceNotLicensed", N, "the node's vGPU is not licensed"),
+        (127, "cudaErrorStartupFailure", N, "the CUDA driver failed to start on the node"),
+        (200, "cudaErrorInvalidKernelImage", J, "an invalid kernel image (the image)"),
+        (201, "cudaErrorDeviceUninitialized", J, _MISUSE),
+        (209, "cudaErrorNoKernelImageForDevice", J, "no kernel image for this GPU architecture (the image)"),
+        (214, "cudaErrorECCUncorrectable", N, "an uncorrectable ECC error"),
+        (216, "cudaErrorDeviceAlreadyInUse", N, "the GPU is held by another process (exclusive mode)"),
+        (217, "cudaErrorPeerAccessUnsupported", A, "peer access unavailable on this node's topology"),
+        (218, "cudaErrorInvalidPtx", J, "invalid PTX (the image's toolchain)"),
+        (220, "cudaErrorNvlinkUncorrectable", N, "an uncorrectable NVLink error"),
+        (221, "cudaErrorJitCompilerNotFound", J, "the PTX JIT compiler is missing (the image)"),
+        (222, "cudaErrorUnsupportedPtxVersion", J, "PTX newer than the driver (the image)"),
+        (226, "cudaErrorContained", N, "a contained device error (hardware, or a bad NVLink peer access)"),
+        (302, "cudaErrorSharedObjectSymbolNotFound", J, "a shared object symbol is missing (the image)"),
+        (303, "cudaErrorSharedObjectInitFailed", J, "a shared object failed to initialize (the image)"),
+        (304, "cudaErrorOperatingSystem", A, "an operating-system call inside CUDA failed"),
+        (400, "cudaErrorInvalidResourceHandle", J, _MISUSE), (401, "cudaErrorIllegalState", J, _MISUSE),
+        (500, "cudaErrorSymbolNotFound", J, _MISUSE), (600, "cudaErrorNotReady", X, "not an error (not ready yet)"),
+        (700, "cudaErrorIllegalAddress", A, "an illegal memory access: a bad kernel or a bad device"),
+        (701, "cudaErrorLaunchOutOfResources", J, "a launch asked for too many resources"),
+        (702, "cudaErrorLaunchTimeout", A, "the watchdog stopped a kernel: a node setting or a hung GPU"),
+        (704, "cudaErrorPeerAccessAlreadyEnabled", J, _MISUSE), (705, "cudaErrorPeerAccessNotEnabled", J, _MISUSE),
+        (709, "cudaErrorContextIsDestroyed", J, _MISUSE), (710, "cudaErrorAssert", J, "a device-side assert"),
+        (711, "cudaErrorTooManyPeers", J, _MISUSE),
+        (714, "cudaErrorHardwareStackError", A, "the device's call stack failed: a kernel or the device"),
+        (715, "cudaErrorIllegalInstruction", A, "an illegal instruction: a bad build or a bad device"),
+        (716, "cudaErrorMisalignedAddress", J, "a misaligned access in a kernel"),
+        (717, "cudaErrorInvalidAddressSpace", J, "a kernel used an invalid address space"),
+        (718, "cudaErrorInvalidPc", J, "a kernel jumped to an invalid address"),
+        (719, "cudaErrorLaunchFailure", A, "an exception on the device while a kernel ran: a kernel or the device"),
+        (720, "cudaErrorCooperativeLaunchTooLarge", J, _MISUSE),
+        (800, "cudaErrorNotPermitted", J, _MISUSE), (801, "cudaErrorNotSupported", J, _MISUSE),
+        (802, "cudaErrorSystemNotReady", N, "the GPU system is not initialized (Fabric Manager)"),
+        (803, "cudaErrorSystemDriverMismatch", J, "the image's compat driver does not match the node's (the image)"),
+        (804, "cudaErrorCompatNotSupportedOnDevice", J, "forward compatibility unsupported on this GPU (the image)"),
+        (805, "cudaErrorMpsConnectionFailed", N, "the node's MPS server could not be reached"),
+        (806, "cudaErrorMpsRpcFailure", N, "the node's MPS server failed"),
+        (807, "cudaErrorMpsServerNotReady", N, "the node's MPS server is not ready"),
+        (808, "cudaErrorMpsMaxClientsReached", N, "the node's MPS server has no room"),
+        (809, "cudaErrorMpsMaxConnectionsReached", N, "the node's MPS server has no room"),
+        (810, "cudaErrorMpsClientTerminated", N, "the node's MPS server terminated the client"),
+        (900, "cudaErrorStreamCaptureUnsupported", J, _MISUSE), (901, "cudaErrorStreamCaptureInvalidated", J, _MISUSE),
+        (909, "cudaErrorTimeout", A, "a wait timed out: a hung kernel or device"),
+        (910, "cudaErrorGraphExecUpdateFailure", J, _MISUSE),
+        (911, "cudaErrorExternalDevice", N, "an asynchronous error in a device outside CUDA (a NIC, NVLink peer)"),
+        (999, "cudaErrorUnknown", N, "CUDA's unknown error: the driver or the GPU is in a bad state"),
+    ),
+)
+
+# ---- NCCL ------------------------------------------------------------------------------------
+NCCL_RESULTS = Catalogue(
+    key="nccl-result",
+    title="NCCL ncclResult_t",
+    source="NVIDIA, NCCL documentation, API Types: ncclResult_t (nccl.h)",
+    version="NCCL 2.18-2.27",
+    codes=_codes(
+        (0, "ncclSuccess", X, "success"),
+        (1, "ncclUnhandledCudaError", A, "a CUDA call inside NCCL failed: a driver or GPU fault, or the image"),
+        (2, "ncclSystemError", A, ("a system call failed: a socket (the network) or /dev/shm (the job's setup); "
+                                  "the lines around it decide (`evidence._find_nccl_system_errors`)"), DEDICATED),
+        (3, "ncclInternalError", A, "NCCL's internal error: a corrupted transport (the network) or an NCCL bug",
+         r"\bncclInternalError\b|NCCL error[^\n]{0,80}internal error"),
+        (4, "ncclInvalidArgument", J, "invalid NCCL argument (the code)"),
+        (5, "ncclInvalidUsage", J, "invalid use of NCCL (the code)"),
+        (6, "ncclRemoteError", N, "a peer or the network failed"),
+        (7, "ncclInProgress", X, "non-blocking call in progress (not an error)"),
+    ),
+)
+
+# ---- NVML ------------------------------------------------------------------------------------
+def _nvml(code: int, name: str, fault: Fault, reason: str) -> tuple:
+    camel = "".join(part.capitalize() for part in name.split("_"))
+    return (code, f"NVML_ERROR_{name}", fault, reason, rf"\bNVML_ERROR_{name}\b|\bNVMLError_{camel}\b")
+
+
+NVML_RETURNS = Catalogue(
+    key="nvml-return",
+    title="NVML nvmlReturn_t",
+    source="NVIDIA, NVML API Reference Guide, nvmlReturn_t (nvml.h)",
+    version="NVML for driver R550-R580",
+    codes=_codes(
+        _nvml(1, "UNINITIALIZED", J, "NVML used before nvmlInit (the code)"),
+        _nvml(2, "INVALID_ARGUMENT", J, "an invalid NVML argument (the code)"),
+        _nvml(3, "NOT_SUPPORTED", X, "not supported on this GPU (not an error of the node)"),
+        _nvml(4, "NO_PERMISSION", J, "the job lacks the permission (its security context)"),
+        _nvml(6, "NOT_FOUND", J, "an NVML query for something absent (the code)"),
+        _nvml(7, "INSUFFICIENT_SIZE", J, "a buffer too small (the code)"),
+        _nvml(8, "INSUFFICIENT_POWER", N, "the GPU's power cables are not attached properly"),
+        _nvml(9, "DRIVER_NOT_LOADED", N, "the NVIDIA driver is not loaded on the node"),
+        _nvml(10, "TIMEOUT", N, "the GPU did not answer in time"),
+        _nvml(11, "IRQ_ISSUE", N, "the NVIDIA kernel detected an interrupt problem with the GPU"),
+        _nvml(12, "LIBRARY_NOT_FOUND", N, "the NVML library is missing in the container (the runtime's injection)"),
+        _nvml(13, "FUNCTION_NOT_FOUND", J, "the NVML library is older than the job expects (the image)"),
+        _nvml(14, "CORRUPTED_INFOROM", N, "the GPU's InfoROM is corrupted"),
+        _nvml(15, "GPU_IS_LOST", N, "the GPU has fallen off the bus or is otherwise inaccessible"),
+        _nvml(16, "RESET_REQUIRED", N, "the GPU needs a reset"),
+        _nvml(17, "OPERATING_SYSTEM", N, "the GPU control device was blocked by the operating system"),
+        _nvml(18, "LIB_RM_VERSION_MISMATCH", N, "the node's NVIDIA driver and library versions differ"),
+        _nvml(19, "IN_USE", X, "the GPU is in use (an operation refused, not a fault)"),
+        _nvml(20, "MEMORY", J, "NVML could not allocate host memory"),
+        _nvml(21, "NO_DATA", X, "no data (not an error)"),
+        _nvml(22, "VGPU_ECC_NOT_SUPPORTED", X, "ECC unsupported in this vGPU mode"),
+        _nvml(23, "INSUFFICIENT_RESOURCES", J, "not enough resources for the request"),
+        _nvml(25, "ARGUMENT_VERSION_MISMATCH", J, "a struct version the library does not know (the image)"),
+        _nvml(27, "NOT_READY", N, "the GPU or its driver is not ready"),
+        _nvml(28, "GPU_NOT_FOUND", N, "a GPU the node should have was not found"),
+        _nvml(29, "INVALID_STATE", N, "the GPU is in an invalid state"),
+        _nvml(999, "UNKNOWN", N, "NVML's unknown error (the driver or the GPU)"),
+    ),
+)
+
+# ---- DCGM health-watch systems -----------------------------------------------------------------------
+_DCGM_LINE = (r"(?:DCGM_HEALTH_WATCH_{0}\b[^\n]{{0,160}}(?:FAIL|[Ff]ail)"
+              r"|Health Monitor[^\n]{{0,40}}\b{1}\b[^\n]{{0,120}}(?:FAIL|[Ff]ail))")
+
+
+def _dcgm(system: str, words: str, reason: str) -> tuple:
+    return (system, f"DCGM_HEALTH_WATCH_{system}", N, f"DCGM's health watch failed: {reason}",
+            _DCGM_LINE.format(system, words))
+
+
+DCGM_HEALTH = Catalogue(
+    key="dcgm-health",
+    title="DCGM health-watch systems",
+    source="NVIDIA, DCGM User Guide, Health and Diagnostics: dcgmHealthSystems_t (dcgm_structs.h); a system "
+           "whose result is DCGM_HEALTH_RESULT_FAIL (a WARN is not a fault alone)",
+    version="DCGM 3.3-4.x",
+    codes=_codes(
+        _dcgm("PCIE", "PCIe", "PCIe replays or link errors"),
+        _dcgm("NVLINK", "NVLink", "NVLink errors"),
+        _dcgm("PMU", "PMU", "the power management unit"),
+        _dcgm("MCU", "MCU", "the micro-controller unit"),
+        _dcgm("MEM", "(?:Memory|MEM)", "memory (ECC, retired pages, row remapping)"),
+        _dcgm("SM", "SM", "streaming multiprocessors"),
+        _dcgm("INFOROM", "InfoROM", "the InfoROM"),
+        _dcgm("THERMAL", "Thermal", "thermal violations"),
+        _dcgm("POWER", "Power", "power violations"),
+        _dcgm("DRIVER", "Driver", "the driver"),
+        _dcgm("NVSWITCH_NONFATAL", "NVSwitch", "NVSwitch non-fatal errors"),
+        _dcgm("NVSWITCH_FATAL", "NVSwitch", "NVSwitch fatal errors"),
+    ),
+)
+
+# ---- AMD: amdgpu kernel lines, RAS, HIP --------------------------------------------------------------
+AMD_GPU = Catalogue(
+    key="amd-gpu",
+    title="AMD amdgpu kernel driver, RAS and HIP errors",
+    source="AMD, ROCm documentation: HIP Runtime API hipError_t (hip_runtime_api.h), AMD Instinct RAS / amdgpu "
+           "RAS error reporting, and the Linux amdgpu driver's messages (drivers/gpu/drm/amd)",
+    version="ROCm 6.x, Linux 6.x amdgpu",
+    codes=_codes(
+        ("ras-uncorrectable", "amdgpu RAS uncorrectable error", N, "an uncorrectable error on the AMD GPU (RAS)",
+         (r"amdgpu[^\n]{0,120}(?:uncorrectable|uncorrected)[^\n]{0,80}(?:error|ECC)|\bERREVENT_ATHUB_INTERRUPT\b"
+         r"|amdgpu[^\n]{0,80}RAS[^\n]{0,80}\b(?:UE|fatal)\b|amdgpu[^\n]{0,80}poison (?:consumed|consumption|created)")),
+        ("ras-correctable", "amdgpu RAS correctable error", X, "a corrected error (RAS): not a fault alone",
+         r"amdgpu[^\n]{0,120}\bcorrectable hardware errors? detected"),
+        ("gpu-reset-failed", "amdgpu GPU reset/recovery failed", N, "the AMD GPU could not be recovered",
+         r"amdgpu[^\n]{0,80}(?:GPU reset|GPU recovery|ASIC reset|mode[12] reset|BACO)[^\n]{0,40}\bfail\w*"),
+        ("init-failed", "amdgpu initialization failed", N, "the AMD GPU failed to initialize",
+         (r"amdgpu[^\n]{0,80}(?:Fatal error during GPU init|amdgpu_device_init failed|hw_init of IP block[^\n]*failed"
+         r"|SMU (?:is not ready|failed)|PSP (?:load|init)[^\n]{0,20}fail\w*)")),
+        ("ring-timeout", "amdgpu ring timeout", A,
+         "a ring timed out (a hung kernel or a hung GPU): the driver resets it",
+         r"amdgpu_job_timedout|amdgpu[^\n]{0,60}ring \S+ timeout"),
+        ("vm-fault", "amdgpu VM page fault", J, "a GPU memory page fault (the application, as NVIDIA's Xid 31)",
+         r"amdgpu[^\n]{0,80}\[(?:gfxhub|mmhub)\w*\] (?:no-retry )?page fault|amdgpu[^\n]{0,40}VM_L2_PROTECTION_FAULT"),
+        ("hipErrorOutOfMemory", "hipErrorOutOfMemory", J, "out of GPU memory",
+         r"\bhipErrorOutOfMemory\b|HIP out of memory"),
+        ("hipErrorIllegalAddress", "hipErrorIllegalAddress", A, "an illegal memory access: a kernel or the device",
+         r"\bhipErrorIllegalAddress\b|HIP error: an illegal memory access"),
+        ("hipErrorLaunchFailure", "hipErrorLaunchFailure", A, "a kernel launch failed: a kernel or the device",
+         r"\bhipErrorLaunchFailure\b|HIP error: unspecified launch failure"),
+        ("hipErrorIllegalInstruction", "hipErrorIllegalInstruction", A, "an illegal instruction: a build or the device",
+         r"\bhipErrorIllegalInstruction\b"),
+        ("hipErrorNoDevice", "hipErrorNoDevice", N, "HIP sees no GPU though the pod was given one",
+         r"\bhipErrorNoDevice\b|no ROCm-capable device is detected"),
+        ("hipErrorInvalidDevice", "hipErrorInvalidDevice", A,
+         "invalid device ordinal: the configuration or a GPU the node lost", r"\bhipErrorInvalidDevice\b"),
+        ("hipErrorECCNotCorrectable", "hipErrorECCNotCorrectable", N, "an uncorrectable ECC error",
+         r"\bhipErrorECCNotCorrectable\b"),
+        ("hipErrorHardwareStackError", "hipErrorHardwareStackError", A, "the device's stack failed",
+         r"\bhipErrorHardwareStackError\b"),
+        ("hipErrorNotInitialized", "hipErrorNotInitialized", A, "HIP could not be initialized (driver or GPU)",
+         r"\bhipError(?:NotInitialized|InitializationError)\b"),
+        ("hipErrorLaunchTimeOut", "hipErrorLaunchTimeOut", A, "a kernel timed out", r"\bhipErrorLaunchTimeOut\b"),
+        ("hipErrorUnknown", "hipErrorUnknown", N, "HIP's unknown error (the driver or the GPU)",
+         r"\bhipErrorUnknown\b"),
+        ("hipErrorRuntimeMemory", "hipErrorRuntimeMemory", A, "the HSA runtime's memory call failed",
+         r"\bhipErrorRuntime(?:Memory|Other)\b"),
+        ("hipErrorInvalidValue", "hipErrorInvalidValue", J, "an invalid HIP argument (the code)",
+         r"\bhipErrorInvalid(?:Value|DevicePointer|Configuration|Symbol|ResourceHandle)\b"),
+        ("hipErrorNoBinaryForGpu", "hipErrorNoBinaryForGpu", J, "no kernels for this GPU architecture (the image)",
+         r"\bhipErrorNoBinaryForGpu\b|HIP error: invalid device function"),
+        ("hipErrorInsufficientDriver", "hipErrorInsufficientDriver", J, "the image needs a newer ROCm driver",
+         r"\bhipErrorInsufficientDriver\b"),
+        ("hipErrorAssert", "hipErrorAssert", J, "a device-side assert", r"\bhipErrorAssert\b"),
+    ),
+)
+
+# ---- InfiniBand / RoCE / EFA drivers ---------------------------------------------------------------
+_NIC_DRIVERS = r"(?:mlx4_core|mlx4_en|mlx4_ib|mlx5_core|mlx5_ib|irdma|\bice\b|bnxt_re|\befa\b)"
+RDMA_DRIVERS = Catalogue(
+    key="rdma-driver",
+    title="InfiniBand, RoCE and EFA drivers",
+    source="Linux kernel drivers mlx4/mlx5 (NVIDIA/Mellanox), irdma/ice (Intel), bnxt_re (Broadcom), efa (AWS "
+           "Elastic Fabric Adapter) messages; libibverbs async events (ibv_get_async_event: IBV_EVENT_*); NCCL's "
+           "NET/IB and NET/OFI warnings",
+    version="Linux 5.15-6.x, rdma-core 4x-5x, NCCL 2.18-2.27, aws-ofi-nccl 1.x",
+    codes=_codes(
+        ("link-down", "NIC/HCA link down", N, "the node's RDMA link went down",
+         (rf"{_NIC_DRIVERS}[^\n]{{0,120}}\b(?:link (?:is )?down|Link DOWN|port \d+ (?:state )?(?:changed to )?DOWN)\b"
+         r"|\bNIC Link is Down\b"), False),
+        ("port-error", "port error (IBV_EVENT_PORT_ERR)", N, "an RDMA port went into error",
+         r"\bIBV_EVENT_PORT_ERR\b|\bport error\b[^\n]{0,40}(?:mlx|efa|irdma|ib)", False),
+        ("device-fatal", "device fatal (IBV_EVENT_DEVICE_FATAL / firmware)", N, "the RDMA device failed",
+         (rf"\bIBV_EVENT_DEVICE_FATAL\b|{_NIC_DRIVERS}[^\n]{{0,160}}(?:\bfatal\b|internal error|device'?s? health "
+         r"(?:compromised|poll failed)|health compromised|firmware (?:fatal|error|timeout|hang)|reset failed"
+         r"|(?:admin|command)[^\n]{0,40}(?:timeout|timed out|failed))")),
+        ("device-absent", "RDMA device absent or failed to come up", N,
+         "the node's RDMA device never came up (probe or initialisation failed, or no device where one is expected)",
+         (rf"{_NIC_DRIVERS}[^\n]{{0,120}}(?:probe (?:of [^\n]* )?failed|failed to (?:probe|load|initiali[sz]e|enable|"
+         r"create)|\w*init\w* failed|(?:device|adapter) (?:is )?not (?:ready|responding|found))"
+         r"|NCCL WARN NET/(?:IB|OFI)[^\n]{0,80}(?:ibv_open_device failed|ibv_query_port failed|fi_getinfo failed"
+         r"|Unable to (?:find|open)[^\n]{0,30}(?:device|provider)|No (?:usable )?(?:device|NIC|provider)s? found)")),
+        ("cq-error", "work completion error", N, "an RDMA completion error (a peer or the link)",
+         r"\bIBV_WC_(?:RETRY_EXC_ERR|RNR_RETRY_EXC_ERR|REM_ACCESS_ERR|LOC_LEN_ERR|REM_OP_ERR|WR_FLUSH_ERR)\b", False),
+    ),
+)
+
+# ---- PCIe AER --------------------------------------------------------------------------------
+PCIE_AER = Catalogue(
+    key="pcie-aer",
+    title="PCIe Advanced Error Reporting",
+    source="PCI-SIG, PCI Express Base Specification, Advanced Error Reporting capability; the Linux kernel's "
+           "AER driver messages (drivers/pci/pcie/aer.c) and Documentation/PCI/pcieaer-howto",
+    version="PCIe Base 5.0/6.0; Linux 5.x-6.x",
+    codes=_codes(
+        ("corrected", "Corrected", X, "a corrected PCIe error (the link retried it)",
+         r"AER: (?:Multiple )?Corrected error|severity=Corrected"),
+        ("non-fatal", "Uncorrected (Non-Fatal)", N, "an uncorrected, non-fatal PCIe error",
+         r"AER: (?:Multiple )?Uncorrect(?:ed|able) \(Non-Fatal\)|severity=Uncorrect(?:ed|able) \(Non-Fatal\)", False),
+        ("fatal", "Uncorrected (Fatal)", N, "a fatal uncorrected PCIe error",
+         r"AER: (?:Multiple )?Uncorrect(?:ed|able) \(Fatal\)|severity=Uncorrect(?:ed|able) \(Fatal\)"),
+        ("surprise-down", "Surprise Down Error", N, "the PCIe link went down unexpectedly", r"\bSurprise ?Down\b"),
+        ("completion-timeout", "Completion Timeout", N, "a PCIe completion timed out (a device stopped answering)",
+         r"\bCmpltTO\b|Completion Timeout"),
+        ("poisoned-tlp", "Poisoned TLP", N, "poisoned data on the PCIe link", r"\bPoisoned ?TLP\b|\bPoisonTLP\b"),
+        ("malformed-tlp", "Malformed TLP", N, "a malformed PCIe packet", r"\bMalformed ?TLP\b|\bMalfTLP\b"),
+        ("dlp", "Data Link Protocol Error", N, "a PCIe data link protocol error", r"\bDLP\b.*\bFatal\b"),
+        ("recovery-failed", "device recovery failed", N, "the kernel could not recover the device",
+         r"AER: (?:device recovery failed|can't recover)|error_detected\(\) failed"),
+        ("receiver-error", "Receiver Error (corrected)", X, "a corrected receiver error", r"\bRxErr\b"),
+        ("bad-tlp", "Bad TLP / Bad DLLP / Replay (corrected)", X, "a corrected link error",
+         r"\bBad(?:TLP|DLLP)\b|\bReplay(?:Timer|Rollover)\b"),
+    ),
+)
+
+# ---- MCE / EDAC ------------------------------------------------------------------------------
+MCE_EDAC = Catalogue(
+    key="mce-edac",
+    title="Machine checks and EDAC memory errors",
+    source="Linux kernel: x86 MCE (arch/x86/kernel/cpu/mce), EDAC (drivers/edac), APEI/GHES (drivers/acpi/apei) "
+           "and memory-failure (mm/memory-failure.c) messages; rasdaemon",
+    version="Linux 5.x-6.x",
+    codes=_codes(
+        ("edac-ce", "EDAC corrected error (CE)", X, "a corrected memory error", r"EDAC [^\n]{0,80}\bCE\b"),
+        ("edac-ue", "EDAC uncorrected error (UE)", N, "an uncorrected memory error", r"EDAC [^\n]{0,80}\bUE\b"),
+        ("ghes-fatal", "APEI/GHES fatal or recoverable", N, "an uncorrected hardware error reported by firmware",
+         r"\[Hardware Error\][^\n]{0,80}(?:event severity: (?:fatal|recoverable)|severity: (?:fatal|recoverable))"),
+        ("ghes-corrected", "APEI/GHES corrected", X, "a corrected hardware error reported by firmware",
+         r"\[Hardware Error\][^\n]{0,80}(?:event )?severity: corrected"),
+        ("mce-uncorrected", "machine check, uncorrected", N, "an uncorrected machine check",
+         (r"Machine check:[^\n]{0,60}(?:Processor context corrupt|uncorrect\w*)|Fatal [Mm]achine check"
+         r"|mce: [^\n]{0,80}\bUncorrected\b|\[Hardware Error\]: [^\n]{0,40}Machine Check Exception")),
+        ("mce-logged", "machine check events logged", X, "the kernel logged machine checks (corrected as a rule)",
+         r"Machine check events logged"),
+        ("memory-failure", "memory failure (hwpoison)", N, "a host memory page failed",
+         r"Memory failure: 0x[0-9a-f]+"),
+    ),
+)
+
+CATALOGUES: tuple[Catalogue, ...] = (NVIDIA_XID, CUDA_RUNTIME, NCCL_RESULTS, NVML_RETURNS, DCGM_HEALTH, AMD_GPU,
+                                     RDMA_DRIVERS, PCIE_AER, MCE_EDAC)

@@ -1,0 +1,127 @@
+"""The vendor catalogues (issue 43 item 4): each names its source and version, each code is classified once,
+and the rules built from them decide lines of each family (and leave their near-misses alone)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sat_tasks.classify import CUDA_ERRORS, VerdictKind, classify
+from sat_tasks.classify.catalogues import CATALOGUES, CUDA_RUNTIME, NVIDIA_XID, Fault
+from sat_tasks.classify.rules import (
+    APPLICATION_XIDS,
+    CATALOGUE_RULES,
+    HARDWARE_XIDS,
+    NOT_A_NODE_FAULT_XIDS,
+)
+from sat_tasks.core.attempt import AttemptRecord
+
+HW, INT = VerdictKind.HARDWARE, VerdictKind.INTERNAL
+REQUIRED = {"nvidia-xid", "cuda-runtime", "nccl-result", "nvml-return", "dcgm-health", "amd-gpu", "rdma-driver",
+            "pcie-aer", "mce-edac"}
+
+
+def record(lines: list[str], exit_code: int = 1, where: str = "node_log") -> AttemptRecord:
+    return AttemptRecord(job="j", attempt=1, backend="kubernetes", node="n", exit_code=exit_code, **{where: lines})
+
+
+def test_every_catalogue_names_its_source_document_and_version():
+    assert {c.key for c in CATALOGUES} == REQUIRED
+    for catalogue in CATALOGUES:
+        assert len(catalogue.source) > 30 and catalogue.title, catalogue.key
+        assert re.search(r"\d", catalogue.version), f"{catalogue.key}: a version names a number"
+        assert catalogue.codes, catalogue.key
+
+
+@pytest.mark.parametrize("catalogue", CATALOGUES, ids=lambda c: c.key)
+def test_each_code_is_classified_once_with_a_reason(catalogue):
+    codes = [code.code for code in catalogue.codes]
+    assert len(codes) == len(set(codes)), [c for c in codes if codes.count(c) > 1]
+    for code in catalogue.codes:
+        assert isinstance(code.fault, Fault) and code.reason and code.name, code
+        if code.pattern:
+            re.compile(code.pattern)
+
+
+def test_the_xid_catalogue_covers_every_code_through_125_and_the_newest():
+    codes = set(NVIDIA_XID.by_code())
+    assert set(range(1, 126)) <= codes
+    assert {136, 140, 143, *range(144, 151), 154, 185} <= codes
+    assert not (set(HARDWARE_XIDS) & set(APPLICATION_XIDS)) and not (set(HARDWARE_XIDS) & set(NOT_A_NODE_FAULT_XIDS))
+
+
+def test_the_cuda_table_and_the_cuda_rules_agree():
+    decided = {name: error for error in CUDA_ERRORS for name in error.names}
+    for code in CUDA_RUNTIME.codes:
+        error = decided.get(code.name)
+        if error is None:
+            continue
+        fault = Fault.AMBIGUOUS if error.ambiguous else Fault.NODE if error.kind is HW else Fault.JOB
+        assert code.fault is fault, code
+
+
+def test_catalogue_rules_have_families():
+    assert all(rule.family and ":" in rule.family for rule in CATALOGUE_RULES)
+
+
+LINES = [
+    # NVIDIA Xid: codes the older table lacked, and a code newer than the table read by its words
+    ("NVRM: Xid (PCI:0000:3b:00): 46, pid=1, name=python, GPU stopped processing", HW, False),
+    ("NVRM: Xid (PCI:0000:3b:00): 8, pid=1, name=python, Channel 00000010 idle timeout", HW, True),
+    ("NVRM: Xid (PCI:0000:3b:00): 171, pid='<unknown>', name=<unknown>, Uncorrectable DRAM error on HBM 3", HW, False),
+    ("NVRM: Xid (PCI:0000:3b:00): 185, pid='<unknown>', HBM sparing event recorded", INT, False),
+    ("NVRM: Xid (PCI:0000:3b:00): 172, pid='<unknown>', corrected error logged", INT, False),
+    # CUDA runtime codes beyond the text table
+    ("RuntimeError: cudaErrorMpsServerNotReady", HW, False),
+    ("ImportError: cudaErrorStubLibrary raised while loading", INT, False),
+    # NCCL
+    ("ncclInternalError: internal error - please report this issue to the NCCL developers", HW, True),
+    # NVML
+    ("pynvml.NVMLError_CorruptedInforom: Corrupted infoROM", HW, False),
+    ("NVML_ERROR_RESET_REQUIRED returned by nvmlDeviceGetHandleByIndex", HW, False),
+    # DCGM
+    ("DCGM_HEALTH_WATCH_MEM result DCGM_HEALTH_RESULT_FAIL: volatile double-bit ECC error", HW, False),
+    # AMD
+    ("amdgpu 0000:c1:00.0: amdgpu: 2 uncorrectable hardware errors detected in umc block", HW, False),
+    ("[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring gfx_0.0.0 timeout, signaled seq=1, emitted seq=3", HW, True),
+    ("amdgpu 0000:03:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:3 pasid:32771)", INT, False),
+    ("RuntimeError: HIP error: an illegal memory access was encountered", HW, True),
+    ("RuntimeError: hipErrorNoDevice", HW, False),
+    # InfiniBand / RoCE / EFA
+    ("mlx4_en: eth2: Link Down", HW, False),
+    ("ice 0000:3b:00.0 ens1f0: NIC Link is Down", HW, False),
+    ("efa 0000:00:1d.0: Failed to create admin queue", HW, False),
+    ("NCCL WARN NET/OFI Unable to find a libfabric provider", HW, False),
+    ("mlx5_core 0000:81:00.0: probe_one:1234:(pid 1): mlx5_init_one failed with error code -110", HW, False),
+    # PCIe AER and MCE/EDAC
+    ("pcieport 0000:00:01.0:   [14] CmpltTO                (First)", HW, False),
+    ("EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0", HW, False),
+    ("{1}[Hardware Error]: event severity: fatal", HW, False),
+]
+NEAR_MISSES = [
+    "NCCL INFO NET/IB : No device found.",  # an INFO line on every host without InfiniBand
+    "mlx5_core 0000:81:00.0 ib0: Link up",
+    "DCGM_HEALTH_WATCH_MEM result DCGM_HEALTH_RESULT_WARN: single-bit ECC errors",
+    "amdgpu 0000:c1:00.0: amdgpu: 1 correctable hardware errors detected in total in gfx block",
+    "pcieport 0000:00:1c.0: AER: Corrected error received: 0000:00:1c.0",
+    "pcieport 0000:00:1c.0:    [ 0] RxErr",
+    "EDAC MC0: 1 CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0",
+    "mce: [Hardware Error]: Machine check events logged",
+    "{1}[Hardware Error]: event severity: corrected",
+    "NVRM: Xid (PCI:0000:3b:00): 63, pid=1, Row Remapper: New row marked for remapping, reset gpu to activate.",
+    "NVRM: Xid (PCI:0000:3b:00): 93, pid=1, InfoROM wear limit",
+]
+
+
+@pytest.mark.parametrize(("line", "kind", "ambiguous"), [pytest.param(*case, id=case[0][:48]) for case in LINES])
+def test_catalogue_lines(line, kind, ambiguous):
+    verdict = classify(record([line]))
+    assert verdict.kind is kind, verdict
+    assert verdict.reason.startswith("ambiguous:") is ambiguous, verdict.reason
+
+
+@pytest.mark.parametrize("line", NEAR_MISSES)
+def test_catalogue_near_misses_stay_out_of_the_way(line):
+    assert classify(record([line])).kind is INT  # the exit status decides: no hardware evidence
+    assert classify(record([line], exit_code=0)).kind is VerdictKind.SUCCEEDED
