@@ -9,7 +9,7 @@ and files). Pure Python: no Airflow, no Kubernetes client.
 """
 
 from sat_tasks.classify.catalogues import CATALOGUES, Catalogue, Fault
-from sat_tasks.classify.classifier import Explanation, classify, explain
+from sat_tasks.classify.classifier import Explanation, classify, explain, node_evidence
 from sat_tasks.classify.ended import INTERRUPTED, Ender, WhoEnded, who_ended
 from sat_tasks.classify.loaders import (
     UnreadableInput,
@@ -50,6 +50,7 @@ __all__ = [
     "job_and_attempt_of_pod",
     "load_record",
     "load_record_with_notes",
+    "node_evidence",
     "record_from_pod",
     "who_ended",
 ]

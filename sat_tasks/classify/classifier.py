@@ -128,6 +128,22 @@ def explain(record: AttemptRecord) -> Explanation:
     return why
 
 
+def node_evidence(record: AttemptRecord) -> list[str]:
+    """What SAT itself read that counts against the attempt's node (ADR 0004, "observed, not printed").
+
+    The lines of the hardware findings (decisive or ambiguous) that came from the node's kernel log,
+    its conditions and taints, events, the runtime's container states and the launcher's own flags;
+    and, when the node itself ended the attempt, how SAT saw it go. Empty when the verdict rests on
+    what the training printed alone (an Xid line in its own log, an NCCL error it printed): the node
+    ledger then records nothing against the node, whatever the verdict (`io.node_ledger`).
+    """
+    why = explain(record)
+    lines = [f.evidence for f in why.findings if f.kind is HW and f.observed and not f.peer_symptom]
+    if why.who is not None and why.who.who is Ender.NODE and why.who.reclaimed is None:
+        lines += list(why.who.evidence[1:])
+    return list(dict.fromkeys(lines))
+
+
 def _kinds(findings: list[Finding]) -> str:
     return ", ".join(f"{len([f for f in findings if f.kind is kind])} {kind.value}"
                      for kind in VerdictKind if any(f.kind is kind for f in findings)) or "none"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import signal as signal_module
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -98,6 +98,9 @@ class Finding:
     that is a preemption. `peer_symptom`: what a rank logs when another rank failed.
     `ambiguous`: weighed only when nothing decisive is left (its reason says why it chose).
     `rule`: the rule or family that produced it (`sat classify --explain`, ADR 0004).
+    `observed`: SAT read it itself (the node's kernel log, node conditions, events, the
+    runtime's container states, the launcher's flags); False for what the training printed
+    (its log): the job's own evidence for its verdict, never a node's (ADR 0004, the ledger).
     """
 
     kind: VerdictKind
@@ -108,6 +111,7 @@ class Finding:
     peer_symptom: bool = False
     ambiguous: bool = False
     rule: str = ""
+    observed: bool = True
 
 
 def as_dict(value: Any) -> dict[str, Any]:
@@ -298,7 +302,12 @@ def _recovery_action_needed(line: str) -> bool:
     return bool(re.search(r"reboot|reset|drain", line, re.IGNORECASE))
 
 
-def find_xids(lines: Iterable[str], describe=lambda line: line) -> Iterator[Finding]:
+def find_xids(lines: Iterable[str], describe=lambda line: line, observed: bool = True) -> Iterator[Finding]:
+    for finding in _find_xids(lines, describe):
+        yield finding if observed else replace(finding, observed=False)
+
+
+def _find_xids(lines: Iterable[str], describe) -> Iterator[Finding]:
     for line in lines:
         match = XID_LINE.search(line)
         if not match:
@@ -345,17 +354,17 @@ def first_rule(line: str) -> tuple[TextRule, bool] | None:
     return None
 
 
-def find_text(lines: Iterable[str], describe=lambda line: line) -> Iterator[Finding]:
+def find_text(lines: Iterable[str], describe=lambda line: line, observed: bool = True) -> Iterator[Finding]:
     for line in lines:
         if oom_with_memory_free(line):
             yield Finding(HW, describe(line), OOM_WITH_MEMORY_FREE.reason, ambiguous=True,
-                          rule=OOM_WITH_MEMORY_FREE.family)
+                          rule=OOM_WITH_MEMORY_FREE.family, observed=observed)
             continue
         found = first_rule(line)
         if found is not None:
             rule, ambiguous = found
             yield Finding(rule.kind, describe(line), rule.reason, rule.beats_success,
-                          peer_symptom=rule.peer_symptom, ambiguous=ambiguous, rule=rule.family)
+                          peer_symptom=rule.peer_symptom, ambiguous=ambiguous, rule=rule.family, observed=observed)
 
 
 def _find_nccl_system_errors(lines: list[str]) -> Iterator[Finding]:
@@ -686,20 +695,22 @@ def find_torchrun_signal(lines: list[str]) -> tuple[int | None, str | None]:
 
 def gather(record: AttemptRecord) -> list[Finding]:
     log, node_log = list(record.log_tail), _node_log_in_window(record)
-    lines = node_log + log
     findings: list[Finding] = []
-    # Order matters only for the verdict's reason: the first finding of the winning kind.
-    findings += find_xids(lines)
-    findings += find_text(lines)
-    findings += _find_nccl_system_errors(log)
-    findings += _find_nccl_segfault(record, log)
+    # Order matters only for the verdict's reason: the first finding of the winning kind. What the
+    # training printed (its log) is the job's own evidence, never a node's (`Finding.observed`).
+    findings += find_xids(node_log)
+    findings += find_xids(log, observed=False)
+    findings += find_text(node_log)
+    findings += find_text(log, observed=False)
+    findings += (replace(f, observed=False) for f in _find_nccl_system_errors(log))
+    findings += (replace(f, observed=False) for f in _find_nccl_segfault(record, log))
     findings += _find_flags(record)
     findings += _find_pod_conditions(record)
     findings += _find_termination(record)
     findings += _find_container_states(record)
     findings += _find_events(record)
     findings += _find_node(record)
-    findings += _find_traceback(log)
+    findings += (replace(f, observed=False) for f in _find_traceback(log))
     return findings
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from sat_tasks.config import safe_run_id, sat_setting
 from sat_tasks.core.contracts import Log, Verdict
 from sat_tasks.core.node_health import (
+    LEDGER_KINDS,
     RELOCATION,
     FaultEvent,
     NodeHealth,
@@ -162,6 +163,9 @@ def diagnose_attempt(run: Any, verdict: Verdict, log: Log = print) -> Verdict:
         history.record(JobStatus(history.current() or JobStatus.RUNNING.value), diagnosis.note,
                        attempt=verdict.attempt, task="classify")
     new = fault_events(diagnosis, job=job.name, run_id=run.run_id, now=now)
+    if new and diagnosis.verdict.kind in LEDGER_KINDS and not _sat_observed(run, diagnosis.verdict, log):
+        # What the training printed is the job's evidence for its verdict, never a node's (ADR 0004).
+        new = [e for e in new if not (e.by == "classify" and e.node == diagnosis.verdict.node)]
     if ledger is not None and new:
         try:
             for event in new:
@@ -175,6 +179,24 @@ def diagnose_attempt(run: Any, verdict: Verdict, log: Log = print) -> Verdict:
                 log(f"[sat] node health: {node} is quarantined: {health.summary} within {window:.0f}s; "
                     f"no job is placed there until a person releases it (`sat nodes release {node}`)")
     return diagnosis.verdict
+
+
+def _sat_observed(run: Any, verdict: Verdict, log: Log) -> bool:
+    """Whether SAT itself read evidence against the verdict's node (`classify.node_evidence`): its kernel log,
+    conditions, events, the runtime's state. True when the attempt's record cannot be read (as before)."""
+    from sat_tasks.classify import node_evidence
+
+    try:
+        record = run.load_record(verdict.attempt or 0)
+    except Exception as exc:  # noqa: BLE001 - the ledger is best effort
+        log(f"[sat] node health: could not read attempt {verdict.attempt}'s record ({type(exc).__name__}); "
+            "counting the verdict against its node")
+        return True
+    if record is None or node_evidence(record):
+        return True
+    log(f"[sat] node health: attempt {verdict.attempt}'s {verdict.kind.value} rests only on what the training "
+        f"printed, not on what SAT read of {verdict.node}: nothing recorded against {verdict.node}")
+    return False
 
 
 def quarantined_nodes(job: TrainingJob, hook: Any, log: Log = print) -> list[str]:
