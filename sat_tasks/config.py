@@ -71,6 +71,9 @@ SAT_DEFAULTS = {
     # (comma-separated connection ids an operator shares with every job, e.g. a team's robot
     # account). Anyone who may create a job may use a listed one, so list pull-only logins.
     "shared_registry_connections": "",
+    # A CA certificate (PEM) the local container runtime trusts when it pulls a job's image (a registry behind a
+    # private CA, e.g. the embedded one's); only for those pulls, never added to the machine's trust store.
+    "registry_ca_file": "",
     # The backends a job spec may name (comma-separated; ADR 0019). "": the deployment's `backend`
     # only, so `{"backend": "local"}` cannot stage a job's data onto a Kubernetes deployment's workers.
     "allowed_backends": "",

@@ -82,11 +82,13 @@ def registry_binary() -> str | None:
 
 
 def start_registry(
-    tmp_path: Path, users: Mapping[str, str] | None = None, *, startup_timeout: float = 15
+    tmp_path: Path, users: Mapping[str, str] | None = None, *, startup_timeout: float = 15,
+    tls: tuple[Path, Path] | None = None,
 ) -> RegistryServer:
     """Start a registry with filesystem storage under ``tmp_path`` and htpasswd auth.
 
-    ``users`` defaults to ``{"user": "pass"}``; an empty mapping turns auth off.
+    ``users`` defaults to ``{"user": "pass"}``; an empty mapping turns auth off. ``tls``
+    (certificate, key) serves HTTPS with that certificate (``sat_tasks.service.tls`` makes one).
     Skips the calling test when ``docker-registry`` is not installed.
     """
     binary = registry_binary()
@@ -105,7 +107,7 @@ def start_registry(
     for _ in range(3):  # a free port can be taken between probe and bind: try again
         port = free_port()
         config_path = tmp_path / "registry.yml"
-        config_path.write_text(_config(tmp_path, port, htpasswd_path if users else None))
+        config_path.write_text(_config(tmp_path, port, htpasswd_path if users else None, tls))
         log_path = tmp_path / "registry.log"
         log_file = log_path.open("ab")
         process = subprocess.Popen(
@@ -118,7 +120,7 @@ def start_registry(
         log_file.close()
         server = RegistryServer(
             host=f"127.0.0.1:{port}",
-            url=f"http://127.0.0.1:{port}",
+            url=f"{'https' if tls else 'http'}://127.0.0.1:{port}",
             users=users,
             log_path=log_path,
             process=process,
@@ -260,7 +262,7 @@ def _htpasswd_line(user: str, password: str) -> str:
     return out.strip() + "\n"
 
 
-def _config(root: Path, port: int, htpasswd: Path | None) -> str:
+def _config(root: Path, port: int, htpasswd: Path | None, tls: tuple[Path, Path] | None = None) -> str:
     lines = [
         "version: 0.1",
         "log:",
@@ -278,6 +280,8 @@ def _config(root: Path, port: int, htpasswd: Path | None) -> str:
         f"  addr: 127.0.0.1:{port}",
         f"  secret: {secrets.token_hex(16)}",
     ]
+    if tls is not None:
+        lines += ["  tls:", f"    certificate: {json.dumps(str(tls[0]))}", f"    key: {json.dumps(str(tls[1]))}"]
     if htpasswd is not None:
         lines += [
             "auth:",
@@ -294,7 +298,8 @@ def _wait_ready(server: RegistryServer, timeout: float) -> None:
         if server.process.poll() is not None:
             raise RegistryStartError(f"process exited with {server.process.returncode}")
         try:
-            response = requests.get(f"{server.url}/v2/", timeout=1)
+            # readiness only (the tests check the certificate themselves): TLS is not verified here
+            response = requests.get(f"{server.url}/v2/", timeout=1, verify=False)  # noqa: S501
             if response.status_code in (200, 401):
                 return
         except requests.RequestException:

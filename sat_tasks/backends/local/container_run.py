@@ -118,9 +118,14 @@ def podman_run_args(plan: ContainerPlan, command: str, env_names: Sequence[str] 
     return [*args, plan.image, "bash", "-lc", command]
 
 
+def container_user() -> tuple[int, int]:
+    """The host uid and gid of the container's training user (what its files on a mounted directory belong to)."""
+    return HOST_ID_BASE + CONTAINER_UID, HOST_ID_BASE + CONTAINER_GID
+
+
 def writable_by_container(path: Path) -> None:
     """Make `path` (a run directory a container writes) belong to the container's training user on the host."""
-    uid, gid = HOST_ID_BASE + CONTAINER_UID, HOST_ID_BASE + CONTAINER_GID
+    uid, gid = container_user()
     path.mkdir(parents=True, exist_ok=True)
     for root, dirs, files in os.walk(path):
         for name in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)]:
@@ -143,44 +148,111 @@ def local_image_digest(image: str) -> str | None:
     return found.stdout.strip() or None if found.returncode == 0 else None
 
 
-def prepare_image(image: str, log: Log, *, auth: dict[str, str] | None = None, tls_verify: bool = True,
-                  cert_dir: Path | None = None, tries: int = 3) -> str:
-    """The image's digest, pulled first with the job's login (`auth`: registry, username, password) when needed.
+@dataclass(frozen=True)
+class PullLogin:
+    """How the job's image is pulled: its registry login (None: the project's store only), TLS and trust."""
 
-    A job with a registry login always pulls (its login must grant the image, as a kubelet's pull with
-    an imagePullSecret does); one without uses the project's store, where `make image` puts SAT's image.
-    The login goes to podman in a 0600 auth file that is removed at once, never on its command line.
+    registry: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls_verify: bool = True
+    cert_dir: Path | None = None  # a folder of CA certificates (*.crt) podman trusts for this pull
+
+
+def job_pull_login(job, get_connection=None) -> PullLogin:
+    """The job's pull login: its own registry connection or a shared one (the image check's rule), for the host
+    that connection names only; `[sat] registry_ca_file` as the trusted CA. JobStopped-like SatErrors as
+    ImagePullError when the job names a login it may not use."""
+    from sat_tasks.config import sat_setting, shared_registry_connections
+    from sat_tasks.io.registry import (
+        RegistryLoginRefused,
+        parse_image_reference,
+        registry_access_from_connection,
+    )
+    from sat_tasks.spec.model import registry_conn_id_problem
+
+    cert_dir = _trusted_ca_dir(sat_setting("registry_ca_file", ""))
+    conn_id = job.image.registry_conn_id
+    if not conn_id:
+        return PullLogin(tls_verify=not job.image.insecure, cert_dir=cert_dir)
+    problem = registry_conn_id_problem(job, shared_registry_connections())
+    if problem:
+        raise ImagePullError(f"no pull with registry login {conn_id!r}: {problem}")
+    if get_connection is None:
+        from airflow.sdk import BaseHook
+
+        get_connection = BaseHook.get_connection
+    try:
+        access = registry_access_from_connection(get_connection(conn_id), job.image.url, conn_id)
+    except RegistryLoginRefused as exc:
+        raise ImagePullError(str(exc)) from None
+    return PullLogin(registry=parse_image_reference(job.image.url).registry, username=access.username,
+                     password=access.password, tls_verify=not (access.insecure or job.image.insecure), cert_dir=cert_dir)
+
+
+def _trusted_ca_dir(ca_file: str) -> Path | None:
+    """A 0700 folder holding only `ca_file` as `ca.crt` (podman's `--cert-dir`), beside the image store."""
+    if not ca_file:
+        return None
+    from sat_tasks.backends.local.containers import containers_dir
+
+    source = Path(ca_file).expanduser()
+    if not source.is_file():
+        raise ImagePullError(f"[sat] registry_ca_file: {source} is not a file")
+    folder = containers_dir() / "trust"
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    target = folder / "ca.crt"
+    data = source.read_bytes()
+    if not target.exists() or target.read_bytes() != data:
+        target.write_bytes(data)
+    return folder
+
+
+def prepare_image(image: str, log: Log, login: PullLogin | None = None, *, tries: int = 3) -> str:
+    """The image's digest, pulled first with the job's login when it has one.
+
+    A job with a registry login always pulls (its login must grant the image, as a kubelet's pull
+    with an imagePullSecret does: an image in the store is no proof); one without uses the project's
+    store, where `make image` puts SAT's image. The login goes to podman in a 0600 auth file in a
+    0700 folder, removed when the pull ends, never on its command line. `tries` pulls, then
+    ImagePullError with podman's (the registry's) own words.
     """
-    if not auth:
+    login = login or PullLogin()
+    if not login.username and not login.password and not login.registry:
         digest = local_image_digest(image)
         if digest is None:
-            raise ImagePullError(f"image {image} is not in this host's image store and the job has no registry login "
-                                 "to pull it with: build it (`make image` builds SAT's) or give the job a registry "
-                                 "connection")
+            raise ImagePullError(f"image {image} is not in this host's image store and the job has no registry "
+                                 "login to pull it with: build it (`make image` builds SAT's) or give the job a "
+                                 "registry connection (image.registry_conn_id)")
         return digest
+    import base64
     import tempfile
 
-    last = ""
+    last = "no output"
     for attempt in range(1, tries + 1):
         with tempfile.TemporaryDirectory(prefix="sat-pull-") as folder:
             authfile = Path(folder) / "auth.json"
-            token = f"{auth['username']}:{auth['password']}".encode()
-            import base64
-
-            authfile.write_text(json.dumps({"auths": {auth["registry"]: {"auth": base64.b64encode(token).decode()}}}),
-                                encoding="utf-8")
-            authfile.chmod(0o600)
-            args = ["pull", "--authfile", str(authfile), f"--tls-verify={'true' if tls_verify else 'false'}"]
-            if cert_dir is not None:
-                args += ["--cert-dir", str(cert_dir)]
+            auths = {}
+            if login.username or login.password:
+                token = base64.b64encode(f"{login.username or ''}:{login.password or ''}".encode()).decode()
+                auths[login.registry] = {"auth": token}
+            fd = os.open(authfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump({"auths": auths}, handle)
+            args = ["pull", "--quiet", "--authfile", str(authfile), f"--tls-verify={str(login.tls_verify).lower()}"]
+            if login.cert_dir is not None:
+                args += ["--cert-dir", str(login.cert_dir)]
             pulled = podman([*args, image], check=False, timeout=1800)
         if pulled.returncode == 0:
-            log(f"[sat] pulled {image} with the job's registry login")
             digest = local_image_digest(image)
             if digest:
+                log(f"[sat] pulled {image} ({digest}) with the job's registry login")
                 return digest
-        last = (pulled.stderr or pulled.stdout or "").strip().splitlines()[-1:] or ["no output"]
-        last = last[0].replace(auth["password"], "***")[:500]
+        words = [line.strip() for line in (pulled.stderr or pulled.stdout or "").splitlines() if line.strip()]
+        last = (words[-1] if words else "no output")[:500]
+        if login.password:
+            last = last.replace(login.password, "***")
         log(f"[sat] pulling {image} failed (try {attempt} of {tries}): {last}")
     raise ImagePullError(f"Back-off pulling image {image!r}: {last}")
 

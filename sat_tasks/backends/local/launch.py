@@ -27,9 +27,11 @@ from ckpt_engine.vendor import write_vendor_dir
 from sat_tasks.backends.local.container_run import (
     ContainerPlan,
     ContainerRuntimeError,
+    ImagePullError,
     Mount,
     chosen_runtime,
     container_name,
+    job_pull_login,
     prepare_image,
     writable_by_container,
 )
@@ -173,7 +175,13 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         command = elastic_command(command, len(nodes), deepspeed=job.framework is Framework.DEEPSPEED)
     container: dict[str, object] = {}
     if runtime == "container":
-        container = _container(run, plan, node, log, endpoint)
+        try:
+            container = _container(run, plan, node, log, endpoint)
+        except ImagePullError as exc:  # the attempt ends before it starts, as a pod in ImagePullBackOff does
+            log(f"[sat] {exc}")
+            record = pull_failed_record(run, plan, node, nodes, str(exc))
+            run.store_record(record)
+            return record
         container["sidecar_env"] = env
         env = _attempt_env(run, plan, node, nodes, log, CONTAINER_PATHS, POD_METRICS_DIR, endpoint)
     else:
@@ -226,6 +234,20 @@ def _attempt_env(run: JobRun, plan: Plan, node: str, nodes: list[str], log: Log,
     return env
 
 
+def pull_failed_record(run: JobRun, plan: Plan, node: str, nodes: list[str], words: str) -> AttemptRecord:
+    """The record of an attempt whose image could not be pulled: a container waiting in ImagePullBackOff with the
+    registry's (podman's) words, no exit status; the classifier's container-state rule makes it IMAGE_PULL."""
+    now = now_utc()
+    return AttemptRecord(
+        job=run.job.name, attempt=plan.attempt, backend="local", node=node, nodes=list(nodes), exit_code=None,
+        termination_reason="ImagePullBackOff", termination_message=words[:1000], started_at=now, finished_at=now,
+        image=run.job.image.url,
+        container_states=[{"name": container_name(f"{run.job.name}-{run.run_id}", plan.attempt), "runtime": "podman",
+                           "image": run.job.image.url, "imageID": "",
+                           "state": {"waiting": {"reason": "ImagePullBackOff", "message": words[:1000]}}}],
+    )
+
+
 # The run's directories inside its container: where a Kubernetes pod has them (one contract for both backends).
 CONTAINER_PATHS = TrainingPaths(POD_DATA_DIR, POD_OUTPUT_DIR, POD_CODE_DIR, IMAGE_VENDOR_DIR)
 
@@ -241,7 +263,7 @@ def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | Non
                 f"the container runtime reaches only an Object Storage endpoint on this host's loopback; the run's is "
                 f"{parsed.scheme}://{parsed.hostname}:{parsed.port or ''} (set [sat] local_runtime = host for it)")
         ports = (parsed.port or (443 if parsed.scheme == "https" else 80),)
-    digest = prepare_image(job.image.url, log)
+    digest = prepare_image(job.image.url, log, job_pull_login(job))
     # the training's uid in its user namespace writes them (ADR 0035); the attempt's series folder too, which the
     # metrics sidecar (this host's root) would otherwise make first
     series_dir = run.metrics_dir / Path(series_path(plan.attempt, node, "training")).parent

@@ -63,6 +63,9 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
         except AttemptInterrupted as exc:
             self.log.info("%s; the task runs again and resumes it", exc)
             raise AirflowRescheduleException(datetime.now(UTC) + RUN_AGAIN_AFTER) from None
+        if record.exit_code is None and record.termination_reason:  # it never started (its image: ImagePullBackOff)
+            raise AirflowFailException(f"attempt {plan.attempt} on {record.node} did not start: "
+                                       f"{record.termination_reason}: {record.termination_message}")
         if record.exit_code != 0:
             raise AirflowFailException(
                 f"attempt {plan.attempt} on {record.node} ended with exit status {record.exit_code}"

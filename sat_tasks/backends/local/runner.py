@@ -30,10 +30,14 @@ from sat_tasks.backends.local.container_run import (
     ContainerPlan,
     oom_kills,
     podman_env,
-    remove_container,
     podman_run_args,
+    remove_container,
 )
-from sat_tasks.backends.local.metrics_sidecar import SIDECAR_ENV, STOP_TIMEOUT_S, MetricsSidecar
+from sat_tasks.backends.local.metrics_sidecar import (
+    SIDECAR_ENV,
+    STOP_TIMEOUT_S,
+    MetricsSidecar,
+)
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.bounded import read_file
 from sat_tasks.core.clock import now_utc
@@ -42,6 +46,7 @@ from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.core.policy import GrowBack
 from sat_tasks.core.procs import carries, marked, state_of, terminate
 from sat_tasks.core.runtime_env import POD_OUTPUT_DIR, process_environment
+from sat_tasks.core.where_ran import host_status
 from sat_tasks.errors import SatError
 from sat_tasks.spec import Fault, FaultKind
 
@@ -433,7 +438,7 @@ class LocalAttempt:
         if sig is None and self.container is not None and returncode is not None and 128 < returncode < 160:
             sig = returncode - 128  # podman reports a container killed by a signal as 128 + N, as a pod's exitCode
         exit_code = 128 + sig if sig else returncode
-        container_states, reason, message = [], "Completed" if returncode == 0 else "Error", None
+        container_states, reason, message = [host_status(self.job)], "Completed" if returncode == 0 else "Error", None
         if self.container is not None:
             oom = oom_kills(state.container_id) if exit_code == 137 and state.container_id else []
             if oom:

@@ -142,7 +142,7 @@ def test_host_mode_says_the_image_is_not_used(tmp_path):
     record = LocalAttempt(job="unit-job", attempt=1, node="n1", command="echo hello", env={}, cwd=tmp_path / "code",
                           output_dir=tmp_path / "out", job_log=tmp_path / "job.log", node_dir=tmp_path / "n1",
                           image="registry.example/team/img:1", startup_timeout=0).run(lambda _m: None)
-    assert record.exit_code == 0 and record.container_states == []
+    assert record.exit_code == 0 and record.container_states == [{"name": "unit-job", "runtime": "host"}]
     assert "[sat] attempt 1 runs on this host; image registry.example/team/img:1 is not used" in (
         tmp_path / "job.log").read_text()
 
