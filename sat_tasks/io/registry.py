@@ -100,11 +100,13 @@ class ImageCheckOutcome(str, enum.Enum):
     NOT_FOUND = "not_found"
     UNREACHABLE = "unreachable"
     MALFORMED = "malformed"
+    UNTRUSTED = "untrusted"  # the registry's certificate is not signed by a CA the deployment trusts
 
 
 # Outcomes a pull retry cannot fix: the job ends as "Pending - imagepullbackoff".
 _PULL_FAILURES = frozenset(
-    {ImageCheckOutcome.UNAUTHORIZED, ImageCheckOutcome.NOT_FOUND, ImageCheckOutcome.MALFORMED}
+    {ImageCheckOutcome.UNAUTHORIZED, ImageCheckOutcome.NOT_FOUND, ImageCheckOutcome.MALFORMED,
+     ImageCheckOutcome.UNTRUSTED}
 )
 
 
@@ -345,6 +347,7 @@ def check_image(
     backoff: float = 1.0,
     max_backoff: float = 30.0,
     deadline: float = DEFAULT_DEADLINE,
+    ca_file: str | None = None,
 ) -> ImageCheckResult:
     """Tell whether ``ref`` could be pulled, without pulling it.
 
@@ -365,6 +368,9 @@ def check_image(
         deadline: seconds for the whole check (requests, retries, waits and reads; a
             server that drips its answer byte by byte never resets it). Past it the
             answer is UNREACHABLE, like any registry that does not answer.
+        ca_file: a CA certificate (PEM) to trust for this registry (`[sat] registry_ca_file`)
+            instead of the default bundle. A certificate no trusted CA signed is UNTRUSTED, a
+            pull failure: no retry makes it trusted.
 
     Bodies are read only up to a bound: a manifest over ``MAX_MANIFEST_BYTES`` is
     refused (MALFORMED), and ``/v2/`` must answer as the distribution API does (the
@@ -386,6 +392,7 @@ def check_image(
             backoff=max(0.0, backoff),
             max_backoff=max(0.0, max_backoff),
             deadline=max(0.0, deadline),
+            ca_file=ca_file,
         )
         result = checker.run_within_deadline()
     if password:  # e.g. a reference written as user:password@host/repo
@@ -429,8 +436,11 @@ class _ImageChecker:
         backoff: float,
         max_backoff: float,
         deadline: float = DEFAULT_DEADLINE,
+        ca_file: str | None = None,
     ) -> None:
         self.image = image
+        # per request, not on the session: requests lets REQUESTS_CA_BUNDLE override a session's verify
+        self.verify: str | bool = ca_file or True
         self.username = username
         self._password = password
         self.insecure = insecure
@@ -498,7 +508,14 @@ class _ImageChecker:
             return self._check()
         except _RetriesExhausted as exc:
             return self._result(ImageCheckOutcome.UNREACHABLE, str(exc))
-        except requests.exceptions.SSLError:
+        except requests.exceptions.SSLError as exc:
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                return self._result(
+                    ImageCheckOutcome.UNTRUSTED,
+                    f"untrusted: the certificate of {self.base_url} is not signed by a trusted CA "
+                    "(x509: certificate signed by unknown authority); give the deployment the registry's CA "
+                    "([sat] registry_ca_file)",
+                )
             hint = "" if self.insecure else " (a plain-http registry needs insecure=True)"
             return self._result(
                 ImageCheckOutcome.UNREACHABLE, f"TLS handshake with {self.base_url} failed{hint}"
@@ -714,6 +731,7 @@ class _ImageChecker:
                 auth=credentials.auth,
                 timeout=max(0.001, min(self.timeout, self._remaining())),
                 stream=True,  # only the status is read
+                verify=self.verify,
             )
             response.close()
         except requests.RequestException:
@@ -741,7 +759,7 @@ class _ImageChecker:
                 )
             try:
                 response = self.session.request(
-                    method, url, stream=True, timeout=min(self.timeout, remaining), **kwargs
+                    method, url, stream=True, timeout=min(self.timeout, remaining), verify=self.verify, **kwargs
                 )
             except requests.exceptions.SSLError:
                 raise

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
 from sat_tasks.backends.base import workspace_pool_name
-from sat_tasks.config import shared_registry_connections
+from sat_tasks.config import sat_setting, shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import (
@@ -189,7 +189,8 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
         warm_pool_hook(job).image_checked(run, {"reference": str(ref), "digest": None})
         return {"outcome": "skipped-local", "reference": str(ref), "pulls_fail": False}
     result = registry.check_image(
-        job.image.url, username=access.username, password=access.password, insecure=access.insecure
+        job.image.url, username=access.username, password=access.password, insecure=access.insecure,
+        ca_file=sat_setting("registry_ca_file") or None,
     )
     if result.pulls_fail:
         return _image_failed(run, result, log)

@@ -131,3 +131,13 @@ def test_the_pull_login_comes_only_from_the_jobs_own_or_a_shared_connection():
     assert PASSWORD not in repr(got)
     with pytest.raises(ImagePullError, match="someone_elses"):
         job_pull_login(_job("someone_elses"), get_connection=lambda _c: conn)
+
+
+def test_the_image_check_trusts_the_deployments_ca_and_refuses_an_unknown_one(registry):
+    from sat_tasks.io.registry import ImageCheckOutcome, check_image
+
+    trusted = check_image(registry.image, username="robot", password=PASSWORD, ca_file=str(registry.ca.certificate))
+    assert trusted.ok and trusted.digest.startswith("sha256:"), trusted.message
+    unknown = check_image(registry.image, username="robot", password=PASSWORD, retries=0)
+    assert unknown.outcome is ImageCheckOutcome.UNTRUSTED and unknown.pulls_fail, unknown.message
+    assert "certificate signed by unknown authority" in unknown.message and PASSWORD not in unknown.message
