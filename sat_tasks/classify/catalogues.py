@@ -34,7 +34,8 @@ class Fault(str, Enum):
 @dataclass(frozen=True)
 class Code:
     """One code of a catalogue. `pattern`: how it shows in a log line (regex, case-insensitive; empty: the
-    code's name as a word). `beats_success`: the line can turn a clean exit into a failure."""
+    code's name as a word). `beats_success`: the line can turn a clean exit into a failure. `weak`: it yields
+    to any error of the job's own (a peer symptom)."""
 
     code: int | str
     name: str
@@ -42,6 +43,7 @@ class Code:
     reason: str
     pattern: str = ""
     beats_success: bool = True
+    weak: bool = False  # what a healthy rank may also log (a peer's or a spare device's): yields to the job's error
 
 
 @dataclass(frozen=True)
@@ -436,11 +438,16 @@ RDMA_DRIVERS = Catalogue(
          r"(?:compromised|poll failed)|health compromised|firmware (?:fatal|error|timeout|hang)|reset failed"
          r"|(?:admin|command)[^\n]{0,40}(?:timeout|timed out|failed))")),
         ("device-absent", "RDMA device absent or failed to come up", N,
-         "the node's RDMA device never came up (probe or initialisation failed, or no device where one is expected)",
+         "the node's RDMA device never came up (its driver's probe or initialisation failed)",
          (rf"{_NIC_DRIVERS}[^\n]{{0,120}}(?:probe (?:of [^\n]* )?failed|failed to (?:probe|load|initiali[sz]e|enable|"
-         r"create)|\w*init\w* failed|(?:device|adapter) (?:is )?not (?:ready|responding|found))"
-         r"|NCCL WARN NET/(?:IB|OFI)[^\n]{0,80}(?:ibv_open_device failed|ibv_query_port failed|fi_getinfo failed"
-         r"|Unable to (?:find|open)[^\n]{0,30}(?:device|provider)|No (?:usable )?(?:device|NIC|provider)s? found)")),
+         r"create)|\w*init\w* failed|(?:device|adapter) (?:is )?not (?:ready|responding|found))")),
+        # NCCL's own words for a device it could not open: weak (NCCL goes on with the others when it has them),
+        # so they yield to the job's own error and cannot turn a clean exit into a failure.
+        ("nccl-device-absent", "NCCL could not open an RDMA device", N,
+         "NCCL could not open or find the node's RDMA device (the HCA, its driver or the libfabric provider)",
+         (r"NCCL WARN NET/(?:IB|OFI)[^\n]{0,80}(?:ibv_open_device failed|ibv_query_port failed|fi_getinfo failed"
+         r"|Unable to (?:find|open)[^\n]{0,30}(?:device|provider)|No (?:usable )?(?:device|NIC|provider)s? found)"
+         r"|NCCL WARN Call to ibv_open_device failed"), False, True),
         ("cq-error", "work completion error", N, "an RDMA completion error (a peer or the link)",
          r"\bIBV_WC_(?:RETRY_EXC_ERR|RNR_RETRY_EXC_ERR|REM_ACCESS_ERR|LOC_LEN_ERR|REM_OP_ERR|WR_FLUSH_ERR)\b", False),
     ),

@@ -381,6 +381,10 @@ def _find_nccl_system_errors(lines: list[str]) -> Iterator[Finding]:
     elif shm:
         for line in (system[0], shm[0]):
             yield Finding(INT, line, "NCCL could not set up shared memory (/dev/shm too small)", rule="nccl-system-error")
+    else:
+        yield Finding(INT, system[0], "NCCL's system call failed with no socket error and no shared-memory error "
+                      "beside it: NCCL itself or its configuration in the image (a node's fault shows its own lines: "
+                      "a link down, an Xid, an HCA error)", rule="nccl-system-error")
 
 
 def _find_nccl_segfault(record: AttemptRecord, lines: list[str]) -> Iterator[Finding]:

@@ -368,7 +368,8 @@ TEXT_RULES: tuple[TextRule, ...] = (
     rule(r"I/O error, dev \w+|Remounting filesystem read-only", HW, "node disk I/O error", beats_success=False,
          family="disk"),
     *COLLECTIVE_RULES,
-    rule(r"NCCL WARN NET/(IB|Socket|OFI|Plugin)\b(?!.*No device found)", HW, "NCCL network error",
+    rule(r"NCCL WARN NET/(IB|Socket|OFI|Plugin)\b(?!.*(?:No device found|Unable to (?:find|open)|ibv_open_device failed"
+         r"|ibv_query_port failed|fi_getinfo failed))", HW, "NCCL network error",
          beats_success=False, family="nccl-network"),
     rule(r"remote process exited or there was a network error|\bncclRemoteError\b", HW,
          "NCCL remote error (a peer or the network failed)", beats_success=False, peer_symptom=True,
@@ -394,6 +395,12 @@ TEXT_RULES: tuple[TextRule, ...] = (
          "the pod's GPU is busy or unavailable (held by another process or in a bad state)", family="gpu-busy"),
     rule(r"Failed to initialize NVML|NVML_ERROR_(?:DRIVER_NOT_LOADED|LIB_RM_VERSION_MISMATCH|UNKNOWN)"
          r"|nvmlInit\w* failed", HW, "NVML cannot be initialized (the node's GPU driver)", family="nvml"),
+    # The interpreter's own crash report: the process's code (an extension, a library) crashed. A crash inside
+    # NCCL (`evidence._find_nccl_segfault`) or beside a machine check is the node's, and those outrank this.
+    rule(r"Fatal Python error: (?:Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)"
+         r"|\bSegmentation fault \(core dumped\)", INT,
+         "the process crashed in its own code (the interpreter's crash report: an extension or a library)",
+         family="crash"),
     rule(r"device-side assert(?:ion)? triggered|Assertion `[^`]*` failed", INT,
          "a CUDA device-side assertion failed in the script's kernels (e.g. an index out of range)",
          family="device-assert"),
@@ -415,7 +422,7 @@ def catalogue_rules(catalogue: Catalogue, skip: frozenset[str] = frozenset()) ->
         reason = f"{catalogue.title} {code.name}: {code.reason}"
         if code.fault is Fault.AMBIGUOUS:
             reason = f"ambiguous: {reason}{_RELOCATE}"
-        made.append(rule(pattern, kind, reason, beats_success=code.beats_success,
+        made.append(rule(pattern, kind, reason, beats_success=code.beats_success, peer_symptom=code.weak,
                          family=f"{catalogue.key}:{code.code}"))
     return tuple(made)
 
