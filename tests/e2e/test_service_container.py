@@ -109,4 +109,30 @@ def test_the_job_page_shows_each_attempts_image_digest(deployment, demo, image_d
     attempts = data.json()["attempts"]
     assert [(a["runtime"], a["image_digest"]) for a in attempts] == [("container", image_digest)] * 2
     page = requests.get(f"{deployment.url}/sat/jobs/{JOB}/runs/{demo.dag_run_id}", headers=headers, timeout=60)
-    assert page.status_code == 200 and page.text.count(image_digest) == 2, page.text[:500]
+    cells = re.findall(r"<td class='image'>(.*?)</td>", page.text, re.S)
+    assert page.status_code == 200 and len(cells) == 2, page.text[:500]
+    assert all(IMAGE in cell and image_digest in cell for cell in cells), cells
+
+
+def test_a_person_reads_the_digests_inside_airflows_navigation(deployment, demo, image_digest):
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.test_service import CHROMIUM, SCREENSHOTS, _logged_in_page
+
+    assert demo.state == "success", demo
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = _logged_in_page(deployment, browser)
+            page.goto(f"{deployment.url}/plugin/training-jobs")  # the view inside Airflow's UI, from its navigation
+            frame = page.frame_locator("iframe")
+            frame.get_by_role("link", name=JOB).first.click()
+            frame.locator("#details").wait_for()
+            frame.get_by_role("link", name="Attempts", exact=True).click()
+            attempts = frame.locator("#attempts").inner_text()
+            assert attempts.count(image_digest) == 2 and "HARDWARE" in attempts and "SUCCEEDED" in attempts, attempts
+            frame.locator("#attempts").scroll_into_view_if_needed()
+            page.screenshot(path=str(SCREENSHOTS / "05-container-digests-in-airflow.png"))
+        finally:
+            browser.close()
