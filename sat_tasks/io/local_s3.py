@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,14 +12,18 @@ from typing import Any
 from sat_tasks.config import include_dir
 from sat_tasks.errors import SatError
 
-LOCAL_ACCESS_KEY = "sat-local"
-LOCAL_SECRET_KEY = "sat-local-secret"  # a throwaway key for a loopback-only test server
+LOCAL_ACCESS_KEY = "sat-local"  # the service key's id: no secret; its secret is generated (`generate_secret`)
 LOCAL_REGION = "us-east-1"
 DEMO_BUCKET = "sat-demo"
 
 
 class EmbeddedStorageError(SatError):
     """The embedded Object Storage server did not start; the message says where it tried."""
+
+
+def generate_secret() -> str:
+    """A new service secret (240 random bits, URL-safe; never logged): one per server or deployment (ADR 0037)."""
+    return secrets.token_urlsafe(30)
 
 
 def free_port() -> int:
@@ -33,14 +38,18 @@ class LocalS3Server:
     """moto's S3 server on 127.0.0.1: in a thread, or (`process=True`) in its own process.
 
     A separate process keeps the server off the client's GIL (benchmarks, long demos). Either
-    way every request passes `io.s3_gate.PolicyGate` first: the service keys
-    (`LOCAL_ACCESS_KEY`) may do everything, temporary credentials from its STS `AssumeRole`
-    only what their session policy allows, anything else nothing (ADR 0020).
+    way every request passes `io.s3_gate.PolicyGate` first: it must be signed (SigV4) with a
+    secret the gate knows; the service key (`access_key`, `secret_key`: generated for this
+    server unless the deployment hands its kept one) may do everything, temporary credentials
+    from its STS `AssumeRole` only what their session policy allows, anything else nothing
+    (ADRs 0020, 0037). `connection()` carries the secret: never print it.
     Call order: `start()` -> `connection_env()` (export it) -> ... -> `stop()`.
     """
 
     port: int = 0
     process: bool = False
+    access_key: str = LOCAL_ACCESS_KEY
+    secret_key: str = field(default_factory=generate_secret, repr=False)
     _server: Any = field(default=None, repr=False)
 
     @property
@@ -62,7 +71,7 @@ class LocalS3Server:
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
         self.port = self.port or free_port()
-        self._server = make_server("127.0.0.1", self.port, gated_moto_app([LOCAL_ACCESS_KEY]), threaded=True,
+        self._server = make_server("127.0.0.1", self.port, gated_moto_app(self.service_keys()), threaded=True,
                                    request_handler=MotoRequestHandler)
         threading.Thread(target=self._server.serve_forever, name="sat-object-storage", daemon=True).start()
         return self
@@ -76,10 +85,11 @@ class LocalS3Server:
 
         self.port = self.port or free_port()
         self._server = subprocess.Popen(
-            [sys.executable, "-m", "sat_tasks.io.s3_gate", "--host", "127.0.0.1", "--port", str(self.port),
-             "--service-key", LOCAL_ACCESS_KEY],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, "-m", "sat_tasks.io.s3_gate", "--host", "127.0.0.1", "--port", str(self.port)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        with self._server.stdin as keys:  # the secret goes on a pipe, never on the command line
+            keys.write((json.dumps(self.service_keys()) + "\n").encode())
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -92,6 +102,10 @@ class LocalS3Server:
         self.stop()
         raise EmbeddedStorageError(f"the embedded Object Storage did not start on {self.endpoint_url} within 30 s; "
                                    "is the port taken, or moto[server] missing from the environment?")
+
+    def service_keys(self) -> dict[str, str]:
+        """The gate's service keys: {key id: secret}."""
+        return {self.access_key: self.secret_key}
 
     def stop(self) -> None:
         """Stop the server; its buckets are gone."""
@@ -112,20 +126,20 @@ class LocalS3Server:
         self.stop()
 
     def connection(self) -> dict[str, Any]:
-        """The Airflow connection (JSON form) for this server."""
-        return object_storage_connection(self.endpoint_url)
+        """The Airflow connection (JSON form) for this server: the service key, secret included."""
+        return object_storage_connection(self.endpoint_url, self.access_key, self.secret_key)
 
     def connection_env(self, conn_id: str = "sat_object_storage") -> dict[str, str]:
         """Environment variables that define the Airflow connection for this server."""
         return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(self.connection())}
 
 
-def object_storage_connection(endpoint_url: str) -> dict[str, Any]:
-    """An `aws` Airflow connection pointing at an S3-compatible endpoint."""
+def object_storage_connection(endpoint_url: str, access_key: str, secret_key: str) -> dict[str, Any]:
+    """An `aws` Airflow connection pointing at an S3-compatible endpoint with these keys."""
     return {
         "conn_type": "aws",
-        "login": LOCAL_ACCESS_KEY,
-        "password": LOCAL_SECRET_KEY,
+        "login": access_key,
+        "password": secret_key,
         "extra": {"endpoint_url": endpoint_url, "region_name": LOCAL_REGION},
     }
 
@@ -175,8 +189,8 @@ class PersistentS3Server(LocalS3Server):
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=LOCAL_ACCESS_KEY,
-                            aws_secret_access_key=LOCAL_SECRET_KEY, region_name=LOCAL_REGION,
+        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name=LOCAL_REGION,
                             config=Config(retries={"max_attempts": 3}))
 
     def start(self) -> PersistentS3Server:

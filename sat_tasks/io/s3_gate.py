@@ -1,18 +1,25 @@
-"""The embedded Object Storage's access check: temporary credentials get only what their session policy allows.
+"""The embedded Object Storage's access check: every request signed, temporary credentials held to their policy.
 
 moto's server keeps the session policy `AssumeRole` was given but its IAM mode never
-evaluates it (nor `s3:prefix` conditions), and with that mode off it checks nothing at all.
-`PolicyGate` wraps moto's WSGI app and decides each request before moto sees it (ADR 0020):
+evaluates it (nor `s3:prefix` conditions), and with that mode off it checks nothing at all,
+signatures included. `PolicyGate` wraps moto's WSGI app and decides each request before moto
+sees it (ADRs 0020, 0037):
 
-- the service keys (`LOCAL_ACCESS_KEY`: SAT's own tasks) may do everything, as before;
-- temporary credentials (`X-Amz-Security-Token`) from moto's STS must carry the session's
-  token, be unexpired, and may make only S3 requests that `core.object_policy.is_allowed`
-  grants for their session policy (no session policy: nothing);
-- anything else (another key id, no credentials, moto's own `/moto-api/`) is refused.
+- every request must carry a valid AWS Signature Version 4 (`io.sigv4`: the Authorization
+  header or a presigned URL, within 15 minutes of this clock, `host` signed) by a key the gate
+  knows: SigV2, unsigned requests and made-up secrets are refused;
+- the service keys (`LOCAL_ACCESS_KEY` with the secret generated per deployment or server,
+  `local_s3.LocalS3Server.secret_key`: SAT's own tasks)
+  may do everything, moto's own `/moto-api/` included;
+- temporary credentials (`X-Amz-Security-Token`) from moto's STS are checked against their
+  session's secret, must carry the session's token, be unexpired, and may make only S3
+  requests that `core.object_policy.is_allowed` grants for their session policy (no session
+  policy: nothing);
+- anything else (another key id, `/moto-api/` for anyone but the service) is refused.
 
 A request is mapped to its IAM action and resource as S3 documents them (path-style
-addressing only; an unknown sub-resource is refused). Signatures are not verified (moto does
-not either): the session token, which only the attempt holds, is the proof.
+addressing only; an unknown sub-resource is refused). Refusals are S3's XML errors (STS's for
+a request signed for STS); no secret or signature is ever in one.
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ from __future__ import annotations
 import datetime
 import io
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote
 from xml.etree import ElementTree
 
 from sat_tasks.core.object_policy import LIST_ACTION, PREFIX_KEY, is_allowed, object_arn
+from sat_tasks.io import sigv4
 
 # Query parameters of a listing (ListObjects, ListObjectsV2): any other one on a bucket is refused.
 LIST_PARAMS = frozenset({"list-type", "prefix", "delimiter", "max-keys", "continuation-token", "start-after",
@@ -35,6 +43,7 @@ LIST_PARAMS = frozenset({"list-type", "prefix", "delimiter", "max-keys", "contin
 OBJECT_SUBRESOURCES = frozenset({"acl", "tagging", "retention", "legal-hold", "torrent", "attributes", "restore",
                                  "select", "select-type"})
 MAX_DELETE_BODY = 1 << 20  # a DeleteObjects request of 1000 keys is far below this
+MOTO_API = "/moto-api"  # moto's dashboard, reset and state API: the service's alone
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,19 @@ class Session:
     token: str
     policy: str | None
     expiration: datetime.datetime
+    secret: str
+
+    def __repr__(self) -> str:
+        return f"Session(expiration={self.expiration.isoformat()})"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is refused, as S3 says it: `code`, `message`, HTTP `status`."""
+
+    message: str
+    code: str = "AccessDenied"
+    status: int = 403
 
 
 def moto_session(access_key_id: str) -> Session | None:
@@ -63,71 +85,90 @@ def moto_session(access_key_id: str) -> Session | None:
         for partition_backend in list(sts_backends[account].values()):
             found = partition_backend.get_assumed_role_from_access_key(access_key_id)
             if found is not None:
-                return Session(found.session_token, found.policy, found.expiration)
+                return Session(found.session_token, found.policy, found.expiration, found.secret_access_key)
     return None
 
 
 class PolicyGate:
-    """WSGI middleware in front of moto's app (call order: build it around the app; the server calls it)."""
+    """WSGI middleware in front of moto's app (call order: build it around the app; the server calls it).
 
-    def __init__(self, app: Callable, service_keys: Iterable[str],
+    `service_keys` maps each service key id to its secret (the deployment's generated one).
+    """
+
+    def __init__(self, app: Callable, service_keys: Mapping[str, str],
                  sessions: Callable[[str], Session | None] = moto_session) -> None:
         self.app = app
-        self.service_keys = frozenset(service_keys)
+        self.service_keys = dict(service_keys)
+        if not all(isinstance(secret, str) and secret for secret in self.service_keys.values()):
+            raise ValueError("every service key needs its secret")
         self.sessions = sessions
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         refusal = self.refusal(environ)
         if refusal is None:
             return self.app(environ, start_response)
-        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
-                f"<Message>{_xml_text(refusal)}</Message></Error>").encode()
-        start_response("403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        body = error_body(refusal, sts=signed_for_sts(environ))
+        start_response(f"{refusal.status} {_REASONS.get(refusal.status, 'Forbidden')}",
+                       [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
         return [body]
 
-    def refusal(self, environ: dict[str, Any]) -> str | None:
+    def refusal(self, environ: dict[str, Any]) -> Refusal | None:
         """Why the request is refused, or None when it may go on to moto."""
-        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-        key_id, service = credential_of(environ, query)
-        if key_id is None:
-            return "Access Denied: the request carries no credentials"
-        if key_id in self.service_keys:
-            return None
-        session = self.sessions(key_id)
+        try:
+            signed = sigv4.parse(environ)
+        except sigv4.SignatureError as exc:
+            return Refusal(f"Access Denied: {exc}", exc.code, exc.status)
+        secret = self.service_keys.get(signed.key_id)
+        session = None
+        if secret is None:
+            session = self.sessions(signed.key_id)
+            if session is None:
+                return Refusal("The AWS access key Id you provided does not exist in our records.",
+                               "InvalidAccessKeyId")
+            if signed.token != session.token:
+                return Refusal("Access Denied: the security token does not belong to this access key")
+            if session.expiration.replace(tzinfo=None) <= _utcnow():
+                return Refusal("Access Denied: the temporary credentials have expired", "ExpiredToken", 400)
+            secret = session.secret
+        try:
+            sigv4.verify(environ, signed, secret)
+        except sigv4.SignatureError as exc:
+            return Refusal(str(exc), exc.code, exc.status)
         if session is None:
-            return "Access Denied: unknown access key"
-        token = environ.get("HTTP_X_AMZ_SECURITY_TOKEN") or _first(query, "X-Amz-Security-Token")
-        if token != session.token:
-            return "Access Denied: the security token does not belong to this access key"
-        if session.expiration.replace(tzinfo=None) <= _utcnow():
-            return "Access Denied: the temporary credentials have expired"
-        if service != "s3":
-            return f"Access Denied: temporary credentials may make S3 requests only, not {service}"
+            return None  # the service's own key, signed with its secret: everything
+        if environ.get("PATH_INFO", "").startswith(MOTO_API):
+            return Refusal("Access Denied: moto's API is the service's alone")
+        if signed.service != "s3":
+            return Refusal(f"Access Denied: temporary credentials may make S3 requests only, not {signed.service}")
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         try:
             accesses = s3_accesses(environ, query)
         except ValueError as exc:
-            return f"Access Denied: {exc}"
+            return Refusal(f"Access Denied: {exc}")
         for access in accesses:
             context = {PREFIX_KEY: access.prefix} if access.prefix is not None else {}
             if not is_allowed(session.policy, access.action, access.resource, context):
-                return f"Access Denied: {access.action} on {access.resource} is outside this session's policy"
+                return Refusal(f"Access Denied: {access.action} on {access.resource} is outside this session's "
+                               "policy")
         return None
 
 
-def credential_of(environ: dict[str, Any], query: dict[str, list[str]]) -> tuple[str | None, str | None]:
-    """The access key id and the signed service of a request (SigV4 header or query, SigV2); Nones if unsigned."""
-    header = environ.get("HTTP_AUTHORIZATION", "")
-    scope = ""
-    if "Credential=" in header:
-        scope = header.partition("Credential=")[2].partition(",")[0].strip()
-    elif _first(query, "X-Amz-Credential"):
-        scope = _first(query, "X-Amz-Credential")
-    elif header.startswith("AWS ") and ":" in header:
-        return header[4:].partition(":")[0].strip(), "s3"
-    if not scope:
-        return None, None
-    parts = scope.split("/")
-    return parts[0], parts[3] if len(parts) > 3 else None
+_REASONS = {400: "Bad Request", 403: "Forbidden"}
+
+
+def error_body(refusal: Refusal, *, sts: bool = False) -> bytes:
+    """The XML error of a refusal: S3's `<Error>`, or STS's `<ErrorResponse>` (query protocol)."""
+    error = f"<Code>{_xml_text(refusal.code)}</Code><Message>{_xml_text(refusal.message)}</Message>"
+    if sts:
+        return (f'<?xml version="1.0" encoding="UTF-8"?><ErrorResponse><Error><Type>Sender</Type>{error}</Error>'
+                "<RequestId>sat-gate</RequestId></ErrorResponse>").encode()
+    return f'<?xml version="1.0" encoding="UTF-8"?><Error>{error}<RequestId>sat-gate</RequestId></Error>'.encode()
+
+
+def signed_for_sts(environ: dict[str, Any]) -> bool:
+    """Whether the request's credential scope names STS (its errors then take STS's XML shape)."""
+    scope = environ.get("HTTP_AUTHORIZATION", "").partition("Credential=")[2].partition(",")[0]
+    return scope.endswith("/sts/aws4_request")
 
 
 def s3_accesses(environ: dict[str, Any], query: dict[str, list[str]]) -> list[S3Access]:
@@ -218,7 +259,7 @@ def _xml_text(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def gated_moto_app(service_keys: Iterable[str]) -> PolicyGate:
+def gated_moto_app(service_keys: Mapping[str, str]) -> PolicyGate:
     """moto's whole server app (S3, STS, ...) behind the gate."""
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -229,10 +270,16 @@ def gated_moto_app(service_keys: Iterable[str]) -> PolicyGate:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m sat_tasks.io.s3_gate --host H --port P --service-key ID`: the gated server in this process."""
+    """`python -m sat_tasks.io.s3_gate --host H --port P`: the gated server in this process.
+
+    The service keys come as one JSON object `{key id: secret}` on standard input (never on
+    the command line, which every user of the machine can read).
+    """
     import argparse
+    import json
     import logging
     import os
+    import sys
 
     from moto.moto_server.werkzeug_app import MotoRequestHandler
     from werkzeug.serving import make_server
@@ -240,11 +287,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--service-key", action="append", required=True)
     args = parser.parse_args(argv)
+    service_keys = json.loads(sys.stdin.readline())
     os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto_server does: the URLs moto writes name this port
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = make_server(args.host, args.port, gated_moto_app(args.service_key), threaded=True,
+    server = make_server(args.host, args.port, gated_moto_app(service_keys), threaded=True,
                          request_handler=MotoRequestHandler)
     server.serve_forever()
 

@@ -2,7 +2,8 @@
 
 Every Airflow component must share the same JWT secret (the scheduler's task tokens are
 checked by the API server's execution API), the same Fernet key (connections are encrypted
-with it) and the same admin password, across restarts: generated on the first `make up`,
+with it), the same admin password and the embedded Object Storage's service secret (its gate
+checks every request's signature with it, ADR 0037), across restarts: generated on the first `make up`,
 read back on every later one. Nothing here prints or logs a secret.
 """
 
@@ -29,6 +30,7 @@ class DeploymentSecrets:
     api_secret_key: str
     admin_password: str
     db_password: str = ""  # the metadata DB's role, when `sat up --db postgres` runs the cluster (service.postgres)
+    object_storage_secret: str = ""  # the embedded Object Storage's service key secret (io.local_s3, ADR 0037)
 
     def __repr__(self) -> str:
         return "DeploymentSecrets(<hidden>)"
@@ -58,6 +60,7 @@ _GENERATORS = {
     "api_secret_key": lambda: secrets.token_urlsafe(32),
     "admin_password": lambda: secrets.token_urlsafe(18),
     "db_password": lambda: secrets.token_urlsafe(24),
+    "object_storage_secret": lambda: secrets.token_urlsafe(30),
 }
 
 

@@ -157,7 +157,9 @@ class ServiceStack:
         service_secrets.private_dir(self.work_dir or self.home / "work")  # staged data and run outputs
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.storage = PersistentS3Server(port=self.storage_port,
-                                          state_dir=self.storage_dir or self.home / "object-storage").start()
+                                          state_dir=self.storage_dir or self.home / "object-storage",
+                                          secret_key=service_secrets.load_or_create(self.home).object_storage_secret,
+                                          ).start()
         self.log(f"[sat] Object Storage (moto S3, kept in {self.storage.state_dir}) on {self.storage.endpoint_url}")
         seed_demo_bucket(_Client(self.storage))
         self._start_database()

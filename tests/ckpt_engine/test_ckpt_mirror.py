@@ -23,7 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 from ckpt_engine import CheckpointEngine, ConfigError, DecoratedCheckpointing, MemoryStorage
 from ckpt_engine.mirror import CheckpointMirror, restore_from_mirror
 from ckpt_engine.storage.s3 import S3Storage
-from sat_tasks.io.local_s3 import LOCAL_ACCESS_KEY, LOCAL_SECRET_KEY
+from sat_tasks.io.local_s3 import LOCAL_ACCESS_KEY
 
 DATA_FILES = ["extra.pt", "model.safetensors", "optimizer.pt"]
 ALL_FILES = sorted([*DATA_FILES, "manifest.json"])
@@ -34,7 +34,7 @@ def s3_env(s3_server, monkeypatch: pytest.MonkeyPatch):
     """A training container's view of the S3 server: endpoint and keys in the environment."""
     monkeypatch.setenv("CKPT_S3_ENDPOINT_URL", s3_server.endpoint_url)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_SECRET_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
     monkeypatch.delenv("CKPT_MIRROR_URL", raising=False)
     monkeypatch.delenv("CKPT_LAST_STEP", raising=False)
     return s3_server

@@ -134,7 +134,7 @@ def test_four_hardware_faults_end_in_max_retries(scripts_in_bucket):
     assert len({a["node"] for a in attempts}) == 4  # never back on a node that failed
 
 
-def test_broken_script_is_internal_after_one_attempt(scripts_in_bucket, s3_hook):
+def test_broken_script_is_internal_after_one_attempt(scripts_in_bucket, s3_hook, s3_server):
     job = make_job("e2e-broken", script="broken_train.py")
     report, attempts = run(job)
     assert report["status"] == "Pending - internalerror"
@@ -142,9 +142,9 @@ def test_broken_script_is_internal_after_one_attempt(scripts_in_bucket, s3_hook)
     assert any("KeyError" in line for line in attempts[0]["evidence"])
     assert_later_attempts_never_started(report, 1)
     # The report and the status history are JSON and hold no secret, on this error path too.
-    assert "sat-local-secret" not in json.dumps(report)
+    assert s3_server.secret_key not in json.dumps(report)
     status = read_json(s3_hook, JobRun.of(job, GENERIC_DAG_ID, report["run_id"]).status_uri)
-    assert status and "sat-local-secret" not in json.dumps(status)
+    assert status and s3_server.secret_key not in json.dumps(status)
 
 
 def test_spot_preempted_twice_resumes_each_time(scripts_in_bucket, s3_hook):

@@ -40,7 +40,6 @@ from playwright.sync_api import expect
 
 from sat_tasks.io.local_s3 import (
     LOCAL_ACCESS_KEY,
-    LOCAL_SECRET_KEY,
     PersistentS3Server,
     free_port,
     state_file_name,
@@ -621,11 +620,12 @@ def test_a_training_job_sees_none_of_the_services_secrets(deployment, api, runs)
                **{f"{people.name}: {name}": value for name, value in json.loads(people.read_text()).items()},
                "the metadata DB URL": component["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
                "the Object Storage connection": component["AIRFLOW_CONN_SAT_OBJECT_STORAGE"],
-               "the Object Storage secret key": LOCAL_SECRET_KEY,
+               "the Object Storage secret key": deployment.storage.secret_key,
                "the admin password file's path": str(people),
                "the default password file's path": str(deployment.home / PASSWORDS_FILE),
                "the registry password": REGISTRY_PASSWORD}
-    assert all(service.values()) and LOCAL_SECRET_KEY in service["the Object Storage connection"]
+    assert all(service.values()) and deployment.storage.secret_key in service["the Object Storage connection"]
+    assert deployment.storage.secret_key == kept["object_storage_secret"]  # the deployment's own, kept
     env = probe["env"]
     seen = [text, *env.values()]  # the log, and each value as the probe had it (the log holds them JSON-escaped)
     assert [name for name, value in service.items() if any(value in where for where in seen)] == []
@@ -635,7 +635,7 @@ def test_a_training_job_sees_none_of_the_services_secrets(deployment, api, runs)
     # Its Object Storage keys are STS's temporary ones, not the service's (the values: digests in the log).
     assert env["AWS_ACCESS_KEY_ID"] != LOCAL_ACCESS_KEY and LOCAL_ACCESS_KEY not in env.values()
     assert env["AWS_SECRET_ACCESS_KEY"].startswith("sha256:") and env["AWS_SESSION_TOKEN"].startswith("sha256:")
-    assert env["AWS_SECRET_ACCESS_KEY"] != _sha256(LOCAL_SECRET_KEY)
+    assert env["AWS_SECRET_ACCESS_KEY"] != _sha256(deployment.storage.secret_key)
     # Nothing else of the components' environment, unless allowed (runtime_env.HOST_ENV_ALLOWED), set by the
     # runtime contract to the same value, or bash's own.
     same_by_itself = {"PYTHONUNBUFFERED", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -653,16 +653,21 @@ OWN_RUN_PROBES = ("list its data", "read its data", "write its own results", "re
 def test_a_training_job_reaches_only_its_own_runs_objects(deployment, runs):
     """Allowed: its data and its own results prefix. Refused by the store (AccessDenied), and nothing of it landed:
     writing its data or scripts, reading, listing, writing, stopping, copying or deleting another run of its job or
-    a generic-DAG twin of the same name, another bucket, listing the bucket or the buckets, a new bucket, STS."""
+    a generic-DAG twin of the same name, another bucket, listing the bucket or the buckets, a new bucket, STS; and,
+    as the service (its key id, a made-up secret: SignatureDoesNotMatch), another run's results and moto's reset."""
     _, probe = _tenancy_log(deployment, runs)
     answers = probe["probes"]
     assert {name: answers.get(name) for name in OWN_RUN_PROBES} == dict.fromkeys(OWN_RUN_PROBES, "allowed")
     refused = {name: answer for name, answer in answers.items() if name not in OWN_RUN_PROBES}
-    assert len(refused) >= 18, answers  # every probe of tenancy_probe.py ran
+    assert len(refused) >= 22, answers  # every probe of tenancy_probe.py ran
     sts = "get wider credentials from STS"
     assert answers[sts] in ("AccessDenied", "HTTP 403"), answers  # moto's STS error shape: a 403 without a code
-    assert {name: answer for name, answer in refused.items() if name != sts} == \
-        dict.fromkeys(set(refused) - {sts}, "AccessDenied")
+    # Issue 42's co-tenant: the service's key id with a made-up secret fails the signature check (ADR 0037).
+    forged = {"read another run's results as the service", "write another run's results as the service",
+              "reset the store as the service"}
+    assert {name: answers.get(name) for name in forged} == dict.fromkeys(forged, "SignatureDoesNotMatch")
+    assert {name: answer for name, answer in refused.items() if name not in forged | {sts}} == \
+        dict.fromkeys(set(refused) - forged - {sts}, "AccessDenied")
 
     planted = {key: etag for bucket in (BUCKET, OTHER_BUCKET) for key, etag in _objects(deployment, bucket).items()
                if "planted" in key or "tenancy-probe/" in key}
@@ -1393,7 +1398,8 @@ def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deploymen
                                 headers={"Authorization": f"Bearer {token}"}, timeout=30)
         assert response.status_code == 200 and response.json()["total_entries"] >= 1
         assert (storage_dir / BUCKET / state_file_name(result_key)).exists()
-        restarted = PersistentS3Server(port=storage_port, state_dir=storage_dir)  # a client of the new server
+        restarted = PersistentS3Server(port=storage_port, state_dir=storage_dir,  # a client of the new server
+                                       secret_key=load_or_create(deployment.home).object_storage_secret)
         assert restarted.client().head_object(Bucket=BUCKET, Key=result_key)["ContentLength"] > 0
     finally:
         down = subprocess.run([sat, "down"], env=env, capture_output=True, text=True, timeout=180)

@@ -29,7 +29,6 @@ from sat_tasks.io import scoped_credentials
 from sat_tasks.io.local_s3 import (
     LOCAL_ACCESS_KEY,
     LOCAL_REGION,
-    LOCAL_SECRET_KEY,
 )
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.scoped_credentials import (
@@ -124,7 +123,7 @@ def store(s3_server, s3_hook):
 
 
 def _client(server, **credentials):
-    credentials = credentials or {"aws_access_key_id": LOCAL_ACCESS_KEY, "aws_secret_access_key": LOCAL_SECRET_KEY}
+    credentials = credentials or {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
     return boto3.client("s3", endpoint_url=server.endpoint_url, region_name=LOCAL_REGION, **credentials)
 
 
@@ -132,7 +131,7 @@ def _client(server, **credentials):
 def scoped(store):
     """The S3 client of run `run-1` of job `job-a`, with the credentials SAT's AssumeRole gets for it."""
     sts = boto3.client("sts", endpoint_url=store.endpoint_url, region_name=LOCAL_REGION,
-                       aws_access_key_id=LOCAL_ACCESS_KEY, aws_secret_access_key=LOCAL_SECRET_KEY)
+                       aws_access_key_id=store.access_key, aws_secret_access_key=store.secret_key)
     layout = JobRun(_job("job-a"), "run-1")
     issued = assume_run_role(sts, layout, attempt=1)
     assert issued.access_key_id != LOCAL_ACCESS_KEY and issued.session_token
@@ -188,11 +187,11 @@ def test_everything_else_is_access_denied(scoped, store, call):
 def test_the_temporary_key_without_its_token_or_an_unknown_key_is_refused(store, scoped):
     client, _ = scoped
     key_id = client._request_signer._credentials.access_key
-    for credentials in ({"aws_access_key_id": key_id, "aws_secret_access_key": "x"},
-                        {"aws_access_key_id": "made-up", "aws_secret_access_key": "x"}):
+    for credentials, code in (({"aws_access_key_id": key_id, "aws_secret_access_key": "x"}, "AccessDenied"),
+                              ({"aws_access_key_id": "made-up", "aws_secret_access_key": "x"}, "InvalidAccessKeyId")):
         with pytest.raises(ClientError) as raised:
             _client(store, **credentials).get_object(Bucket=BUCKET, Key="datasets/job-a/part-0.txt")
-        assert raised.value.response["Error"]["Code"] == "AccessDenied"
+        assert raised.value.response["Error"]["Code"] == code
     sts = boto3.client("sts", endpoint_url=store.endpoint_url, region_name=LOCAL_REGION,
                        aws_access_key_id=key_id, aws_secret_access_key=client._request_signer._credentials.secret_key,
                        aws_session_token=client._request_signer._credentials.token)
@@ -205,7 +204,7 @@ def test_a_dag_scoped_percent_encoded_prefix_is_granted_exactly(store):
     from sat_tasks.io.run_layout import scoped
 
     sts = boto3.client("sts", endpoint_url=store.endpoint_url, region_name=LOCAL_REGION,
-                       aws_access_key_id=LOCAL_ACCESS_KEY, aws_secret_access_key=LOCAL_SECRET_KEY)
+                       aws_access_key_id=store.access_key, aws_secret_access_key=store.secret_key)
     layout = JobRun(scoped(_job("job-a"), "team_dag"), "manual__2026-01-01T00:00:00+00:00")
     issued = assume_run_role(sts, layout, attempt=1)
     client = _client(store, aws_access_key_id=issued.access_key_id, aws_secret_access_key=issued.secret_access_key,
@@ -295,7 +294,7 @@ def test_a_local_attempt_mirrors_its_own_checkpoints_and_cannot_write_another_ru
     assert any(key.endswith("checkpoint-2/manifest.json") for key in mirrored)
     assert not s3_hook.check_for_key("results/job-b/other-run/planted.bin", bucket_name=BUCKET)
     assert any("scoped to" in line for line in lines)  # the job log says what the attempt may touch
-    assert LOCAL_SECRET_KEY not in output and not any(LOCAL_SECRET_KEY in line for line in lines)
+    assert store.secret_key not in output and not any(store.secret_key in line for line in lines)
     assert json.loads(s3_hook.read_key(run.status_uri.split("/", 3)[3], bucket_name=BUCKET))  # SAT's own records
 
 

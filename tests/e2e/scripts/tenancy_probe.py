@@ -7,7 +7,9 @@ It prints one line, `SAT-TENANCY-PROBE <json>`, into the job's log:
   test compares digests; the log is readable by every viewer of the DAG);
 - `probes`: for each Object Storage request it tries with the credentials SAT gave this
   attempt (the standard AWS variables, `CKPT_S3_ENDPOINT_URL`), `allowed` or the error code
-  the store answered (`HTTP <status>` when the answer had no code).
+  the store answered (`HTTP <status>` when the answer had no code); and, as issue 42's
+  co-tenant did, with the service's key id (`sat-local`, no secret) and a made-up secret, and
+  moto's `/moto-api/reset` (ADR 0037).
 
 Its own results prefix is `CKPT_MIRROR_URL` without `checkpoints/` (the runtime contract). The
 job's `env` names the other targets: `SAT_PROBE_DATA` (its own `data.source`), `SAT_PROBE_SCRIPTS`
@@ -22,13 +24,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import urllib.error
+import urllib.request
 
 import boto3
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
 from botocore.config import Config
+from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 
 HIDDEN = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 MARK = "SAT-TENANCY-PROBE"
+SERVICE_KEY_ID = "sat-local"  # the embedded store's service key id: no secret (its secret is generated)
 
 
 def split(uri: str) -> tuple[str, str]:
@@ -45,6 +53,24 @@ def outcome(call) -> str:
     except BotoCoreError as exc:
         return f"error {type(exc).__name__}"
     return "allowed"
+
+
+def moto_reset(endpoint: str, credentials: Credentials):
+    """POST /moto-api/reset, SigV4-signed with `credentials`: `allowed` or the store's error code."""
+    def call() -> str:
+        request = AWSRequest(method="POST", url=endpoint.rstrip("/") + "/moto-api/reset", data=b"")
+        S3SigV4Auth(credentials, "s3", os.environ.get("AWS_DEFAULT_REGION", "us-east-1")).add_auth(request)
+        prepared = request.prepare()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(prepared.url, data=b"", method="POST",
+                                                               headers=dict(prepared.headers)), timeout=60):
+                return "allowed"
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace")
+            return body.partition("<Code>")[2].partition("</Code>")[0] or f"HTTP {exc.code}"
+        except OSError as exc:
+            return f"error {type(exc).__name__}"
+    return call
 
 
 def environment() -> dict[str, str]:
@@ -112,6 +138,19 @@ def main() -> None:
         "create a bucket": outcome(lambda: s3.create_bucket(Bucket="sat-tenancy-planted")),
         "get wider credentials from STS": outcome(lambda: sts.assume_role(
             RoleArn="arn:aws:iam::123456789012:role/sat", RoleSessionName="wider", DurationSeconds=900)),
+    })
+    # Issue 42's co-tenant: the service's key id with a made-up secret; moto's reset (ADR 0037).
+    forged = boto3.client("s3", endpoint_url=endpoint, config=config, aws_access_key_id=SERVICE_KEY_ID,
+                          aws_secret_access_key="made-up-secret")
+    probes.update({
+        "read another run's results as the service": outcome(
+            lambda: forged.get_object(Bucket=bucket, Key=other + "victim.txt")["Body"].read()),
+        "write another run's results as the service": outcome(
+            lambda: forged.put_object(Bucket=bucket, Key=other + "planted.txt", Body=b"planted")),
+        "reset the store as the service": moto_reset(endpoint, Credentials(SERVICE_KEY_ID, "made-up-secret"))(),
+        "reset the store with its own credentials": moto_reset(endpoint, Credentials(
+            os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"],
+            os.environ.get("AWS_SESSION_TOKEN")))(),
     })
     print(f"{MARK} {json.dumps({'env': environment(), 'probes': probes}, sort_keys=True)}", flush=True)
 

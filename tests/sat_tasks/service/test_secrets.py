@@ -51,3 +51,18 @@ def test_repr_and_env_show_no_value_in_repr(tmp_path):
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"  # authentication stays on
     assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == kept.jwt_secret
     assert env["AIRFLOW__CORE__FERNET_KEY"] == kept.fernet_key
+
+
+def test_the_object_storage_secret_is_generated_kept_and_added_to_an_older_deployment(tmp_path):
+    """ADR 0037: the embedded store's service secret is one of the kept secrets, random per deployment."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    older = {"jwt_secret": "j", "fernet_key": "f", "api_secret_key": "a", "admin_password": "p", "db_password": "d"}
+    (home / service_secrets.SECRETS_FILE).write_text(json.dumps(older))  # made before the store's secret existed
+    first = service_secrets.load_or_create(home)
+    assert len(first.object_storage_secret) >= 32 and first.jwt_secret == "j"  # added; the kept ones stay
+    assert json.loads((home / service_secrets.SECRETS_FILE).read_text())["object_storage_secret"] == \
+        first.object_storage_secret
+    assert service_secrets.load_or_create(home).object_storage_secret == first.object_storage_secret
+    assert service_secrets.load_or_create(tmp_path / "other").object_storage_secret != first.object_storage_secret
+    assert first.object_storage_secret not in repr(first)
