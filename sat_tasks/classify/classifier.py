@@ -233,12 +233,20 @@ _INTERRUPTION_RULES = ("disruption-target:", "pod-termination", "node-condition:
                        "event:Evict", "event:Preempt", "event:Delet")
 
 
-def fault_evidence(found: list[Finding]) -> list[Finding]:
+#: What the surviving ranks' NCCL/gloo transports log when the job is torn down around them.
+_TEARDOWN_NETWORK = ("nccl-network", "infiniband-transport", "gloo-network", "nccl-system-error", "collective-timeout")
+
+
+def fault_evidence(found: list[Finding], who: WhoEnded | None = None) -> list[Finding]:
     """The findings that show a fault of the node (a device, the kernel, a hang, a problem condition):
-    not the interruption itself, not a peer's or the network's symptom."""
+    not the interruption itself, not a peer's or the network's symptom. When a controller or the node's
+    owner ended it, the transports' teardown noise (network lines that cannot outrank a clean exit) is
+    not a fault either."""
+    teardown = who is not None and (who.who is Ender.CONTROLLER or who.reclaimed is not None)
     return [f for f in found if f.kind is HW and not f.peer_symptom
             and (not f.node_loss or f.rule == "karpenter-disruption")
-            and not any(f.rule.startswith(prefix) for prefix in _INTERRUPTION_RULES)]
+            and not any(f.rule.startswith(prefix) for prefix in _INTERRUPTION_RULES)
+            and not (teardown and not f.beats_success and f.rule in _TEARDOWN_NETWORK)]
 
 
 def _may_be_interrupted(who: WhoEnded) -> bool:
@@ -256,7 +264,7 @@ def _why_not_interrupted(who: WhoEnded, found: list[Finding]) -> str:
         return "the node was lost and nothing shows it was reclaimed"
     if who.who is Ender.RUNTIME:
         return "the kubelet or the runtime ended it (decided by what it says)"
-    faults = fault_evidence(found)
+    faults = fault_evidence(found, who)
     if faults:
         return f"an interruption, but {len(faults)} finding(s) show a fault ({faults[0].rule or faults[0].reason})"
     return "an interruption, but the job's own error came first"
@@ -264,7 +272,7 @@ def _why_not_interrupted(who: WhoEnded, found: list[Finding]) -> str:
 
 def _interrupted(record: AttemptRecord, who: WhoEnded, found: list[Finding]) -> Verdict | None:
     """An interruption from outside with no evidence of a fault: PREEMPTED, "interrupted:" (ADR 0004)."""
-    if not _may_be_interrupted(who) or fault_evidence(found):
+    if not _may_be_interrupted(who) or fault_evidence(found, who):
         return None
     if record.exit_code is None and any(f.kind is VerdictKind.IMAGE_PULL for f in found):
         return None  # the container never ran: nothing was interrupted

@@ -209,3 +209,11 @@ def test_explain_decides_who_first():
     why = explain(record(exit_code=143, pod_conditions=[disruption("EvictionByEvictionAPI")]))
     assert why.steps[0][0] == "0 who ended it" and "a controller through the API" in why.steps[0][1]
     assert why.who is not None and why.who.who is Ender.CONTROLLER
+
+
+def test_teardown_network_noise_does_not_turn_a_controllers_interruption_into_a_fault():
+    noise = "host:1:2 [0] NCCL WARN NET/IB : Got completion from peer 10.0.3.23<44321> with status=12"
+    rec = record(exit_code=143, log_tail=[noise], pod_conditions=[disruption("PreemptionByKueue")])
+    assert classify(rec).kind is PRE
+    # ...but an unnamed kill beside a network error is not called an interruption
+    assert classify(record(exit_code=143, log_tail=[noise])).kind is HW
