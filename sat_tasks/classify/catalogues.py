@@ -1,8 +1,8 @@
 """Vendor catalogues as data: each code classified once, with its reason, its source document and version.
 
 A `Catalogue` is one vendor's list (NVIDIA Xid, CUDA runtime errors, NCCL results, NVML
-returns, DCGM health systems, AMD amdgpu/RAS/HIP, the InfiniBand/RoCE/EFA drivers, PCIe
-AER, MCE/EDAC). Each `Code` says what it means for a training attempt (`Fault`):
+returns, DCGM health systems, AMD amdgpu/RAS/HIP, other accelerators (Gaudi, Neuron, Intel
+GPUs, TPU), the InfiniBand/RoCE/EFA drivers, PCIe AER, MCE/EDAC). Each `Code` says what it means for a training attempt (`Fault`):
 
 - NODE: the node (a device, its driver, its link) is at fault: HARDWARE, fail over;
 - JOB: the job's code, configuration or image: INTERNAL;
@@ -505,5 +505,32 @@ MCE_EDAC = Catalogue(
     ),
 )
 
+# ---- other accelerators: Intel Gaudi, AWS Neuron, Intel GPUs, Google TPU ---------------------------------
+OTHER_ACCELERATORS = Catalogue(
+    key="other-accelerator",
+    title="Other accelerators' drivers",
+    source="Linux habanalabs driver (Intel Gaudi, drivers/accel/habanalabs), AWS Neuron runtime and driver "
+           "messages (Neuron documentation, troubleshooting), Linux i915/xe drivers (Intel GPUs), Cloud TPU "
+           "runtime errors (libtpu); read by family: the driver's name with the words of a fault",
+    version="Linux 6.x, Neuron SDK 2.x, libtpu 0.x (2024-2026)",
+    codes=_codes(
+        ("gaudi-fatal", "habanalabs critical or uncorrectable error", N, "the Gaudi device failed",
+         (r"habanalabs[^\n]{0,160}(?:critical error|\bfatal\b|uncorrectable|double.?bit|\bDERR\b|failed to reset"
+         r"|device is (?:disabled|unusable|in an unusable state)|heartbeat (?:failed|lost)|PCI link (?:down|error))")),
+        ("gaudi-correctable", "habanalabs correctable error", X, "a corrected error on the Gaudi device",
+         r"habanalabs[^\n]{0,160}(?:\bcorrectable\b|\bSERR\b)"),
+        ("neuron-hardware", "Neuron device hardware error", N, "the Neuron device failed",
+         (r"\bneuron\w*\b[^\n]{0,160}(?:uncorrectable|hardware error|\bHW error|\bfatal\b|device (?:is )?(?:unhealthy|"
+         r"unavailable)|DMA (?:error|timeout)|\bhang\b)")),
+        ("intel-gpu-wedged", "i915/xe GPU wedged or reset failed", N, "the Intel GPU could not be recovered",
+         r"\b(?:i915|xe) [^\n]{0,120}(?:wedged|GPU reset failed|reset failed|uncorrectable|\bfatal\b)"),
+        ("intel-gpu-hang", "i915/xe GPU hang", A, "a GPU hang: a hung kernel or a hung device (the driver resets it)",
+         r"\b(?:i915|xe) [^\n]{0,120}GPU HANG"),
+        ("tpu-hardware", "TPU hardware error", N, "the TPU chip or its host failed",
+         (r"\bTPU\b[^\n]{0,160}(?:hardware (?:error|failure|fault)|uncorrectable|(?:is|became) (?:unhealthy|not healthy)"
+         r"|chip (?:error|failure|fault))")),
+    ),
+)
+
 CATALOGUES: tuple[Catalogue, ...] = (NVIDIA_XID, CUDA_RUNTIME, NCCL_RESULTS, NVML_RETURNS, DCGM_HEALTH, AMD_GPU,
-                                     RDMA_DRIVERS, PCIE_AER, MCE_EDAC)
+                                     OTHER_ACCELERATORS, RDMA_DRIVERS, PCIE_AER, MCE_EDAC)

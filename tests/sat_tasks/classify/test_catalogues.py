@@ -19,7 +19,7 @@ from sat_tasks.core.attempt import AttemptRecord
 
 HW, INT = VerdictKind.HARDWARE, VerdictKind.INTERNAL
 REQUIRED = {"nvidia-xid", "cuda-runtime", "nccl-result", "nvml-return", "dcgm-health", "amd-gpu", "rdma-driver",
-            "pcie-aer", "mce-edac"}
+            "pcie-aer", "mce-edac", "other-accelerator"}
 
 
 def record(lines: list[str], exit_code: int = 1, where: str = "node_log") -> AttemptRecord:
@@ -88,6 +88,11 @@ LINES = [
     ("amdgpu 0000:03:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:3 pasid:32771)", INT, False),
     ("RuntimeError: HIP error: an illegal memory access was encountered", HW, True),
     ("RuntimeError: hipErrorNoDevice", HW, False),
+    # other accelerators
+    ("habanalabs hl0: Critical error: device is in an unusable state, reset required", HW, False),
+    ("neuron: nd0 nc1: uncorrectable memory error detected in HBM", HW, False),
+    ("i915 0000:00:02.0: [drm] GPU HANG: ecode 12:1:85dffffb, in python [4242]", HW, True),
+    ("TPU chip 3 became unhealthy: hardware failure detected by the runtime", HW, False),
     # InfiniBand / RoCE / EFA
     ("mlx4_en: eth2: Link Down", HW, False),
     ("ice 0000:3b:00.0 ens1f0: NIC Link is Down", HW, False),
@@ -112,6 +117,7 @@ NEAR_MISSES = [
     # error and to a clean exit
     "NCCL WARN NET/IB : Unable to open device mlx5_59",
     "{1}[Hardware Error]: event severity: corrected",
+    "habanalabs hl0: 1 correctable SERR events in HBM",
     "NVRM: Xid (PCI:0000:3b:00): 63, pid=1, Row Remapper: New row marked for remapping, reset gpu to activate.",
     "NVRM: Xid (PCI:0000:3b:00): 93, pid=1, InfoROM wear limit",
 ]
