@@ -44,6 +44,7 @@ from sat_tasks.classify.rules import (
     CONTROLLER_REASONS,
     DISRUPTION_WORDS,
     EXTERNAL_KILL_SIGNALS,
+    KUBE_SCHEDULER,
     KUBELET,
     NODE_CONTROLLERS,
     NODE_DOWN_TAINTS,
@@ -178,8 +179,8 @@ def _controller_events(record: AttemptRecord) -> list[tuple[str, str, bool, bool
             continue
         if not (DISRUPTION_WORDS.search(reason) or (source and DISRUPTION_WORDS.search(message))):
             continue
-        if "scheduler" in source.lower() and not re.search(r"preempt", f"{reason} {message}", re.IGNORECASE):
-            continue
+        if KUBE_SCHEDULER.search(source) and not re.search(r"preempt", f"{reason} {message}", re.IGNORECASE):
+            continue  # the kube-scheduler speaks of a disruption only when it preempts
         fault = bool(NODE_FAULT_WORDS.search(f"{reason} {message}"))
         found.append((source or "an unnamed component", _event_line(event), _is_node_event(event), fault))
     return found

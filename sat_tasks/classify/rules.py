@@ -600,7 +600,7 @@ DISRUPTION_WORDS = re.compile(
 )
 #: ...but not these: what failed to happen, or a pod's own problem (a probe, a pull, a mount).
 NOT_A_DISRUPTION = re.compile(
-    r"fail|error|backoff|back-off|unhealthy|pull|mount|probe|FailedScheduling|Scheduled\b|Created\b|Started\b",
+    r"fail|error|backoff|back-off|unhealthy|pull|mount|probe|\bScheduled\b|\bCreated\b|\bStarted\b",
     re.IGNORECASE,
 )
 #: A controller that acts because the node is broken (node repair, a failed-node replacement,
@@ -614,6 +614,8 @@ NODE_FAULT_WORDS = re.compile(
 SHUTDOWN_WORDS = re.compile(r"shut ?down|shutting down", re.IGNORECASE)
 #: The kubelet, by whatever name an event or a manager gives it.
 KUBELET = re.compile(r"^kubelet\b|\bkubelet$", re.IGNORECASE)
+#: The kube-scheduler (default-scheduler), by its event source names.
+KUBE_SCHEDULER = re.compile(r"^(?:default-scheduler|kube-scheduler|scheduler)$", re.IGNORECASE)
 #: The node lifecycle: the node controller, its taint manager, the pod garbage collector.
 NODE_CONTROLLERS = re.compile(
     r"node-?controller|node-?lifecycle|taint-?(?:eviction-?)?(?:manager|controller)|pod-?garbage|podgc",

@@ -75,6 +75,13 @@ def test_a_controller_interruption_with_no_fault_is_resumed_without_blame(fields
     assert diagnosis.verdict.kind is PRE and fault_events(diagnosis, job="j", run_id="r", now=1.0) == []
 
 
+def test_the_controllers_own_event_names_it():
+    rec = record(exit_code=143, pod_conditions=[disruption("EvictionByEvictionAPI")],
+                 events=[event("Descheduled", "pod evicted from gpu-1 node by sigs.k8s.io/descheduler",
+                               "sigs.k8s.io/descheduler")])
+    assert "sigs.k8s.io/descheduler" in who_ended(rec).by and "sigs.k8s.io/descheduler" in classify(rec).reason
+
+
 def test_the_managed_fields_manager_is_named():
     rec = record(exit_code=143, end_facts={"deletion_timestamp": "2026-01-01T00:00:00Z",
                                            "managers": [{"manager": "tpu-reclaimer", "disruption": True}]})
