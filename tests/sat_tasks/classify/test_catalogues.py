@@ -88,6 +88,8 @@ LINES = [
     ("amdgpu 0000:03:00.0: amdgpu: [gfxhub0] no-retry page fault (src_id:0 ring:24 vmid:3 pasid:32771)", INT, False),
     ("RuntimeError: HIP error: an illegal memory access was encountered", HW, True),
     ("RuntimeError: hipErrorNoDevice", HW, False),
+    (("Memory access fault by GPU node-2 (Agent handle: 0x55d8c2f0) on address 0x7f1c00000000. Reason: Page not "
+     "present or supervisor privilege."), HW, True),
     # other accelerators
     ("habanalabs hl0: Critical error: device is in an unusable state, reset required", HW, False),
     ("neuron: nd0 nc1: uncorrectable memory error detected in HBM", HW, False),
