@@ -1,7 +1,7 @@
 """Benchmark: goodput and recovery time, by phase, of a local Training Job with hardware faults at a fixed rate.
 
 Run: .venv/bin/python tests/benchmarks/bench_goodput.py [--steps 4200] [--fault-every 120 | --fault-step N]
-     [--faults 2] [--clean] [--elastic] [--standby [auto|true|false]]
+     [--faults 2] [--clean] [--elastic] [--standby [auto|true|false]] [--container]
 
 Through the real DAG (dag.test, local backend, embedded S3), the tiny-Llama job with a GPU
 fault (Xid 79) `--fault-every` seconds into each of the first `--faults` attempts.
@@ -25,6 +25,10 @@ interpreter that imported the framework while the attempt before it trained (fro
 `warm.STANDBY_DELAY_S` into it). `--standby` alone is `true`; without it the setting is the
 service's default, `auto` (on while the host has `warm.STANDBY_MIN_AVAILABLE_BYTES` available:
 the output says how much it had); `--standby false` turns it off.
+
+`--container` runs the faulty job a second time with every attempt in the training image (the local
+container runtime, ADR 0035; `make image` first): its recovery and start phase beside host mode's, in
+one run (`container_start_minus_host_s`: how much longer a failover's start takes in a new container).
 
 `--elastic` (issue 32: a failover with no spare node) runs a two-node job instead (`nodes: 2`,
 `elastic: {min_nodes: 1, wait_seconds: 0}`, DDP over gloo, one rank per local node) twice with
@@ -166,6 +170,8 @@ def scenarios(args: argparse.Namespace) -> list[tuple[str, object, str | None]]:
         return [(label, _job(f"goodput-{label}", args.steps, faults[:1], **fields), POOLS[label])
                 for label in ("faulty", "elastic")]
     runs: list[tuple[str, object, str | None]] = [("faulty", _job("goodput-faulty", args.steps, faults), None)]
+    if args.container:  # the same job, each attempt in the training image (ADR 0035), side by side
+        runs.append(("container", _job("goodput-container", args.steps, faults), None))
     if args.clean:
         runs.insert(0, ("clean", _job("goodput-clean", args.steps, []), None))
     return runs
@@ -205,6 +211,18 @@ def machine_line(results: dict[str, dict]) -> str:
     parts = [f"goodput={faulty['goodput']:.3f}", f"recovery_s={_seconds(_median([f['recovery_s'] for f in recovery]))}"]
     parts += [f"{name}_s={_seconds(_median([f['phases'][name] for f in recovery]))}" for name, _, _ in RECOVERY_PHASES]
     parts += [f"{label}_goodput={r['goodput']:.3f}" for label, r in results.items() if label != "faulty"]
+    if "container" in results:  # recovery and its start phase in a container against host mode (the faulty run)
+        container = results["container"]
+        for name in ("recovery", "start"):
+            key = "recovery_s" if name == "recovery" else None
+
+            def median(result, key=key, name=name):
+                return _median([f[key] if key else f["phases"][name] for f in result["recovery"]])
+
+            host_value, container_value = median(faulty), median(container)
+            parts.append(f"container_{name}_s={_seconds(container_value)}")
+            parts.append(f"container_{name}_minus_host_s=" + (_seconds(container_value - host_value)
+                         if host_value is not None and container_value is not None else "unknown"))
     if "elastic" in results:
         elastic = results["elastic"]
         parts.append(f"elastic_recovery_s={_seconds(_median([f['recovery_s'] for f in elastic['recovery']]))}")
@@ -233,6 +251,8 @@ def run_scenario(label: str, job, pool: str | None) -> dict:
     _setup_env(home)
     if pool is not None:
         os.environ["AIRFLOW__SAT__LOCAL_NODES"] = pool
+    # host mode unless this is the container scenario (airflow.cfg's `auto` is for the service)
+    os.environ["AIRFLOW__SAT__LOCAL_RUNTIME"] = "container" if label == "container" else "host"
     from sat_tasks.cli.run import run_job
     from sat_tasks.io.local_s3 import LocalS3Server
 
@@ -263,6 +283,9 @@ def main() -> None:
     parser.add_argument("--standby", nargs="?", const="true", default="auto", choices=("auto", "true", "false"),
                         help="[sat] failover_warm_interpreter (ADR 0031): `true` (the flag alone), `false`, or `auto` "
                              "(the default: on while memory is plentiful)")
+    parser.add_argument("--container", action="store_true",
+                        help="also run the faulty job with each attempt in the training image (`make image`; "
+                             "[sat] local_runtime = container), recovery and its start phase side by side")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one scenario, in the child process main() starts
     args = parser.parse_args()
     # read by the launches of the scenario's child process (sat_tasks.backends.local.warm)

@@ -179,6 +179,9 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
             container = _container(run, plan, node, log, endpoint)
         except ImagePullError as exc:  # the attempt ends before it starts, as a pod in ImagePullBackOff does
             log(f"[sat] {exc}")
+            run.job_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(run.job_log, "a", encoding="utf-8") as job_log:  # the job's log says why nothing ran
+                job_log.write(f"{now_utc().isoformat()} [sat] attempt {plan.attempt} did not start: {exc}\n")
             record = pull_failed_record(run, plan, node, nodes, str(exc))
             run.store_record(record)
             return record
@@ -263,7 +266,13 @@ def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | Non
                 f"the container runtime reaches only an Object Storage endpoint on this host's loopback; the run's is "
                 f"{parsed.scheme}://{parsed.hostname}:{parsed.port or ''} (set [sat] local_runtime = host for it)")
         ports = (parsed.port or (443 if parsed.scheme == "https" else 80),)
-    digest = prepare_image(job.image.url, log, job_pull_login(job))
+    pulled: list[str] = []  # what the pull said goes into the job's log too, after its header
+
+    def note(line: str) -> None:
+        log(line)
+        pulled.append(line)
+
+    digest = prepare_image(job.image.url, note, job_pull_login(job))
     # the training's uid in its user namespace writes them (ADR 0035); the attempt's series folder too, which the
     # metrics sidecar (this host's root) would otherwise make first
     series_dir = run.metrics_dir / Path(series_path(plan.attempt, node, "training")).parent
@@ -283,7 +292,7 @@ def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | Non
         gpus=resources.gpus_per_node,
         labels={"sat.ai/job": job.name, "sat.ai/attempt": str(plan.attempt), "sat.ai/node": node},
     )
-    return {"container": plan_, "image_digest": digest, "forward_ports": ports}
+    return {"container": plan_, "image_digest": digest, "forward_ports": ports, "notes": pulled}
 
 
 # `python [flags] script.py ...` or `python -m module ...`, not a launcher's own module (those run as written).

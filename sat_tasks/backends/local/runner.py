@@ -155,6 +155,7 @@ class LocalAttempt:
     # holds the container's paths, `sidecar_env` the same contract with this host's paths (the metrics sidecar runs
     # here). None: host mode, the command runs on this host and the image is not used.
     container: ContainerPlan | None = None
+    notes: list[str] = field(default_factory=list)  # lines for the job's log after its header (the image's pull)
     image_digest: str | None = None
     forward_ports: tuple[int, ...] = ()
     sidecar_env: dict[str, str] | None = field(default=None, repr=False)
@@ -201,6 +202,7 @@ class LocalAttempt:
             with open(self.job_log, "a", encoding="utf-8") as job_log, network as joined:
                 header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
                 job_log.write(header + "\n")
+                job_log.writelines(f"{now_utc().isoformat()} {note}\n" for note in self.notes)
                 job_log.write(f"{now_utc().isoformat()} [sat] attempt {self.attempt} {where}\n")
                 job_log.flush()
                 log(header)
