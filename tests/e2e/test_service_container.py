@@ -30,6 +30,7 @@ from tests.support.paths import REPO
 
 IMAGE = "registry.sat.local/sat/training:0.1.0"
 JOB = "tiny-llama-container"
+SPOT = "tiny-llama-spot-container"  # the Spot example, preempted at step 50 (SIGTERM to its container)
 DEADLINE = 1200  # seconds the demo may take on a busy 2-core machine (a bound, not a wait)
 pytestmark = [pytest.mark.timeout(DEADLINE + 600),
               pytest.mark.skipif(not podman_installed(), reason="podman/runc not installed: `make system-deps`")]
@@ -53,6 +54,12 @@ def deployment(tmp_path_factory, image_digest):
     spec["command"] = spec["command"].replace("--max_steps 160", "--max_steps 80")
     assert "--max_steps 80" in spec["command"] and spec["image"]["url"] == IMAGE
     (jobs / f"{JOB}.yaml").write_text(yaml.safe_dump(spec))
+    spot = yaml.safe_load((REPO / "include" / "jobs" / "tiny-llama-spot.yaml").read_text())
+    spot["name"] = SPOT
+    spot["command"] = spot["command"].replace("--max_steps 120", "--max_steps 80")
+    assert "--max_steps 80" in spot["command"] and spot["faults"] == [{"kind": "preemption", "attempt": 1,
+                                                                        "at_step": 50}]
+    (jobs / f"{SPOT}.yaml").write_text(yaml.safe_dump(spot))
     stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
                          storage_dir=root / "object-storage", jobs_dir=jobs, work_dir=root / "work",
                          extra_env={"AIRFLOW__SAT__LOCAL_RUNTIME": "container",
@@ -70,7 +77,7 @@ def deployment(tmp_path_factory, image_digest):
 
 
 @pytest.fixture(scope="module")
-def demo(deployment):
+def runs(deployment):
     import airflow_client.client as airflow_client
     from airflow_client.client import TriggerDAGRunPostBody
     from airflow_client.client.api.dag_run_api import DagRunApi
@@ -78,14 +85,17 @@ def demo(deployment):
     config = airflow_client.Configuration(host=deployment.url,
                                           access_token=_token(deployment.url, _password(deployment)))
     with airflow_client.ApiClient(config) as api:
-        _wait_for_dags(api, [JOB], deadline=time.monotonic() + 300)
-        triggered = _retrying(lambda: DagRunApi(api).trigger_dag_run(JOB, TriggerDAGRunPostBody(logical_date=None)))
-        return _wait_for_run(api, JOB, triggered.dag_run_id, deadline=time.monotonic() + DEADLINE)
+        _wait_for_dags(api, [JOB, SPOT], deadline=time.monotonic() + 300)
+        deadline = time.monotonic() + DEADLINE
+        triggered = {name: _retrying(lambda name=name: DagRunApi(api).trigger_dag_run(
+            name, TriggerDAGRunPostBody(logical_date=None))) for name in (JOB, SPOT)}
+        return {name: _wait_for_run(api, name, run.dag_run_id, deadline=deadline) for name, run in triggered.items()}
 
 
-def test_the_demo_fails_over_in_its_image_and_completes(deployment, demo, image_digest):
-    assert demo.state == "success", demo
+def test_the_demo_fails_over_in_its_image_and_completes(deployment, runs, image_digest):
+    demo = runs[JOB]
     report = _report(deployment, JOB, demo.dag_run_id)
+    assert demo.state == "success", (demo.state, report.get("history"), report.get("attempts"))
     assert [e["status"] for e in report["history"]] == [
         "Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
     first, second = report["attempts"]
@@ -101,7 +111,8 @@ def test_the_demo_fails_over_in_its_image_and_completes(deployment, demo, image_
     assert "runs on this host" not in log.text
 
 
-def test_the_job_page_shows_each_attempts_image_digest(deployment, demo, image_digest):
+def test_the_job_page_shows_each_attempts_image_digest(deployment, runs, image_digest):
+    demo = runs[JOB]
     token = _token(deployment.url, _password(deployment))
     headers = {"Authorization": f"Bearer {token}"}
     data = requests.get(f"{deployment.url}/sat/api/jobs/{JOB}/runs/{demo.dag_run_id}", headers=headers, timeout=60)
@@ -114,7 +125,8 @@ def test_the_job_page_shows_each_attempts_image_digest(deployment, demo, image_d
     assert all(IMAGE in cell and image_digest in cell for cell in cells), cells
 
 
-def test_a_person_reads_the_digests_inside_airflows_navigation(deployment, demo, image_digest):
+def test_a_person_reads_the_digests_inside_airflows_navigation(deployment, runs, image_digest):
+    demo = runs[JOB]
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.test_service import CHROMIUM, SCREENSHOTS, _logged_in_page
@@ -136,3 +148,24 @@ def test_a_person_reads_the_digests_inside_airflows_navigation(deployment, demo,
             page.screenshot(path=str(SCREENSHOTS / "05-container-digests-in-airflow.png"))
         finally:
             browser.close()
+
+
+def test_a_spot_preemption_reaches_the_container_as_sigterm_and_resumes_without_a_failover(deployment, runs):
+    run = runs[SPOT]
+    report = _report(deployment, SPOT, run.dag_run_id)
+    assert run.state == "success", (run.state, report.get("history"), report.get("attempts"))
+    assert [e["status"] for e in report["history"]] == [
+        "Pending", "Running", "Pending - preempted", "Running", "Completed"]
+    first, second = report["attempts"]
+    assert (first["verdict"], second["verdict"]) == ("PREEMPTED", "SUCCEEDED")
+    assert first["runtime"] == second["runtime"] == "container"
+    # SIGTERM reached the trainer inside its container: it committed a final checkpoint at the step it was on,
+    # not only the last periodic one (every 20 steps), and the next attempt resumed from it
+    step = first["last_committed_step"]
+    assert step >= 50 and step % 20 != 0 and second["resumed_from"] == step and report["global_step"] == 80
+    token = _token(deployment.url, _password(deployment))
+    log = requests.get(f"{deployment.url}/sat/api/jobs/{SPOT}/runs/{run.dag_run_id}/log",
+                       headers={"Authorization": f"Bearer {token}"}, timeout=60).text
+    assert "SIGTERM received" in log and f"final checkpoint checkpoint-{step} committed" in log, log[-3000:]
+    assert f"Resuming from checkpoint-{step}" in log
+    assert "failover" not in " ".join(e.get("reason") or "" for e in report["history"])  # none spent
