@@ -184,8 +184,9 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
         except registry.MalformedReference as exc:
             return _image_failed(run, registry.ImageCheckResult(
                 registry.ImageCheckOutcome.MALFORMED, job.image.url, f"malformed: {exc}"), log)
-        log(f"image {ref}: reference is well-formed; the {job.backend.value} backend runs the command on this "
-            "host, so no pull happens (set image.registry_conn_id to check the registry anyway)")
+        log(f"image {ref}: reference is well-formed; the {job.backend.value} backend pulls nothing without a "
+            "registry login: its attempt uses the image in its host's store (container runtime) or runs on the "
+            "host (set image.registry_conn_id to check and pull from the registry)")
         warm_pool_hook(job).image_checked(run, {"reference": str(ref), "digest": None})
         return {"outcome": "skipped-local", "reference": str(ref), "pulls_fail": False}
     result = registry.check_image(
