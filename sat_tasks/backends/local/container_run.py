@@ -465,16 +465,17 @@ RUNTIMES = ("host", "container", "auto")
 
 
 def chosen_runtime() -> str:
-    """`host` or `container`: `[sat] local_runtime` (`auto`: container where podman is installed), checked against
-    `[sat] local_host_mode`; ContainerRuntimeError naming the setting when it cannot be honoured."""
+    """`host` or `container`: `[sat] local_runtime` (`auto`: container where podman is installed and SAT runs as
+    root), checked against `[sat] local_host_mode`; ContainerRuntimeError naming the setting when it cannot be
+    honoured."""
     from sat_tasks.backends.local.containers import podman_installed
     from sat_tasks.config import sat_setting
 
     wanted = (sat_setting("local_runtime") or "host").strip().lower()
     if wanted not in RUNTIMES:
         raise ContainerRuntimeError(f"[sat] local_runtime: must be one of {', '.join(RUNTIMES)}, not {wanted!r}")
-    if wanted == "auto":
-        wanted = "container" if podman_installed() else "host"
+    if wanted == "auto":  # the attempt's network and id mapping need root (AttemptNetwork, writable_by_container)
+        wanted = "container" if podman_installed() and os.geteuid() == 0 else "host"
     if wanted == "container" and not podman_installed():
         raise ContainerRuntimeError("[sat] local_runtime = container, but podman (with runc) is not installed on "
                                     "this host: `make system-deps` installs them")
