@@ -1,6 +1,8 @@
-"""The local backend (the embedded default, what `make demo` runs): attempts as processes on this host.
+"""The local backend (the embedded default, what `make demo` runs): attempts on this host, in the job's image or not.
 
-A small pool of named local "nodes" (`[sat] local_nodes`) stands in for machines; each has
+Each attempt runs in the job's container image (podman, `container_run`; `[sat] local_runtime`,
+`auto` under `make up`) or as processes in SAT's own environment (host mode: `sat run`, `make
+demo`, the unit tests), ADR 0035. A small pool of named local "nodes" (`[sat] local_nodes`) stands in for machines; each has
 a kernel log where injected hardware faults leave Xid lines. The run's files live in the
 worker's work directory (`JobRun.run_dir`), which every task of the run shares: the
 local backend is one host by definition. `runner.LocalAttempt` runs one attempt,
@@ -42,7 +44,9 @@ class LocalBackend(Backend):
 
     kind = "local"
     capabilities = BackendCapabilities(
-        pulls_images=False,  # the command runs on this host, not in the image
+        # no registry check or pull without a login: a container attempt uses the host's image store (ADR 0035),
+        # a host attempt no image; with image.registry_conn_id the check runs and the container runtime pulls
+        pulls_images=False,
         watches_stop_request=True,  # the runner polls the stop request and passes it on as SIGTERM
         injects_faults=True,  # the runner injects the spec's faults (tests, the demo)
         workspace_pool=False,  # the slot board (`io.workspaces.SlotBoard`) queues workspace jobs
