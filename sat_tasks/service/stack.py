@@ -301,6 +301,27 @@ def processes_of(home: Path) -> list[int]:
     return procs.marked(SERVICE_MARK_ENV, str(home))
 
 
+def running_env(home: Path) -> dict[str, str] | None:
+    """The connections (`AIRFLOW_CONN_*`) and SAT settings (`AIRFLOW__SAT__*`) the running deployment of `home`
+    gave its components, read from its API server's environment (this user's own process); None when none runs.
+
+    For operator commands run beside the service (`sat nodes`, `sat warm-pool`, `sat report`): they reach
+    its Object Storage with its keys, as its components do. Read-only. Holds secrets: never printed.
+    """
+    for pid in processes_of(home):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"api-server" not in command:  # a component's, not a task's or a training process's (scoped keys)
+            continue
+        env = dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0") if "=" in entry)
+        if env.get(SERVICE_MARK_ENV) == str(home):
+            return {k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SAT__"))}
+    return None
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
