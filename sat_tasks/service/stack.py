@@ -303,18 +303,20 @@ def processes_of(home: Path) -> list[int]:
 
 def running_env(home: Path) -> dict[str, str] | None:
     """The connections (`AIRFLOW_CONN_*`) and SAT settings (`AIRFLOW__SAT__*`) the running deployment of `home`
-    gave its components, read from its API server's environment (this user's own process); None when none runs.
+    gave its components, read from a component's environment (this user's own process); None when none runs.
 
     For operator commands run beside the service (`sat nodes`, `sat warm-pool`, `sat report`): they reach
     its Object Storage with its keys, as its components do. Read-only. Holds secrets: never printed.
     """
     for pid in processes_of(home):
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             raw = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if b"api-server" not in command:  # a component's, not a task's or a training process's (scoped keys)
+        # A component as `component_command` starts it, not a task's or a training process's (scoped keys).
+        if argv[1:3] not in ([b"-m", b"airflow"], [b"-m", b"sat_tasks.service.preload"]) or len(argv) < 4 \
+                or argv[3].decode(errors="replace") not in COMPONENTS:
             continue
         env = dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0") if "=" in entry)
         if env.get(SERVICE_MARK_ENV) == str(home):
