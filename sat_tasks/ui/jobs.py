@@ -18,6 +18,7 @@ reads is bounded by the job (`max_attempts`), not by what the records claim.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from ckpt_engine.contract import (
     checkpoint_dir,
 )
 from ckpt_engine.errors import CheckpointError
-from sat_tasks.airflow.params import spec_from_params
+from sat_tasks.airflow.params import generic_params, spec_from_params
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Verdict, VerdictKind
 from sat_tasks.core.policy import GROW_BACK
@@ -75,36 +76,47 @@ class RunRef:
 
 
 def job_of(run: RunRef, jobs: dict[str, TrainingJob], generic_dag_id: str) -> TrainingJob | None:
-    """The Training Job a run ran: its spec file's (job DAGs), or the form's conf (the generic DAG), with the
-    run's recorded results; None when there is none, or its recorded results are not its DAG's (ADR 0024)."""
-    if run.dag_id in jobs:
-        job = jobs[run.dag_id]
-    elif run.dag_id != generic_dag_id or not run.conf:
+    """The Training Job a run ran; None when it is not a SAT DAG's run, has no valid spec, or its recorded results
+    are not its DAG's (ADR 0024).
+
+    Validated: the job validate_spec recorded (its XCom), the one every later task used, whatever
+    the run's conf leaves out (Airflow fills it from the DAG's Params) or its spec file says today.
+    Not validated yet (or validate_spec refused it): its spec file's job (job DAGs), or the form's
+    conf merged with the generic DAG's Params defaults, as Airflow merges them for the run's tasks;
+    scoped by the run's own DAG, where validate_spec will put its results.
+    """
+    if run.dag_id not in jobs and run.dag_id != generic_dag_id:
         return None
+    if run.validated is not None:
+        job = recorded_job(run)
+    elif run.dag_id in jobs:
+        job = scoped(jobs[run.dag_id], run.dag_id)
     else:
         try:
-            job = parse_spec(spec_from_params(run.conf), source=f"{run.dag_id}/{run.run_id}")
+            job = scoped(parse_spec(spec_from_params({**generic_defaults(), **run.conf}),
+                                    source=f"{run.dag_id}/{run.run_id}"), run.dag_id)
         except SpecError:
-            return None  # the run stopped at validate_spec; the row says so through the DAG-run state
-    job = with_recorded_results(run, job)
+            return None  # the run stops at validate_spec; the row says so through the DAG-run state
     if job is None or ownership_problem(JobRun(job, run.run_id), run.dag_id, set(jobs)) is not None:
         return None
     return job
 
 
-def with_recorded_results(run: RunRef, job: TrainingJob) -> TrainingJob | None:
-    """`job` with the results its run recorded at validate_spec (destination, DAG; legacy runs: no DAG).
+@functools.cache
+def generic_defaults() -> dict[str, Any]:
+    """The generic DAG's Params defaults: what Airflow gives a run for each form field its conf leaves out."""
+    return {name: param.value for name, param in generic_params().items()}
 
-    Not validated yet (or validate_spec refused it): the run's own DAG scopes the results, where
-    validate_spec will put them. A record that does not validate: None (nothing of it is read).
-    """
+
+def recorded_job(run: RunRef) -> TrainingJob | None:
+    """The job `run` recorded at validate_spec (destination, DAG; legacy runs: no DAG); None when there is no record,
+    or it does not validate (nothing of it is read)."""
     if run.validated is None:
-        return scoped(job, run.dag_id)
+        return None
     try:
-        recorded = TrainingJob.model_validate(run.validated)
+        return TrainingJob.model_validate(run.validated)
     except ValidationError:
         return None
-    return job.model_copy(update={"results": recorded.results, "name": recorded.name})
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -366,10 +378,10 @@ def monitoring(layout: JobRun, progress: ProgressRecord, attempts: list[dict[str
             if isinstance(e, dict) and _number(e.get("loss")) is not None and _int(e.get("step")) is not None]
     rate = [{"t": b["t"], "step": b["step"], "attempt": b["attempt"],
              "steps_per_second": round((b["step"] - a["step"]) / (b["t"] - a["t"]), 3)}
-            for a, b in zip(loss, loss[1:])
+            for a, b in itertools.pairwise(loss)
             if a["t"] and b["t"] and b["t"] > a["t"] and a["attempt"] == b["attempt"] and b["step"] > a["step"]]
     markers = []
-    for previous, current in zip(attempts, attempts[1:]):
+    for previous, current in itertools.pairwise(attempts):
         markers.append({"attempt": current["attempt"], "at": _epoch(current["started_at"]),
                         "step": current["resumed_from_step"],
                         "label": f"attempt {current['attempt']}"

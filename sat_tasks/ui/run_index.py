@@ -4,8 +4,9 @@ ADR 0022 (and 0033: GPU-hours, columns added in place). Call order, per list req
 
 1. `ensure_table(session)`: `sat_job_index` exists (created once per process, if missing);
 2. `sync(session, jobs, ...)`: the index follows Airflow and the pipeline: new `sat_summary`
-   XComs, changed DAG-run columns, runs not indexed yet, deleted runs. Only a run that
-   became terminal, or that predates the index, is read from Object Storage (once);
+   XComs, changed DAG-run columns, runs not indexed yet, runs whose validate_spec recorded their
+   job since (`spec_at`: the row's job and `listed` are taken from that record), deleted runs.
+   Only a run that became terminal, or that predates the index, is read from Object Storage (once);
 3. `list_runs(session, query, dag_ids, ...)`: one count and one page query over every run,
    filtered and sorted in SQL, and GPU- and node-hours per workspace in one `GROUP BY`
    (`usage_by_workspace`, which the Workspaces page asks over every run too).
@@ -29,7 +30,7 @@ from typing import Any
 
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
-from airflow.models.xcom import XComModel
+from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
 from airflow.utils.sqlalchemy import UtcDateTime
 from sqlalchemy import (
     Boolean,
@@ -56,6 +57,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from sat_tasks.backends.launch import SPEC_TASK_ID
 from sat_tasks.core.run_summary import (
     SUMMARY_KEY,
     RunSummary,
@@ -113,6 +115,7 @@ INDEX = Table(
     # Added after the first release (ADR 0033): nullable, so `ensure_table` can add them to an existing table.
     Column("short_node_s", Float, default=0.0),  # node-seconds elastic attempts ran without (closed intervals)
     Column("running_short_nodes", Integer, default=0),  # nodes the open interval's attempt runs without
+    Column("spec_at", UtcDateTime),  # the validate_spec XCom the row's job (and `listed`) was taken from; NULL: none
     Index("idx_sat_job_index_submitted", "submitted_at"),
     Index("idx_sat_job_index_status", "status"),
     Index("idx_sat_job_index_job", "job"),
@@ -459,6 +462,7 @@ class SyncCounts:
     changed: int = 0
     read_from_storage: int = 0
     removed: int = 0
+    validated: int = 0  # rows whose job was taken again from the spec their run validated since
 
 
 def _tags_fields(tags: Mapping[str, Any]) -> dict[str, str]:
@@ -544,10 +548,52 @@ def _new_record(run: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str,
         **_tags_fields(job.tags if job else {}),
     }
     if job is not None:
-        record.update(job=job.name, learning_type=job.learning_type.value, framework=job.framework.value,
-                      nodes=job.nodes, gpus_per_node=job.resources.gpus_per_node, workspace=job.workspace,
-                      schedule=job.schedule, results=RunLayout(job, run.run_id).results_uri)
+        record.update(_job_fields(job, run.run_id))
     return record, job
+
+
+def _job_fields(job: TrainingJob, run_id: str) -> dict[str, Any]:
+    """The index columns that come from the run's job."""
+    return {"job": job.name, "learning_type": job.learning_type.value, "framework": job.framework.value,
+            "nodes": job.nodes, "gpus_per_node": job.resources.gpus_per_node, "workspace": job.workspace,
+            "schedule": job.schedule, "results": RunLayout(job, run_id).results_uri}
+
+
+_SPEC_XCOM = and_(XComModel.task_id == SPEC_TASK_ID, XComModel.key == XCOM_RETURN_KEY, XComModel.map_index == -1)
+
+
+def _spec_stamps(session: Any, runs: list[Any]) -> dict[int, datetime]:
+    """When validate_spec recorded each of `runs`' job (its XCom's time), by DagRun.id; runs not validated: absent."""
+    if not runs:
+        return {}
+    return dict(session.execute(select(XComModel.dag_run_id, XComModel.timestamp).where(
+        _SPEC_XCOM, XComModel.dag_run_id.in_([run.id for run in runs]))).all())
+
+
+def _revalidated(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, joined: Any,
+                 read: ReadJson, counts: SyncCounts) -> None:
+    """Rows whose run validated its spec after they were indexed take their job, and whether they are listed, from
+    that record (ADR 0024): a run the index first saw without it (its short conf did not parse, its spec file
+    changed) shows what ran. A row that becomes listed after its run ended reads its records once."""
+    stale = session.execute(
+        select(C.listed, C.status, DagRun, XComModel.timestamp).join(DagRun, joined)
+        .join(XComModel, XComModel.dag_run_id == DagRun.id)
+        .where(_SPEC_XCOM, or_(C.spec_at.is_(None), C.spec_at < XComModel.timestamp))).all()
+    if not stale:
+        return
+    validated = dag_runs.validated_specs(session, [run for _, _, run, _ in stale])
+    for listed, status, run, stamp in stale:
+        job = job_of(dag_runs.run_ref(run, validated=validated.get(run.id)), dict(jobs), generic_dag_id)
+        fields: dict[str, Any] = {"spec_at": stamp, "listed": job is not None}
+        if job is not None:
+            fields.update(_job_fields(job, run.run_id))
+            if not listed:  # its tags were the empty ones of a row without a job (none could edit them)
+                fields.update(_tags_fields(job.tags))
+                if dag_runs.run_state(run) in TERMINAL_STATES:  # ended unlisted: nothing read its records
+                    fields.update(_from_storage(job, run.run_id, read, history=status not in TERMINAL_WORDS))
+                    counts.read_from_storage += 1
+        session.execute(update(INDEX).where(C.dag_id == run.dag_id, C.run_id == run.run_id).values(**fields))
+        counts.validated += 1
 
 
 def _latest_summaries(session: Any, where: Any) -> dict[tuple[str, str], tuple[datetime, dict[str, Any]]]:
@@ -585,9 +631,11 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
     if new_runs:
         summaries = _latest_summaries(session, XComModel.dag_run_id.in_([run.id for run in new_runs]))
         validated = dag_runs.validated_specs(session, list(new_runs))
+        spec_stamps = _spec_stamps(session, list(new_runs))
         records = []
         for run in new_runs:
             record, job = _new_record(run, jobs, generic_dag_id, validated.get(run.id))
+            record["spec_at"] = spec_stamps.get(run.id) if run.id in validated else None
             published = summaries.get((run.dag_id, run.run_id))
             if published is not None:
                 record.update(published[1], summary_at=published[0])
@@ -596,6 +644,9 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
                 counts.read_from_storage += 1
             records.append(record)
         counts.added = _insert_new(session, records)
+
+    # 1b. runs that validated their spec since they were indexed: their job is the one they recorded
+    _revalidated(session, jobs, generic_dag_id, joined, read, counts)
 
     # 2. new summaries from the pipeline
     newest = session.execute(select(func.max(C.summary_at))).scalar()
@@ -642,7 +693,7 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
         session.execute(delete(INDEX).where(C.dag_id == dag_id, C.run_id == run_id))
     counts.removed = len(gone)
 
-    if counts.added or counts.summaries or counts.changed or counts.removed:
+    if counts.added or counts.summaries or counts.changed or counts.removed or counts.validated:
         session.commit()
     return counts
 
