@@ -80,6 +80,14 @@ class Plan(Contract):
     resume_step: int | None = Field(None, description=f"{LAST_STEP_ENV}; -1 = newest complete; None = fresh start")
     failovers: int = Field(0, ge=0, description="hardware failovers used before this attempt")
     resumes: int = Field(0, ge=0, description="Spot resumes used before this attempt")
+    interruptions: int = Field(0, ge=0, description="resumes after an interruption from outside (`INTERRUPTED`) used "
+                                                    "before this attempt (`TrainingJob.max_interruptions`)")
+
+
+#: The reason's prefix of a PREEMPTED verdict decided by who ended the attempt: an interruption from outside
+#: (an unnamed SIGTERM/SIGKILL, a controller, a reclaimed node) with no evidence of a fault (ADR 0004). It is
+#: resumed without blame, within a budget of its own (`TrainingJob.max_interruptions`, `core.policy`).
+INTERRUPTED = "interrupted:"
 
 
 class Verdict(Contract):
@@ -112,6 +120,7 @@ class Decision(Contract):
     exclude_nodes: list[str] = Field(default_factory=list)
     failovers: int = 0
     resumes: int = 0
+    interruptions: int = 0
     resume_step: int = -1
     status: JobStatus | None = Field(None, description="the job status this decision records")
     preempted_at: float | None = Field(None, description="epoch seconds of the pre-emption (Spot)")

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sat_tasks.core.contracts import Action, Decision, Plan, Verdict, VerdictKind
+from sat_tasks.core.contracts import (
+    INTERRUPTED,
+    Action,
+    Decision,
+    Plan,
+    Verdict,
+    VerdictKind,
+)
 from sat_tasks.core.node_health import ACROSS_NODES, RELOCATION
 from sat_tasks.core.status import JobStatus
 from sat_tasks.errors import NotApplicable
@@ -30,7 +37,7 @@ def plan_attempt(job: TrainingJob, attempt: int, previous: Decision | None) -> P
     if previous is None or not previous.needs_attempt:
         raise NotApplicable(f"attempt {attempt} is not needed")
     return Plan(attempt=attempt, exclude_nodes=list(previous.exclude_nodes), resume_step=previous.resume_step,
-                failovers=previous.failovers, resumes=previous.resumes)
+                failovers=previous.failovers, resumes=previous.resumes, interruptions=previous.interruptions)
 
 
 def resume_interrupted(plan: Plan, last_committed_step: int | None) -> Plan:
@@ -75,7 +82,7 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
     evidence = "; ".join(verdict.evidence[:EVIDENCE_IN_STATUS]) or verdict.reason
     base = {
         "attempt": attempt, "verdict": verdict.kind, "exclude_nodes": exclude, "failovers": plan.failovers,
-        "resumes": plan.resumes,
+        "resumes": plan.resumes, "interruptions": plan.interruptions,
         "resume_step": -1 if verdict.last_committed_step is None else verdict.last_committed_step,
     }
 
@@ -98,6 +105,8 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
         if verdict.reason.startswith((RELOCATION, ACROSS_NODES)):  # decided across nodes: say by which rule
             evidence = verdict.reason
         return stop(JobStatus.INTERNAL_ERROR, f"internal error in attempt {attempt} (no retry): {evidence}")
+    if kind is VerdictKind.PREEMPTED and verdict.reason.startswith(INTERRUPTED):
+        return interrupted_decision(job, plan, verdict, base, now=now)
     if kind is VerdictKind.PREEMPTED:
         delay = max([f.capacity_delay_seconds for f in job.faults
                      if f.attempt == attempt and f.kind is FaultKind.PREEMPTION] or [0])
@@ -141,6 +150,37 @@ def decide_next(job: TrainingJob, plan: Plan, verdict: Verdict, *, now: float,
     return Decision(**{**base, "failovers": plan.failovers + 1, "exclude_nodes": failed_nodes},
                     action=Action.FAILOVER, status=JobStatus.FAILOVER_IN_PROGRESS,
                     why=f"{fault}: {evidence}; {move} (failover {plan.failovers + 1} of {job.max_failovers})")
+
+
+def interrupted_decision(job: TrainingJob, plan: Plan, verdict: Verdict, base: dict, *, now: float) -> Decision:
+    """An interruption from outside with no evidence of a fault (reason `INTERRUPTED`, ADR 0004): resumed without blame.
+
+    No failover is spent and the node is not excluded, as after a pre-emption; but it has a budget of
+    its own, `job.max_interruptions`, so that an endless reclaim loop (something that kills every attempt
+    and leaves no trace) ends with a status that names it. It also spends what any resume spends: an
+    attempt of the DAG (on-demand) or a Spot resume.
+    """
+    attempt, node, used = plan.attempt, verdict.node, plan.interruptions
+    what = verdict.reason[len(INTERRUPTED):].split(", with no evidence", 1)[0].strip() or "interrupted"
+    budget = f"max_interruptions={job.max_interruptions}"
+    if used >= job.max_interruptions:
+        return Decision(**base, action=Action.STOP, status=JobStatus.FAILED, why=(
+            f"interrupted from outside again in attempt {attempt} on {node} ({what}) after {used} interruption(s) "
+            f"resumed ({budget}): the interruption budget is spent; nothing showed a fault of the node or the job, "
+            "so something outside keeps ending the training (a reclaim loop?)"))
+    if job.is_spot and plan.resumes >= job.spot.max_resumes:
+        return Decision(**base, action=Action.STOP, status=JobStatus.FAILED, why=(
+            f"interrupted from outside in attempt {attempt} on {node} ({what}) after {plan.resumes} resumes "
+            f"(spot.max_resumes; {used} of {budget} used)"))
+    if not job.is_spot and attempt >= job.max_attempts():
+        return Decision(**base, action=Action.STOP, status=JobStatus.FAILED, why=(
+            f"interrupted from outside in attempt {attempt} on {node} ({what}) and no attempt is left "
+            f"({job.max_attempts()} in all; {used} of {budget} used)"))
+    return Decision(**{**base, "resumes": plan.resumes + 1, "interruptions": used + 1}, action=Action.RESUME,
+                    status=JobStatus.PREEMPTED, preempted_at=now, capacity_at=now,
+                    why=(f"attempt {attempt} interrupted from outside on {node} ({what}) with no evidence of a fault: "
+                         f"resumed without blame (not a node fault, no failover spent, no ledger entry); "
+                         f"interruption {used + 1} of {budget}"))
 
 
 # ---- elastic failover (issue 32, ADR 0029) ---------------------------------------------------------

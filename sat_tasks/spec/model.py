@@ -417,6 +417,13 @@ class TrainingJob(_Model):
     )
     max_failovers: int = ruled(3, rule="must be between 0 and 3", ge=0, le=3,
                                description="hardware failovers at most (0-3)")
+    max_interruptions: int = ruled(
+        3, rule="must be between 0 and 5", ge=0, le=5,
+        description="resumes after an interruption from outside with no evidence of a fault (an unnamed "
+                    "SIGTERM/SIGKILL, a controller's eviction or deletion, a reclaimed node) at most (0-5); one "
+                    "more ends the job Failed. Each is resumed without a failover or blame, and also counts as an "
+                    "attempt (and for Spot jobs, a resume)",
+    )
     test: JobTest | None = Field(
         None, description="how `sat test` and SAT's pytest plugin run this job short and which failures they "
                           "rehearse (ignored in production; ADR 0016)")

@@ -187,3 +187,65 @@ def test_every_verdict_kind_has_a_rule_and_none_falls_through_to_a_failover(kind
     fails_over = kind in (VerdictKind.HARDWARE, VerdictKind.SUSPECT_NODE)
     assert (decision.failovers == 1) is fails_over  # only a fault of the node spends a failover
     assert (decision.status is JobStatus.FAILOVER_IN_PROGRESS) is fails_over
+
+
+# ---- the interruption budget (issue 43 item 1, ADR 0004) ------------------------------------------------
+def interrupted(attempt: int = 1, node: str = "gpu-1") -> Verdict:
+    return Verdict(kind=VerdictKind.PREEMPTED, evidence=['container "train" terminated: reason=-, exitCode=143'],
+                   reason="interrupted: killed by SIGTERM from outside, with no evidence of a fault: resumed without "
+                          "blame (no failover spent, no ledger entry; ADR 0004)",
+                   attempt=attempt, node=node, last_committed_step=40)
+
+
+def test_an_interruption_resumes_without_blame_and_counts_against_its_own_budget():
+    spec = job()
+    decision = decide_next(spec, Plan(attempt=1), interrupted(), now=NOW)
+    assert decision.action is Action.RESUME and decision.status is JobStatus.PREEMPTED
+    assert decision.failovers == 0 and decision.exclude_nodes == [] and decision.resume_step == 40
+    assert decision.interruptions == 1 and decision.resumes == 1
+    assert "no failover spent" in decision.why and "interruption 1 of max_interruptions=3" in decision.why
+    assert plan_attempt(spec, 2, decision).interruptions == 1  # carried to the next attempt
+
+
+def test_an_endless_reclaim_loop_ends_when_the_interruption_budget_is_spent():
+    # Spot, 5 resumes allowed, 2 interruptions: the third interruption ends it, naming the budget
+    spec = job(**{**SPOT, "spot": {"max_resumes": 5}, "max_interruptions": 2})
+    plan, decisions = Plan(attempt=1), []
+    for attempt in range(1, 7):
+        decision = decide_next(spec, plan, interrupted(attempt), now=NOW)
+        decisions.append(decision)
+        if not decision.needs_attempt:
+            break
+        plan = plan_attempt(spec, attempt + 1, decision)
+    assert [d.action for d in decisions] == [Action.RESUME, Action.RESUME, Action.STOP]
+    last = decisions[-1]
+    assert last.status is JobStatus.FAILED
+    assert "max_interruptions=2" in last.why and "interruption budget is spent" in last.why, last.why
+    assert "after 2 interruption(s)" in last.why and "killed by SIGTERM from outside" in last.why
+
+
+def test_pre_emptions_with_their_own_evidence_do_not_spend_the_interruption_budget():
+    spec = job(**{**SPOT, "spot": {"max_resumes": 5}, "max_interruptions": 0})
+    decision = decide_next(spec, Plan(attempt=1), verdict(VerdictKind.PREEMPTED), now=NOW)  # a Spot notice
+    assert decision.action is Action.RESUME and decision.interruptions == 0
+    assert decide_next(spec, Plan(attempt=2, resumes=1), interrupted(2), now=NOW).action is Action.STOP
+
+
+@pytest.mark.parametrize(("spec", "plan", "words"), [
+    pytest.param({"job_failover": False}, Plan(attempt=1), "no attempt is left (1 in all; 0 of max_interruptions=3",
+                 id="on-demand-out-of-attempts"),
+    pytest.param({**SPOT}, Plan(attempt=3, resumes=2), "after 2 resumes (spot.max_resumes; 0 of max_interruptions=3",
+                 id="spot-out-of-resumes"),
+])
+def test_an_interruption_past_the_jobs_other_limits_says_which(spec, plan, words):
+    decision = decide_next(job(**spec), plan, interrupted(plan.attempt), now=NOW)
+    assert decision.action is Action.STOP and decision.status is JobStatus.FAILED
+    assert words in decision.why, decision.why
+
+
+def test_the_interruption_budget_is_a_spec_field_from_0_to_5():
+    assert job().max_interruptions == 3
+    assert job(max_interruptions=0).max_interruptions == 0
+    for bad in (-1, 6):
+        with pytest.raises(Exception, match="max_interruptions"):
+            job(max_interruptions=bad)
