@@ -12,7 +12,13 @@ import json
 
 import pytest
 
-from sat_tasks.classify import VerdictKind, classify, explain, record_from_pod
+from sat_tasks.classify import (
+    VerdictKind,
+    classify,
+    explain,
+    node_evidence,
+    record_from_pod,
+)
 from sat_tasks.classify.ended import Ender, who_ended
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.node_health import diagnose, fault_events, suspect_node
@@ -175,6 +181,25 @@ def test_a_reclaimed_node_with_a_device_fault_is_hardware():
 def test_an_unnamed_outside_kill_with_no_evidence_is_an_interruption(fields):
     verdict = classify(record(**fields))
     assert verdict.kind is PRE and verdict.reason.startswith("interrupted:")
+
+
+def test_a_local_record_without_the_nodes_labels_at_the_end_is_not_a_lost_node():
+    # The local backend never records the node's labels at the end (AttemptRecord.node_labels): its labels at the
+    # start beside none at the end say nothing of the node being gone. Found by the outside-SIGTERM rehearsal
+    # (tests/e2e/test_rehearsals.py): it was HARDWARE with "the Node object was gone" against a healthy node.
+    local = {"backend": "local", "node": "local-node-0", "exit_code": 143,
+             "log_tail": ["SIGTERM: final checkpoint at step 8"],
+             "node_labels_at_start": {"sat.local/node": "local-node-0", "sat.local/capacity-type": "on-demand"}}
+    rec = record(**local)
+    assert who_ended(rec).who is Ender.OUTSIDE
+    verdict = classify(rec)
+    assert verdict.kind is PRE and verdict.reason.startswith("interrupted:"), verdict
+    assert node_evidence(rec) == []
+    # the local node-loss fault still says so through the node's Ready condition
+    lost = record(**{**local, "exit_code": 137, "signal": 9}, node_conditions=NOT_READY)
+    assert who_ended(lost).who is Ender.NODE and classify(lost).kind is HW
+    # and a Kubernetes record with the same fields is still a node gone (nothing read of it at the end)
+    assert who_ended(record(**{**local, "backend": "kubernetes"})).who is Ender.NODE
 
 
 def test_an_unnamed_outside_kill_after_the_jobs_own_error_is_the_jobs():
