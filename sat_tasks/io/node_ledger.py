@@ -16,11 +16,12 @@ placement; `NodeLedger.release` when a person lifts a quarantine.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sat_tasks.config import safe_run_id, sat_setting
 from sat_tasks.core.contracts import Log, Verdict
+from sat_tasks.core.health_check import ProbeResult, decide_with_probe, probe_event
 from sat_tasks.core.node_health import (
     LEDGER_KINDS,
     RELOCATION,
@@ -137,16 +138,25 @@ class NodeLedger:
 
 
 # ---- what the pipeline and the backends call ------------------------------------------------------
-def diagnose_attempt(run: Any, verdict: Verdict, log: Log = print) -> Verdict:
+def diagnose_attempt(run: Any, verdict: Verdict, log: Log = print, probe: Callable[[str], ProbeResult] | None = None
+                     ) -> Verdict:
     """The verdict after the rules across attempts, nodes and jobs; records it in the ledger (best effort).
 
     `run` is the attempt's `JobRun`. An ambiguous HARDWARE verdict becomes SUSPECT_NODE; the
     relocation rule reads this run's earlier verdicts; the three-node rule and the quarantine
     read the ledger. A ledger that cannot be read or written is logged, never fatal: the
     relocation rule still holds within the run.
+
+    `probe` (a backend's node health check, `sat_tasks.io.node_probe`; None: none) runs on the
+    node of a HARDWARE or SUSPECT_NODE verdict first: a failed check makes a SUSPECT_NODE
+    HARDWARE and is recorded against the node (SAT read it there), and the status history says
+    so (`core.health_check`). A probe that raises is logged and decides nothing.
     """
     job, now, window = run.job, time.time(), window_seconds()
     verdict = suspect_node(verdict)
+    probed = _health_check(run, verdict, probe, log) if probe is not None else None
+    if probed is not None:
+        verdict = probed[0]
     earlier = [v for v in (run.load_verdict(k) for k in range(1, verdict.attempt or 1)) if v is not None]
     ledger = NodeLedger.for_job(job, run.hook())
     try:
@@ -166,6 +176,8 @@ def diagnose_attempt(run: Any, verdict: Verdict, log: Log = print) -> Verdict:
     if new and diagnosis.verdict.kind in LEDGER_KINDS and not _sat_observed(run, diagnosis.verdict, log):
         # What the training printed is the job's evidence for its verdict, never a node's (ADR 0004).
         new = [e for e in new if not (e.by == "classify" and e.node == diagnosis.verdict.node)]
+    if probed is not None and probed[1] is not None:
+        new.append(probed[1])  # a failed health check: SAT read it on the node
     if ledger is not None and new:
         try:
             for event in new:
@@ -179,6 +191,27 @@ def diagnose_attempt(run: Any, verdict: Verdict, log: Log = print) -> Verdict:
                 log(f"[sat] node health: {node} is quarantined: {health.summary} within {window:.0f}s; "
                     f"no job is placed there until a person releases it (`sat nodes release {node}`)")
     return diagnosis.verdict
+
+
+def _health_check(run: Any, verdict: Verdict, probe: Callable[[str], ProbeResult], log: Log
+                  ) -> tuple[Verdict, FaultEvent | None] | None:
+    """Probe the verdict's node after a HARDWARE or SUSPECT_NODE verdict: the verdict it leaves, and the ledger
+    event of a failed check. None when there is nothing to probe or the probe could not run."""
+    if verdict.kind not in LEDGER_KINDS or not verdict.node:
+        return None
+    try:
+        result = probe(verdict.node)
+    except Exception as exc:  # noqa: BLE001 - a probe never decides by failing to run
+        log(f"[sat] node health: the health check of {verdict.node} could not run ({type(exc).__name__}: {exc})")
+        return None
+    decided, note = decide_with_probe(verdict, result)
+    if note:
+        log(f"[sat] node health: {note}")
+    if decided.kind is not verdict.kind:  # the check decided the suspect: the status history says which rule
+        history = run.history(log)
+        history.record(JobStatus(history.current() or JobStatus.RUNNING.value), note,
+                       attempt=verdict.attempt, task="classify")
+    return decided, probe_event(result, job=run.job.name, run_id=run.run_id, attempt=verdict.attempt or 0)
 
 
 def _sat_observed(run: Any, verdict: Verdict, log: Log) -> bool:
