@@ -6,7 +6,7 @@ import argparse
 import getpass
 import json
 
-from sat_tasks.cli.common import EXIT_FAILED, EXIT_OK
+from sat_tasks.cli.common import EXIT_FAILED, EXIT_OK, needs_object_storage
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +38,7 @@ def _ledger(args: argparse.Namespace):
     return NodeLedger.for_deployment(object_storage_hook(sat_setting("object_storage_conn_id")), args.root)
 
 
+@needs_object_storage("sat nodes ls")
 def cmd_ls(args: argparse.Namespace) -> int:
     from sat_tasks.io.node_ledger import describe, to_json, window_seconds
 
@@ -54,6 +55,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@needs_object_storage("sat nodes release")
 def cmd_release(args: argparse.Namespace) -> int:
     """Write a release marker (every job sees it at its next placement); 1 when the node was not quarantined."""
     from sat_tasks.pipeline.actions import release_node

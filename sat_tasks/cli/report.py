@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ckpt_engine.contract import REPORT_HTML_NAME
+from sat_tasks.cli.common import needs_object_storage
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -26,7 +27,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_report_cli(args: argparse.Namespace) -> int:
-    """Write the page; 0 when every metrics line was read, 1 when some were not (named on stderr), 2 no RUN."""
+    """Write the page; 0 when every metrics line was read, 1 when some were not (named on stderr), 2 no RUN.
+
+    An s3:// RUN is read with the running deployment's Object Storage connection (`needs_object_storage`).
+    """
+    return _remote_report(args) if args.run.startswith("s3://") else _report(args)
+
+
+@needs_object_storage("sat report")
+def _remote_report(args: argparse.Namespace) -> int:
+    return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
     from sat_tasks.io.metrics import read_metrics
     from sat_tasks.pipeline.report_html import render_report_html
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from sat_tasks.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK
+from sat_tasks.cli.common import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    needs_object_storage,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +45,7 @@ def _states(args: argparse.Namespace, hook) -> list:
     return [item for root in (args.root or warm_roots()) for item in store.states(root)]
 
 
+@needs_object_storage("sat warm-pool list")
 def cmd_list(args: argparse.Namespace) -> int:
     hook, now = _hook(), time.time()
     states = _states(args, hook)
@@ -54,12 +60,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """Release the named jobs' states (or the expired ones, or all); 1 when a named job has none."""
-    from sat_tasks.io.warm_pool import WarmPoolStore
-    from sat_tasks.pipeline.warm_pool import release_state
-
     if not (args.jobs or args.expired or args.all):
         print("sat warm-pool release: name a JOB, or pass --expired or --all")
         return EXIT_INVALID
+    return _release(args)
+
+
+@needs_object_storage("sat warm-pool release")
+def _release(args: argparse.Namespace) -> int:
+    from sat_tasks.io.warm_pool import WarmPoolStore
+    from sat_tasks.pipeline.warm_pool import release_state
+
     hook, now = _hook(), time.time()
     store, found = WarmPoolStore(hook), set()
     for uri, state in _states(args, hook):
