@@ -309,3 +309,23 @@ def local_probe(nodes_dir: Path) -> NodeProbe:
 
     probe.name = "local"  # type: ignore[attr-defined]
     return probe  # type: ignore[return-value]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m sat_tasks.io.node_probe NODE [--fake-nodes-dir DIR]`: probe this host (or the fake device under
+    DIR) as NODE and print the ProbeResult as one JSON line: what a probe pod pinned to the node runs, and its
+    reader parses (`ProbeResult.model_validate_json`). Exit 0 HEALTHY or UNKNOWN, 1 FAULTY."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m sat_tasks.io.node_probe", description=main.__doc__)
+    parser.add_argument("node")
+    parser.add_argument("--fake-nodes-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    probe: NodeProbe = FakeDeviceProbe(args.fake_nodes_dir) if args.fake_nodes_dir else host_probe()
+    result = probe(args.node)
+    print(result.model_dump_json())
+    return 1 if result.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

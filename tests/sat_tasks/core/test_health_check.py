@@ -256,3 +256,13 @@ def test_the_host_probe_on_a_real_gpu():
     assert {"ecc", "device-kernel"} <= ran, result.summary()
     assert result.health is Health.HEALTHY, result.summary()
     assert sys.executable  # the kernel ran in this interpreter's environment
+
+
+def test_the_probe_command_prints_one_json_line_its_reader_parses(tmp_path, capsys):
+    from sat_tasks.io.node_probe import main
+
+    write_device(tmp_path, "gpu-node-3", remapped_rows_failure=True)
+    assert main(["gpu-node-3", "--fake-nodes-dir", str(tmp_path)]) == 1
+    result = ProbeResult.model_validate_json(capsys.readouterr().out.strip())
+    assert result.node == "gpu-node-3" and result.health is Health.FAULTY
+    assert [c.name for c in result.failed] == ["remapped-rows:gpu0"]
