@@ -59,13 +59,6 @@ from sat_tasks.classify.rules import (
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import INTERRUPTED  # noqa: F401 - re-exported: a verdict decided by who ended it
 
-#: Backends whose records never carry the node's labels or conditions at the attempt's end
-#: (`AttemptRecord.node_labels`: "empty ... on the local backend"): there, empty labels beside the
-#: labels at the start say nothing of the node being gone (an outside SIGTERM on the local backend
-#: was read as a lost node, HARDWARE, and blamed it: the rehearsal in tests/e2e/test_rehearsals.py).
-BACKENDS_WITHOUT_NODE_AT_END = frozenset({"local"})
-
-
 class Ender(str, Enum):
     """Who ended the attempt's process."""
 
@@ -210,8 +203,10 @@ def _node_down(record: AttemptRecord) -> list[str]:
     facts = as_dict(record.end_facts)
     if facts.get("node_gone") is True:
         lines.append("the Node object was gone when the attempt ended")
-    elif (record.node and not record.node_labels and not record.node_conditions and record.node_labels_at_start
-          and record.backend not in BACKENDS_WITHOUT_NODE_AT_END):
+    elif (facts.get("node_gone") is None and record.node and not record.node_labels and not record.node_conditions
+          and record.node_labels_at_start):
+        # inferred only where the backend did not say: the local runner says `node_gone: False` (a local node's
+        # labels are not read at the end, and its record is never gone; an outside SIGTERM there is no lost node)
         lines.append("the Node object was gone when the attempt ended (only its labels at the attempt's start are "
                      "known)")
     reason = record.termination_reason or ""

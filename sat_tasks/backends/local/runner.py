@@ -486,6 +486,8 @@ class LocalAttempt:
             planned_restart=state.grow.why if state.grow is not None else None,
             readmitted_nodes=list(state.grow.readmitted) if state.grow is not None else [],
             node_labels_at_start=dict(self.node_labels),
+            # a local node is never gone (a lost one is NotReady in node_conditions): no inference from its labels
+            end_facts={"node_gone": False},
         )
 
 

@@ -183,12 +183,13 @@ def test_an_unnamed_outside_kill_with_no_evidence_is_an_interruption(fields):
     assert verdict.kind is PRE and verdict.reason.startswith("interrupted:")
 
 
-def test_a_local_record_without_the_nodes_labels_at_the_end_is_not_a_lost_node():
+def test_a_record_whose_backend_says_the_node_is_not_gone_is_not_a_lost_node():
     # The local backend never records the node's labels at the end (AttemptRecord.node_labels): its labels at the
-    # start beside none at the end say nothing of the node being gone. Found by the outside-SIGTERM rehearsal
-    # (tests/e2e/test_rehearsals.py): it was HARDWARE with "the Node object was gone" against a healthy node.
+    # start beside none at the end say nothing of the node being gone, and its runner says so (`end_facts.node_gone:
+    # False`). Found by the outside-SIGTERM rehearsal (tests/e2e/test_rehearsals.py): it was HARDWARE with "the Node
+    # object was gone" against a healthy node.
     local = {"backend": "local", "node": "local-node-0", "exit_code": 143,
-             "log_tail": ["SIGTERM: final checkpoint at step 8"],
+             "log_tail": ["SIGTERM: final checkpoint at step 8"], "end_facts": {"node_gone": False},
              "node_labels_at_start": {"sat.local/node": "local-node-0", "sat.local/capacity-type": "on-demand"}}
     rec = record(**local)
     assert who_ended(rec).who is Ender.OUTSIDE
@@ -198,8 +199,9 @@ def test_a_local_record_without_the_nodes_labels_at_the_end_is_not_a_lost_node()
     # the local node-loss fault still says so through the node's Ready condition
     lost = record(**{**local, "exit_code": 137, "signal": 9}, node_conditions=NOT_READY)
     assert who_ended(lost).who is Ender.NODE and classify(lost).kind is HW
-    # and a Kubernetes record with the same fields is still a node gone (nothing read of it at the end)
-    assert who_ended(record(**{**local, "backend": "kubernetes"})).who is Ender.NODE
+    # and a record with the same fields whose backend said nothing of the node is still a node gone (nothing was
+    # read of it at the end: the Kubernetes backend's when the Node object could not be read)
+    assert who_ended(record(**{**local, "backend": "kubernetes", "end_facts": {}})).who is Ender.NODE
 
 
 def test_an_unnamed_outside_kill_after_the_jobs_own_error_is_the_jobs():
