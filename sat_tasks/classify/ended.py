@@ -57,7 +57,8 @@ from sat_tasks.classify.rules import (
     SHUTDOWN_WORDS,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import INTERRUPTED  # noqa: F401 - re-exported: a verdict decided by who ended it
+from sat_tasks.core.contracts import INTERRUPTED
+
 
 class Ender(str, Enum):
     """Who ended the attempt's process."""

@@ -25,7 +25,14 @@ from sat_tasks.backends.local.container_run import local_image_digest
 from sat_tasks.backends.local.containers import podman_installed
 from sat_tasks.io.local_s3 import free_port
 from sat_tasks.service.stack import ServiceStack
-from tests.e2e.test_service import _password, _report, _retrying, _token, _wait_for_dags, _wait_for_run
+from tests.e2e.test_service import (
+    _password,
+    _report,
+    _retrying,
+    _token,
+    _wait_for_dags,
+    _wait_for_run,
+)
 from tests.support.paths import REPO
 
 IMAGE = "registry.sat.local/sat/training:0.1.0"
@@ -120,7 +127,7 @@ def test_the_job_page_shows_each_attempts_image_digest(deployment, runs, image_d
     attempts = data.json()["attempts"]
     assert [(a["runtime"], a["image_digest"]) for a in attempts] == [("container", image_digest)] * 2
     page = requests.get(f"{deployment.url}/sat/jobs/{JOB}/runs/{demo.dag_run_id}", headers=headers, timeout=60)
-    cells = re.findall(r"<td class='image'>(.*?)</td>", page.text, re.S)
+    cells = re.findall(r"<td class='image'>(.*?)</td>", page.text, re.DOTALL)
     assert page.status_code == 200 and len(cells) == 2, page.text[:500]
     assert all(IMAGE in cell and image_digest in cell for cell in cells), cells
 

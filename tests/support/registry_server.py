@@ -19,9 +19,9 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import urljoin
 
 import pytest
@@ -299,7 +299,7 @@ def _wait_ready(server: RegistryServer, timeout: float) -> None:
             raise RegistryStartError(f"process exited with {server.process.returncode}")
         try:
             # readiness only (the tests check the certificate themselves): TLS is not verified here
-            response = requests.get(f"{server.url}/v2/", timeout=1, verify=False)  # noqa: S501
+            response = requests.get(f"{server.url}/v2/", timeout=1, verify=False)
             if response.status_code in (200, 401):
                 return
         except requests.RequestException:

@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_FILE_ENV, PROGRESS_NAME
 from sat_tasks.backends.local.container_run import (
@@ -355,7 +356,7 @@ class LocalAttempt:
         """Pass a person's stop request on to the training as SIGTERM (final checkpoint, then exit)."""
         try:
             request = self.stop_requested()
-        except Exception as exc:  # noqa: BLE001 - Object Storage unreachable for a moment: look again later
+        except Exception as exc:
             log(f"[sat] could not read the stop request ({type(exc).__name__}); training goes on")
             return
         if not request:
@@ -370,7 +371,7 @@ class LocalAttempt:
         """Capacity is back for an elastic attempt on fewer nodes: SIGTERM (final checkpoint), then more nodes."""
         try:
             grow = self.grow_check()
-        except Exception as exc:  # noqa: BLE001 - the ledger or the board unreadable for a moment: look again later
+        except Exception as exc:
             log(f"[sat] elastic: could not check for capacity to grow back ({type(exc).__name__}: {exc})")
             return
         if grow is None:
