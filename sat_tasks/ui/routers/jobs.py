@@ -219,6 +219,9 @@ def rerun(dag_id: str, run_id: str, user: Any, session: Any, dag_bag: Any, *, vi
     if found.job.workspace is not None and not may_use_workspace(user, found.job.workspace):
         raise HTTPException(403, f"workspace: running a job in workspace {found.job.workspace} needs the "
                                  f"permission to read its pool {workspace_pool_name(found.job.workspace)}")
-    conf = params_from_spec(found.job) if dag_id == GENERIC_DAG_ID else {}  # a spec file's DAG holds its spec
+    # the generic DAG: the run's own conf again (Airflow merges the Params' defaults as it did), not the form values
+    # of its validated record, which holds what validate_spec filled in (the backend, the results' DAG); a run with
+    # no conf left (none recorded) gets its job's form values. A spec file's DAG holds its spec.
+    conf = (dict(found.ref.conf) or params_from_spec(found.job)) if dag_id == GENERIC_DAG_ID else {}
     return dag_runs.start_run(dag_bag, session, dag_id, conf, user_name=user.get_name(),
                               note=f"re-run of {run_id} by {user.get_name()} through {via}")

@@ -115,3 +115,24 @@ def test_a_validated_record_that_is_not_a_job_is_not_listed(client, admin):  # n
                       run_id=run_id, session=session)
     assert _list(client, admin, q="forged-record")["total"] == 0  # nothing of an unreadable record is read
     assert _page(client, admin, run_id).status_code == 404
+
+
+def test_a_rerun_after_validation_sends_the_runs_own_conf_again(client, admin):  # noqa: F811
+    """validate_spec's record holds what it filled in (the deployment's backend, the results' DAG): a Re-run sends
+    the run's conf again, not the record's form values (found by the service test: the confs differed)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    conf = short_conf("rerun-validated")
+    run_id = _trigger(client, admin, GENERIC, conf)
+    job = job_of(RunRef(GENERIC, run_id, "queued", conf=conf), {}, GENERIC)
+    recorded = scoped(job.with_backend("local"), GENERIC).to_dict()
+    assert recorded["backend"] == "local" and recorded["results"]["dag_id"] == GENERIC
+    with create_session() as session:
+        XComModel.set(key="return_value", value=recorded, dag_id=GENERIC, task_id="validate_spec", run_id=run_id,
+                      session=session)
+    again = client.post(f"/sat/api/jobs/{GENERIC}/runs/{run_id}/rerun", headers=admin)
+    assert again.status_code == 201, again.text
+    original = client.get(f"/api/v2/dags/{GENERIC}/dagRuns/{run_id}", headers=admin).json()["conf"]
+    rerun = client.get(f"/api/v2/dags/{GENERIC}/dagRuns/{again.json()['run_id']}", headers=admin).json()["conf"]
+    assert rerun == original
