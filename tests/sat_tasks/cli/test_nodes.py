@@ -5,23 +5,20 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 
 import pytest
 
 from sat_tasks.cli import main
 from sat_tasks.core.node_health import FaultEvent
 from sat_tasks.io.node_ledger import NodeLedger
+from tests.support.ledger import fresh_ledger_root
 
 BUCKET = "nodes-cli-tests"
 
 
 @pytest.fixture
 def ledger(s3_hook, monkeypatch) -> NodeLedger:
-    if not s3_hook.check_for_bucket(BUCKET):
-        s3_hook.create_bucket(bucket_name=BUCKET, region_name="us-east-1")
-    root = f"s3://{BUCKET}/ledger-{uuid.uuid4().hex[:8]}/"
-    monkeypatch.setenv("AIRFLOW__SAT__NODE_LEDGER_URI", root)
+    root = fresh_ledger_root(s3_hook, monkeypatch, BUCKET)
     ledger = NodeLedger(s3_hook, [root])
     now = time.time()
     for job, node, ago in (("job-a", "gpu-1", 300), ("job-b", "gpu-1", 200), ("job-a", "gpu-2", 100)):

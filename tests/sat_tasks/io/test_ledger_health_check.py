@@ -18,17 +18,14 @@ from sat_tasks.core.health_check import PROBE_RULE
 from sat_tasks.io.node_ledger import NodeLedger, diagnose_attempt
 from sat_tasks.io.node_probe import FAKE_DEVICE_FILE, FakeDeviceProbe
 from tests.sat_tasks.io.test_ledger_observed import BUCKET, make_run, record
+from tests.support.ledger import fresh_ledger_root
 
 PRINTED = "RuntimeError: CUDA error: an illegal instruction was encountered"
 
 
 @pytest.fixture
 def root(s3_hook, monkeypatch) -> str:
-    if not s3_hook.check_for_bucket(BUCKET):
-        s3_hook.create_bucket(bucket_name=BUCKET, region_name="us-east-1")
-    uri = f"s3://{BUCKET}/ledger-{uuid.uuid4().hex[:8]}/"
-    monkeypatch.setenv("AIRFLOW__SAT__NODE_LEDGER_URI", uri)
-    return uri
+    return fresh_ledger_root(s3_hook, monkeypatch, BUCKET)
 
 
 def fake_device(tmp_path, **counters) -> FakeDeviceProbe:

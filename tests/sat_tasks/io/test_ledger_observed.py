@@ -13,6 +13,7 @@ from sat_tasks.core.contracts import VerdictKind
 from sat_tasks.io.node_ledger import NodeLedger, diagnose_attempt
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec
+from tests.support.ledger import fresh_ledger_root
 
 BUCKET = "ledger-observed-tests"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
@@ -20,11 +21,7 @@ XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen o
 
 @pytest.fixture
 def root(s3_hook, monkeypatch) -> str:
-    if not s3_hook.check_for_bucket(BUCKET):
-        s3_hook.create_bucket(bucket_name=BUCKET, region_name="us-east-1")
-    uri = f"s3://{BUCKET}/ledger-{uuid.uuid4().hex[:8]}/"
-    monkeypatch.setenv("AIRFLOW__SAT__NODE_LEDGER_URI", uri)
-    return uri
+    return fresh_ledger_root(s3_hook, monkeypatch, BUCKET)
 
 
 def make_run(name: str) -> JobRun:
