@@ -117,8 +117,13 @@ def main() -> None:
             print("RESULT " + json.dumps(results), flush=True)
     # Run bare under torchrun (not through ckpt_engine.launch, which does this for users' scripts): left to the
     # interpreter's finalization, gloo's threads can abort a rank after the RESULT line (SIGABRT, "terminate called
-    # without an active exception", pytorch/pytorch#190489), as one CI run saw.
-    dist.destroy_process_group()
+    # without an active exception", pytorch/pytorch#190489), as one CI run saw, and a fresh-clone run on
+    # 2026-12-07 saw again after destroy_process_group. Every rank's results are in (gathered above): once all
+    # ranks are here, each leaves without the finalization where gloo's threads are torn down.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
