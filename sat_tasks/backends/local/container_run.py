@@ -436,19 +436,12 @@ def remove_container(name: str) -> None:
     podman(["rm", "--force", "--ignore", "--time", "0", name], check=False, timeout=60)
 
 
-def container_id(name: str) -> str:
-    """The full id of a container by name ("" when it is gone)."""
-    found = podman(["container", "inspect", "--format", "{{.Id}}", name], check=False, timeout=30)
-    return found.stdout.strip() if found.returncode == 0 else ""
-
-
 __all__ = [
     "AttemptNetwork",
     "ContainerPlan",
     "ContainerRuntimeError",
     "ImagePullError",
     "Mount",
-    "container_id",
     "container_name",
     "local_image_digest",
     "oom_kills",
