@@ -14,22 +14,34 @@ backend to the same contract. Call order for one run:
         read_attempt_record(run, k) -> the AttemptRecord classify reads (None: never launched)
         cleanup_attempt(run, k)     -> what was deleted (the attempt's pods, ...)
         capacity(run, decision)     -> Spot: is there room for the next attempt?
-        watch_growth(run, plan)     -> an elastic attempt on fewer nodes: asked to stop and grow back? (`grow_watch`)
     upload_outputs(run)             -> the training outputs into <results>/output/
     job_log(run)                    -> the run's job log as a local file, for upload
-    live_log(run, stored, cursor)   -> the running attempt's lines the job log lacks yet (the job page, ADR 0026)
     cleanup_run(run)                -> what was deleted (the run's volume, ...)
-    warm pool (ADR 0015): stage(run, reuse=claim) reuses a warm run's staged data where it can;
-    keep_warm(run, state) holds what the run leaves warm, release_warm(state) lets it go
-    node health ledger (ADR 0004): release_node(node) after a person lifts a node's quarantine
+
+`Backend` is an abstract class: a subclass missing one of those methods cannot be instantiated.
+The features a backend may offer are small optional interfaces, each declared by a flag of its
+`capabilities` and checked against it when the subclass is defined (as torch DCP's
+`StorageWriter` and its optional mixins):
+
+    WatchesGrowth (grow_watch)  watch_growth(run, plan): an elastic attempt on fewer nodes asked to
+                                stop and grow back (ADR 0029)
+    KeepsWarm (warm_pool)       keep_warm(run, state) holds what the run leaves warm, release_warm(state)
+                                lets it go (ADR 0015); stage(run, reuse=claim) reuses a warm run's data
+    LiveLogSource (live_log)    live_log(run, stored, cursor): the running attempt's lines the job log
+                                lacks yet (the job page, ADR 0026)
+    ReleasesNodes (node_release) release_node(node) after a person lifts a node's quarantine (ADR 0004)
+
+Callers outside `backends/` go through `watch_growth_of`, `release_warm_on`, `live_log_of` and
+`release_node_on`, which answer for a backend without the interface.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision, Log, Plan
@@ -94,7 +106,15 @@ class BackendCapabilities:
         grow_watch: an elastic job's failover attempts get a `watch_growth` sensor beside
             their launch (`Backend.watch_growth`): nothing of the backend runs beside an attempt
             while it runs (a deferred launch). False: the launcher watches for capacity to grow
-            back itself (the local runner, ADR 0029).
+            back itself (the local runner, ADR 0029). True exactly when the backend is a `WatchesGrowth`.
+        warm_pool: a finished run can be kept warm (ADR 0015): the backend is a `KeepsWarm`.
+        live_log: the running attempt's lines come from outside the job log (the backend is a `LiveLogSource`);
+            False: the job log grows in place while the attempt runs.
+        node_release: lifting a node's quarantine undoes something the backend did to the node (Kubernetes:
+            uncordon); the backend is a `ReleasesNodes`. False: placement reads the ledger, nothing to undo.
+
+    Each optional flag and its interface are checked against each other when the backend's class is defined
+    (`Backend.__init_subclass__`): a flag without its methods, or methods without their flag, is a TypeError.
     """
 
     pulls_images: bool
@@ -102,13 +122,17 @@ class BackendCapabilities:
     injects_faults: bool = False
     workspace_pool: bool = False
     grow_watch: bool = False
+    warm_pool: bool = False
+    live_log: bool = False
+    node_release: bool = False
 
 
-@runtime_checkable
-class Backend(Protocol):
+class Backend(ABC):
     """Where `launch` runs the training. See the module doc for the call order.
 
-    An implementation subclasses this class (for the two shorthands below) or defines them.
+    An implementation subclasses this class and implements every abstract method (a subclass that
+    misses one cannot be instantiated), plus the optional interfaces below for the features it offers,
+    each declared in its `capabilities` (checked when the subclass is defined).
 
     Attributes:
         kind: the name it is installed under (its `sat.backends` entry point; the spec's
@@ -121,6 +145,17 @@ class Backend(Protocol):
     kind: str
     capabilities: BackendCapabilities
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = getattr(cls, "capabilities", None)
+        if not isinstance(declared, BackendCapabilities):
+            return  # an abstract intermediate class; the concrete one declares them
+        for flag, interface in OPTIONAL_INTERFACES.items():
+            if getattr(declared, flag) != issubclass(cls, interface):
+                raise TypeError(f"backend {cls.__name__}: capabilities.{flag}={getattr(declared, flag)} but it "
+                                f"{'does not subclass' if getattr(declared, flag) else 'subclasses'} "
+                                f"{interface.__name__} ({', '.join(_methods(interface))})")
+
     @property
     def pulls_images(self) -> bool:
         """Shorthand for `capabilities.pulls_images` (the image check)."""
@@ -131,6 +166,7 @@ class Backend(Protocol):
         """Shorthand for `capabilities.watches_stop_request` (Stop)."""
         return self.capabilities.watches_stop_request
 
+    @abstractmethod
     def stage(self, run: JobRun, log: Log, reuse: Claim | None = None) -> dict[str, Any]:
         """Copy the script and data from Object Storage to where the attempts read them.
 
@@ -138,9 +174,11 @@ class Backend(Protocol):
         are not downloaded again where the backend can reach the warm run's files.
         """
 
+    @abstractmethod
     def check_staged_data(self, run: JobRun, staged: dict[str, Any] | None, log: Log) -> DataCheck:
         """Run (or read the result of) the job's expectation suite on the staged data."""
 
+    @abstractmethod
     def launch_operators(self, *, attempt: int, previous_decide_task_id: str | None,
                          job: TrainingJob | None) -> list[BaseOperator]:
         """The Airflow task(s) that run attempt `attempt` (call inside the attempt's TaskGroup).
@@ -151,34 +189,27 @@ class Backend(Protocol):
         stores what `read_attempt_record` returns.
         """
 
+    @abstractmethod
     def read_attempt_record(self, run: JobRun, attempt: int, log: Log) -> AttemptRecord | None:
         """The record of attempt `attempt`, stored at `run.attempt_uri`; None when it never launched."""
 
+    @abstractmethod
     def cleanup_attempt(self, run: JobRun, attempt: int, log: Log) -> list[str]:
         """Delete what the attempt left running or kept for classify; `kind/name` of each object."""
 
+    @abstractmethod
     def capacity(self, run: JobRun, decision: Decision, log: Log) -> Capacity:
         """Spot: whether the next attempt (after `decision`) fits now."""
 
-    def watch_growth(self, run: JobRun, plan: Plan, log: Log) -> bool:
-        """An elastic attempt on fewer nodes: ask it to stop and grow back once capacity is back (`grow_watch`).
-
-        True when there is nothing more to watch (it was asked, runs on all nodes, or ended).
-        """
-
+    @abstractmethod
     def upload_outputs(self, run: JobRun, log: Log) -> dict[str, Any]:
         """Upload the training outputs to `run.output_uri`; the transfer report."""
 
+    @abstractmethod
     def job_log(self, run: JobRun, log: Log) -> Path | None:
         """The run's job log (all attempts) as a local file, None when there is none yet."""
 
-    def live_log(self, run: JobRun, *, stored: Collection[int], cursor: LiveCursor | None, limit: int,
-                 lines: int) -> LiveLog | None:
-        """The running attempt's lines after `cursor` where the attempt writes them, for a backend whose job log has
-        them only once the attempt ends (`core.live_log`): at most `limit` bytes, from its last `lines` lines on a
-        first read. `stored`: the attempts whose sections are stored. None: nothing to add (the job log grows in
-        place, as the local backend's, or no attempt runs)."""
-
+    @abstractmethod
     def cleanup_run(self, run: JobRun, log: Log, *, keep_warm: bool = False) -> list[str]:
         """Delete what the run kept between attempts (volume, staging pods); `kind/name` of each.
 
@@ -186,18 +217,86 @@ class Backend(Protocol):
         what `keep_warm` will hold (the Kubernetes run's claim).
         """
 
-    def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
-        """Hold what the finished run leaves warm (staged directory, placeholder pods); the completed state."""
-
-    def release_warm(self, state: WarmState, log: Log) -> list[str]:
-        """Let a warm state go: delete its staged directory or placeholder pods; `kind/name` of each."""
-
-    def release_node(self, node: str, log: Log) -> bool:
-        """A person lifted `node`'s quarantine (node health ledger, ADR 0004): undo what this backend did to
-        the node itself (Kubernetes: uncordon a node SAT cordoned); True when it changed something."""
-
+    @abstractmethod
     def workspace_queue_problem(self, job: TrainingJob, *, spec_with_run: bool, log: Log) -> str | None:
         """Why nothing would queue this workspace job for its nodes (refused at validation), or None.
 
         `spec_with_run`: the generic DAG's run (no workspace pool was set when its DAG was parsed).
         """
+
+
+# ---- optional interfaces: a backend subclasses the ones it offers and declares each in its capabilities --------
+class WatchesGrowth(ABC):
+    """`capabilities.grow_watch`: an elastic attempt on fewer nodes is watched from outside the launch (ADR 0029)."""
+
+    @abstractmethod
+    def watch_growth(self, run: JobRun, plan: Plan, log: Log) -> bool:
+        """Ask an elastic attempt on fewer nodes to stop and grow back once capacity is back.
+
+        True when there is nothing more to watch (it was asked, runs on all nodes, or ended).
+        """
+
+
+class KeepsWarm(ABC):
+    """`capabilities.warm_pool`: what a finished run leaves can be held for the job's next run (ADR 0015)."""
+
+    @abstractmethod
+    def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:
+        """Hold what the finished run leaves warm (staged directory, placeholder pods); the completed state."""
+
+    @abstractmethod
+    def release_warm(self, state: WarmState, log: Log) -> list[str]:
+        """Let a warm state go: delete its staged directory or placeholder pods; `kind/name` of each."""
+
+
+class LiveLogSource(ABC):
+    """`capabilities.live_log`: the running attempt's lines live outside the job log until the attempt ends."""
+
+    @abstractmethod
+    def live_log(self, run: JobRun, *, stored: Collection[int], cursor: LiveCursor | None, limit: int,
+                 lines: int) -> LiveLog | None:
+        """The running attempt's lines after `cursor` where the attempt writes them (`core.live_log`, ADR 0026):
+        at most `limit` bytes, from its last `lines` lines on a first read. `stored`: the attempts whose sections
+        are stored. None: nothing to add (no attempt runs)."""
+
+
+class ReleasesNodes(ABC):
+    """`capabilities.node_release`: the backend acts on a quarantined node itself, and undoes it on release."""
+
+    @abstractmethod
+    def release_node(self, node: str, log: Log) -> bool:
+        """A person lifted `node`'s quarantine (node health ledger, ADR 0004): undo what this backend did to
+        the node itself (Kubernetes: uncordon a node SAT cordoned); True when it changed something."""
+
+
+# capability flag -> the interface a backend declaring it must subclass
+OPTIONAL_INTERFACES: dict[str, type[ABC]] = {
+    "grow_watch": WatchesGrowth, "warm_pool": KeepsWarm, "live_log": LiveLogSource, "node_release": ReleasesNodes,
+}
+
+
+def _methods(interface: type) -> list[str]:
+    return sorted(getattr(interface, "__abstractmethods__", ()))
+
+
+def watch_growth_of(backend: Backend, run: JobRun, plan: Plan, log: Log) -> bool:
+    """The backend's growth watch; True (nothing to watch) for a backend that watches from inside its launch."""
+    return backend.watch_growth(run, plan, log) if isinstance(backend, WatchesGrowth) else True
+
+
+def live_log_of(backend: Backend, run: JobRun, *, stored: Collection[int], cursor: LiveCursor | None, limit: int,
+             lines: int) -> LiveLog | None:
+    """The backend's live lines; None for a backend whose job log grows in place."""
+    if not isinstance(backend, LiveLogSource):
+        return None
+    return backend.live_log(run, stored=stored, cursor=cursor, limit=limit, lines=lines)
+
+
+def release_node_on(backend: Backend, node: str, log: Log) -> bool:
+    """Undo what the backend did to a released node; False for a backend that never touches nodes."""
+    return backend.release_node(node, log) if isinstance(backend, ReleasesNodes) else False
+
+
+def release_warm_on(backend: Backend, state: WarmState, log: Log) -> list[str]:
+    """Let a warm state go through its backend; nothing to release where the backend keeps nothing warm."""
+    return backend.release_warm(state, log) if isinstance(backend, KeepsWarm) else []

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from sat_tasks.backends import backend_for, get_backend
+from sat_tasks.backends.base import release_node_on
 from sat_tasks.config import sat_setting
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.policy import stop_reason
@@ -88,5 +89,5 @@ def release_node(ledger: NodeLedger, node: str, *, by: str, note: str = "", log=
     """Lift `node`'s quarantine (`sat nodes release`, the Nodes page): a release marker that every job's next
     placement reads, then the deployment's backend undoes what it did to the node itself (an uncordon)."""
     marker = ledger.release(node, by=by, note=note)
-    get_backend(sat_setting("backend")).release_node(node, log)
+    release_node_on(get_backend(sat_setting("backend")), node, log)
     return marker

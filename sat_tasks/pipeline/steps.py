@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
-from sat_tasks.backends.base import workspace_pool_name
+from sat_tasks.backends.base import watch_growth_of, workspace_pool_name
 from sat_tasks.config import sat_setting, shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
@@ -340,7 +340,7 @@ def watch_growth(job: TrainingJob, run_id: str, plan: Plan, log: Log = print) ->
     if run.stop_request() is not None:
         log(f"[sat] elastic: a stop was requested: attempt {plan.attempt} is not restarted to grow back")
         return True
-    return backend_for(job).watch_growth(run, plan, log)
+    return watch_growth_of(backend_for(job), run, plan, log)
 
 
 def capacity_available(job: TrainingJob, run_id: str, previous: Decision, log: Log = print) -> bool:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sat_tasks.backends import Backend, get_backend
+from sat_tasks.backends import Backend, backend_for, get_backend
+from sat_tasks.backends.base import KeepsWarm, release_warm_on
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.warm_pool import WarmState, reuse_lines, validation_reuse
 from sat_tasks.io import warm_pool
@@ -27,7 +28,7 @@ from sat_tasks.spec import TrainingJob
 
 def release_state(state: WarmState, log: Log) -> list[str]:
     """Release a warm state through the backend that kept it."""
-    return get_backend(state.backend).release_warm(state, log)
+    return release_warm_on(get_backend(state.backend), state, log)
 
 
 def _stopped(job: TrainingJob, state: WarmState, hook: Any) -> dict | None:
@@ -131,12 +132,13 @@ class WarmPool(NoWarmPool):
 
 
 def hook_for(job: TrainingJob) -> type[NoWarmPool]:
-    """The warm pool hook the task functions call for `job`."""
-    return WarmPool if job.warm_pool is not None else NoWarmPool
+    """The warm pool hook the task functions call for `job` (none where its backend keeps nothing warm)."""
+    return WarmPool if job.warm_pool is not None and backend_for(job).capabilities.warm_pool else NoWarmPool
 
 
 def _keep(run: JobRun, backend: Backend, log: Log) -> list[str]:
     """Keep the run warm (replacing and releasing an older state), and sweep the expired states beside it."""
+    assert isinstance(backend, KeepsWarm), "hook_for gives the warm pool hook only to a backend that keeps warm"
     job, hook = run.job, run.hook()
     record = warm_pool.read_run_record(hook, run.results_uri)
     now = time.time()

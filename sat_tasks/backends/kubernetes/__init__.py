@@ -23,7 +23,11 @@ from sat_tasks.backends.base import (
     Capacity,
     Claim,
     DataCheck,
+    KeepsWarm,
+    LiveLogSource,
+    ReleasesNodes,
     WarmState,
+    WatchesGrowth,
 )
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import parse_time
@@ -40,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 
-class KubernetesBackend(Backend):
+class KubernetesBackend(Backend, WatchesGrowth, KeepsWarm, LiveLogSource, ReleasesNodes):
     """The Backend protocol on a cluster (see `sat_tasks.backends.base` for the call order).
 
     `client` is a CoreV1Api; by default the provider's KubernetesHook on `[sat]
@@ -56,6 +60,9 @@ class KubernetesBackend(Backend):
         injects_faults=False,
         workspace_pool=True,  # without Kueue, rank 0's launch takes a slot per node (`workspace.launch_pool`)
         grow_watch=True,  # the launch is deferred while the pods run: a sensor watches for capacity (ADR 0029)
+        warm_pool=True,  # the run's claim and placeholder pods (ADR 0015)
+        live_log=True,  # a running pod's log is read from the API server until the attempt's section is stored
+        node_release=True,  # a released node SAT cordoned is uncordoned (`[sat] quarantine_cordon`)
     )
     task_modules = ("sat_tasks.backends.kubernetes.operator", "sat_tasks.backends.kubernetes.workspace")
 

@@ -23,10 +23,11 @@ from sat_tasks.backends.base import (
     Capacity,
     Claim,
     DataCheck,
+    KeepsWarm,
     WarmState,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Action, Decision, Log, Plan
+from sat_tasks.core.contracts import Action, Decision, Log
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 LAUNCH_RETRY_DELAY = timedelta(seconds=5)
 
 
-class LocalBackend(Backend):
+class LocalBackend(Backend, KeepsWarm):
     """The Backend protocol on this host (see `sat_tasks.backends.base` for the call order)."""
 
     kind = "local"
@@ -50,6 +51,10 @@ class LocalBackend(Backend):
         watches_stop_request=True,  # the runner polls the stop request and passes it on as SIGTERM
         injects_faults=True,  # the runner injects the spec's faults (tests, the demo)
         workspace_pool=False,  # the slot board (`io.workspaces.SlotBoard`) queues workspace jobs
+        # grow_watch False: the runner watches for capacity to grow back itself while the attempt runs (ADR 0029)
+        warm_pool=True,  # a finished run's staged directory and standby interpreter (ADR 0015)
+        # live_log False: the job log grows in place; node_release False: placement reads the ledger at each
+        # attempt, nothing is done to the node itself
     )
     task_modules = ("sat_tasks.backends.local.operator", "sat_tasks.backends.local.launch",
                     "sat_tasks.backends.local.workspace", "sat_tasks.backends.local.warm")
@@ -107,10 +112,6 @@ class LocalBackend(Backend):
             free = []
         return Capacity(bool(free), f"{len(free)} node(s) available in the local pool")
 
-    def watch_growth(self, run: JobRun, plan: Plan, log: Log) -> bool:
-        """Nothing to watch from outside: the local runner asks itself while the attempt runs (`grow_watch` False)."""
-        return True
-
     # ---- after training ------------------------------------------------------------------------
     def upload_outputs(self, run: JobRun, log: Log) -> dict[str, Any]:
         return storage.upload_dir(run.hook(), run.output_dir, run.output_uri, log=log).to_dict()
@@ -124,9 +125,6 @@ class LocalBackend(Backend):
         # the run's failover standby interpreter (ADR 0031) stops; the work directory is this host's disk: kept,
         # like a node's local disk
         return release_standby(run)
-
-    def release_node(self, node: str, log: Log) -> bool:
-        return False  # placement reads the ledger at each attempt: nothing was done to the node itself
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:

@@ -23,6 +23,7 @@ from fastapi.responses import (
 from starlette.concurrency import run_in_threadpool
 
 from sat_tasks.backends import backend_for
+from sat_tasks.backends.base import live_log_of
 from sat_tasks.core.live_log import CURSOR_RULE, BadCursor, LiveCursor, LiveLog
 from sat_tasks.io.metrics import read_object_storage
 from sat_tasks.pipeline import actions
@@ -115,8 +116,8 @@ def live_reader(found: JobRunFound, attempts: frozenset[int]) -> LiveReader:
     """The run's backend reading the running attempt's section (`Backend.live_log`); a failure is a note, not a 500."""
     def read(cursor: LiveCursor | None, limit: int, lines: int) -> LiveLog | None:
         try:
-            return backend_for(found.job).live_log(found.layout, stored=attempts, cursor=cursor, limit=limit,
-                                                   lines=lines)
+            return live_log_of(backend_for(found.job), found.layout, stored=attempts, cursor=cursor, limit=limit,
+                               lines=lines)
         except Exception as error:  # noqa: BLE001 - the cluster connection missing or refused: the stored sections show
             return LiveLog(cursor.attempt if cursor else None, "", None,
                            note=f"the running attempt's log could not be read ({type(error).__name__})")

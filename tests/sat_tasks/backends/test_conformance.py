@@ -19,7 +19,18 @@ import pytest
 from airflow.sdk import DAG, BaseOperator, TaskGroup
 
 from sat_tasks.backends import Backend, BackendCapabilities, Capacity, get_backend
-from sat_tasks.backends.base import workspace_pool_name
+from sat_tasks.backends.base import (
+    OPTIONAL_INTERFACES,
+    KeepsWarm,
+    LiveLogSource,
+    ReleasesNodes,
+    WatchesGrowth,
+    live_log_of,
+    release_node_on,
+    release_warm_on,
+    watch_growth_of,
+    workspace_pool_name,
+)
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Action, Decision
 from sat_tasks.io.run_layout import JobRun
@@ -35,8 +46,11 @@ BUCKET = "sat-conformance"
 NAMESPACE = "sat-conformance"
 RUN_ID = "manual__2026-12-02T05:00:00+00:00"
 WORKSPACE = "team-a"
-# The protocol's methods (the shorthand properties aside), in the order the module doc calls them.
+# The contract's methods (the shorthand properties aside), in the order the module doc calls them.
 METHODS = [name for name, member in vars(Backend).items() if inspect.isfunction(member) and not name.startswith("_")]
+# Each optional interface's methods, by the capability flag that declares it.
+OPTIONAL = {flag: [name for name, member in vars(interface).items() if inspect.isfunction(member)]
+            for flag, interface in OPTIONAL_INTERFACES.items()}
 
 
 def _kubernetes() -> Backend:
@@ -90,11 +104,44 @@ def _quiet(_line: str) -> None:
     pass
 
 
-# ---- the protocol's shape ------------------------------------------------------------------------
-def test_the_protocol_has_the_methods_the_module_doc_lists():
+# ---- the contract's shape -------------------------------------------------------------------------
+def test_the_contract_has_the_methods_the_module_doc_lists():
     assert METHODS == ["stage", "check_staged_data", "launch_operators", "read_attempt_record", "cleanup_attempt",
-                       "capacity", "watch_growth", "upload_outputs", "job_log", "live_log", "cleanup_run", "keep_warm",
-                       "release_warm", "release_node", "workspace_queue_problem"]
+                       "capacity", "upload_outputs", "job_log", "cleanup_run", "workspace_queue_problem"]
+    assert OPTIONAL == {"grow_watch": ["watch_growth"], "warm_pool": ["keep_warm", "release_warm"],
+                        "live_log": ["live_log"], "node_release": ["release_node"]}
+    assert sorted(Backend.__abstractmethods__) == sorted(METHODS)  # every one of them must be implemented
+
+
+def test_a_backend_missing_a_method_cannot_be_instantiated():
+    """A subclass that implements nothing (or all but one method) fails loudly, not with a None later on."""
+    class Empty(Backend):
+        kind = "empty"
+        capabilities = BackendCapabilities(pulls_images=False, watches_stop_request=False)
+
+    with pytest.raises(TypeError, match="abstract method"):
+        Empty()
+    for missing in METHODS:
+        body = {name: (lambda self, *a, **k: None) for name in METHODS if name != missing}
+        partial = type("Partial", (Backend,), {"kind": "partial", "capabilities": Empty.capabilities, **body})
+        with pytest.raises(TypeError, match=missing):
+            partial()
+    whole = type("Whole", (Backend,), {"kind": "whole", "capabilities": Empty.capabilities,
+                                       **{name: (lambda self, *a, **k: None) for name in METHODS}})
+    assert isinstance(whole(), Backend)
+
+
+@pytest.mark.parametrize("flag", list(OPTIONAL_INTERFACES))
+def test_a_capability_and_its_interface_go_together(flag):
+    """Declaring a feature without its methods, or the methods without the flag, is refused when the class is made."""
+    methods = {name: (lambda self, *a, **k: None) for name in METHODS}
+    interface = OPTIONAL_INTERFACES[flag]
+    with pytest.raises(TypeError, match=f"capabilities.{flag}=True but it does not subclass {interface.__name__}"):
+        type("Claims", (Backend,), {"kind": "claims", **methods, "capabilities": BackendCapabilities(
+            pulls_images=False, watches_stop_request=False, **{flag: True})})
+    with pytest.raises(TypeError, match=f"capabilities.{flag}=False but it subclasses {interface.__name__}"):
+        type("Hides", (Backend, interface), {"kind": "hides", **methods, "capabilities": BackendCapabilities(
+            pulls_images=False, watches_stop_request=False)})
 
 
 def test_it_is_installed_under_its_name_and_declares_its_capabilities(backend):
@@ -105,15 +152,27 @@ def test_it_is_installed_under_its_name_and_declares_its_capabilities(backend):
     assert type(backend.capabilities) is BackendCapabilities
     assert (backend.pulls_images, backend.watches_stop_request) == (
         backend.capabilities.pulls_images, backend.capabilities.watches_stop_request)
+    for flag, interface in OPTIONAL_INTERFACES.items():
+        assert getattr(backend.capabilities, flag) == isinstance(backend, interface), flag
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_each_method_has_the_protocols_signature_and_types(backend, method):
-    """Parameters, their kinds, defaults and annotations as the protocol writes them (no `Any` in their place)."""
-    wanted, found = inspect.signature(getattr(Backend, method)), inspect.signature(getattr(type(backend), method))
+def _declared(backend: Backend) -> list[tuple[type, str]]:
+    """(the class that declares it, name) for every method the backend must or does offer."""
+    found = [(Backend, name) for name in METHODS]
+    for flag, interface in OPTIONAL_INTERFACES.items():
+        if getattr(backend.capabilities, flag):
+            found += [(interface, name) for name in OPTIONAL[flag]]
+    return found
+
+
+def test_each_method_has_the_contracts_signature_and_types(backend):
+    """Parameters, their kinds, defaults and annotations as the contract writes them (no `Any` in their place)."""
     shape = lambda signature: ([(p.name, p.kind, p.default, p.annotation) for p in signature.parameters.values()],
                                signature.return_annotation)
-    assert shape(found) == shape(wanted)
+    for declaring, method in _declared(backend):
+        wanted, found = inspect.signature(getattr(declaring, method)), inspect.signature(getattr(type(backend), method))
+        assert shape(found) == shape(wanted), method
+        assert getattr(type(backend), method) is not getattr(declaring, method), f"{method} is the abstract stub"
 
 
 # ---- what the capabilities promise ---------------------------------------------------------------
@@ -162,7 +221,46 @@ def test_a_run_that_never_launched_has_no_job_log_and_cleans_up_to_a_list_of_nam
 def test_releasing_a_node_it_did_nothing_to_changes_nothing(backend):
     """With `[sat] quarantine_cordon` off (the default) no backend has touched a node: a release is a no-op."""
     lines: list[str] = []
-    assert backend.release_node("node-never-cordoned", lines.append) is False
+    assert release_node_on(backend, "node-never-cordoned", lines.append) is False
+    if isinstance(backend, ReleasesNodes):
+        assert backend.release_node("node-never-cordoned", lines.append) is False
+
+
+def test_a_run_that_never_launched_has_no_live_lines(backend, bucket):
+    run = JobRun(_job(backend), RUN_ID)
+    assert live_log_of(backend, run, stored=(), cursor=None, limit=4096, lines=10) is None
+    if isinstance(backend, LiveLogSource):
+        assert backend.live_log(run, stored=(), cursor=None, limit=4096, lines=10) is None
+
+
+def test_a_job_that_is_not_elastic_has_no_growth_to_watch(backend, bucket):
+    """Growth is watched only for an elastic job's attempt on fewer nodes: any other is done watching at once."""
+    from sat_tasks.core.policy import plan_attempt
+
+    job = _job(backend, nodes=2, job_failover=True)
+    run = JobRun(job, RUN_ID)
+    plan = plan_attempt(job, 1, None)
+    assert watch_growth_of(backend, run, plan, _quiet) is True
+    if isinstance(backend, WatchesGrowth):
+        assert backend.watch_growth(run, plan, _quiet) is True
+
+
+def test_a_warm_state_is_kept_and_released_through_the_backend(backend, bucket):
+    """keep_warm hands back the state it holds; release_warm lets it go and names what it deleted."""
+    from sat_tasks.core.warm_pool import WarmState
+
+    job = _job(backend, warm_pool={"keep_alive_seconds": 60})
+    run = JobRun(job, RUN_ID)
+    run.data_dir.mkdir(parents=True, exist_ok=True)
+    state = WarmState(job=job.name, workspace=None, backend=backend.kind, run_id=RUN_ID, kept_at=0.0,
+                      expires_at=60.0, spec_hash="h", data_source=job.data.source)
+    if not isinstance(backend, KeepsWarm):
+        assert release_warm_on(backend, state, _quiet) == []
+        return
+    kept = backend.keep_warm(run, state, _quiet)
+    assert type(kept) is WarmState and kept.run_id == RUN_ID
+    released = release_warm_on(backend, kept, _quiet)
+    assert isinstance(released, list) and all(isinstance(name, str) for name in released)
 
 
 def test_capacity_answers_with_a_reason(backend):
