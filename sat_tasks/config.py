@@ -15,75 +15,16 @@ import os
 import re
 from pathlib import Path
 
+from sat_tasks.settings import SETTINGS, declared, problems
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SECTION = "sat"
 
-# [sat] defaults; airflow.cfg's [sat] section or AIRFLOW__SAT__<KEY> override them.
-SAT_DEFAULTS = {
-    "backend": "local",
-    "object_storage_conn_id": "sat_object_storage",
-    "work_dir": str(PROJECT_ROOT / ".sat" / "work"),
-    "local_nodes": "local-node-0,local-node-1,local-node-2,local-node-3,local-node-4",
-    # How many attempts each local node runs at once (issue 31.4): a job without a workspace takes a
-    # slot on the least-loaded healthy node and queues while every slot is taken, for at most
-    # `workspace_wait_seconds`, as a workspace job waits for its nodes (sat_tasks.backends.local.pool).
-    "local_node_slots": "1",
-    # Where the local backend runs an attempt (ADR 0035): `host` (a process of this host in SAT's own environment;
-    # the job's image is not used), `container` (podman runs the attempt in the job's image, isolated: its run's
-    # directories and Object Storage endpoint only), or `auto` (container wherever podman is installed; what the
-    # shipped airflow.cfg sets for `make up`). `sat run` / `sat demo --runtime` choose for one run.
-    "local_runtime": "host",
-    # `forbidden`: an attempt never runs on this host outside a container (a deployment for more than one
-    # trusted team); a job whose attempt would run in host mode fails with this setting named.
-    "local_host_mode": "allowed",
-    "kubernetes_namespace": "sat-jobs",
-    "kubernetes_conn_id": "kubernetes_default",
-    "jobs_dir": str(PROJECT_ROOT / "include" / "jobs"),
-    # Training Workspaces (ADR 0015): their YAML definitions (the `sat workspace` command and the
-    # Workspaces page write here), and how long a job waits for its workspace's nodes before it fails.
-    "workspaces_dir": str(PROJECT_ROOT / "include" / "workspaces"),
-    "workspace_wait_seconds": "3600",
-    "final_checkpoint_grace_seconds": "60",
-    # A failover job's next attempt starts in a standby interpreter that has imported the framework
-    # (local backend, ADR 0031): `true`, `false`, or `auto` (on while the host has
-    # `warm.STANDBY_MIN_AVAILABLE_BYTES` of memory available when the standby would start), the default:
-    # the standby imports only once the attempt has run `warm.STANDBY_DELAY_S` (ADR 0031).
-    "failover_warm_interpreter": "auto",
-    # Node labels or taints (`key=value` or `key`, comma-separated) that mark an on-premise
-    # pool as Spot/preemptible capacity; the classifier reads a lost node there as a
-    # preemption (ADR 0004). GKE, EKS, Karpenter and AKS labels are known without it.
-    "spot_node_labels": "",
-    # Per-job metrics (ckpt_engine.metrics): seconds between samples (300, as the managed
-    # service), and an OTLP/HTTP endpoint to export them to ("": OTEL_EXPORTER_OTLP_ENDPOINT, if set).
-    "metrics_interval_seconds": "300",
-    "otlp_endpoint": "",
-    # The node health ledger (ADR 0004): every job's HARDWARE and SUSPECT_NODE verdicts against their
-    # node, in Object Storage under `node_ledger_uri` ("": `<results destination>/_node-health/` of each
-    # job; set it when jobs write their results to different places, so that they share one ledger).
-    # A node with faults of two different jobs within the window is quarantined until a person
-    # releases it (`sat nodes release NODE`); with `quarantine_cordon` the Kubernetes node is also
-    # cordoned and tainted `sat.io/quarantined` (SAT's account then needs get/patch on nodes).
-    "node_ledger_uri": "",
-    "node_quarantine_window_seconds": "86400",
-    "quarantine_cordon": "false",
-    # Registry logins (issue 29.3): a job may name only its own registry connection,
-    # `sat_registry_<job name>` (what the Create form writes), or one listed here
-    # (comma-separated connection ids an operator shares with every job, e.g. a team's robot
-    # account). Anyone who may create a job may use a listed one, so list pull-only logins.
-    "shared_registry_connections": "",
-    # A CA certificate (PEM) the local container runtime trusts when it pulls a job's image (a registry behind a
-    # private CA, e.g. the embedded one's); only for those pulls, never added to the machine's trust store.
-    "registry_ca_file": "",
-    # The backends a job spec may name (comma-separated; ADR 0019). "": the deployment's `backend`
-    # only, so `{"backend": "local"}` cannot stage a job's data onto a Kubernetes deployment's workers.
-    "allowed_backends": "",
-    # Each training attempt's Object Storage credentials (ADR 0020): STS AssumeRole with a session
-    # policy of its run's data (read) and results prefix (read-write); "off" hands trainings the
-    # service's keys (a store without STS), with a warning. See `io.scoped_credentials`.
-    "scoped_credentials": "on",
-    "scoped_credentials_role_arn": "arn:aws:iam::123456789012:role/sat-training",
-    "scoped_credentials_seconds": "43200",
-}
+# [sat] defaults, from the one table of settings (`sat_tasks.settings`); airflow.cfg's [sat] section or
+# AIRFLOW__SAT__<KEY> override them.
+SAT_DEFAULTS = {s.name: s.default.replace("<project>", str(PROJECT_ROOT)) for s in SETTINGS if not s.family}
+ENV_PREFIX = "AIRFLOW__SAT__"
+
 
 _file_cache: dict[tuple[str, float], dict[str, str]] = {}
 
@@ -115,13 +56,16 @@ def _file_section(path: Path | None) -> dict[str, str]:
 
 
 def sat_setting(key: str, default: str | None = None) -> str:
-    """One `[sat]` setting: env `AIRFLOW__SAT__<KEY>`, then the config file, then the default.
+    """One `[sat]` setting: env `AIRFLOW__SAT__<KEY>`, then the config file, then its declared default.
 
-    `default` serves keys without an entry in `SAT_DEFAULTS` (optional settings such as
-    `k8s_<field>`, where `""` means "not set"); an unknown key without one is a
-    programming error (KeyError).
+    Only what `sat_tasks.settings` declares is read (a family's member too: `data_roots_<workspace>`);
+    an undeclared key is a programming error (KeyError). `default` serves a family member, whose
+    declared default is the family's; a plain setting's default is the table's.
     """
-    env_value = os.environ.get(f"AIRFLOW__SAT__{key.upper()}")
+    setting = declared(key)
+    if setting is None:
+        raise KeyError(f"[sat] {key}: not declared in sat_tasks.settings.SETTINGS")
+    env_value = os.environ.get(f"{ENV_PREFIX}{key.upper()}")
     if env_value:
         return env_value
     value = _file_section(config_file()).get(key.lower())
@@ -129,9 +73,14 @@ def sat_setting(key: str, default: str | None = None) -> str:
         return os.path.expandvars(value)
     if key in SAT_DEFAULTS:
         return SAT_DEFAULTS[key]
-    if default is not None:
-        return default
-    raise KeyError(f"[sat] {key}: no such setting and no default")
+    return default if default is not None else setting.default
+
+
+def settings_problems() -> list[str]:
+    """Every unknown `[sat]` key and mistyped value in the config file and the environment, one line each,
+    naming the key and the nearest known one (what `sat up` and `sat validate` refuse to start with)."""
+    env = {k[len(ENV_PREFIX):].lower(): v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+    return problems(_file_section(config_file()), env)
 
 
 def local_node_pool() -> list[str]:

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from sat_tasks.cli.common import configure_airflow_env
+from sat_tasks.cli.common import EXIT_INVALID, configure_airflow_env
 
 # Modules that add their own subcommands, and the function that does it.
 COMMAND_GROUPS = (
@@ -39,10 +39,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that refuse to start on an unknown or mistyped `[sat]` key (`sat_tasks.settings`).
+CHECK_SETTINGS = frozenset({"up", "validate"})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sat` console script."""
     configure_airflow_env()
     args = build_parser().parse_args(argv)
+    if args.command in CHECK_SETTINGS:
+        from sat_tasks.config import config_file, settings_problems
+
+        problems = settings_problems()
+        if problems:
+            for line in problems:
+                print(line, file=sys.stderr)
+            print(f"[sat] fix the [sat] settings above ({config_file()} or AIRFLOW__SAT__* in the environment); "
+                  "every setting is in docs/configuration.md", file=sys.stderr)
+            return EXIT_INVALID
     return int(args.func(args) or 0)
 
 

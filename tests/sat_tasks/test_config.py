@@ -27,8 +27,8 @@ def test_the_file_then_the_defaults(cfg):
     assert config.sat_setting("backend") == "kubernetes"
     assert config.sat_setting("work_dir") == "/data/work"  # ${VAR} expanded as Airflow expands it
     assert config.sat_setting("local_nodes") == config.SAT_DEFAULTS["local_nodes"]
-    assert config.sat_setting("k8s_master_port", default="") == "29600"
-    assert config.sat_setting("k8s_gpu_resource", default="") == ""
+    assert config.sat_setting("k8s_master_port") == "29600"
+    assert config.sat_setting("k8s_gpu_resource") == "nvidia.com/gpu"  # the declared default (sat_tasks.settings)
 
 
 def test_the_environment_wins(cfg, monkeypatch):
