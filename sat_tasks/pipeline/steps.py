@@ -27,6 +27,7 @@ from sat_tasks.core.policy import (
 )
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
+from sat_tasks.io import run_location
 from sat_tasks.io.run_layout import JobRun, scoped
 from sat_tasks.pipeline.report import build_report, format_report
 from sat_tasks.pipeline.warm_pool import hook_for as warm_pool_hook
@@ -212,14 +213,19 @@ def stage_data(job: TrainingJob, run_id: str, log: Log = print) -> dict:
     """Copy the training script and the data from Object Storage to where the attempts read them.
 
     With `warm_pool`, what the job's previous run kept warm is reused where nothing changed
-    (`pipeline.warm_pool.WarmPool.stage`).
+    (`pipeline.warm_pool.WarmPool.stage`). Files staged on this worker are marked
+    (`io.run_location.mark`): every later task checks that it sees them.
     """
-    return warm_pool_hook(job).stage(JobRun(job, run_id), backend_for(job), log)
+    run = JobRun(job, run_id)
+    staged = warm_pool_hook(job).stage(run, backend_for(job), log)
+    run_location.mark(run, log)
+    return staged
 
 
 def validate_data(job: TrainingJob, run_id: str, staged: dict | None = None, log: Log = print) -> dict:
     """Run the Great Expectations suite on the staged data; a failure stops the job before training."""
     run, warm = JobRun(job, run_id), warm_pool_hook(job)
+    run_location.check(run, log)
     reused = warm.reused_validation(run, staged, log)
     if reused is not None:  # the warm run's data passed this suite, and neither changed
         return reused
@@ -240,6 +246,7 @@ def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = pri
     from sat_tasks.io.node_ledger import diagnose_attempt
 
     run = JobRun(job, run_id)
+    run_location.check(run, log)
     record = backend_for(job).read_attempt_record(run, attempt, log)
     if record is None:
         raise NotApplicable(f"attempt {attempt} did not launch")
@@ -260,6 +267,7 @@ def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = pri
 def decide(job: TrainingJob, run_id: str, plan: Plan, verdict: Verdict, log: Log = print) -> dict:
     """Turn a verdict into the next action (`core.policy.decide_next`) and record the status it implies."""
     run = JobRun(job, run_id)
+    run_location.check(run, log)
     readmitted: list[str] = []
     if verdict.kind is VerdictKind.PLANNED_RESTART:
         record = run.load_record(plan.attempt)
@@ -325,7 +333,9 @@ def _note_final(run: JobRun, status: str, metrics: Any, log: Log) -> None:
 
 def cleanup_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = print) -> list[str]:
     """Delete what the attempt kept for classify (its pods, ...)."""
-    deleted = backend_for(job).cleanup_attempt(JobRun(job, run_id), attempt, log)
+    run = JobRun(job, run_id)
+    run_location.check(run, log)
+    deleted = backend_for(job).cleanup_attempt(run, attempt, log)
     for name in deleted:
         log(f"deleted {name}")
     return deleted
@@ -337,6 +347,7 @@ def watch_growth(job: TrainingJob, run_id: str, plan: Plan, log: Log = print) ->
     A person's stop request wins over growing back: the watch ends.
     """
     run = JobRun(job, run_id)
+    run_location.check(run, log)
     if run.stop_request() is not None:
         log(f"[sat] elastic: a stop was requested: attempt {plan.attempt} is not restarted to grow back")
         return True
@@ -350,6 +361,7 @@ def capacity_available(job: TrainingJob, run_id: str, previous: Decision, log: L
     training and covers both training and waiting.
     """
     run = JobRun(job, run_id)
+    run_location.check(run, log)
     history = run.history(log)
     request = run.stop_request()
     if request is not None:
@@ -374,12 +386,25 @@ def capacity_available(job: TrainingJob, run_id: str, previous: Decision, log: L
 
 # ---- upload_results, finalize, cleanup_run -------------------------------------------------------
 def upload_results(job: TrainingJob, run_id: str, decisions: list[dict | None], log: Log = print) -> dict:
-    """Upload the outputs and the job log under `<results>/<job>/<run_id>/`."""
+    """Upload the outputs and the job log under the run's results prefix; Completed only when the outputs are there.
+
+    What reached Object Storage is checked against what the training wrote (`pipeline.outputs`):
+    a missing or short output file, or no output at all from a job that declares outputs, ends the
+    job Failed with what is missing (issue 48.1).
+    """
+    from sat_tasks.pipeline.outputs import check_outputs
+
     if not any(d and Decision.from_xcom(d).action is Action.UPLOAD for d in decisions):
         raise NotApplicable("no attempt succeeded: nothing to upload")
     run = JobRun(job, run_id)
+    run_location.check(run, log)
     report = backend_for(job).upload_outputs(run, log)
+    problems = check_outputs(run, report)
     upload_job_log(run, log)
+    if problems:
+        why = "training completed, but its outputs are not all in Object Storage: " + "; ".join(problems)
+        run.history(log).record(JobStatus.FAILED, why, task="upload_results")
+        raise JobStopped(why)
     run.history(log).record(JobStatus.COMPLETED, "training completed; results uploaded", task="upload_results")
     return {"results": run.results_uri, **report}
 
@@ -441,12 +466,17 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
 
     `failed_tasks` (the ids of the tasks that failed in this run) name what really went
     wrong when the history ends without a status that says why, with the error each noted.
+    It reads and writes Object Storage only, so it runs wherever it lands; on a worker that does
+    not see the run's files (`io.run_location`) it says so, and the job log stays where it is.
     """
     if job is None:
         failed = [t for t in (failed_tasks or []) if t]
         raise JobStopped("there is no validated job: " + (
             "; ".join(f"{t} failed (see its log)" for t in failed) if failed else "validate_spec did not run"))
     run = JobRun(job, run_id)
+    elsewhere = run_location.problem(run)
+    if elsewhere:
+        log(f"[sat] {elsewhere}")
     history = run.history(log)
     entries = history.entries()
     status = entries[-1]["status"] if entries else JobStatus.FAILED.value
@@ -454,11 +484,12 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
         why = f"the run ended while the job was {status!r}"
         if failed_tasks:
             why += ": " + "; ".join(_failure_reasons(run, failed_tasks))
+        if elsewhere:
+            why += f"; finalize: {elsewhere}"
         history.record(JobStatus.FAILED, why, task="finalize")
         entries = history.entries()
         status = JobStatus.FAILED.value
     from sat_tasks.io import object_storage as storage
-
     from sat_tasks.io.metrics import read_object_storage
 
     try:  # read once: the report's recovery phases, the final record's goodput and the report page come from it
@@ -485,7 +516,9 @@ def finalize(job: TrainingJob | None, run_id: str, *, failed_tasks: list[str] | 
 
 def cleanup_run(job: TrainingJob, run_id: str, log: Log = print) -> list[str]:
     """Delete what the run kept on its backend (its volume, helper pods); after the outputs are uploaded."""
-    deleted = warm_pool_hook(job).cleanup(JobRun(job, run_id), backend_for(job), log)  # a warm run: kept or not
+    run = JobRun(job, run_id)
+    run_location.check(run, log)
+    deleted = warm_pool_hook(job).cleanup(run, backend_for(job), log)  # a warm run: kept or not
     for name in deleted:
         log(f"deleted {name}")
     return deleted

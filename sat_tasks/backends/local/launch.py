@@ -59,6 +59,7 @@ from sat_tasks.core.runtime_env import (
     training_environment,
 )
 from sat_tasks.core.status import JobStatus
+from sat_tasks.io import run_location
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.scoped_credentials import training_credentials
 from sat_tasks.spec import Framework
@@ -82,6 +83,7 @@ def launch_attempt(run: JobRun, plan: Plan, log: Log, interrupt: threading.Event
         log(f"[sat] attempt {plan.attempt} already ended (exit status {ended.exit_code}) in an earlier run of this "
             "task: its record stands, nothing is run again")
         return ended
+    run_location.check(run, log)  # this worker sees the files stage_data put here (issue 48.1)
     interruption = find_interruption(run, plan, log)
     if interruption is not None:
         plan = resume_interrupted(plan, interruption.resume_step)
