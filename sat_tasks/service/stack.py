@@ -1,8 +1,8 @@
 """The service stack `make up` runs: Object Storage, the metadata DB, the API server, the scheduler, the DAG processor, the triggerer.
 
 Call order: `ServiceStack(...)` -> `start()` (storage, the metadata DB's server when it runs
-one, `airflow db migrate`, the components, waits until the API answers) -> `wait()` (until a
-component dies or a stop is asked) -> `stop()` (every component's process group, then the
+one, `airflow db migrate`, the components, waits until the API answers) -> `wait()` (until a stop
+is asked, or a component keeps failing) -> `stop()` (every component's process group, then the
 DB's server, then the storage's last copy). `run()` does all
 three and stops on SIGINT/SIGTERM, which is what `make up` / `sat up` and `make down` /
 `sat down` (SIGTERM to the pid in `<home>/sat-up.pid`) use.
@@ -14,6 +14,13 @@ project's config, the secrets of
 `service.secrets` (so the execution API accepts the scheduler's task tokens, and a restart
 keeps working), the Object Storage connection, and the API server's own URL for the
 execution API. The API server binds `host` (127.0.0.1 by default) with authentication on.
+
+Supervision (issue 48.2): once the service is up, a component that exits is restarted with its
+own command and environment, after a backoff that doubles with each crash of it in the window
+(`restart_backoff_s` .. `restart_backoff_max_s`), and each crash and restart is logged. The
+service stops only when the operator asks, or when one component exits `crash_limit` times
+within `crash_window_s` (5 in 5 minutes): then it keeps failing, and restarting hides that. A
+component that dies while the service starts fails the start, as before.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +55,9 @@ SERVICE_MARK_ENV = "SAT_SERVICE_HOME"  # every process the deployment starts inh
 # health panel shows it red on a person's first login, and deferrable operators of users' own
 # DAGs would wait forever: it runs too (mostly idle).
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# Supervision: a component that exits this often within the window keeps failing, and the service stops.
+CRASH_LIMIT = 5
+CRASH_WINDOW_S = 300.0
 
 
 class ServiceError(SatError):
@@ -73,6 +84,9 @@ class ServiceStack:
         extra_env: more environment for every component (tests: short intervals).
         db: the metadata DB, `sqlite` or `postgres` (None: SQLite, unless the operator configured one).
         db_port: the PostgreSQL cluster's loopback port (0: a free one).
+        restart_backoff_s / restart_backoff_max_s: the wait before restarting a component that exited,
+            doubled with each of its crashes in the window, at most the second.
+        crash_limit / crash_window_s: that many exits of one component within the window stop the service.
     """
 
     home: Path
@@ -91,7 +105,15 @@ class ServiceStack:
     storage: object = field(default=None, repr=False)
     database: object = field(default=None, repr=False)  # the PostgreSQL cluster, when it runs one
     first_answer_s: float | None = None
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 30.0
+    crash_limit: int = CRASH_LIMIT
+    crash_window_s: float = CRASH_WINDOW_S
+    restarts: dict[str, int] = field(default_factory=dict)  # how many times each component was restarted
     _stopping: bool = field(default=False, repr=False)
+    _commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict, repr=False)
+    _crashes: dict[str, deque] = field(default_factory=dict, repr=False)
+    _restart_at: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def url(self) -> str:
@@ -200,6 +222,7 @@ class ServiceStack:
             self.log(f"[sat] metadata DB: {cluster.describe()}")
 
     def _start_component(self, component: str, args: list[str], env: dict[str, str]) -> None:
+        self._commands[component] = (args, env)
         with open(self.logs_dir / f"{component}.log", "ab") as out:
             self.processes[component] = subprocess.Popen(
                 component_command(component, args), env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -226,12 +249,46 @@ class ServiceStack:
                 raise ServiceError(f"the {name} exited with status {proc.returncode}; "
                                    f"see {self.logs_dir / (name + '.log')}")
 
+    # ---- supervision ----------------------------------------------------------------------------
+    def supervise(self, now: float | None = None) -> None:
+        """One look at the components: note each that exited and restart it once its backoff has passed.
+
+        Raises ServiceError when a component exited `crash_limit` times within `crash_window_s`.
+        """
+        if self._stopping:
+            return
+        now = time.monotonic() if now is None else now
+        for name, proc in list(self.processes.items()):
+            if proc.poll() is None or name in self._restart_at:
+                continue
+            crashes = self._crashes.setdefault(name, deque())
+            crashes.append(now)
+            while crashes and now - crashes[0] > self.crash_window_s:
+                crashes.popleft()
+            where = self.logs_dir / f"{name}.log"
+            if len(crashes) >= self.crash_limit:
+                raise ServiceError(f"the {name} exited {len(crashes)} times within {self.crash_window_s:.0f}s "
+                                   f"(last status {proc.returncode}): it keeps failing; see {where}")
+            delay = min(self.restart_backoff_max_s, self.restart_backoff_s * 2 ** (len(crashes) - 1))
+            self._restart_at[name] = now + delay
+            _signal_group(proc, signal.SIGKILL)  # what it left in its group (parse or task processes)
+            self.log(f"[sat] the {name} exited with status {proc.returncode} ({len(crashes)} in the last "
+                     f"{self.crash_window_s:.0f}s): restarting it in {delay:g}s; see {where}")
+        for name, at in list(self._restart_at.items()):
+            if now < at or self._stopping:
+                continue
+            del self._restart_at[name]
+            args, env = self._commands[name]
+            self._start_component(name, args, env)
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self.log(f"[sat] restarted the {name} (pid {self.processes[name].pid}, restart {self.restarts[name]})")
+
     # ---- run and stop ---------------------------------------------------------------------------
-    def wait(self) -> None:
-        """Until a stop is asked (SIGINT/SIGTERM) or a component dies."""
+    def wait(self, poll_s: float = 1.0) -> None:
+        """Until a stop is asked (SIGINT/SIGTERM) or a component keeps failing (`supervise`)."""
         while not self._stopping:
-            self.check_alive()
-            time.sleep(1)
+            self.supervise()
+            time.sleep(poll_s)
 
     def stop(self, grace: float = 30) -> None:
         """Stop every component (SIGTERM to its process group, SIGKILL after `grace`), then the storage.
@@ -271,7 +328,7 @@ class ServiceStack:
 
     def run(self) -> int:
         """start, print how to log in, wait, stop; SIGINT and SIGTERM stop it."""
-        def ask_stop(signum, frame):  # noqa: ARG001
+        def ask_stop(signum, frame):
             self._stopping = True
 
         signal.signal(signal.SIGINT, ask_stop)
