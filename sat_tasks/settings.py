@@ -159,6 +159,13 @@ SETTINGS: tuple[Setting, ...] = (
     # ---- tenancy -----------------------------------------------------------------------------------------
     Setting("shared_registry_connections", "list", "", "Registry connection ids every job may name besides its own "
             "sat_registry_<job>; list pull-only logins."),
+    Setting("notification_connections", "list", "", "Airflow connections every job may name for its end-of-job "
+            "notifications (a webhook's http connection, an SMTP connection); besides these a webhook may name only "
+            "an http connection the person who triggered the run may read. Never list the Object Storage "
+            "connection.", example="team_webhook,smtp_default"),
+    Setting("registry_hosts", "list", "", "Registry hosts (host or host:port) the image check may contact; empty: "
+            "loopback and the hosts of the registry connections. An image.url elsewhere is refused.",
+            example="registry.example.com,ghcr.io"),
     Setting("scoped_credentials", "choice", "on", "Each training attempt's Object Storage credentials (ADR 0020): "
             "on: STS AssumeRole scoped to its run; off: the service's keys (a store without STS), with a warning.",
             choices=("on", "off")),
