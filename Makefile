@@ -82,8 +82,9 @@ test: .venv system-deps
 
 # SAT as a service on this host: embedded Object Storage, metadata DB, API server (UI and
 # REST API on http://127.0.0.1:8080), scheduler, DAG processor. Ctrl-C or `make down` stops it.
-# DB=postgres: the metadata DB in a private PostgreSQL cluster (`make system-deps` installs it).
-up: .venv
+# The metadata DB is a private PostgreSQL cluster (`make system-deps` installs the server; issue
+# 48.2: SQLite lost the service to "database is locked" under a burst); DB=sqlite for SQLite.
+up: .venv system-deps
 	$(IMAGE_IF_PODMAN)
 	$(VENV)/bin/sat up $(if $(DB),--db $(DB))
 

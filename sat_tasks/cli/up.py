@@ -22,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="where the embedded Object Storage keeps its objects between runs "
                         "(default .sat/object-storage in the project; env SAT_STORAGE_DIR)")
     p.add_argument("--db", choices=("sqlite", "postgres"), default=os.environ.get("SAT_DB") or None,
-                   help="the metadata DB: sqlite (the default: <AIRFLOW_HOME>/airflow.db) or postgres (a private "
-                        "cluster from Debian's postgresql package, its password generated beside the other "
-                        "secrets; env SAT_DB). A [database] sql_alchemy_conn the operator set is used unchanged")
+                   help="the metadata DB: postgres (the default: a private cluster from Debian's postgresql "
+                        "package, which `make system-deps` installs, its password generated beside the other "
+                        "secrets) or sqlite (<AIRFLOW_HOME>/airflow.db: one person, a few jobs at a time); env "
+                        "SAT_DB. A [database] sql_alchemy_conn the operator set is used unchanged")
     p.add_argument("--db-port", type=int, default=int(os.environ.get("SAT_DB_PORT", "0")),
                    help="the PostgreSQL cluster's loopback port (default: a free one; env SAT_DB_PORT)")
     p.set_defaults(func=cmd_up)
@@ -39,7 +40,7 @@ def _home() -> Path:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from sat_tasks.config import PROJECT_ROOT
-    from sat_tasks.service.database import DatabaseChoiceError
+    from sat_tasks.service.database import SERVICE_DEFAULT, DatabaseChoiceError
     from sat_tasks.service.secrets import private_dir
     from sat_tasks.service.stack import ServiceStack
 
@@ -48,7 +49,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     storage_dir = Path(args.storage_dir) if args.storage_dir else PROJECT_ROOT / ".sat" / "object-storage"
     stack = ServiceStack(home=home, host=args.host, port=args.port, storage_port=args.storage_port,
                          storage_dir=storage_dir, work_dir=PROJECT_ROOT / ".sat" / "work",
-                         db=args.db, db_port=args.db_port, log=lambda line: print(line, flush=True))
+                         db=args.db, default_db=SERVICE_DEFAULT, db_port=args.db_port, log=lambda line: print(line, flush=True))
     try:
         stack.database_choice()  # a --db that contradicts a configured URL: said before anything starts
     except DatabaseChoiceError as exc:

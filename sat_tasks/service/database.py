@@ -3,10 +3,13 @@
 - An operator's URL (`AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`, its `_CMD`/`_SECRET` forms, or
   `sql_alchemy_conn` in the project's airflow.cfg) is used unchanged: `sat up` sets no
   database variable at all, so every component reads it as Airflow reads it.
-- Else `sqlite` (the default): `<home>/airflow.db` in write-ahead mode with longer lock
-  waits (`service.sqlite`).
-- Or `postgres` (`sat up --db postgres`, `make up DB=postgres`): the deployment's own
-  cluster (`service.postgres`), reached with the generated `db_password`.
+- Else `postgres`, what `sat up` / `make up` run by default (`SERVICE_DEFAULT`): the
+  deployment's own cluster (`service.postgres`, from the `postgresql` package `make system-deps`
+  installs), reached with the generated `db_password`. SQLite took the whole service down under
+  a burst of 20-30 submissions (the DAG processor died on "database is locked"; issue 48.2).
+- Or `sqlite` (`sat up --db sqlite`, `make up DB=sqlite`, and a `ServiceStack` that names no
+  default): `<home>/airflow.db` in write-ahead mode with longer lock waits (`service.sqlite`).
+  `make demo` and `dag.test()` run no service and keep SQLite.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from sat_tasks.errors import SatError
 
 KINDS = ("sqlite", "postgres")
+SERVICE_DEFAULT = "postgres"  # what `sat up` (and so `make up`) runs when neither --db nor an operator's URL says
 CONFIGURED = "configured"
 URL_VARIABLES = tuple(f"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN{suffix}" for suffix in ("", "_CMD", "_SECRET"))
 
@@ -49,8 +53,9 @@ def operator_url_source(environ: Mapping[str, str], config_file: Path | None) ->
     return ""
 
 
-def choose_database(asked: str | None, environ: Mapping[str, str], config_file: Path | None) -> DatabaseChoice:
-    """The metadata DB for `sat up --db <asked>` (None: not asked; SQLite unless the operator set a URL)."""
+def choose_database(asked: str | None, environ: Mapping[str, str], config_file: Path | None,
+                    default: str = "sqlite") -> DatabaseChoice:
+    """The metadata DB for `sat up --db <asked>` (None: not asked; `default` unless the operator set a URL)."""
     if asked is not None and asked not in KINDS:
         raise DatabaseChoiceError(f"--db: must be one of {', '.join(KINDS)}, got {asked!r}")
     source = operator_url_source(environ, config_file)
@@ -59,7 +64,7 @@ def choose_database(asked: str | None, environ: Mapping[str, str], config_file: 
                                   "unset it, or leave --db (and SAT_DB) out to use it unchanged")
     if source:
         return DatabaseChoice(CONFIGURED, source)
-    return DatabaseChoice(asked or "sqlite")
+    return DatabaseChoice(asked or default)
 
 
 def sqlite_env(home: Path) -> dict[str, str]:

@@ -82,7 +82,9 @@ class ServiceStack:
         storage_dir: where the Object Storage keeps its objects between runs.
         dags_folder / jobs_dir / work_dir: the project's by default (tests use their own).
         extra_env: more environment for every component (tests: short intervals).
-        db: the metadata DB, `sqlite` or `postgres` (None: SQLite, unless the operator configured one).
+        db: the metadata DB, `sqlite` or `postgres` (None: `default_db`, unless the operator configured one).
+        default_db: the metadata DB when `db` is None: SQLite here (tests, benchmarks); `sat up` asks for
+            `database.SERVICE_DEFAULT` (PostgreSQL).
         db_port: the PostgreSQL cluster's loopback port (0: a free one).
         restart_backoff_s / restart_backoff_max_s: the wait before restarting a component that exited,
             doubled with each of its crashes in the window, at most the second.
@@ -99,6 +101,7 @@ class ServiceStack:
     work_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     db: str | None = None
+    default_db: str = "sqlite"
     db_port: int = 0
     log: object = print
     processes: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
@@ -156,7 +159,7 @@ class ServiceStack:
         return env
 
     def database_choice(self) -> DatabaseChoice:
-        return choose_database(self.db, os.environ, PROJECT_ROOT / "airflow.cfg")
+        return choose_database(self.db, os.environ, PROJECT_ROOT / "airflow.cfg", default=self.default_db)
 
     # ---- start ----------------------------------------------------------------------------------
     def start(self, timeout: float = 180) -> ServiceStack:
