@@ -156,44 +156,93 @@ def parse_spec(data: Any, source: str = "<spec>") -> TrainingJob:
         raise SpecError(source, problems) from None
 
 
-def _yaml_depth(text: str, limit: int = MAX_NESTING) -> int:
-    """How deeply the YAML text nests, from the parser's events (the parser keeps a stack, it does not recurse).
+# YAML anchors and aliases (`&name`, `*name`) share one value in several places: a chain of them (the
+# "billion laughs") is a few hundred bytes that expand to more values than any check can walk (issue 44.6).
+# A spec never needs them, so a spec file may hold none.
+ALIAS_RULE = "uses a YAML anchor or alias (&name, *name), which spec files may not"
+DUPLICATE_RULE = "is given twice in one mapping (YAML duplicate key)"
+_MAX_FILE_PROBLEMS = 20
+
+
+def _yaml_problems(text: str, limit: int = MAX_NESTING) -> list[SpecProblem]:
+    """What breaks the file rules in the YAML text, from the parser's events (the parser keeps a stack, it does not
+    recurse, and nothing is built): nesting past `limit`, any anchor or alias, a key given twice in one mapping.
 
     libyaml (CSafeLoader) refuses very deep flow collections with a parse error of its own; the pure-Python
-    parser then counts them, stopping one level past `limit`, so such a file still gets the nesting rule.
+    parser then reads them, stopping one level past `limit`, so such a file still gets the nesting rule.
     """
     try:
-        return _events_depth(yaml.parse(text, Loader=_YAML_LOADER), limit)
+        return _events_problems(yaml.parse(text, Loader=_YAML_LOADER), limit)
     except yaml.YAMLError:
         if _YAML_LOADER is yaml.SafeLoader:
             raise
-        return _events_depth(yaml.parse(text, Loader=yaml.SafeLoader), limit)
+        return _events_problems(yaml.parse(text, Loader=yaml.SafeLoader), limit)
 
 
-def _events_depth(events: Any, limit: int) -> int:
-    depth = deepest = 0
+class _Frame:
+    """A mapping or list the event walk is inside: its field path, keys seen (a mapping), the next key or index."""
+
+    __slots__ = ("expect_key", "index", "is_map", "key", "keys", "path")
+
+    def __init__(self, is_map: bool, path: tuple[str, ...]) -> None:
+        self.is_map, self.path = is_map, path
+        self.keys: set[str] = set()
+        self.expect_key, self.key, self.index = True, "", 0
+
+    def child_path(self) -> tuple[str, ...]:
+        return (*self.path, self.key if self.is_map else str(self.index))
+
+    def done(self) -> None:
+        """A node in this frame ended: a key's value comes next, or the next key, or the next item."""
+        if self.is_map:
+            self.expect_key = not self.expect_key
+        else:
+            self.index += 1
+
+
+def _events_problems(events: Any, limit: int) -> list[SpecProblem]:
+    problems: list[SpecProblem] = []
+    stack: list[_Frame] = []
     for event in events:
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > limit:
-                break
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            return [SpecProblem(field="<file>", rule=f"{ALIAS_RULE} (line {event.start_mark.line + 1})")]
+        parent = stack[-1] if stack else None
+        if isinstance(event, yaml.ScalarEvent):
+            if parent is not None and parent.is_map and parent.expect_key:
+                parent.key = event.value
+                if event.value in parent.keys and len(problems) < _MAX_FILE_PROBLEMS:
+                    field = ".".join(parent.child_path())
+                    problems.append(SpecProblem(field=field, rule=f"{DUPLICATE_RULE} (line {event.start_mark.line + 1})"))
+                parent.keys.add(event.value)
+            if parent is not None:
+                parent.done()
+        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(stack) >= limit:
+                return [SpecProblem(field="<file>", rule=NESTING_RULE)]
+            if parent is not None and parent.is_map and parent.expect_key:
+                parent.key = "<key>"  # a mapping or list as a key: its fields are named under <key>
+            path = parent.child_path() if parent is not None else ()
+            stack.append(_Frame(isinstance(event, yaml.MappingStartEvent), path))
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
-    return deepest
+            stack.pop()
+            if stack:
+                stack[-1].done()
+    return problems
 
 
 def read_yaml_file(path: str | Path) -> Any:
-    """A YAML file's data; a file that cannot be read or parsed, or nests too deeply, is a SpecError on `<file>`."""
+    """A YAML file's data; a file that cannot be read or parsed, nests too deeply, holds an anchor or alias or a
+    duplicate key, is a SpecError on `<file>` (or on the duplicated field)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-        if _yaml_depth(text) > MAX_NESTING:
-            raise SpecError(str(path), [SpecProblem(field="<file>", rule=NESTING_RULE)])
+        problems = _yaml_problems(text)
+        if problems:
+            raise SpecError(str(path), problems)
         return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader: CSafeLoader or SafeLoader
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(path), [SpecProblem(field="<file>", rule=f"cannot be read: {exc}")]) from None
-    except RecursionError:  # aliases can still build a deep value; one bad file stays one error
+    except RecursionError:  # one bad file stays one error
         raise SpecError(str(path), [SpecProblem(field="<file>", rule=NESTING_RULE)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

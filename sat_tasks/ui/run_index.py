@@ -187,25 +187,31 @@ class SpecCache:
     def jobs(self, jobs_dir: str | Path) -> dict[str, TrainingJob]:
         found: dict[str, TrainingJob] = {}
         paths = sorted(Path(jobs_dir).glob("*.y*ml"))
+        keys: dict[Path, tuple[int, int]] = {}
+        for path in paths:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            keys[path] = (stat.st_mtime_ns, stat.st_size)
         with self._lock:
-            for path in paths:
+            files = dict(self._files)
+        # Parsed outside the lock (issue 44.6): one slow file holds up no other request.
+        for path, key in keys.items():
+            cached = files.get(path)
+            if cached is None or cached[0] != key:
                 try:
-                    stat = path.stat()
-                except OSError:
-                    continue
-                key = (stat.st_mtime_ns, stat.st_size)
-                cached = self._files.get(path)
-                if cached is None or cached[0] != key:
-                    try:
-                        cached = (key, self._load(path))
-                    except (SpecError, OSError):
-                        cached = (key, None)
-                    self._files[path] = cached
-                job = cached[1]
-                if job is not None and dag_id_for(job) not in found:
-                    found[dag_id_for(job)] = job
+                    files[path] = (key, self._load(path))
+                except (SpecError, OSError):
+                    files[path] = (key, None)
+        with self._lock:
+            self._files.update({path: files[path] for path in keys})
             for gone in set(self._files) - set(paths):
                 del self._files[gone]
+        for path in keys:
+            job = files[path][1]
+            if job is not None and dag_id_for(job) not in found:
+                found[dag_id_for(job)] = job
         return found
 
 
