@@ -141,10 +141,10 @@ def judge_counters(device: str, counters: Mapping[str, Any]) -> list[Check]:
     remap_pending, remap_failure = counters.get("remapped_rows_pending"), counters.get("remapped_rows_failure")
     if remap_pending is not None or remap_failure is not None:
         bad = bool(remap_pending) or bool(remap_failure)
-        why = ("row remapping failed (no spare row left)" if remap_failure else
-               "a row remap is pending a GPU reset" if remap_pending else "no row remap pending or failed")
+        remap = ("row remapping failed (no spare row left)" if remap_failure else
+                 "a row remap is pending a GPU reset" if remap_pending else "no row remap pending or failed")
         checks.append(Check(name=f"remapped-rows:{device}", status=CheckStatus.FAIL if bad else CheckStatus.PASS,
-                            detail=why))
+                            detail=remap))
     xid = number("xid_pending")
     if xid:
         checks.append(Check(name=f"xid:{device}", status=CheckStatus.FAIL, detail=f"Xid {xid} held by the driver"))

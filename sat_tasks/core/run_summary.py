@@ -124,7 +124,8 @@ def _nodes_short(entry: dict[str, Any], held: Mapping[int, int], nodes: int | No
     """
     count, of = _count(entry.get("nodes_held")), _count(entry.get("nodes"))
     if count is None and entry.get("task") == "launch" and nodes is not None:
-        count, of = _count(held.get(entry.get("attempt"))), nodes
+        attempt = entry.get("attempt")
+        count, of = _count(held.get(attempt) if isinstance(attempt, int) else None), nodes
     if count is None or of is None or count == 0:
         return None
     return max(0, of - count)

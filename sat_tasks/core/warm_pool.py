@@ -87,7 +87,8 @@ def claim_parts(state: WarmState, job: TrainingJob) -> Claim:
     data source the staged files, a changed backend everything (each with the line that says why)."""
     result = Claim(state=state)
     if not same_backend(state, job):
-        result.lines.append(f"backend changed ({state.backend} -> {job.backend.value}): nothing reused")
+        result.lines.append(f"backend changed ({state.backend} -> {getattr(job.backend, 'value', None)}): "
+                            "nothing reused")
         return result
     if state.data_source == job.data.source and (state.data_dir or state.claim):
         result.data_dir, result.volume, result.objects = state.data_dir or None, state.claim, dict(state.objects)
