@@ -11,6 +11,11 @@ Files load with ``weights_only=True``: tensors, containers and the few classes
 :func:`safe_globals` names, never an arbitrary pickle (a checkpoint planted in Object
 Storage must not run code in the training that resumes from it). A job that trusts its
 files and needs more sets ``CKPT_WEIGHTS_ONLY=0`` in its env (ADR 0020).
+
+One exception (ADR 0038): an explicit ``load(path)`` through the DataStates-LLM API, of a
+file in the user's own run prefix (:func:`trusted_run_path`), loads what was saved, as
+upstream does: it tries ``weights_only`` first and, when that refuses a class, loads the
+file fully and warns once. ``CKPT_WEIGHTS_ONLY=1`` turns that off.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import io
 import json
 import os
 import struct
+import threading
+import warnings
 from contextlib import nullcontext
 from typing import Any
 
-from ckpt_engine.contract import WEIGHTS_ONLY_ENV
+from ckpt_engine.contract import OUTPUT_DIR_ENV, WEIGHTS_ONLY_ENV
 from ckpt_engine.errors import UnreadableCheckpointError
 
 _HEAD_BYTES = 1 << 16
@@ -97,26 +104,53 @@ def explain_bytes(name: str, head: bytes, size: int, error: BaseException | None
                                      f"What to do: {todo}.")
 
 
+def weights_only_setting() -> bool | None:
+    """``CKPT_WEIGHTS_ONLY`` as the job set it: True (forced on), False (opted out), None (unset)."""
+    raw = os.environ.get(WEIGHTS_ONLY_ENV, "").strip().lower()
+    if not raw:
+        return None
+    return raw not in ("0", "false", "no", "off")
+
+
 def weights_only_default() -> bool:
     """``weights_only`` for a load that does not say: True unless the job's env sets ``CKPT_WEIGHTS_ONLY=0``."""
-    return os.environ.get(WEIGHTS_ONLY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return weights_only_setting() is not False
+
+
+# NumPy's dtype classes a plain array may carry (not object or structured dtypes: those nest other objects).
+_NUMPY_DTYPES = ("Bool", "Byte", "Bytes", "Complex128", "Complex64", "DateTime64", "Float16", "Float32",
+                 "Float64", "Int16", "Int32", "Int64", "Int8", "Int", "Long", "LongDouble", "LongLong", "Short",
+                 "Str", "TimeDelta64", "UByte", "UInt16", "UInt32", "UInt64", "UInt8", "UInt", "ULong",
+                 "ULongLong", "UShort", "CLongDouble")
+
+
+def safe_global_list() -> list[Any]:
+    """What a ``weights_only`` load accepts beyond torch's own (which has tensors, ``torch.Size``,
+    dtypes, dict, list, tuple, set, OrderedDict, Counter): numpy arrays and scalars of plain
+    dtypes (RNG states, metrics), ``frozenset`` (torch's unpickler cannot rebuild a ``deque`` or
+    a ``defaultdict``: such a file needs the trusted load), and DeepSpeed's small records in its model and optimizer states when DeepSpeed is
+    installed. None of them runs code of the file's choosing when unpickled."""
+    import numpy as np
+
+    allowed: list[Any] = [np.ndarray, np.dtype, frozenset]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:  # numpy >= 1.25
+        allowed += [getattr(dtypes, f"{name}DType") for name in _NUMPY_DTYPES if hasattr(dtypes, f"{name}DType")]
+    else:  # pragma: no cover - older numpy: the dtype classes of the RNG states
+        allowed += [type(np.dtype(np.uint32)), type(np.dtype(np.float64)), type(np.dtype(np.int64))]
+    core = getattr(np, "_core", None) or np.core
+    allowed += [core.multiarray._reconstruct, core.multiarray.scalar]
+    return allowed + _deepspeed_globals()
 
 
 def safe_globals() -> Any:
-    """The classes a ``weights_only`` load accepts beyond torch's own: numpy arrays (the RNG states
-    the Trainer and DeepSpeed save) and DeepSpeed's small records in its model and optimizer
-    states, when DeepSpeed is installed. None of them runs code when unpickled."""
-    import numpy as np
+    """A context in which ``torch.load(weights_only=True)`` accepts :func:`safe_global_list`."""
     import torch
 
     allow = getattr(torch.serialization, "safe_globals", None)
     if allow is None:  # torch < 2.5: tensors and containers only
         return nullcontext()
-    allowed: list[Any] = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype(np.float64)),
-                          type(np.dtype(np.int64))]
-    core = getattr(np, "_core", None) or np.core
-    allowed.append(core.multiarray._reconstruct)
-    return allow(allowed + _deepspeed_globals())
+    return allow(safe_global_list())
 
 
 def _deepspeed_globals() -> list[Any]:
@@ -151,6 +185,7 @@ def load_torch_file(source: str | bytes | memoryview, *, name: str | None = None
     """``torch.load`` of a path or of bytes; an unreadable file raises UnreadableCheckpointError saying why.
 
     ``weights_only`` None: :func:`weights_only_default` (True unless the job opted out).
+    The engine's automatic resume comes through here and only here: it never trusts a file.
     """
     import pickle
     import zipfile
@@ -173,3 +208,69 @@ def load_torch_file(source: str | bytes | memoryview, *, name: str | None = None
             raise explain_unreadable(source, exc) from exc
         data = bytes(source[:_HEAD_BYTES])
         raise explain_bytes(str(label), data, len(source), exc) from exc
+
+
+# ---- the user's own run prefix (ADR 0038) -----------------------------------------------------------
+
+_saved_here: set[str] = set()  # files a DataStates engine of this process wrote
+_saved_lock = threading.Lock()
+_warned = False
+
+
+def note_saved_here(path: str) -> None:
+    """Remember that this process's DataStates engine wrote ``path`` (it is the user's own)."""
+    with _saved_lock:
+        _saved_here.add(os.path.realpath(path))
+
+
+def _scoped_or_local() -> bool:
+    """False when this process holds long-lived Object Storage keys (no session token): then its run's
+    prefix is not its own alone (``[sat] scoped_credentials = off`` gives every training the service keys)."""
+    return not (os.environ.get("AWS_ACCESS_KEY_ID") and not os.environ.get("AWS_SESSION_TOKEN"))
+
+
+def trusted_run_path(path: str) -> bool:
+    """Whether ``path`` is in the user's own run prefix, so that an explicit DataStates ``load`` may
+    unpickle it as upstream does (ADR 0038).
+
+    Trusted: a file a DataStates engine of this process saved, or, in a SAT training
+    (``SAT_OUTPUT_DIR`` set) whose Object Storage credentials are scoped to its run, a file
+    under that run's output directory. Not trusted: ``CKPT_WEIGHTS_ONLY=1``; any other path
+    (another run's, a shared directory, a download); anything when the training holds
+    long-lived keys.
+    """
+    if weights_only_setting() is True:
+        return False
+    real = os.path.realpath(path)
+    with _saved_lock:
+        if real in _saved_here:
+            return True
+    output = os.environ.get(OUTPUT_DIR_ENV, "").strip()
+    if not output or not _scoped_or_local():
+        return False
+    root = os.path.realpath(output)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def load_user_run_file(path: str, *, map_location: Any = None) -> Any:
+    """An explicit ``load(path)`` under the DataStates-LLM API: ``weights_only`` first; a file in the
+    user's own run prefix that holds other classes then loads fully, as upstream, with one warning."""
+    import pickle
+
+    global _warned
+    setting = weights_only_setting()
+    if setting is False:
+        return load_torch_file(path, map_location=map_location, weights_only=False)
+    try:
+        return load_torch_file(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, UnreadableCheckpointError) as exc:
+        refused = exc if isinstance(exc, pickle.UnpicklingError) else exc.__cause__
+        if "Weights only load failed" not in str(refused) or not trusted_run_path(path):
+            raise  # not a refusal of a class (or not the run's own file): as the safe load said
+    if not _warned:
+        _warned = True
+        warnings.warn(f"{path}: loading with weights_only=False: it holds Python objects beyond tensors and "
+                      f"the allow-listed types, and it is this run's own file (ADR 0038). Set "
+                      f"{WEIGHTS_ONLY_ENV}=1 to load tensors and allow-listed types only.", UserWarning,
+                      stacklevel=3)
+    return load_torch_file(path, map_location=map_location, weights_only=False)

@@ -39,7 +39,7 @@ from ckpt_engine.multirank import (
     MARKER_DIR,
     RankMarker,
 )
-from ckpt_engine.sniff import load_torch_file
+from ckpt_engine.sniff import load_torch_file, load_user_run_file
 from ckpt_engine.storage.file import FileStorage, fsync_dir
 
 log = logging.getLogger("ckpt_engine")
@@ -256,7 +256,9 @@ class DataStatesEngine(BaseCheckpointEngine):
     # ---- load / wait --------------------------------------------------------------------------
 
     def load(self, path: str, map_location: Any = None) -> Any:
-        """``torch.load`` of a committed file; waits for a save of its tag in this process first."""
+        """``torch.load`` of a committed file; waits for a save of its tag in this process first.
+
+        Python objects beyond tensors and allow-listed types load only from the run's own prefix (ADR 0038)."""
         path = os.path.abspath(path)
         tag_dir = os.path.dirname(path)
         with self._tag_lock:
@@ -267,7 +269,7 @@ class DataStatesEngine(BaseCheckpointEngine):
             tag.committed.result()  # this rank's part (rank 0: the whole commit) or its error
             self._wait_for_manifest(tag_dir)
         self._check_committed(path)
-        return load_torch_file(path, map_location=map_location)
+        return load_user_run_file(path, map_location=map_location)  # the user's own run prefix: ADR 0038
 
     def _wait_for_manifest(self, tag_dir: str) -> None:
         deadline = time.monotonic() + self.timeout_s

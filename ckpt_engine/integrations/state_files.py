@@ -5,7 +5,9 @@
 state into the engine's host buffers and returns True (the caller may change the state
 at once); writer threads persist it to a temporary name, fsync and rename it;
 ``wait(persist=True)`` blocks until every file is durable; ``load`` waits for a pending
-write of the same path first. Files are ``torch.save``-compatible.
+write of the same path first. Files are ``torch.save``-compatible. ``load`` is the user
+loading their own file: it unpickles what was saved when the file is in the run's own
+prefix (ADR 0038); the engine's automatic resume never comes through here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ckpt_engine.contract import FileEntry
 from ckpt_engine.engine import CheckpointEngine as _Engine
 from ckpt_engine.errors import PersistError
 from ckpt_engine.formats import plan_torch_file
-from ckpt_engine.sniff import load_torch_file
+from ckpt_engine.sniff import load_user_run_file, note_saved_here
 from ckpt_engine.storage.file import FileStorage, fsync_dir
 
 log = logging.getLogger("ckpt_engine")
@@ -73,6 +75,7 @@ class BaseCheckpointEngine:
 
     def _save_file(self, state_dict: Any, path: str) -> cf.Future[FileEntry]:
         self._wait_path(path)
+        note_saved_here(path)  # the user's own file: an explicit load() may unpickle it (ADR 0038)
         directory, name = os.path.split(path)
         os.makedirs(directory, exist_ok=True)
         temp_name = name if self.write_in_place else f".{name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -114,9 +117,12 @@ class BaseCheckpointEngine:
             future.exception()
 
     def load(self, path: str, map_location: Any = None) -> Any:
-        """The object saved at ``path`` (after any pending write of it); unreadable files say why."""
+        """The object saved at ``path`` (after any pending write of it); unreadable files say why.
+
+        Tensors and allow-listed types load ``weights_only``; other Python objects load as upstream
+        only from the user's own run prefix (``sniff.trusted_run_path``, ADR 0038)."""
         self._wait_path(os.path.abspath(path))
-        return load_torch_file(path, map_location=map_location)
+        return load_user_run_file(path, map_location=map_location)
 
     def wait(self, persist: bool = False) -> None:
         """Staging is complete when ``save`` returns; with ``persist`` also block until every file is durable.

@@ -78,7 +78,7 @@ def assert_same(restored: dict[str, Any], expected: dict[str, Any]) -> None:
                  id="llm.Checkpointing"),
 ])
 def test_save_wait_commit_load_shutdown_round_trip(tmp_path: Path, make: Any, monkeypatch) -> None:
-    monkeypatch.setenv(WEIGHTS_ONLY_ENV, "0")  # the custom object (Foo) loads only when the job trusts its pickles
+    monkeypatch.delenv(WEIGHTS_ONLY_ENV, raising=False)  # Foo loads: this process saved the file (ADR 0038)
     engine = make()
     state = sample_state()
     expected = {**state, "tensor2": state["tensor2"].clone()}
