@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.json_schema import SkipJsonSchema
 
 from ckpt_engine.contract import GRACE_ENV, PROGRESS_NAME
+from sat_tasks.spec.file_storage import VOLUME_NAME_RULE, check_volume_name
 from sat_tasks.spec.quantities import QUANTITY_PATTERN, parse_quantity
 from sat_tasks.spec.testing import JobTest
 from sat_tasks.spec.uris import S3_URI_PATTERN, S3_URI_RULE, check_s3_uri
@@ -182,8 +183,12 @@ class Storage(_Model):
 
     script_url: str | None = ruled(None, rule=S3_URI_RULE, pattern=S3_URI_PATTERN,
                                    description="s3:// URI of the training script (or a prefix ending in /)")
-    file_storage_mount: str | None = ruled(None, rule="must be an absolute path without '..'", pattern=r"^/",
-                                           description="absolute mount path of a File Storage volume")
+    # A volume's name, not a path (issue 44.3, ADR 0040): the operator defines the volumes (claim, mount path,
+    # read-only by default) in `[sat] file_storage_volumes`; an absolute path is refused, saying so.
+    file_storage_mount: str | None = ruled(None, rule=VOLUME_NAME_RULE, max_length=63,
+                                           description="name of a File Storage volume the operator defined "
+                                                       "([sat] file_storage_volumes); mounted read-only unless "
+                                                       "the operator says otherwise")
 
     @field_validator("script_url")
     @classmethod
@@ -193,9 +198,7 @@ class Storage(_Model):
     @field_validator("file_storage_mount")
     @classmethod
     def _mount(cls, v: str | None) -> str | None:
-        if v is not None and ".." in v.split("/"):
-            raise ValueError("must be an absolute path without '..'")
-        return v
+        return None if v is None else check_volume_name(v)
 
 
 class DataSource(_Model):

@@ -4,7 +4,7 @@
 so the real `CoreV1Api` builds every request (its own models, serialised) and parses every
 answer; every request is recorded with its method, path, query and body. It serves what
 the tests need of the core API: pods, services, events, persistent volume claims, secrets
-(list, get, create, patch, delete), nodes (get), pod logs (plain or followed; `tailLines`, `sinceSeconds`,
+(list, get, create, patch, delete, deletecollection), network policies, nodes (get, list), pod logs (plain or followed; `tailLines`, `sinceSeconds`,
 `timestamps`, `limitBytes` as the kubelet applies them). With `kubelet`
 set, a created pod "runs" at once: it gets a node, a log and a terminated state
 (`kubelet(pod) -> (exit code, log text)`).
@@ -25,9 +25,10 @@ from kubernetes.client import ApiClient
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
             500: "Internal Server Error"}
 _KINDS = {"pods": "Pod", "services": "Service", "events": "Event", "persistentvolumeclaims": "PersistentVolumeClaim",
-          "secrets": "Secret", "localqueues": "LocalQueue"}
-_ROUTE = re.compile(r"(?:/api/v1|/apis/kueue\.x-k8s\.io/v1beta1)/namespaces/([^/]+)/"
-                    r"(pods|events|services|persistentvolumeclaims|secrets|localqueues)(?:/([^/]+))?(/log)?")
+          "secrets": "Secret", "localqueues": "LocalQueue", "networkpolicies": "NetworkPolicy"}
+_ROUTE = re.compile(r"(?:/api/v1|/apis/kueue\.x-k8s\.io/v1beta1|/apis/networking\.k8s\.io/v1)/namespaces/([^/]+)/"
+                    r"(pods|events|services|persistentvolumeclaims|secrets|localqueues|networkpolicies)"
+                    r"(?:/([^/]+))?(/log)?")
 Kubelet = Callable[[dict], "tuple[int, str]"]
 
 
@@ -113,6 +114,7 @@ class RecordedCluster:
         self.services, self.claims = list(services), list(claims)
         self.secrets: list[dict] = []
         self.local_queues: list[dict] = []  # Kueue's LocalQueues (kueue.x-k8s.io/v1beta1), with their status
+        self.network_policies: list[dict] = []  # networking.k8s.io/v1
         self.logs = dict(logs or {})
         self.forbidden_namespaces = set(forbidden_namespaces)
         self.kubelet = kubelet
@@ -123,7 +125,7 @@ class RecordedCluster:
     @classmethod
     def from_case(cls, folder: Path) -> RecordedCluster:
         """A cluster holding a recorded case (`pods.json`, `events.json`, `nodes.json`, `logs/<pod>.log`)."""
-        items = lambda file: json.loads((folder / file).read_text())["items"]  # noqa: E731
+        items = lambda file: json.loads((folder / file).read_text())["items"]
         logs = {p.stem: p.read_text() for p in (folder / "logs").glob("*.log")} if (folder / "logs").exists() else {}
         return cls(items("pods.json"), items("events.json"), items("nodes.json"), logs)
 
@@ -143,7 +145,7 @@ class RecordedCluster:
     def objects(self, kind: str) -> list[dict]:
         return {"pods": self.pods, "events": self.events, "services": self.services,
                 "persistentvolumeclaims": self.claims, "secrets": self.secrets,
-                "localqueues": self.local_queues}[kind]
+                "localqueues": self.local_queues, "networkpolicies": self.network_policies}[kind]
 
     # ---- the kubelet ---------------------------------------------------------------------------
     def _run(self, pod: dict) -> None:
@@ -187,6 +189,9 @@ class RecordedCluster:
             found = [n for n in self.nodes if n["metadata"]["name"] == node.group(1)]
             return _Response(200, json.dumps(found[0])) if found else _status(
                 404, "NotFound", f'nodes "{node.group(1)}" not found')
+        if path == "/api/v1/nodes" and method == "GET":
+            return _Response(200, json.dumps({"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                                              "items": self.nodes}))
         match = _ROUTE.fullmatch(path)
         if not match:
             return _status(404, "NotFound", f"no route {method} {path}")
@@ -231,6 +236,12 @@ class RecordedCluster:
             for section in ("labels", "annotations"):
                 target["metadata"].setdefault(section, {}).update((patch.get("metadata") or {}).get(section) or {})
             return _Response(200, json.dumps(target))
+        if method == "DELETE" and name is None:  # deletecollection: the deleted objects, as the API server answers
+            selected = [o for o in here if _matches(o["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
+            for gone in selected:
+                store.remove(gone)
+            return _Response(200, json.dumps({"apiVersion": "v1", "kind": f"{_KINDS[kind]}List", "metadata": {},
+                                              "items": selected}))
         if method == "DELETE" and name:
             if not found:
                 return _status(404, "NotFound", f'{kind} "{name}" not found')

@@ -3,9 +3,10 @@
 The `wait_for_capacity` sensor of a Spot job asks `KubernetesBackend.capacity`, which
 calls ``cluster_capacity``: it renders the rank pod the next attempt would submit
 (``pods.build_attempt_pods``, so the node selector, tolerations, node affinity and
-resource requests are exactly the submitted ones), lists the cluster's nodes and bound
-pods through the provider's ``KubernetesHook``, and hands plain API-shaped dicts to
-``assess_capacity``, the pure decision (testable without a cluster).
+resource requests are exactly the submitted ones), lists the cluster's nodes and the bound
+pods of the jobs' namespace (never every pod of the cluster: ADR 0040) through the provider's
+``KubernetesHook``, and hands plain API-shaped dicts to ``assess_capacity``, the pure decision
+(testable without a cluster).
 
 A node fits when it matches the pod's node selector and required node affinity, is not a
 node an earlier attempt failed on, is Ready, is not cordoned, carries no NoSchedule or
@@ -46,7 +47,7 @@ __all__ = [
 
 
 class CapacityForbidden(SatError, PermissionError):
-    """The Kubernetes connection may not list nodes and pods: give it a ClusterRole with `list` on both."""
+    """The Kubernetes connection may not list nodes (cluster-wide) or the jobs' namespace's pods."""
 
 # Why a node cannot take a rank, in the order they are checked (a node counts under the first).
 EXCLUDED = "excluded (failed an earlier attempt)"
@@ -272,16 +273,20 @@ def rank_pod_manifest(
     return next(m for m in manifests if m.get("kind") == "Pod")
 
 
-def list_nodes_and_pods(client: CoreV1Api) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The cluster's nodes and its non-terminated pods (all namespaces), as API-shaped dicts.
+def list_nodes_and_pods(client: CoreV1Api, namespace: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cluster's nodes and the non-terminated pods of the jobs' namespace, as API-shaped dicts.
 
-    `client` is a CoreV1Api. Needs RBAC to list nodes and pods cluster-wide.
+    `client` is a CoreV1Api; `namespace` defaults to `[sat] kubernetes_namespace`. Needs `list` on nodes
+    (cluster-wide) and on pods in that namespace only: SAT no longer lists every pod of the cluster, whose
+    specs carry other tenants' environments (issue 44.3, ADR 0040). The pods of other namespaces are not
+    counted: on nodes shared with other workloads this forecast is an upper bound, and the scheduler decides.
     """
     from kubernetes.client import ApiClient
 
     serialize = ApiClient().sanitize_for_serialization
     nodes = client.list_node().items
-    pods = client.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+    pods = client.list_namespaced_pod(namespace or default_namespace(),
+                                      field_selector="status.phase!=Succeeded,status.phase!=Failed").items
     return [serialize(n) for n in nodes], [serialize(p) for p in pods]
 
 
@@ -299,7 +304,7 @@ def cluster_capacity(
     `client` is a CoreV1Api (default: the provider's `KubernetesHook` on `kubernetes_conn_id`,
     else `[sat] kubernetes_conn_id`). Returns None when the API could not answer this time
     (the sensor pokes again; the max-wait budget still applies). Raises CapacityForbidden
-    when the connection may not list nodes or pods: waiting would not fix that.
+    when the connection may not list nodes or the namespace's pods: waiting would not fix that.
     """
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
@@ -311,8 +316,8 @@ def cluster_capacity(
     except ApiException as exc:
         if exc.status in (401, 403):
             raise CapacityForbidden(
-                f"the Kubernetes connection may not list nodes and pods cluster-wide ({exc.status} {exc.reason}); "
-                "the Spot capacity check needs `list` on nodes and pods (a ClusterRole)"
+                f"the Kubernetes connection may not list nodes or the jobs' pods ({exc.status} {exc.reason}); "
+                "the Spot capacity check needs `list` on nodes (a ClusterRole) and on pods in the jobs' namespace"
             ) from None
         log(f"capacity check: the Kubernetes API did not answer ({exc.status} {exc.reason}); trying again")
         return None

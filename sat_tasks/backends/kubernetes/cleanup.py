@@ -8,7 +8,8 @@ deleted. What is created and deleted is exactly what `sat render` prints (tested
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.spec import TrainingJob
@@ -43,20 +44,26 @@ def teardown_peers(pod: V1Pod, client: CoreV1Api) -> list[str]:
 
 
 
-def _delete_all(kinds: Iterable[tuple[str, Callable, Callable]], namespace: str, selector: str,
+def _delete_all(kinds: Iterable[tuple[str, Callable | None, Callable]], namespace: str, selector: str,
                 *, narrower: dict[str, str] | None = None, **delete_kwargs: Any) -> list[str]:
-    """Delete every object of `kinds` matching `selector` (`narrower`: kind -> extra terms for that kind)."""
+    """Delete every object of `kinds` matching `selector` (`narrower`: kind -> extra terms for that kind).
+
+    Secrets are deleted by label selector in one `deletecollection` call (`_delete_secrets`), never listed:
+    `list` on Secrets returns every Secret's data, and SAT's account is not granted it (ADR 0040).
+    """
     from kubernetes.client.exceptions import ApiException
 
     deleted = []
     for kind, lister, deleter in kinds:
         extra = (narrower or {}).get(kind)
-        for name in _listed_names(kind, lister, namespace, f"{selector},{extra}" if extra else selector):
+        terms = f"{selector},{extra}" if extra else selector
+        if kind == "secret":
+            deleted += _delete_secrets(deleter, namespace, terms)
+            continue
+        assert lister is not None
+        for name in [item.metadata.name for item in lister(namespace, label_selector=terms).items]:
             try:
-                if kind == "secret":  # the answer is the deleted Secret: not read (see _listed_names)
-                    _release(deleter(name, namespace, _preload_content=False, **delete_kwargs))
-                else:
-                    deleter(name, namespace, **delete_kwargs)
+                deleter(name, namespace, **delete_kwargs)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -65,16 +72,35 @@ def _delete_all(kinds: Iterable[tuple[str, Callable, Callable]], namespace: str,
     return deleted
 
 
-def _listed_names(kind: str, lister: Callable, namespace: str, selector: str) -> list[str]:
-    """The names of the listed objects. Secrets are listed with their data: their answer is read here and
-    never by the client, which logs each answer it reads at DEBUG (credentials, ADR 0020 and 0032)."""
-    if kind != "secret":
-        return [item.metadata.name for item in lister(namespace, label_selector=selector).items]
-    response = lister(namespace, label_selector=selector, _preload_content=False)
+def _delete_network_policies(client: CoreV1Api, namespace: str, selector: str) -> list[str]:
+    """Delete the NetworkPolicies matching `selector` (an attempt's rendezvous policy) in one deletecollection call."""
+    api_client = getattr(client, "api_client", None)
+    if api_client is None:  # a stand-in client without the HTTP layer (tests of other objects)
+        return []
+    from kubernetes.client import NetworkingV1Api
+
+    response = NetworkingV1Api(api_client).delete_collection_namespaced_network_policy(
+        namespace, label_selector=selector, _preload_content=False)
     try:
-        if hasattr(response, "data"):
-            return [item["metadata"]["name"] for item in json.loads(response.data).get("items") or []]
-        return [item.metadata.name for item in response.items]
+        data = getattr(response, "data", None)
+        items = (json.loads(data) if data else {}).get("items") or []
+        return [f"networkpolicy/{item['metadata']['name']}" for item in items
+                if (item.get("metadata") or {}).get("name")]
+    finally:
+        _release(response)
+
+
+def _delete_secrets(delete_collection: Callable, namespace: str, selector: str) -> list[str]:
+    """Delete the Secrets matching `selector` (`delete_collection_namespaced_secret`); `secret/<name>` of each.
+
+    The answer lists the deleted Secrets with their data: it is read here, for their names only, and never
+    by the client, which logs each answer it reads at DEBUG (credentials, ADR 0020 and 0032).
+    """
+    response = delete_collection(namespace, label_selector=selector, _preload_content=False)
+    try:
+        data = getattr(response, "data", None)
+        items = (json.loads(data) if data else {}).get("items") or []
+        return [f"secret/{item['metadata']['name']}" for item in items if (item.get("metadata") or {}).get("name")]
     finally:
         _release(response)
 
@@ -86,15 +112,16 @@ def _release(response: Any) -> None:
 
 
 def cleanup_attempt(client: CoreV1Api, job: TrainingJob, *, run_id: str, attempt: int, namespace: str) -> list[str]:
-    """Delete an attempt's pods, rendezvous Service and credentials Secret (after classify has read them).
+    """Delete an attempt's pods, rendezvous Service and NetworkPolicy, and credentials Secret (after classify).
 
     The run's claim stays: the next attempt resumes from it (`cleanup_run` deletes it).
     """
+    selector = names.attempt_label_selector(job, run_id, attempt)
     return _delete_all(
         (("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
          ("service", client.list_namespaced_service, client.delete_namespaced_service),
-         ("secret", client.list_namespaced_secret, client.delete_namespaced_secret)),
-        namespace, names.attempt_label_selector(job, run_id, attempt))
+         ("secret", None, client.delete_collection_namespaced_secret)),
+        namespace, selector) + _delete_network_policies(client, namespace, selector)
 
 
 def cleanup_run(client: CoreV1Api, job: TrainingJob, *, run_id: str, namespace: str, keep_claim: bool = False) -> list[str]:
@@ -108,11 +135,13 @@ def cleanup_run(client: CoreV1Api, job: TrainingJob, *, run_id: str, namespace: 
     """
     kinds = [("pod", client.list_namespaced_pod, client.delete_namespaced_pod),
              ("service", client.list_namespaced_service, client.delete_namespaced_service),
-             ("secret", client.list_namespaced_secret, client.delete_namespaced_secret)]
+             ("secret", None, client.delete_collection_namespaced_secret)]
     narrower = {}
     if keep_claim:
         narrower["secret"] = f"{names.LABEL_COMPONENT}!={names.COMPONENT_REGISTRY_LOGIN}"
     else:
         kinds.append(("persistentvolumeclaim", client.list_namespaced_persistent_volume_claim,
                       client.delete_namespaced_persistent_volume_claim))
-    return _delete_all(kinds, namespace, names.run_label_selector(job, run_id), narrower=narrower)
+    selector = names.run_label_selector(job, run_id)
+    return (_delete_all(kinds, namespace, selector, narrower=narrower)
+            + _delete_network_policies(client, namespace, selector))

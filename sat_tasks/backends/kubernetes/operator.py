@@ -21,8 +21,8 @@ Importing this module imports the provider (and with it the kubernetes client): 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.utils.pod_manager import (
@@ -36,6 +36,7 @@ from sat_tasks.backends.kubernetes.names import pod_name
 from sat_tasks.backends.kubernetes.pods import (
     attempt_ranks,
     build_attempt_pods,
+    rendezvous_network_policy,
     rendezvous_service,
 )
 from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
@@ -342,13 +343,34 @@ class SatTrainingPodOperator(AttemptLaunch, KubernetesPodOperator):
             return False
         body = rendezvous_service(job, run_id=run_id, attempt=plan.attempt, namespace=self.target_namespace(),
                                   settings=KubernetesSettings.from_sat_config(), ranks=ranks)
+        created = True
         try:
             self.client.create_namespaced_service(self.target_namespace(), body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            created = False
+        # then the ranks' NetworkPolicy (what `sat render` prints next), before any pod: without it the namespace's
+        # default deny keeps the ranks apart (ADR 0040)
+        self.create_rendezvous_network_policy(job, run_id, plan)
+        if created:
+            self.log.info("created the rendezvous Service %s/%s", self.target_namespace(), body["metadata"]["name"])
+        return created
+
+    def create_rendezvous_network_policy(self, job: TrainingJob, run_id: str, plan: Plan) -> bool:
+        """Multi-node: the attempt's NetworkPolicy letting its ranks reach one another (the namespace denies
+        the rest: ADR 0040). Every rank's task tries; the first creates it, the others find it (409)."""
+        from kubernetes.client import NetworkingV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        body = rendezvous_network_policy(job, run_id=run_id, attempt=plan.attempt, namespace=self.target_namespace())
+        try:
+            NetworkingV1Api(self.client.api_client).create_namespaced_network_policy(self.target_namespace(), body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
             return False
-        self.log.info("created the rendezvous Service %s/%s", self.target_namespace(), body["metadata"]["name"])
+        self.log.info("created the rendezvous NetworkPolicy %s/%s", self.target_namespace(), body["metadata"]["name"])
         return True
 
     def create_attempt_credentials(self, job: TrainingJob, run_id: str, plan: Plan) -> bool:

@@ -22,7 +22,8 @@ or (except `build_attempt_pods` and `to_model`) imports the kubernetes client, w
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ckpt_engine.contract import (
     NODE_ENV,
@@ -34,7 +35,12 @@ from ckpt_engine.contract import (
 from ckpt_engine.integrations.elastic import ACCUMULATION_SCALE_ENV
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pull_secret import pull_secret_refs
-from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, KubernetesSettings
+from sat_tasks.backends.kubernetes.settings import (
+    DEFAULT_NAMESPACE,
+    KubernetesSettings,
+    container_security_context,
+    pod_security_context,
+)
 from sat_tasks.backends.kubernetes.supervisor import (
     POD_ANNOTATIONS_ENV,
     POD_INFO_DIR,
@@ -60,8 +66,10 @@ from sat_tasks.core.runtime_env import (
     pod_grace_seconds,
     training_environment,
 )
+from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import SERVER_TYPES, TrainingJob
+from sat_tasks.spec.file_storage import volume_of
 from sat_tasks.spec.quantities import format_bytes, quantity_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -230,11 +238,23 @@ def _volumes(job: TrainingJob, run_id: str, pvc_name: str | None) -> tuple[list[
         {"mountPath": "/dev/shm", "name": "dshm"},
     ]
     if job.storage.file_storage_mount:
-        # File Storage is mounted on every GPU node at the same path; the pod sees it there too.
-        volumes.append({"name": "file-storage", "hostPath": {"path": job.storage.file_storage_mount,
-                                                              "type": "Directory"}})
-        mounts.append({"mountPath": job.storage.file_storage_mount, "name": "file-storage"})
+        # The operator's File Storage volume the job names (ADR 0040): its claim at its mount path, read-only
+        # unless the operator said otherwise. Never a hostPath: a node's own directories stay out of reach.
+        try:
+            volume = volume_of(job.storage.file_storage_mount)
+        except KeyError as exc:
+            raise FileStorageUnknown(exc.args[0]) from None
+        claim: dict[str, Any] = {"claimName": volume.claim}
+        mount: dict[str, Any] = {"mountPath": volume.mount_path, "name": "file-storage"}
+        if volume.read_only:
+            claim["readOnly"] = mount["readOnly"] = True
+        volumes.append({"name": "file-storage", "persistentVolumeClaim": claim})
+        mounts.append(mount)
     return volumes, mounts
+
+
+class FileStorageUnknown(SatError, ValueError):
+    """The job names a File Storage volume the operator does not (or no longer) define; the message says which."""
 
 
 def kubelet_literal(text: str) -> str:
@@ -307,6 +327,7 @@ def attempt_pod_manifests(
             "name": MAIN_CONTAINER_NAME,
             "ports": [{"containerPort": settings.master_port, "name": "rendezvous"}] if job.distributed else None,
             "resources": _resources(job, settings),
+            "securityContext": container_security_context(),
             "startupProbe": startup_probe,
             # The log tail becomes the termination message when the process leaves none.
             "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -332,6 +353,9 @@ def attempt_pod_manifests(
                 "imagePullSecrets": pull_secrets,
                 "nodeSelector": node_selector or None,
                 "restartPolicy": "Never",
+                # Pod Security "restricted" (ADR 0040): the configured non-root uid, whatever the image's USER.
+                "securityContext": pod_security_context(settings, run_as_user=settings.run_as_user,
+                                                        run_as_group=settings.run_as_group),
                 "subdomain": service,
                 "terminationGracePeriodSeconds": pod_grace_seconds(job, settings.termination_grace_seconds),
                 "tolerations": tolerations or None,
@@ -394,6 +418,29 @@ def rendezvous_service(job: TrainingJob, *, run_id: str, attempt: int, namespace
     }
 
 
+def rendezvous_network_policy(job: TrainingJob, *, run_id: str, attempt: int, namespace: str) -> dict[str, Any]:
+    """The attempt's own NetworkPolicy: its ranks may reach one another, and nothing else of the namespace may.
+
+    The jobs' namespace denies all traffic by default and allows DNS and Object Storage (docker/k8s-rbac.yaml,
+    ADR 0040); this adds the rendezvous and collectives between the pods of this attempt only (any port: NCCL
+    and gloo pick theirs). Created with the rendezvous Service, deleted with the attempt.
+    """
+    name = names.attempt_name(job, run_id, attempt)
+    same_attempt = {"podSelector": {"matchLabels": {names.LABEL_ATTEMPT_ID: name}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": names.labels(job, run_id, attempt),
+                     "annotations": names.annotations(job, run_id)},
+        "spec": {
+            **same_attempt,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [same_attempt]}],
+            "egress": [{"to": [same_attempt]}],
+        },
+    }
+
+
 def render_attempt_manifests(
     job: TrainingJob,
     *,
@@ -407,7 +454,8 @@ def render_attempt_manifests(
 ) -> list[dict[str, Any]]:
     """Plain-dict manifests of one attempt, in apply order (`kubectl apply --dry-run=server`-ready).
 
-    One node: `[Pod]`. Two or more: `[Service (headless), Pod rank 0, ..., Pod rank n-1]`.
+    One node: `[Pod]`. Two or more: `[Service (headless), NetworkPolicy (the ranks reach one another),
+    Pod rank 0, ..., Pod rank n-1]`.
     The plan's `exclude_nodes` are the nodes of failed attempts; its `resume_step` sets
     `CKPT_LAST_STEP` (`-1` = newest complete checkpoint); `pvc_name` overrides the per-run claim;
     `ranks` renders an elastic failover on fewer nodes (default `job.nodes`).
@@ -416,8 +464,9 @@ def render_attempt_manifests(
     manifests = attempt_pod_manifests(job, run_id=run_id, plan=plan, namespace=namespace, pvc_name=pvc_name,
                                       settings=settings, quarantined_nodes=quarantined_nodes, ranks=ranks)
     if job.distributed:
-        manifests.insert(0, rendezvous_service(job, run_id=run_id, attempt=plan.attempt,
-                                                namespace=namespace, settings=settings, ranks=ranks))
+        manifests[:0] = [rendezvous_service(job, run_id=run_id, attempt=plan.attempt, namespace=namespace,
+                                            settings=settings, ranks=ranks),
+                         rendezvous_network_policy(job, run_id=run_id, attempt=plan.attempt, namespace=namespace)]
     return manifests
 
 

@@ -49,6 +49,12 @@ class KubernetesSettings:
             `sat_tasks` and the Amazon provider.
         staging_pull_secret: the image pull Secret (in the jobs' namespace) of `staging_image`;
             empty: none (a public image, or a node that may pull it).
+        run_as_user / run_as_group: the uid and gid the training pods (and warm placeholders) run as,
+            whatever the image's USER (the training image's is 1000); never 0 (ADR 0040).
+        staging_run_as_user: the uid of the helper pods (staging, upload) in `staging_image`
+            (the Airflow image's `airflow` user, 50000); never 0.
+        fs_group: the supplementary group of every SAT pod; the run's claim is shared through it
+            (staging writes the data, training the outputs, upload reads them).
     """
 
     termination_grace_seconds: int = 120
@@ -70,6 +76,10 @@ class KubernetesSettings:
     staging_pull_secret: str = ""
     workspace_label: str = "sat.ai/workspace"
     kueue: bool = False
+    run_as_user: int = 1000
+    run_as_group: int = 1000
+    staging_run_as_user: int = 50000
+    fs_group: int = 1000
 
     @classmethod
     def from_sat_config(cls) -> KubernetesSettings:
@@ -84,6 +94,10 @@ class KubernetesSettings:
             if raw:
                 values[f.name] = _typed(f.name, f.type, raw)
         settings = cls(**values)
+        for name in ("run_as_user", "run_as_group", "staging_run_as_user", "fs_group"):
+            if getattr(settings, name) <= 0:
+                raise SettingError(f"[sat] k8s_{name} = {getattr(settings, name)}: must be greater than 0 "
+                                   "(SAT's pods never run as root; ADR 0040)")
         final_ckpt = math.ceil(float(sat_setting("final_checkpoint_grace_seconds")))
         if settings.termination_grace_seconds < final_ckpt + POD_GRACE_MARGIN_S:
             settings = cls(**{**settings.__dict__, "termination_grace_seconds": final_ckpt + POD_GRACE_MARGIN_S})
@@ -103,3 +117,23 @@ def _typed(name: str, annotation: Any, raw: str) -> Any:
         except ValueError:
             raise SettingError(f"[sat] k8s_{name} = {raw!r}: must be a whole number") from None
     return raw
+
+
+# ---- Pod Security (issue 44.3, ADR 0040) ---------------------------------------------------------
+# Every SAT pod fits the Pod Security Standards' "restricted" profile, which the jobs' namespace enforces
+# (docker/k8s-rbac.yaml): not root, no privilege escalation, no capability, the runtime's seccomp profile.
+def pod_security_context(settings: KubernetesSettings, *, run_as_user: int,
+                         run_as_group: int | None = None) -> dict[str, Any]:
+    """A pod's `securityContext`: non-root `run_as_user`, SAT's `fs_group`, seccomp RuntimeDefault."""
+    context: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": run_as_user}
+    if run_as_group is not None:
+        context["runAsGroup"] = run_as_group
+    context["fsGroup"] = settings.fs_group
+    context["seccompProfile"] = {"type": "RuntimeDefault"}
+    return context
+
+
+def container_security_context() -> dict[str, Any]:
+    """Every SAT container's `securityContext`: no privilege escalation, every capability dropped."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False,
+            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}

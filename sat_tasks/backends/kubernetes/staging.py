@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.backends.kubernetes.pods import (
@@ -32,7 +33,11 @@ from sat_tasks.backends.kubernetes.pods import (
     render_run_volume_claim,
 )
 from sat_tasks.backends.kubernetes.pull_secret import pull_secret_refs
-from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.backends.kubernetes.settings import (
+    KubernetesSettings,
+    container_security_context,
+    pod_security_context,
+)
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.runtime_env import POD_CODE_DIR, POD_DATA_DIR, POD_OUTPUT_DIR
 from sat_tasks.errors import SatError
@@ -147,7 +152,10 @@ def _helper_pod(job: TrainingJob, run_id: str, *, name: str, purpose: str, args:
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
                 "volumeMounts": volume_mounts,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
+                "securityContext": container_security_context(),
             }],
+            # Pod Security "restricted" (ADR 0040): the Airflow image's own non-root user, SAT's fsGroup.
+            "securityContext": pod_security_context(settings, run_as_user=settings.staging_run_as_user),
             "volumes": volumes,
             **({"imagePullSecrets": pull_secrets} if pull_secrets else {}),
             "enableServiceLinks": False,

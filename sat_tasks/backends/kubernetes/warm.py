@@ -30,7 +30,11 @@ from sat_tasks.backends.kubernetes.pull_secret import (
     delete_pull_secret,
     pull_secret_refs,
 )
-from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+from sat_tasks.backends.kubernetes.settings import (
+    KubernetesSettings,
+    container_security_context,
+    pod_security_context,
+)
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.warm_pool import WarmState
 from sat_tasks.spec import SERVER_TYPES, TrainingJob
@@ -92,7 +96,11 @@ def render_placeholder_pods(job: TrainingJob, *, run_id: str, nodes: list[str], 
                 # The job's image, so it stays pulled; a shell that sleeps and exits at once on SIGTERM.
                 "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"],
                 "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+                "securityContext": container_security_context(),
             }],
+            # Pod Security "restricted" (ADR 0040), as the training pods it holds the node for.
+            "securityContext": pod_security_context(settings, run_as_user=settings.run_as_user,
+                                                    run_as_group=settings.run_as_group),
         }
         if tolerations:
             spec["tolerations"] = tolerations

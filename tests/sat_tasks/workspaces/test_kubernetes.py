@@ -174,7 +174,7 @@ def _busy_pod(node: str) -> dict:
 
 
 class FakeCoreV1:
-    """list_node / list_pod_for_all_namespaces answering with real client models; records each call."""
+    """list_node / list_namespaced_pod answering with real client models; records each call."""
 
     def __init__(self, nodes: list[dict], pods: list[dict]):
         self.nodes, self.pods, self.calls = nodes, pods, []
@@ -192,8 +192,8 @@ class FakeCoreV1:
         self.calls.append("list_node")
         return self._models(self.nodes, "V1NodeList")
 
-    def list_pod_for_all_namespaces(self, **kwargs):
-        self.calls.append("list_pod_for_all_namespaces")
+    def list_namespaced_pod(self, namespace, **kwargs):
+        self.calls.append("list_namespaced_pod")
         return self._models(self.pods, "V1PodList")
 
 

@@ -17,3 +17,13 @@ def shared_registry_login(monkeypatch):
     monkeypatch.setenv("AIRFLOW__SAT__SHARED_REGISTRY_CONNECTIONS", "sat_registry_main")
     monkeypatch.setenv("AIRFLOW_CONN_SAT_REGISTRY_MAIN", json.dumps(SHARED_LOGIN))
     return SHARED_LOGIN
+
+
+# The File Storage volume the jobs of these tests name (`storage.file_storage_mount: filestore`; ADR 0040).
+FILE_STORAGE_VOLUMES = {"filestore": {"claim": "fs-filestore", "mount_path": "/mnt/filestore"}}
+
+
+@pytest.fixture(autouse=True)
+def file_storage_volumes(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SAT__FILE_STORAGE_VOLUMES", json.dumps(FILE_STORAGE_VOLUMES))
+    return FILE_STORAGE_VOLUMES

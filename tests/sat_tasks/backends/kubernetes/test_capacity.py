@@ -187,7 +187,7 @@ def test_on_demand_pod_selects_only_on_demand_nodes(nodes, pods):
 
 # ---- the hook wrapper ------------------------------------------------------------------------------
 class _FakeCoreV1:
-    """list_node / list_pod_for_all_namespaces answering with real client models from the fixtures."""
+    """list_node / list_namespaced_pod answering with real client models from the fixtures."""
 
     def __init__(self, error: ApiException | None = None):
         self.calls: list[tuple[str, dict]] = []
@@ -203,8 +203,8 @@ class _FakeCoreV1:
             raise self.error
         return self._models("nodes.json", "V1NodeList")
 
-    def list_pod_for_all_namespaces(self, **kwargs):
-        self.calls.append(("list_pod_for_all_namespaces", kwargs))
+    def list_namespaced_pod(self, namespace, **kwargs):
+        self.calls.append(("list_namespaced_pod", {"namespace": namespace, **kwargs}))
         return self._models("pods.json", "V1PodList")
 
 
@@ -222,8 +222,9 @@ def test_cluster_capacity_asks_the_cluster_through_the_hook(monkeypatch, nodes, 
     job = _job()
     result = k8s_capacity.cluster_capacity(job, RUN_ID, Plan(attempt=2, exclude_nodes=[FAILED_NODE]), log=lambda _m: None)
     assert conn_ids == ["sat_cluster"]
-    assert ("list_pod_for_all_namespaces", {"field_selector": "status.phase!=Succeeded,status.phase!=Failed"}) \
-        in client.calls
+    # the jobs' namespace's pods only, never every pod of the cluster (ADR 0040)
+    assert ("list_namespaced_pod", {"namespace": "sat-jobs",
+                                    "field_selector": "status.phase!=Succeeded,status.phase!=Failed"}) in client.calls
     assert result == _assess(nodes, pods)  # the client models round-trip to the API's JSON
 
 
@@ -233,7 +234,7 @@ def test_cluster_capacity_api_errors():
     assert k8s_capacity.cluster_capacity(_job(), RUN_ID, Plan(attempt=2), client=unavailable, log=said.append) is None
     assert "503" in said[0] and "trying again" in said[0]
     forbidden = _FakeCoreV1(ApiException(status=403, reason="Forbidden"))
-    with pytest.raises(k8s_capacity.CapacityForbidden, match="list nodes and pods cluster-wide"):
+    with pytest.raises(k8s_capacity.CapacityForbidden, match="may not list nodes or the jobs' pods"):
         k8s_capacity.cluster_capacity(_job(), RUN_ID, Plan(attempt=2), client=forbidden, log=said.append)
 
 

@@ -101,8 +101,9 @@ def test_a_failover_on_fewer_nodes_renders_that_many_ranks_and_keeps_the_global_
                                                   settings=SETTINGS, ranks=ranks)
     for manifest in manifests:
         _validate(manifest)
-    service, *pods = manifests
+    service, policy, *pods = manifests
     assert service["kind"] == "Service" and [p["kind"] for p in pods] == ["Pod"] * ranks
+    assert policy["kind"] == "NetworkPolicy"  # the ranks reach one another (ADR 0040)
     assert service["metadata"]["annotations"][k8s_names.ANNOTATION_RANKS] == str(ranks)
     assert [p["metadata"]["name"] for p in pods] == [k8s_names.pod_name(job, RUN_ID, 2, r) for r in range(ranks)]
     master = f"{service['metadata']['name']}-r0.{service['metadata']['name']}.{NAMESPACE}.svc"
@@ -122,7 +123,7 @@ def test_a_failover_on_fewer_nodes_renders_that_many_ranks_and_keeps_the_global_
 
 def test_all_ranks_render_as_before_without_a_scale():
     job = _job(2)
-    service, *pods = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), settings=SETTINGS)
+    service, _policy, *pods = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), settings=SETTINGS)
     assert len(pods) == 2 and service["metadata"]["annotations"][k8s_names.ANNOTATION_RANKS] == "2"
     for pod in pods:
         assert ACCUMULATION_SCALE_ENV not in _env(pod) and _env(pod)["NNODES"] == "2"
@@ -242,7 +243,8 @@ def test_a_failover_with_no_spare_resumes_on_the_healthy_node_and_cleanup_remove
     assert "no pod left to read" not in section
     deleted = KubernetesBackend(client=cluster.client(), namespace=NAMESPACE).cleanup_attempt(
         JobRun(job, RUN_ID), 2, lambda _m: None)
-    assert sorted(deleted) == sorted([f"pod/{pod['metadata']['name']}", f"service/{service['metadata']['name']}"])
+    assert sorted(deleted) == sorted([f"pod/{pod['metadata']['name']}", f"service/{service['metadata']['name']}",
+                                      f"networkpolicy/{service['metadata']['name']}"])
     assert cluster.services == [] and cluster.pods == []
 
 
@@ -371,7 +373,7 @@ class _History:
 def test_only_an_attempt_on_fewer_ranks_watches_its_annotations(tmp_path):
     """The downward API file its PID 1 reads (schema-valid); an attempt on every node has neither."""
     job = _job(2)
-    _, shrunk = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), namespace=NAMESPACE,
+    _, _, shrunk = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), namespace=NAMESPACE,
                                                   settings=SETTINGS, ranks=1)
     _validate(shrunk)
     assert _env(shrunk)["SAT_POD_ANNOTATIONS"] == "/etc/sat-pod/annotations"
@@ -379,7 +381,7 @@ def test_only_an_attempt_on_fewer_ranks_watches_its_annotations(tmp_path):
         {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}} in shrunk["spec"]["volumes"]
     assert {"mountPath": "/etc/sat-pod", "name": "sat-pod-info", "readOnly": True} in \
         shrunk["spec"]["containers"][0]["volumeMounts"]
-    _, *full = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), settings=SETTINGS)
+    _, _, *full = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), settings=SETTINGS)
     for pod in full:
         assert "SAT_POD_ANNOTATIONS" not in _env(pod)
         assert not [v for v in pod["spec"]["volumes"] if v["name"] == "sat-pod-info"]
@@ -394,7 +396,7 @@ def test_pid_1_stops_the_command_for_its_final_checkpoint_when_the_annotation_co
     import time
 
     job = _job(2)
-    _, pod = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), namespace=NAMESPACE,
+    _, _, pod = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=_failover(), namespace=NAMESPACE,
                                                settings=SETTINGS, ranks=1)
     script = pod["spec"]["containers"][0]["command"][2]
     annotations = tmp_path / "annotations"
@@ -424,7 +426,7 @@ def test_pid_1_stops_the_command_for_its_final_checkpoint_when_the_annotation_co
 
 def _running_shrunk_attempt(cluster: Cluster, job: TrainingJob, plan: Plan, node: str = "node-a") -> dict:
     """Attempt `plan.attempt` on 1 of 2 ranks, its pod training on `node` (its start recorded as the launch does)."""
-    service, pod = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=plan, namespace=NAMESPACE,
+    service, _policy, pod = k8s_pods.render_attempt_manifests(job, run_id=RUN_ID, plan=plan, namespace=NAMESPACE,
                                                      settings=SETTINGS, ranks=1)
     pod["spec"]["nodeName"] = node
     pod["status"] = {"phase": "Running", "startTime": "2026-12-02T08:00:00Z", "containerStatuses": [

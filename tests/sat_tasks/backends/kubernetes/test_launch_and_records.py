@@ -640,12 +640,15 @@ def test_cleanup_deletes_only_the_attempts_pods_and_service():
                                              settings=k8s_settings.KubernetesSettings())
     attempt_2 = k8s_pods.render_attempt_manifests(job, run_id=data["run_id"], plan=Plan(attempt=2), namespace=NAMESPACE,
                                              settings=k8s_settings.KubernetesSettings())
-    cluster = RecordedCluster(pods=attempt_1[1:] + attempt_2[1:], services=[attempt_1[0], attempt_2[0]])
+    # [Service, NetworkPolicy, Pod...] each (the ranks' own policy, ADR 0040)
+    cluster = RecordedCluster(pods=attempt_1[2:] + attempt_2[2:], services=[attempt_1[0], attempt_2[0]])
+    cluster.network_policies += [attempt_1[1], attempt_2[1]]
     deleted = k8s_cleanup.cleanup_attempt(cluster.client(), job, run_id=data["run_id"], attempt=1, namespace=NAMESPACE)
-    assert deleted == [f"pod/{p['metadata']['name']}" for p in attempt_1[1:]] + [
-        f"service/{attempt_1[0]['metadata']['name']}"]
-    assert [p["metadata"]["name"] for p in cluster.pods] == [p["metadata"]["name"] for p in attempt_2[1:]]
+    assert deleted == [f"pod/{p['metadata']['name']}" for p in attempt_1[2:]] + [
+        f"service/{attempt_1[0]['metadata']['name']}", f"networkpolicy/{attempt_1[1]['metadata']['name']}"]
+    assert [p["metadata"]["name"] for p in cluster.pods] == [p["metadata"]["name"] for p in attempt_2[2:]]
     assert [s["metadata"]["name"] for s in cluster.services] == [attempt_2[0]["metadata"]["name"]]
+    assert cluster.network_policies == [attempt_2[1]]
     # Idempotent: a second cleanup finds nothing.
     assert k8s_cleanup.cleanup_attempt(cluster.client(), job, run_id=data["run_id"], attempt=1,
                                        namespace=NAMESPACE) == []

@@ -160,7 +160,9 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
     # The attempt's cleanup, then the run's end: outputs uploaded from the claim, then nothing left.
     deleted = backend.cleanup_attempt(run, 1, said.append)
     assert sorted(deleted) == sorted([f"{doc['kind'].lower()}/{doc['metadata']['name']}" for doc in rendered
-                                      if doc["kind"] in ("Pod", "Service")] + [f"secret/{secrets[0]['metadata']['name']}"])
+                                      if doc["kind"] in ("Pod", "Service", "NetworkPolicy")]
+                                     + [f"secret/{secrets[0]['metadata']['name']}"])
+    assert sum(doc["kind"] == "NetworkPolicy" for doc in rendered) == (1 if nodes > 1 else 0)
     assert backend.upload_outputs(run, said.append) == UPLOADED
     upload_pod = next(body for kind, body in cluster.created
                       if body["metadata"]["labels"].get("app.kubernetes.io/component") == "upload")
@@ -169,6 +171,9 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
     deleted = backend.cleanup_run(run, said.append)
     assert deleted == [f"secret/{pull[0]['metadata']['name']}", f"persistentvolumeclaim/{rendered[0]['metadata']['name']}"]
     assert cluster.pods == [] and cluster.services == [] and cluster.claims == [] and cluster.secrets == []
+    assert cluster.network_policies == []
+    # Secrets are deleted by label selector, never listed: a list returns every Secret's data (ADR 0040)
+    assert not [path for method, path, _, _ in cluster.requests if method == "GET" and path.endswith("/secrets")]
     assert backend.cleanup_run(run, said.append) == []  # idempotent
 
 

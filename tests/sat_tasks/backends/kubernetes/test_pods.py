@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -68,7 +69,7 @@ EXTRA_SPECS = {
         nodes=2,
         resources={"gpus_per_node": 8, "server_type": "g2", "memory": "1500Gi", "shared_memory": "64Gi", "cpu": "96"},
         image={"url": "registry.example.com/team/train:1.0", "registry_conn_id": "sat_registry_main"},
-        storage={"file_storage_mount": "/mnt/filestore"},
+        storage={"file_storage_mount": "filestore"},
         command="python -m train.main --deepspeed ds_config.json",
     ),
     "spot-g3": _base_spec(
@@ -137,7 +138,7 @@ RENDER_CASES = [
 def test_example_specs_render_schema_valid_manifests(spec_path, case):
     job = load_spec(spec_path)
     manifests = _render(job, **case)
-    assert [m["kind"] for m in manifests] == (["Service"] if job.distributed else []) + ["Pod"] * job.nodes
+    assert [m["kind"] for m in manifests] == (["Service", "NetworkPolicy"] if job.distributed else []) + ["Pod"] * job.nodes
     for manifest in manifests:
         _validate(manifest)
     _validate(k8s_pods.render_run_volume_claim(job, run_id=RUN_ID, settings=SETTINGS))
@@ -149,7 +150,7 @@ def test_extra_specs_render_schema_valid_manifests(key, case):
     job = _job(key)
     manifests = _render(job, **case)
     kinds = [m["kind"] for m in manifests]
-    assert kinds == (["Service"] + ["Pod"] * job.nodes if job.distributed else ["Pod"])
+    assert kinds == (["Service", "NetworkPolicy"] + ["Pod"] * job.nodes if job.distributed else ["Pod"])
     for manifest in manifests:
         _validate(manifest)
 
@@ -388,8 +389,11 @@ def test_volumes_mount_the_run_claim_and_file_storage():
         assert volumes["run"]["persistentVolumeClaim"] == {"claimName": k8s_names.run_volume_claim_name(job, RUN_ID)}
         for path, key in ((POD_DATA_DIR, "data"), (POD_OUTPUT_DIR, "output"), (POD_CODE_DIR, "code")):
             assert mounts[path] == {"name": "run", "mountPath": path, "subPath": subpaths[key]}
-        assert volumes["file-storage"]["hostPath"] == {"path": "/mnt/filestore", "type": "Directory"}
-        assert mounts["/mnt/filestore"]["name"] == "file-storage"
+        # the operator's volume (conftest): its claim, read-only by default; never a hostPath (ADR 0040)
+        assert volumes["file-storage"] == {"name": "file-storage",
+                                           "persistentVolumeClaim": {"claimName": "fs-filestore", "readOnly": True}}
+        assert mounts["/mnt/filestore"] == {"name": "file-storage", "mountPath": "/mnt/filestore", "readOnly": True}
+        assert not any("hostPath" in v for v in pod["spec"]["volumes"])
     shared = _pods(_render(job, pvc_name="shared-runs"))[0]
     assert shared["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shared-runs"}
 
@@ -811,11 +815,8 @@ class _FakeCoreV1:
     def delete_namespaced_service(self, name, namespace):
         self.deleted.append(("service", name, None))
 
-    def list_namespaced_secret(self, namespace, label_selector, **kwargs):
-        return self._select([], label_selector)  # the attempt's credentials Secret: tests/security
-
-    def delete_namespaced_secret(self, name, namespace, **kwargs):  # pragma: no cover - none listed here
-        self.deleted.append(("secret", name, None))
+    def delete_collection_namespaced_secret(self, namespace, label_selector, **kwargs):
+        return SimpleNamespace(data=b'{"items": []}')  # the attempt's credentials Secret: tests/security
 
 
 def _with_phase(pod: dict, phase: str) -> dict:
@@ -889,14 +890,14 @@ def test_render_cli_prints_a_yaml_stream_of_valid_manifests(extra_spec_files, ca
     out = capsys.readouterr().out
     assert rc == 0
     documents = list(yaml.safe_load_all(out))
-    assert [d["kind"] for d in documents] == ["PersistentVolumeClaim", "Service", "Pod", "Pod"]
+    assert [d["kind"] for d in documents] == ["PersistentVolumeClaim", "Service", "NetworkPolicy", "Pod", "Pod"]
     for document in documents:
         _validate(document)
     job = load_spec(path)
     expected = k8s_pods.render_attempt_manifests(
         job, run_id=RUN_ID, plan=Plan(attempt=2, exclude_nodes=["gpu-a", "gpu-b"], resume_step=-1), namespace="team-a")
     assert documents[1:] == expected
-    assert _env(documents[2])["CKPT_LAST_STEP"] == "-1"
+    assert _env(documents[3])["CKPT_LAST_STEP"] == "-1"
     assert "- |\n" in out  # the supervisor script reads as a block
 
 

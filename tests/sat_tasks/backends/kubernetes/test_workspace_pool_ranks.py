@@ -22,6 +22,7 @@ from sat_tasks.backends.kubernetes import names as k8s_names
 from sat_tasks.backends.kubernetes import operator as k8s_operator
 from sat_tasks.spec import parse_spec
 from tests.sat_tasks.workspaces.conftest import job_spec
+from tests.support.k8s_api import RecordedCluster
 
 RUN_ID = "manual__2026-12-01T20:00:00+00:00"
 NAMESPACE = "sat-jobs"
@@ -34,6 +35,9 @@ class FakeCoreV1:
     def __init__(self, calls: list, rank0_pod: str, rank0_after: int | None = 0, error: ApiException | None = None):
         self.calls, self.rank0_pod, self.rank0_after, self.error = calls, rank0_pod, rank0_after, error
         self.misses = 0
+        # the HTTP layer the ranks' NetworkPolicy is created through (NetworkingV1Api; ADR 0040)
+        self.cluster = RecordedCluster()
+        self.api_client = self.cluster.api_client()
 
     def read_namespaced_pod(self, name, namespace, **kwargs):
         self.calls.append(("read_pod", name))
