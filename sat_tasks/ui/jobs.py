@@ -191,23 +191,25 @@ def job_log_uri(job: TrainingJob, run_id: str) -> str:
     return JobRun(job, run_id).results_uri + JOB_LOG_NAME
 
 
-def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: ListSizes | None = None
-             ) -> dict[str, Any]:
-    """The job page of one run: its row, the spec, the status history, attempts, checkpoints and monitoring.
+def job_page(run: RunRef, job: TrainingJob, read_json: ReadJson, list_sizes: ListSizes | None = None, *,
+             now: datetime | None = None) -> dict[str, Any]:
+    """The job page of one run: its row, the spec, the status history, attempts, checkpoints and monitoring; its
+    durations and GPU-hours up to `now` while it runs.
 
     The attempts read are those the status history names, at most the job's `max_attempts()`
     (a status.json claiming 400 attempts does not make the page read 800 objects).
     """
     read_json = functools.lru_cache(maxsize=None)(read_json)  # the row and the page read status and progress once
     layout = JobRun(job, run.run_id)
-    row = job_row(run, job, read_json)
+    row = job_row(run, job, read_json, now=now)
     history = read_history(read_json, layout.status_uri)
     attempts = [attempt_row(number, read_json(layout.attempt_uri(number)), read_json(layout.verdict_uri(number)))
                 for number in range(1, min(row["attempt"] or 0, job.max_attempts()) + 1)]
     progress = read_progress(read_json, layout.progress_uri)
     stop = read_json(layout.stop_uri)
     return {**row, "spec": job.to_dict(), "log": job_log_uri(job, run.run_id),
-            "history": history, "attempts": attempts, **run_usage(run, job, history, held_nodes(job, attempts)),
+            "history": history, "attempts": attempts,
+            **run_usage(run, job, history, held_nodes(job, attempts), now=now),
             "recovery": recovery_rows(read_json(layout.report_uri)),
             "stop_requested": stop if isinstance(stop, dict) else None,
             "checkpoints": {"committed_steps": progress.committed_steps,

@@ -4,9 +4,12 @@ ADR 0022 (and 0033: GPU-hours, columns added in place). Call order, per list req
 
 1. `ensure_table(session)`: `sat_job_index` exists (created once per process, if missing);
 2. `sync(session, jobs, ...)`: the index follows Airflow and the pipeline: new `sat_summary`
-   XComs, changed DAG-run columns, runs not indexed yet, runs whose validate_spec recorded their
-   job since (`spec_at`: the row's job and `listed` are taken from that record), deleted runs.
-   Only a run that became terminal, or that predates the index, is read from Object Storage (once);
+   XComs (per run: a run whose summaries are newer or more than the row merged has them all merged
+   again, in time order, whatever order they were committed in), changed DAG-run columns, runs not
+   indexed yet, runs whose validate_spec recorded their job since (`spec_at`: the row's job and
+   `listed` are taken from that record), deleted runs. Only a run that ended (seen ending, or
+   first seen already ended), or that predates the index, is read from Object Storage (once):
+   its last checkpoint, and its status when the pipeline did not say it;
 3. `list_runs(session, query, dag_ids, ...)`: one count and one page query over every run,
    filtered and sorted in SQL, and GPU- and node-hours per workspace in one `GROUP BY`
    (`usage_by_workspace`, which the Workspaces page asks over every run too).
@@ -51,8 +54,6 @@ from sqlalchemy import (
     inspect,
     or_,
     select,
-    true,
-    tuple_,
     update,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -80,7 +81,6 @@ MAX_PER_PAGE = 200
 # What the status is while the pipeline has said nothing (or could not), by DAG-run state.
 STATUS_BEFORE_HISTORY = {"queued": JobStatus.PENDING.value, "running": JobStatus.PENDING.value,
                          "failed": JobStatus.FAILED.value, "success": JobStatus.COMPLETED.value}
-SUMMARY_OVERLAP = timedelta(seconds=10)  # XComs re-examined behind the newest applied (commits land out of order)
 
 metadata = MetaData()
 INDEX = Table(
@@ -116,6 +116,7 @@ INDEX = Table(
     Column("short_node_s", Float, default=0.0),  # node-seconds elastic attempts ran without (closed intervals)
     Column("running_short_nodes", Integer, default=0),  # nodes the open interval's attempt runs without
     Column("spec_at", UtcDateTime),  # the validate_spec XCom the row's job (and `listed`) was taken from; NULL: none
+    Column("summary_n", Integer),  # how many `sat_summary` XComs of the run were merged into the row (issue 45.2)
     Index("idx_sat_job_index_submitted", "submitted_at"),
     Index("idx_sat_job_index_status", "status"),
     Index("idx_sat_job_index_job", "job"),
@@ -602,15 +603,66 @@ def _revalidated(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: 
         counts.validated += 1
 
 
-def _latest_summaries(session: Any, where: Any) -> dict[tuple[str, str], tuple[datetime, dict[str, Any]]]:
-    """The `sat_summary` XComs matching `where`, merged per run in time order: (newest time, fields)."""
-    merged: dict[tuple[str, str], tuple[datetime, dict[str, Any]]] = {}
+@dataclass(frozen=True)
+class Published:
+    """A run's `sat_summary` XComs merged in time order: the newest one's time, how many, the index fields."""
+
+    newest: datetime
+    count: int
+    fields: dict[str, Any]
+
+
+def _latest_summaries(session: Any, where: Any) -> dict[tuple[str, str], Published]:
+    """The `sat_summary` XComs matching `where`, merged per run in time order."""
+    merged: dict[tuple[str, str], Published] = {}
     statement = (select(XComModel.dag_id, XComModel.run_id, XComModel.value, XComModel.timestamp)
                  .where(XComModel.key == SUMMARY_KEY, where).order_by(XComModel.timestamp))
     for dag_id, run_id, value, stamp in session.execute(statement):
-        before = merged.get((dag_id, run_id), (stamp, {}))[1]
-        merged[(dag_id, run_id)] = (stamp, {**before, **_from_published(value)})
+        before = merged.get((dag_id, run_id))
+        merged[(dag_id, run_id)] = Published(stamp, (before.count if before else 0) + 1,
+                                             {**(before.fields if before else {}), **_from_published(value)})
     return merged
+
+
+_RUNNING_FIELDS = ("running_s", "running_since", "short_node_s", "running_short_nodes")
+
+
+def _ended_fields(job: TrainingJob | None, run: Any, read: ReadJson, status: str | None,
+                  current: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a run that ended: its last checkpoint (and, unless `status` is already an end, its status) from
+    Object Storage, and an interval still open in `current` closed at the run's end (it trains no more)."""
+    fields = _from_storage(job, run.run_id, read, history=status not in TERMINAL_WORDS) if job is not None else {}
+    if "status" not in fields and status not in TERMINAL_WORDS:
+        fields["status"] = STATUS_BEFORE_HISTORY[dag_runs.run_state(run)]
+    fields.update(closed_at_end(**{name: fields.get(name, current.get(name)) for name in _RUNNING_FIELDS},
+                                end=run.end_date))
+    return fields
+
+
+def _apply_summaries(session: Any, joined: Any, counts: SyncCounts) -> None:
+    """Merge every summary of each run whose `sat_summary` XComs are newer than, or not as many as, its row merged
+    (a per-run marker: an XCom committed late, with an older time than others already applied, still counts)."""
+    mine = (select(XComModel.dag_id, XComModel.run_id, func.max(XComModel.timestamp).label("newest"),
+                   func.count().label("n"))
+            .where(XComModel.key == SUMMARY_KEY).group_by(XComModel.dag_id, XComModel.run_id).subquery())
+    stale = session.execute(
+        select(DagRun).join(INDEX, joined)
+        .join(mine, and_(mine.c.dag_id == C.dag_id, mine.c.run_id == C.run_id))
+        .where(or_(C.summary_at.is_(None), mine.c.newest > C.summary_at,
+                   C.summary_n.is_(None), C.summary_n != mine.c.n))).scalars().all()
+    if not stale:
+        return
+    merged = _latest_summaries(session, XComModel.dag_run_id.in_([run.id for run in stale]))
+    for run in stale:
+        published = merged.get((run.dag_id, run.run_id))
+        if published is None:  # deleted meanwhile
+            continue
+        fields = dict(published.fields)
+        if dag_runs.run_state(run) in TERMINAL_STATES and "running_s" in fields:  # it ended: no interval stays open
+            fields.update(closed_at_end(**{name: fields.get(name) for name in _RUNNING_FIELDS}, end=run.end_date))
+        session.execute(update(INDEX).where(C.dag_id == run.dag_id, C.run_id == run.run_id)
+                        .values(**fields, summary_at=published.newest, summary_n=published.count))
+        counts.summaries += 1
 
 
 def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
@@ -644,8 +696,12 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
             record["spec_at"] = spec_stamps.get(run.id) if run.id in validated else None
             published = summaries.get((run.dag_id, run.run_id))
             if published is not None:
-                record.update(published[1], summary_at=published[0])
-            elif job is not None and run.start_date is not None:  # predates the index, or never pushed
+                record.update(published.fields, summary_at=published.newest, summary_n=published.count)
+            if record["run_state"] in TERMINAL_STATES:  # first seen ended: read once, as a run seen ending is
+                told = published.fields.get("status") if published is not None else None
+                record.update(_ended_fields(job, run, read, told, record))
+                counts.read_from_storage += job is not None
+            elif published is None and job is not None and run.start_date is not None:  # predates the index
                 record.update(_from_storage(job, run.run_id, read))
                 counts.read_from_storage += 1
             records.append(record)
@@ -654,19 +710,8 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
     # 1b. runs that validated their spec since they were indexed: their job is the one they recorded
     _revalidated(session, jobs, generic_dag_id, joined, read, counts)
 
-    # 2. new summaries from the pipeline
-    newest = session.execute(select(func.max(C.summary_at))).scalar()
-    since = XComModel.timestamp > (_aware(newest) - SUMMARY_OVERLAP) if newest is not None else true()
-    published = _latest_summaries(session, since)
-    if published:
-        applied = {(d, r): _aware(at) for d, r, at in session.execute(
-            select(C.dag_id, C.run_id, C.summary_at).where(tuple_(C.dag_id, C.run_id).in_(list(published))))}
-        for key, (stamp, fields) in published.items():
-            if key not in applied or not fields or (applied[key] is not None and applied[key] >= _aware(stamp)):
-                continue  # not indexed yet (the next sync adds it), or already applied: no write
-            session.execute(update(INDEX).where(C.dag_id == key[0], C.run_id == key[1])
-                            .values(**fields, summary_at=stamp))
-            counts.summaries += 1
+    # 2. summaries from the pipeline that a run's row has not merged yet
+    _apply_summaries(session, joined, counts)
 
     # 3. DAG-run columns that changed; a run that ended is read once when the pipeline did not say why
     changed = session.execute(
@@ -678,18 +723,12 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
         state = dag_runs.run_state(run)
         fields: dict[str, Any] = {"run_state": state, "queued_at": run.queued_at, "start_date": run.start_date,
                                   "end_date": run.end_date}
-        if listed and state in TERMINAL_STATES:  # it ended: its last checkpoint (and, unless told, its status)
-            job = job_of(dag_runs.recorded_run_ref(session, run), dict(jobs), generic_dag_id)
-            if job is not None:
-                fields.update(_from_storage(job, run.run_id, read, history=status not in TERMINAL_WORDS))
-                counts.read_from_storage += 1
-            if "status" not in fields and status not in TERMINAL_WORDS:
-                fields["status"] = STATUS_BEFORE_HISTORY[state]
-        if state in TERMINAL_STATES:  # a run that ended trains no more: an interval still open closes at its end
+        if state in TERMINAL_STATES:  # it ended: its last checkpoint (and, unless told, its status); no open interval
+            job = job_of(dag_runs.recorded_run_ref(session, run), dict(jobs), generic_dag_id) if listed else None
             kept = {"running_s": running_s, "running_since": running_since, "short_node_s": short_node_s,
                     "running_short_nodes": running_short_nodes}
-            fields.update(closed_at_end(**{name: fields.get(name, value) for name, value in kept.items()},
-                                        end=run.end_date))
+            fields.update(_ended_fields(job, run, read, status, kept))
+            counts.read_from_storage += job is not None
         session.execute(update(INDEX).where(C.dag_id == run.dag_id, C.run_id == run.run_id).values(**fields))
         counts.changed += 1
 
@@ -730,7 +769,7 @@ def run_facts(session: Any, run: Any) -> dict[str, Any]:
     None until the run has ended)."""
     queued, start = _aware(run.queued_at), _aware(run.start_date)
     published = _latest_summaries(session, XComModel.dag_run_id == run.id).get((run.dag_id, run.run_id))
-    goodput = (published[1] if published else {}).get("goodput")
+    goodput = (published.fields if published else {}).get("goodput")
     if goodput is None:
         ensure_table(session)
         goodput = session.execute(select(C.goodput).where(C.dag_id == run.dag_id, C.run_id == run.run_id)).scalar()

@@ -320,14 +320,20 @@ BROKEN_WORDS = """() => Array.from(document.querySelectorAll('tr.job-row .status
 
 
 @pytest.fixture(scope="module")
-def wide_runs(client, admin, usage_runs):  # noqa: F811
+def wide_runs(client, admin, usage_runs, s3_hook):  # noqa: F811
     """Runs whose cells are as wide as they get: 63-character names, every long status word, a long creator, tags,
-    GPUs and none, a workspace, a running duration and GPU-hours that tick."""
+    GPUs and none, a workspace, a running duration and GPU-hours that tick. Each ended one's status history says its
+    status too (a run first seen ended is read once: its page and its row say what its history says)."""
     from airflow.models.dagrun import DagRun
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     from sat_tasks.core.run_summary import SUMMARY_KEY
+    from sat_tasks.io.object_storage import write_json
+    from sat_tasks.io.run_layout import RunLayout
+    from sat_tasks.ui import dag_runs
+    from sat_tasks.ui.jobs import job_of
+    from sat_tasks.ui.sources import job_specs
 
     now = datetime.now(UTC)
     for n, status in enumerate(LONG_STATUSES):
@@ -344,6 +350,9 @@ def wide_runs(client, admin, usage_runs):  # noqa: F811
             run.queued_at, run.start_date = now - timedelta(hours=30), now - timedelta(hours=29, minutes=58)
             run.end_date = None if running else now - timedelta(hours=1)
             run.triggering_user_name = "maria.gonzalez-longname"
+            job = job_of(dag_runs.recorded_run_ref(session, run), job_specs(), GENERIC)
+            write_json(s3_hook, RunLayout(job, run_id).status_uri,
+                       [{"status": status, "at": now.isoformat(), "attempt": 3}])
             XComModel.set(SUMMARY_KEY, {"status": status, "status_at": now.isoformat(), "attempt": 3,
                                         "running_s": 90000.0, "running_since": now.isoformat() if running else None},
                           dag_id=GENERIC, task_id="validate_spec", run_id=run_id, session=session)
