@@ -8,6 +8,8 @@ it to the provider notifier of each notification that wants that end: the http p
 `HttpNotifier` (a JSON POST to an Airflow HTTP connection) or the smtp provider's
 `SmtpNotifier` (through an SMTP connection). URLs, tokens and mail servers stay in those
 connections. The message is sent as data: nothing a job wrote is rendered as a template.
+Each notification is checked before it is sent (`io.notify_targets`: a listed or readable
+http connection, an endpoint on its host; a listed SMTP connection): a refused one is not sent.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
+from sat_tasks.airflow.person_access import triggering_person
 from sat_tasks.core.links import job_page_path
 from sat_tasks.core.status import TERMINAL, JobStatus
+from sat_tasks.io.notify_targets import notification_problems
 from sat_tasks.spec import TrainingJob
 
 
@@ -101,9 +105,18 @@ class JobEndNotifier(BaseNotifier):
         dag_id = getattr(dag, "dag_id", None) or context.get("dag_id") or ""
         outcome = outcome_of(job, dag_id, context["run_id"], succeeded=self.succeeded,
                              reason=str(context.get("reason") or ""))
+        person = None if self.spec is not None else triggering_person(context.get("dag_run"))
         errors = []
-        for notification in job.notifications:
+        for i, notification in enumerate(job.notifications):
             if notification.wants(outcome.status):
+                # Checked again before anything is sent (issue 44.2): a run validate_spec refused for its
+                # notifications ends here too, and its connection must hear nothing.
+                refused = notification_problems([notification], person.may_use_connection if person else None,
+                                                person=person.name if person else "the person")
+                if refused:
+                    errors.append("refused: " + "; ".join(r.replace("notifications.0.", f"notifications.{i}.", 1)
+                                                          for r in refused))
+                    continue
                 try:
                     provider_notifier(notification, outcome).notify(context)  # not __call__: nothing rendered
                 except Exception as exc:  # noqa: BLE001 - one unreachable hook must not silence the others

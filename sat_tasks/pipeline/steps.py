@@ -28,6 +28,7 @@ from sat_tasks.core.policy import (
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io import run_location
+from sat_tasks.io.notify_targets import notification_problems
 from sat_tasks.io.run_layout import JobRun, scoped
 from sat_tasks.pipeline.report import build_report, format_report
 from sat_tasks.pipeline.warm_pool import hook_for as warm_pool_hook
@@ -80,6 +81,7 @@ def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: st
         f"backend {job.backend.value}" + (f", workspace {job.workspace}" if job.workspace else "")
         + f"; results under {run.results_uri}")
     check_person(job, run, person, log)
+    check_notifications(job, run, person, log)
     check_workspace(job, run, log, spec_with_run=spec_with_run)
     job = with_workspace_warm_pool(job, log)
     run.history(log).record(JobStatus.PENDING, "spec validated", task="validate_spec")
@@ -121,6 +123,26 @@ def check_person(job: TrainingJob, run: JobRun, person: PersonAccess | None, log
         run.history(log).record(JobStatus.FAILED, reason, task="validate_spec")
         raise JobStopped(f"{job.name}: {reason}")
     log(f"{person.name}, who triggered the run, may use its workspace and registry login")
+
+
+def check_notifications(job: TrainingJob, run: JobRun, person: PersonAccess | None, log: Log = print, *,
+                        get_connection: Any = None) -> None:
+    """Refuse a run whose notifications name a connection or endpoint it may not (issue 44.2, ADR 0024).
+
+    A webhook's connection is listed in `[sat] notification_connections` or an http connection the person who
+    triggered the run may read, http or https with a host, and its endpoint a path on that host; an e-mail's SMTP
+    connection is a listed one (`io.notify_targets`). `person` None: the deployment's spec (a spec file's run, a
+    scheduled one, dag.test()'s): any http connection with a host. Refused: status Failed, each rule named.
+    """
+    if not job.notifications:
+        return
+    problems = notification_problems(job.notifications, person.may_use_connection if person is not None else None,
+                                     get_connection=get_connection,
+                                     person=person.name if person is not None else "the person")
+    if problems:
+        reason = "refused: the job's notifications may not be sent: " + "; ".join(problems)
+        run.history(log).record(JobStatus.FAILED, reason, task="validate_spec")
+        raise JobStopped(f"{job.name}: {reason}")
 
 
 def with_workspace_warm_pool(job: TrainingJob, log: Log = print) -> TrainingJob:

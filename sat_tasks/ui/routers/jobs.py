@@ -18,8 +18,10 @@ from sat_tasks.backends.base import workspace_pool_name
 from sat_tasks.config import allowed_backends
 from sat_tasks.core.clock import now_utc
 from sat_tasks.core.workspaces import job_problems
+from sat_tasks.io.notify_targets import notification_problems
 from sat_tasks.io.workspaces import WorkspaceStore
 from sat_tasks.pipeline.actions import VIA, VIA_API
+from sat_tasks.spec import SpecProblem
 from sat_tasks.spec.model import backend_problem
 from sat_tasks.ui import dag_runs, pages, run_index
 from sat_tasks.ui.create import (
@@ -152,6 +154,24 @@ def workspace_problems(job: Any) -> list[Any]:
     return job_problems(job, store.find(job.workspace), now_utc().date(), [w.name for w in store.list()])
 
 
+def notification_refusals(job: Any, user: Any) -> list[SpecProblem]:
+    """The job's notifications that may not be sent (`io.notify_targets`): a connection neither listed nor an http
+    connection the person may read, an endpoint off the connection's host, an SMTP connection not listed."""
+    if not job.notifications:
+        return []
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        ConnectionDetails,
+    )
+
+    def may_read(conn_id: str) -> bool:
+        return get_auth_manager().is_authorized_connection(method="GET", details=ConnectionDetails(conn_id=conn_id),
+                                                           user=user)
+
+    lines = notification_problems(job.notifications, may_read, person=user.get_name())
+    return [SpecProblem(field=line.split(": ", 1)[0], rule=line.split(": ", 1)[1]) for line in lines]
+
+
 def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any) -> tuple[FormResult, Any]:
     """Validate the form; store the registry login as a connection; start the generic DAG's run (None: not started)."""
     hook = object_storage()
@@ -168,6 +188,8 @@ def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any
         raise HTTPException(403, f"workspace: running a job in workspace {result.job.workspace} needs the "
                                  f"permission to read its pool {workspace_pool_name(result.job.workspace)}")
     if add_problems(result, workspace_problems(result.job)).job is None:  # as validate_spec would, before it runs
+        return result, None
+    if add_problems(result, notification_refusals(result.job, user)).job is None:  # issue 44.2, as validate_spec
         return result, None
     if result.registry is not None:
         exists = dag_runs.connection_exists(session, result.registry.conn_id)

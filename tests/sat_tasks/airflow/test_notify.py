@@ -29,7 +29,7 @@ NOTIFICATIONS = [{"webhook": "sat_test_hook", "endpoint": "/hooks/sat", "on": ["
 
 
 class _Hook(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.server.received.append((self.path, self.headers.get("Content-Type"), json.loads(body)))
         self.send_response(204)
@@ -56,6 +56,8 @@ def webhook(monkeypatch):
 @pytest.fixture
 def mails(monkeypatch):
     """What the smtp provider's notifier was asked to send (it would reach a mail server)."""
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", "smtp://mail.example:25")
+    monkeypatch.setenv("AIRFLOW__SAT__NOTIFICATION_CONNECTIONS", "smtp_default")  # the operator's list (issue 44.2)
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
     sent = []
