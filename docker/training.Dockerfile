@@ -98,6 +98,12 @@ ENV CHECKPOINT_VENDOR=/opt/sat/checkpoint_vendor \
 
 # The pod mounts staged code, data and outputs here (sat_tasks.core.runtime_env POD_*_DIR) and
 # runs the job's command through `bash -lc` (sat_tasks.backends.kubernetes.supervisor); no ENTRYPOINT on purpose.
-RUN mkdir -p /opt/sat/code /opt/sat/data /opt/sat/output
+# Training runs as uid/gid 1000, never root (issue 44.3, ADR 0040): the Kubernetes pods say so too
+# (runAsNonRoot, `[sat] k8s_run_as_user`), as the local runtime's `--user 1000:1000` does. A numeric USER,
+# so the kubelet can check it is not root; the directories it writes are its own, and HOME is one it owns.
+RUN mkdir -p /opt/sat/code /opt/sat/data /opt/sat/output /home/sat \
+ && chown 1000:1000 /opt/sat/code /opt/sat/data /opt/sat/output /home/sat
+ENV HOME=/home/sat
+USER 1000:1000
 WORKDIR /opt/sat/code
 CMD ["bash"]

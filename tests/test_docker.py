@@ -486,15 +486,16 @@ _K8S_CALLS = {
     "patch_namespaced_pod": ("", "pods", "patch", False),
     "delete_namespaced_pod": ("", "pods", "delete", False),
     "read_namespaced_pod_log": ("", "pods/log", "get", False),
-    "list_pod_for_all_namespaces": ("", "pods", "list", True),
     "create_namespaced_service": ("", "services", "create", False),
     "list_namespaced_service": ("", "services", "list", False),
     "read_namespaced_service": ("", "services", "get", False),
     "delete_namespaced_service": ("", "services", "delete", False),
     "create_namespaced_secret": ("", "secrets", "create", False),
     "patch_namespaced_secret": ("", "secrets", "patch", False),
-    "list_namespaced_secret": ("", "secrets", "list", False),
     "delete_namespaced_secret": ("", "secrets", "delete", False),
+    "delete_collection_namespaced_secret": ("", "secrets", "deletecollection", False),
+    "create_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "create", False),
+    "delete_collection_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "deletecollection", False),
     "create_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "create", False),
     "read_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "get", False),
     "list_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "list", False),
@@ -515,14 +516,21 @@ _NOT_GRANTED = {
 
 
 def _backend_calls() -> set[str]:
-    """Kubernetes API methods (of CoreV1Api / SchedulingV1Api / CustomObjectsApi) named in sat_tasks/backends/kubernetes/."""
-    from kubernetes.client import CoreV1Api, CustomObjectsApi, SchedulingV1Api
+    """Kubernetes API methods (of CoreV1Api / SchedulingV1Api / CustomObjectsApi / NetworkingV1Api) named in
+    sat_tasks/backends/kubernetes/."""
+    from kubernetes.client import (
+        CoreV1Api,
+        CustomObjectsApi,
+        NetworkingV1Api,
+        SchedulingV1Api,
+    )
 
     names = set()
     for path in (REPO / "sat_tasks" / "backends" / "kubernetes").glob("*.py"):
         names |= set(re.findall(r"\.((?:create|read|get|list|patch|delete|replace|watch|connect)_[a-z_]+)\b",
                                 path.read_text(encoding="utf-8")))
-    return {name for name in names if any(hasattr(api, name) for api in (CoreV1Api, SchedulingV1Api, CustomObjectsApi))}
+    apis = (CoreV1Api, SchedulingV1Api, CustomObjectsApi, NetworkingV1Api)
+    return {name for name in names if any(hasattr(api, name) for api in apis)}
 
 
 def _grants() -> set[tuple[str, str, str, bool]]:
@@ -547,8 +555,8 @@ def _grants() -> set[tuple[str, str, str, bool]]:
 
 def test_rbac_grants_every_call_of_the_kubernetes_backend():
     calls = _backend_calls()
-    assert {"list_pod_for_all_namespaces", "create_namespaced_secret", "read_priority_class",
-            "get_namespaced_custom_object"} <= calls  # the grep works
+    assert {"list_node", "create_namespaced_secret", "read_priority_class", "get_namespaced_custom_object",
+            "create_namespaced_network_policy"} <= calls  # the grep works
     unknown = calls - set(_K8S_CALLS) - set(_NOT_GRANTED)
     assert not unknown, f"new Kubernetes calls in sat_tasks/backends/kubernetes/: map them in _K8S_CALLS: {unknown}"
     granted = _grants()
