@@ -46,13 +46,14 @@ from sat_tasks.core.run_summary import (
     summarize_history,
     usage,
 )
-from sat_tasks.core.status import JobStatus
+from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.core.where_ran import runtime_of
 from sat_tasks.io.run_layout import JobRun, ownership_problem, scoped
 from sat_tasks.pipeline.report import PLANNED_RESTART, RECOVERY_PHASES
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
 
 ReadJson = Callable[[str], Any]
+TERMINAL_WORDS = frozenset(status.value for status in TERMINAL)
 ListSizes = Callable[[str], dict[str, int]]  # the objects under an s3:// prefix: relative name -> size
 LIST_READERS = 8  # rows of the list read in parallel (each is a few small Object Storage reads)
 
@@ -123,6 +124,15 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def _time(value: Any) -> datetime | None:
+    """An ISO time as written in a record (naive: UTC); None when it is not one."""
+    try:
+        stamp = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
 def _int(value: Any) -> int | None:
     """``value`` when it is an integer (not a bool), else None: a wrongly typed field reads as absent."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -161,7 +171,9 @@ def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime
     attempts = [number for entry in history if (number := _int(entry.get("attempt")))]
     edited_tags = read_json(layout.tags_uri)
     status = history[-1]["status"] if history else _STATUS_BEFORE_HISTORY.get(run.state, JobStatus.PENDING.value)
-    end = run.end_date or (now or datetime.now(UTC))
+    # A job whose status ended (Stopped, Completed) while its DAG run still wraps up ran until that status.
+    finished = _time(history[-1].get("at")) if history and status in TERMINAL_WORDS else None
+    end = run.end_date or finished or (now or datetime.now(UTC))
     return {
         "job": job.name, "dag_id": run.dag_id, "run_id": run.run_id, "run_state": run.state,
         "learning_type": job.learning_type.value, "framework": job.framework.value, "nodes": job.nodes,
@@ -169,6 +181,7 @@ def job_row(run: RunRef, job: TrainingJob, read_json: ReadJson, *, now: datetime
         "last_checkpoint_step": progress.last_committed_step,
         "started": _iso(run.start_date), "ended": _iso(run.end_date),
         "duration_s": round((end - run.start_date).total_seconds(), 1) if run.start_date else None,
+        "active": run.state in ("queued", "running") and run.end_date is None and finished is None,
         "tags": dict(edited_tags) if isinstance(edited_tags, dict) else dict(job.tags), "schedule": job.schedule, "next_run": _iso(run.next_run),
         "results": layout.results_uri, "grid": f"/dags/{run.dag_id}/runs/{run.run_id}",
     }

@@ -299,6 +299,9 @@ def parse_query(params: Mapping[str, str]) -> ListQuery:
         found["since"] = _time_param("since", values["since"], end_of_day=False)
     if "until" in values:
         found["until"] = _time_param("until", values["until"], end_of_day=True)
+    if "since" in found and "until" in found and found["since"] >= found["until"]:  # no run could match (issue 45.6)
+        raise ListQueryError("until", f"the start ({values['since']}) is after the end ({values['until']}): "
+                                      "no run can match; swap them")
     if "sort" in values:
         if values["sort"] not in SORTS:
             raise ListQueryError("sort", "must be one of " + ", ".join(SORTS))
@@ -425,6 +428,14 @@ def _aware(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
+def _stamp(value: Any) -> datetime | None:
+    """An ISO time as a summary carries it (naive: UTC); None when it is not one."""
+    try:
+        return _aware(datetime.fromisoformat(value))
+    except (TypeError, ValueError):
+        return None
+
+
 def _iso(value: datetime | None) -> str | None:
     return _aware(value).isoformat() if value is not None else None
 
@@ -438,6 +449,8 @@ def row_of(record: Mapping[str, Any], *, now: datetime, next_run: datetime | Non
     """A list row (the API's item, the page's row) from an index record; durations up to `now` while it runs."""
     start, end, queued = _aware(record["start_date"]), _aware(record["end_date"]), _aware(record["queued_at"])
     since = _aware(record["running_since"])
+    # A job whose status ended (Stopped, Completed) while its DAG run still wraps up ran until that status.
+    finished = _stamp(record["status_at"]) if end is None and record["status"] in TERMINAL_WORDS else None
     seconds = running_seconds(record["running_s"] or 0.0, since, now)
     tags = json.loads(record["tags"] or "{}")
     return {
@@ -448,8 +461,8 @@ def row_of(record: Mapping[str, Any], *, now: datetime, next_run: datetime | Non
         "creator": record["creator"], "workspace": record["workspace"],
         "submitted": _iso(record["submitted_at"]), "queued": _iso(queued), "started": _iso(start), "ended": _iso(end),
         "queue_s": _queue_seconds(queued, start),
-        "duration_s": round(((end or now) - start).total_seconds(), 1) if start else None,
-        "running": end is None and record["run_state"] in ("queued", "running"),
+        "duration_s": round(((end or finished or now) - start).total_seconds(), 1) if start else None,
+        "running": end is None and finished is None and record["run_state"] in ("queued", "running"),
         "running_s": round(seconds, 1), "running_since": _iso(since),
         **usage(record["nodes"], record["gpus_per_node"], seconds, short_node_seconds(
             record["short_node_s"] or 0.0, record["running_short_nodes"] or 0, since, now)),

@@ -369,3 +369,24 @@ def test_the_attempts_tab_shows_each_faults_recovery_by_phase_from_the_report():
     assert "<b>100</b>" not in html
     store[JobRun(job, "manual__1").report_uri] = {"recovery": []}
     assert "nothing to recover from" in job_page_html(job_page(ref, job, store.get))
+
+
+def test_a_stopped_jobs_header_says_how_long_it_ran_and_does_not_tick():
+    """Issue 45.6: the job's status is Stopped while its DAG run still wraps up (uploads, finalize): the header says
+    "ran" up to the Stopped entry, with nothing ticking, and the GPU-hours stay put; a running job's header ticks."""
+    from sat_tasks.ui.pages import job_page_html
+
+    job = _job("stop-job")
+    layout = JobRun(job, "manual__1")
+    running = {layout.status_uri: [{"status": "Running", "at": (T0 + timedelta(seconds=10)).isoformat(), "attempt": 1}]}
+    now = T0 + timedelta(minutes=10)
+    live = job_page(RunRef("stop-job", "manual__1", "running", start_date=T0), job, running.get, now=now)
+    html = job_page_html(live)
+    assert live["active"] and "running for <span class='duration ticking'" in html and "data-rate=" in html
+    stopped = {layout.status_uri: running[layout.status_uri] + [
+        {"status": "Stopped", "at": (T0 + timedelta(minutes=3, seconds=52)).isoformat(), "attempt": 1}]}
+    page = job_page(RunRef("stop-job", "manual__1", "running", start_date=T0), job, stopped.get, now=now)
+    html = job_page_html(page)
+    assert not page["active"] and page["duration_s"] == 232.0
+    assert "ran <span class='duration' id='run-duration'>" in html and "running for" not in html
+    assert "ticking" not in html.split("id='run-usage'")[0].split("id='run-times'")[1] and "data-rate=" not in html

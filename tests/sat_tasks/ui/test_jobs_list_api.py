@@ -98,6 +98,16 @@ def test_a_summary_xcom_moves_a_row_with_no_object_storage_read(client, admin, m
     assert page.status_code == 200 and "class='duration ticking'" in page.text and ">Running</span>" in page.text
 
 
+def test_a_date_filter_whose_start_is_after_its_end_says_so(client, admin):  # noqa: F811
+    params = {"since": "2026-12-03", "until": "2026-12-01"}
+    answer = client.get("/sat/api/jobs", headers=admin, params=params)
+    assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "until"
+    assert "after the end" in answer.json()["errors"][0]["rule"]
+    html = client.get("/sat/jobs", headers=admin, params=params)
+    assert html.status_code == 422
+    assert "id='query-error'>until: the start (2026-12-03) is after the end (2026-12-01)" in html.text, html.text
+
+
 def test_saved_tags_show_in_the_list_and_its_tag_filter(client, admin):  # noqa: F811
     response = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form("tagged-job")})
     run_id = response.json()["run_id"]

@@ -167,11 +167,18 @@ def test_summaries_tolerate_what_they_cannot_read():
     pytest.param({"page": "0"}, "page", id="page-from-1"),
     pytest.param({"per_page": "5000"}, "per_page", id="per-page-bounded"),
     pytest.param({"since": "yesterday"}, "since", id="date"),
+    pytest.param({"since": "2026-12-03", "until": "2026-12-02"}, "until", id="start-after-end"),
+    pytest.param({"since": "2026-12-02T10:00:00", "until": "2026-12-02T09:00:00"}, "until", id="start-after-end-time"),
 ])
 def test_a_bad_query_names_the_field_and_the_rule(params, field):
     with pytest.raises(ListQueryError) as caught:
         parse_query(params)
     assert caught.value.field == field and caught.value.rule
+
+
+def test_a_date_range_of_one_day_is_not_refused():
+    query = parse_query({"since": "2026-12-02", "until": "2026-12-02"})
+    assert (query.since, query.until) == (datetime(2026, 12, 2, tzinfo=UTC), datetime(2026, 12, 3, tzinfo=UTC))
 
 
 def test_a_query_round_trips_through_its_links():
@@ -425,3 +432,15 @@ def test_an_elastic_job_that_grows_back_runs_short_only_until_the_next_attempt()
     # one interval of 51 minutes; the first 21 (attempt 2 to the start of attempt 3) one node short
     assert (summary.running_s, summary.short_node_s) == (3060.0, 1260.0)
     assert usage(2, 1, summary.running_s, summary.short_node_s)["node_hours"] == round((2 * 3060 - 1260) / 3600, 3)
+
+
+def test_a_stopped_row_whose_dag_run_still_wraps_up_does_not_tick(session):
+    """Issue 45.6: Stopped at 3m 52s after its start, the DAG run still running (uploads): the row ran 3m 52s."""
+    start = T0 + timedelta(minutes=1, seconds=30)
+    _seed(session, [_record(1, status="Stopped", status_at=(start + timedelta(seconds=232)).isoformat(),
+                            run_state="running", end_date=None),
+                    _record(2, status="Running", status_at=None, run_state="running", end_date=None)])
+    now = start + timedelta(minutes=10)
+    rows = {row["job"]: row for row in list_runs(session, ListQuery(), DAGS, now=now).rows}
+    assert (rows["job-0001"]["running"], rows["job-0001"]["duration_s"]) == (False, 232.0)
+    assert (rows["job-0002"]["running"], rows["job-0002"]["duration_s"]) == (True, 540.0)  # it started a minute later
