@@ -139,7 +139,8 @@ def test_the_image_keeps_none_of_the_builds_mounts(image):
     assert env["PATH"].startswith("/opt/sat/venv/bin:") and env["CHECKPOINT_VENDOR"] == "/opt/sat/checkpoint_vendor"
     assert not {"SSL_CERT_FILE", "BUILD_CA_BUNDLE", "FIND_LINKS", "UV_NO_CACHE"} & set(env)
     # the wheel folder, the host's CA bundle and uv cache were mounted, not copied: at most empty mount points remain
-    listing = podman(["run", "--rm", "--network=none", image, "bash", "-c",
+    # as root: the image's own user (1000, ADR 0040) could not look into /root
+    listing = podman(["run", "--rm", "--network=none", "--user=0", image, "bash", "-c",
                       ("find /run/sat-build /root/.cache -type f -size +0 2>/dev/null; "
                        "find /opt/sat /usr/local/bin -name '*.whl' 2>/dev/null; ls /tmp")],
                      timeout=300, check=False)
