@@ -30,6 +30,7 @@ The features a backend may offer are small optional interfaces, each declared by
     LiveLogSource (live_log)    live_log(run, stored, cursor): the running attempt's lines the job log
                                 lacks yet (the job page, ADR 0026)
     ReleasesNodes (node_release) release_node(node) after a person lifts a node's quarantine (ADR 0004)
+    ProbesNodes (node_probe)    probe_node(run, node): the health check of a suspect node (ADR 0004)
 
 Callers outside `backends/` go through `watch_growth_of`, `release_warm_on`, `live_log_of` and
 `release_node_on`, which answer for a backend without the interface.
@@ -38,13 +39,14 @@ Callers outside `backends/` go through `watch_growth_of`, `release_warm_on`, `li
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision, Log, Plan
+from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.core.warm_pool import Claim, WarmState
 from sat_tasks.io.run_layout import JobRun
@@ -112,6 +114,8 @@ class BackendCapabilities:
             False: the job log grows in place while the attempt runs.
         node_release: lifting a node's quarantine undoes something the backend did to the node (Kubernetes:
             uncordon); the backend is a `ReleasesNodes`. False: placement reads the ledger, nothing to undo.
+        node_probe: the node of a HARDWARE or SUSPECT_NODE verdict gets a health check before the ledger
+            counts it (ADR 0004, `core.health_check`); the backend is a `ProbesNodes`.
 
     Each optional flag and its interface are checked against each other when the backend's class is defined
     (`Backend.__init_subclass__`): a flag without its methods, or methods without their flag, is a TypeError.
@@ -125,6 +129,7 @@ class BackendCapabilities:
     warm_pool: bool = False
     live_log: bool = False
     node_release: bool = False
+    node_probe: bool = False
 
 
 class Backend(ABC):
@@ -269,9 +274,19 @@ class ReleasesNodes(ABC):
         the node itself (Kubernetes: uncordon a node SAT cordoned); True when it changed something."""
 
 
+class ProbesNodes(ABC):
+    """`capabilities.node_probe`: a short health check on the node of a HARDWARE or SUSPECT_NODE verdict."""
+
+    @abstractmethod
+    def probe_node(self, run: JobRun, node: str, log: Log) -> ProbeResult:
+        """Probe `node`, where `run`'s attempt failed (`io.node_probe`'s checks, on the node); never raises for a
+        check that cannot run (it is SKIPPED with why), only when the probe itself could not be started."""
+
+
 # capability flag -> the interface a backend declaring it must subclass
 OPTIONAL_INTERFACES: dict[str, type[ABC]] = {
     "grow_watch": WatchesGrowth, "warm_pool": KeepsWarm, "live_log": LiveLogSource, "node_release": ReleasesNodes,
+    "node_probe": ProbesNodes,
 }
 
 
@@ -295,6 +310,14 @@ def live_log_of(backend: Backend, run: JobRun, *, stored: Collection[int], curso
 def release_node_on(backend: Backend, node: str, log: Log) -> bool:
     """Undo what the backend did to a released node; False for a backend that never touches nodes."""
     return backend.release_node(node, log) if isinstance(backend, ReleasesNodes) else False
+
+
+def node_probe_of(backend: Backend, run: JobRun, log: Log) -> Callable[[str], ProbeResult] | None:
+    """The backend's health check of a node for `run` (what `io.node_ledger.diagnose_attempt` takes), None where
+    the backend has none."""
+    if not isinstance(backend, ProbesNodes):
+        return None
+    return lambda node: backend.probe_node(run, node, log)
 
 
 def release_warm_on(backend: Backend, state: WarmState, log: Log) -> list[str]:

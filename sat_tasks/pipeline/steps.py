@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
 from sat_tasks.backends import backend_for
-from sat_tasks.backends.base import watch_growth_of, workspace_pool_name
+from sat_tasks.backends.base import node_probe_of, watch_growth_of, workspace_pool_name
 from sat_tasks.config import sat_setting, shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
@@ -278,7 +278,8 @@ def classify_attempt(job: TrainingJob, run_id: str, attempt: int, log: Log = pri
     elif record.planned_restart and verdict.kind is not VerdictKind.SUCCEEDED:  # elastic growth (ADR 0029)
         verdict = grow_verdict(verdict, record.planned_restart)
     else:
-        verdict = diagnose_attempt(run, verdict, log)  # relocation, three nodes, the node ledger (ADR 0004)
+        probe = node_probe_of(backend_for(job), run, log)  # the suspect node's health check, where the backend has one
+        verdict = diagnose_attempt(run, verdict, log, probe=probe)  # relocation, three nodes, the ledger (ADR 0004)
     run.store_verdict(verdict)
     log(f"attempt {attempt} on {record.node}: {verdict.kind.value} — {verdict.reason}")
     for line in verdict.evidence:

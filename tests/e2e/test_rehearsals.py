@@ -188,3 +188,34 @@ def test_a_job_that_prints_an_xid_line_quarantines_nothing(scripts, s3_hook):
         assert ledger_events(job, s3_hook) == []
     assert nodes[0] == nodes[1]
     assert nodes[0] not in NodeLedger.for_job(jobs[0], s3_hook).quarantined()
+
+
+# ---- the suspect node's health check (ADR 0004) ------------------------------------------------------------
+def _history_says(report: dict, text: str) -> bool:
+    return any(text in entry["reason"] for entry in report["history"])
+
+
+def test_a_hardware_fault_is_confirmed_by_the_nodes_health_check_and_recorded_by_it(scripts, s3_hook):
+    """Xid 79 (off the bus): the fake device's kernel check fails afterwards; the probe's lines join the evidence,
+    and the ledger holds the health check's own event beside classify's."""
+    job = make_job("e2e-probe-confirms", faults=[{"kind": "hardware", "attempt": 1, "at_step": 3, "xid": 79}])
+    report, attempts = run(job)
+    assert report["status"] == "Completed"
+    assert [a["verdict"] for a in attempts] == ["HARDWARE", "SUCCEEDED"]
+    first = attempts[0]["node"]
+    assert any(line.startswith(f"health-check on {first}: device-kernel:gpu0") for line in attempts[0]["evidence"]), (
+        attempts[0]["evidence"])
+    assert (first, "HARDWARE", "health-check") in ledger_events(job, s3_hook)
+
+
+def test_an_ambiguous_xid_on_a_node_that_probes_clean_is_left_to_the_relocation(scripts, s3_hook):
+    """Xid 24 (a semaphore timeout: the application, the driver or the device) is SUSPECT_NODE; a clean probe
+    decides nothing, so the job relocates once and the second node's clean run blames the first."""
+    job = make_job("e2e-probe-clean", faults=[{"kind": "hardware", "attempt": 1, "at_step": 3, "xid": 24}])
+    report, attempts = run(job)
+    assert report["status"] == "Completed"
+    assert [a["verdict"] for a in attempts] == ["SUSPECT_NODE", "SUCCEEDED"]
+    first = attempts[0]["node"]
+    assert not any("health-check" in line for line in attempts[0]["evidence"])
+    # SAT read the Xid in the node's kernel log: the suspect is recorded, then the relocation's blame
+    assert ledger_events(job, s3_hook) == [(first, "SUSPECT_NODE", "classify"), (first, "HARDWARE", "relocation")]

@@ -24,10 +24,12 @@ from sat_tasks.backends.base import (
     Claim,
     DataCheck,
     KeepsWarm,
+    ProbesNodes,
     WarmState,
 )
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Action, Decision, Log
+from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -40,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 LAUNCH_RETRY_DELAY = timedelta(seconds=5)
 
 
-class LocalBackend(Backend, KeepsWarm):
+class LocalBackend(Backend, KeepsWarm, ProbesNodes):
     """The Backend protocol on this host (see `sat_tasks.backends.base` for the call order)."""
 
     kind = "local"
@@ -55,6 +57,7 @@ class LocalBackend(Backend, KeepsWarm):
         warm_pool=True,  # a finished run's staged directory and standby interpreter (ADR 0015)
         # live_log False: the job log grows in place; node_release False: placement reads the ledger at each
         # attempt, nothing is done to the node itself
+        node_probe=True,  # the node's fake device where a fault left one (the run's node directory), else this host's
     )
     task_modules = ("sat_tasks.backends.local.operator", "sat_tasks.backends.local.launch",
                     "sat_tasks.backends.local.workspace", "sat_tasks.backends.local.warm")
@@ -125,6 +128,13 @@ class LocalBackend(Backend, KeepsWarm):
         # the run's failover standby interpreter (ADR 0031) stops; the work directory is this host's disk: kept,
         # like a node's local disk
         return release_standby(run)
+
+    def probe_node(self, run: JobRun, node: str, log: Log) -> ProbeResult:
+        """The node's health check (ADR 0004): its fake device's counters where an injected fault wrote them under
+        the run's node directory, else this host's devices (NVML, DCGM's quick diagnostic, a small kernel)."""
+        from sat_tasks.io.node_probe import local_probe
+
+        return local_probe(run.node_dir(node).parent)(node)
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:

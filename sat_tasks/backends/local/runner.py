@@ -88,6 +88,22 @@ def local_node_labels(node: str, workspace: str | None = None) -> dict[str, str]
     return labels
 
 
+# What a faulted device shows its health check afterwards (`io.node_probe.FakeDeviceProbe`), by Xid: an
+# uncorrectable memory error stays in the ECC counters, a GPU off the bus fails the device kernel. Any other
+# Xid (13: a warp exception, the code's or the device's) leaves the counters clean.
+_UNCORRECTABLE_ECC_XIDS = frozenset({48, 64, 95, 140})
+_KERNEL_FAILS_XIDS = frozenset({79})
+
+
+def write_fake_device(node_dir: Path, xid: int) -> None:
+    """The node's fake device after Xid `xid` (`<node dir>/gpu-counters.json`), as its health check reads it."""
+    from sat_tasks.io.node_probe import FAKE_DEVICE_FILE
+
+    device = {"index": 0, "ecc_uncorrected_volatile": 1 if xid in _UNCORRECTABLE_ECC_XIDS else 0,
+              "kernel_ok": xid not in _KERNEL_FAILS_XIDS}
+    (node_dir / FAKE_DEVICE_FILE).write_text(json.dumps({"devices": [device]}), encoding="utf-8")
+
+
 def xid_line(node: str, xid: int, pid: int) -> str:
     """A kernel-log line like the NVIDIA driver writes for an Xid event."""
     messages = {
@@ -389,6 +405,7 @@ class LocalAttempt:
         if fault.kind is FaultKind.HARDWARE:
             with open(kern_log, "a", encoding="utf-8") as handle:
                 handle.write(xid_line(self.node, fault.xid, procs.proc.pid) + "\n")
+            write_fake_device(self.node_dir, fault.xid)
             procs.signal_all(signal.SIGKILL)  # a dead GPU takes the processes down with it
         elif fault.kind is FaultKind.NODE_LOSS:
             state.node_lost = True

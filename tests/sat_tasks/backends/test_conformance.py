@@ -23,9 +23,11 @@ from sat_tasks.backends.base import (
     OPTIONAL_INTERFACES,
     KeepsWarm,
     LiveLogSource,
+    ProbesNodes,
     ReleasesNodes,
     WatchesGrowth,
     live_log_of,
+    node_probe_of,
     release_node_on,
     release_warm_on,
     watch_growth_of,
@@ -109,7 +111,7 @@ def test_the_contract_has_the_methods_the_module_doc_lists():
     assert METHODS == ["stage", "check_staged_data", "launch_operators", "read_attempt_record", "cleanup_attempt",
                        "capacity", "upload_outputs", "job_log", "cleanup_run", "workspace_queue_problem"]
     assert OPTIONAL == {"grow_watch": ["watch_growth"], "warm_pool": ["keep_warm", "release_warm"],
-                        "live_log": ["live_log"], "node_release": ["release_node"]}
+                        "live_log": ["live_log"], "node_release": ["release_node"], "node_probe": ["probe_node"]}
     assert sorted(Backend.__abstractmethods__) == sorted(METHODS)  # every one of them must be implemented
 
 
@@ -224,6 +226,18 @@ def test_releasing_a_node_it_did_nothing_to_changes_nothing(backend):
     assert release_node_on(backend, "node-never-cordoned", lines.append) is False
     if isinstance(backend, ReleasesNodes):
         assert backend.release_node("node-never-cordoned", lines.append) is False
+
+
+def test_a_node_probe_answers_with_a_result_for_that_node(backend, bucket):
+    """The health check of a suspect node (ADR 0004) reads the node and says what it found; never a None."""
+    from sat_tasks.core.health_check import ProbeResult
+
+    run = JobRun(_job(backend), RUN_ID)
+    probe = node_probe_of(backend, run, _quiet)
+    assert (probe is not None) == isinstance(backend, ProbesNodes) == backend.capabilities.node_probe
+    if probe is not None:
+        result = probe("node-probed")
+        assert type(result) is ProbeResult and result.node == "node-probed" and result.checks
 
 
 def test_a_run_that_never_launched_has_no_live_lines(backend, bucket):
