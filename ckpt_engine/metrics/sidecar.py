@@ -102,6 +102,18 @@ class SignalStop:
         return self._set
 
 
+# Libraries whose INFO lines are not the job's: botocore says "Found credentials in environment variables." on
+# every client the uploads make, and the sidecar's output is the job log's (issue 45.6).
+QUIET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+
+
+def configure_logging() -> None:
+    """The sidecar's lines at INFO, to stderr (the job log); the AWS SDK's and HTTP library's at WARNING and up."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m ckpt_engine.metrics``: the sidecar (``--check``: only whether it can run here)."""
     import sys
@@ -109,6 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if "--check" in args:
         return 0 if os.environ.get(METRICS_DIR_ENV, "").strip() else 1
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_logging()
     run_sidecar(SignalStop(), parent_pid=os.getppid())
     return 0
