@@ -298,12 +298,17 @@ class ServiceStack:
 
         Training processes run in sessions of their own (the local runner's), so besides the
         components' groups every process that carries this deployment's mark
-        (`SAT_SERVICE_HOME`) in its environment is stopped too: none is left behind.
+        (`SAT_SERVICE_HOME`) in its environment is stopped too: none is left behind. They get
+        their SIGTERM with the components (a training writes its final checkpoint meanwhile), not
+        after: a scheduler waits for its tasks, and they for their training. Whatever still runs
+        at `grace` is killed, so the components and training are gone within it (issue 45.6).
         """
         self._stopping = True
         began = time.monotonic()
         for proc in self.processes.values():
             _signal_group(proc, signal.SIGTERM)
+        for pid in processes_of(self.home):
+            _signal(pid, signal.SIGTERM)
         deadline = began + grace
         for name, proc in self.processes.items():
             try:
@@ -316,7 +321,7 @@ class ServiceStack:
         left = processes_of(self.home)
         if left:
             self.log(f"[sat] stopping {len(left)} more processes of this deployment (tasks, training)")
-            procs.terminate(left, grace=10)
+            procs.terminate(left, grace=max(0.0, deadline - time.monotonic()))
         self.log(f"[sat] components stopped ({time.monotonic() - began:.0f} s)")
         if self.database is not None:
             self.database.stop()
@@ -382,6 +387,13 @@ def running_env(home: Path) -> dict[str, str] | None:
         if env.get(SERVICE_MARK_ENV) == str(home):
             return {k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SAT__"))}
     return None
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -87,3 +87,64 @@ def test_the_shipped_config_keeps_task_hops_short():
                           env={**os.environ, "AIRFLOW_CONFIG": str(PROJECT_ROOT / "airflow.cfg")},
                           capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == "1 0.25"
+
+
+# ---- `sat down` within its grace (issue 45.6) --------------------------------------------------------------------
+# A scheduler that waits for its task, which waits for the training: it exits only once the training is gone.
+WAITS_FOR_TRAINING = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); pid = int(sys.argv[1])\n"
+                      "while os.path.exists(f'/proc/{pid}') and open(f'/proc/{pid}/stat').read().split()[2] != 'Z':\n"
+                      "    time.sleep(0.05)\n")
+# A training that writes its final checkpoint (1 s) at SIGTERM, then exits.
+CHECKPOINTS_AT_SIGTERM = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0))); time.sleep(300)"
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+
+
+def _stack_with(tmp_path, training_code: str, component_code: str):
+    from sat_tasks.service.stack import ServiceStack
+
+    home = tmp_path / "home"
+    home.mkdir()
+    training = subprocess.Popen([sys.executable, "-c", training_code], env={**os.environ, SERVICE_MARK_ENV: str(home)},
+                                start_new_session=True)
+    scheduler = subprocess.Popen([sys.executable, "-c", component_code, str(training.pid)], start_new_session=True)
+    lines: list[str] = []
+    stack = ServiceStack(home=home, log=lines.append)
+    stack.processes["scheduler"] = scheduler
+    deadline = time.monotonic() + 60
+    while training.pid not in processes_of(home):  # its environment is readable once it runs
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # both have set their handlers
+    return stack, training, scheduler, lines
+
+
+@pytest.mark.timeout(120)
+def test_sat_down_stops_training_with_the_components_so_the_scheduler_ends_in_time(tmp_path):
+    stack, training, scheduler, lines = _stack_with(tmp_path, CHECKPOINTS_AT_SIGTERM, WAITS_FOR_TRAINING)
+    try:
+        started = time.monotonic()
+        stack.stop(grace=20)
+        took = time.monotonic() - started
+        assert not any("did not stop within" in line for line in lines), lines  # nothing was killed
+        assert took < 15, (took, lines)  # the training's checkpoint (1 s), then the scheduler: not the grace
+        assert training.wait(timeout=10) == 0 and scheduler.wait(timeout=10) == 0  # the training ended itself
+    finally:
+        for proc in (training, scheduler):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_sat_down_kills_what_ignores_sigterm_at_its_grace_not_after(tmp_path):
+    stack, training, scheduler, lines = _stack_with(tmp_path, IGNORES_SIGTERM, WAITS_FOR_TRAINING)
+    try:
+        started = time.monotonic()
+        stack.stop(grace=3)
+        took = time.monotonic() - started
+        assert took < 3 + 2.5, (took, lines)  # was 3 + 10: the training's own grace came after the components'
+        assert any("did not stop within 3s: killing it" in line for line in lines), lines
+        assert training.wait(timeout=10) == -9 and processes_of(stack.home) == []
+    finally:
+        for proc in (training, scheduler):
+            proc.kill()
+            proc.wait()
