@@ -248,3 +248,14 @@ class RecordedCluster:
             store.remove(found[0])
             return _Response(200, json.dumps(found[0]))
         return _status(404, "NotFound", f"no route {method} {path}")
+
+
+def run_pod_here(pod: dict) -> tuple[int, str]:
+    """A kubelet that runs the pod's first container's `python -m ...` command on this host, with this interpreter
+    (the node probe's pod: `python -m sat_tasks.io.node_probe NODE`)."""
+    import subprocess
+    import sys
+
+    command = pod["spec"]["containers"][0]["command"]
+    done = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=300, check=False)
+    return done.returncode, done.stdout + done.stderr

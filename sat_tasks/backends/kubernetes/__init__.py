@@ -25,6 +25,7 @@ from sat_tasks.backends.base import (
     DataCheck,
     KeepsWarm,
     LiveLogSource,
+    ProbesNodes,
     ReleasesNodes,
     WarmState,
     WatchesGrowth,
@@ -32,6 +33,7 @@ from sat_tasks.backends.base import (
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import parse_time
 from sat_tasks.core.contracts import Decision, Log, Plan
+from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.core.status import JobStatus
 from sat_tasks.errors import JobStopped
@@ -44,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 
-class KubernetesBackend(Backend, WatchesGrowth, KeepsWarm, LiveLogSource, ReleasesNodes):
+class KubernetesBackend(Backend, WatchesGrowth, KeepsWarm, LiveLogSource, ReleasesNodes, ProbesNodes):
     """The Backend protocol on a cluster (see `sat_tasks.backends.base` for the call order).
 
     `client` is a CoreV1Api; by default the provider's KubernetesHook on `[sat]
@@ -63,6 +65,7 @@ class KubernetesBackend(Backend, WatchesGrowth, KeepsWarm, LiveLogSource, Releas
         warm_pool=True,  # the run's claim and placeholder pods (ADR 0015)
         live_log=True,  # a running pod's log is read from the API server until the attempt's section is stored
         node_release=True,  # a released node SAT cordoned is uncordoned (`[sat] quarantine_cordon`)
+        node_probe=True,  # a probe pod bound to the suspect node (`kubernetes.probe`)
     )
     task_modules = ("sat_tasks.backends.kubernetes.operator", "sat_tasks.backends.kubernetes.workspace")
 
@@ -238,6 +241,15 @@ class KubernetesBackend(Backend, WatchesGrowth, KeepsWarm, LiveLogSource, Releas
         from sat_tasks.backends.kubernetes.quarantine import uncordon_released
 
         return uncordon_released(node, log)
+
+    def probe_node(self, run: JobRun, node: str, log: Log) -> ProbeResult:
+        """A probe pod bound to `node`, in SAT's staging image (`kubernetes.probe`; RBAC: create/get/delete pods and
+        get their log in the jobs' namespace, which the launcher already has)."""
+        from sat_tasks.backends.kubernetes.probe import probe_node
+        from sat_tasks.backends.kubernetes.settings import KubernetesSettings
+
+        return probe_node(run.job, run.run_id, node, client=self.client, namespace=self.namespace,
+                          settings=KubernetesSettings.from_sat_config(), log=log)
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:

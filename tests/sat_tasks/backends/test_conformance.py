@@ -57,9 +57,9 @@ OPTIONAL = {flag: [name for name, member in vars(interface).items() if inspect.i
 
 def _kubernetes() -> Backend:
     from sat_tasks.backends.kubernetes import KubernetesBackend
-    from tests.support.k8s_api import RecordedCluster
+    from tests.support.k8s_api import RecordedCluster, run_pod_here
 
-    return KubernetesBackend(client=RecordedCluster().client(), namespace=NAMESPACE)
+    return KubernetesBackend(client=RecordedCluster(kubelet=run_pod_here).client(), namespace=NAMESPACE)
 
 
 # Backends that reach outside this process, each on a double of what it talks to.
