@@ -14,8 +14,8 @@ SKIPPED, with why). What each reads:
   `<nodes dir>/<node>/gpu-counters.json` (`FAKE_DEVICE_FILE`), judged by the same rules as NVML's.
 
 Pluggable per backend: the local backend probes its fake device when the file is there and this
-host's devices otherwise (`local_probe`); the Kubernetes form is a probe pod pinned to the node,
-running the same probes (not built yet).
+host's devices otherwise (`local_probe`); the Kubernetes form is a probe pod bound to the node,
+running `main` below (`sat_tasks.backends.kubernetes.probe`).
 """
 
 from __future__ import annotations
