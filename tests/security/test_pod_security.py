@@ -2,7 +2,7 @@
 
 - `storage.file_storage_mount` names an operator-defined File Storage volume (a claim, read-only by
   default); an absolute path (`/var/lib/kubelet`, `/run/containerd`) is refused, as is an unknown name.
-- Every pod SAT renders (training ranks, elastic ranks, staging, upload, warm placeholders) passes the
+- Every pod SAT renders (training ranks, elastic ranks, staging, upload, warm placeholders, node probes) passes the
   Pod Security Standards' "restricted" profile (tests.support.pod_security, written from the standard),
   which the jobs' namespace enforces; the launch path creates exactly such pods through the real
   client against the in-memory API server, with the attempt's NetworkPolicy.
@@ -23,6 +23,7 @@ import yaml
 
 from sat_tasks.backends.kubernetes import names as k8s_names
 from sat_tasks.backends.kubernetes import pods as k8s_pods
+from sat_tasks.backends.kubernetes import probe as k8s_probe
 from sat_tasks.backends.kubernetes import staging as k8s_staging
 from sat_tasks.backends.kubernetes import warm as k8s_warm
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings, SettingError
@@ -164,13 +165,15 @@ def _every_sat_pod() -> list[tuple[str, dict]]:
     pods.append(("upload", k8s_staging.build_upload_pod(one, RUN_ID, namespace=NAMESPACE, settings=SETTINGS)))
     pods += [("warm placeholder", p) for p in k8s_warm.render_placeholder_pods(
         one, run_id=RUN_ID, nodes=["gpu-1", "gpu-2"], namespace=NAMESPACE, settings=SETTINGS)]
+    pods.append(("node probe", k8s_probe.build_probe_pod(one, RUN_ID, "gpu-1", namespace=NAMESPACE,
+                                                         settings=SETTINGS)))
     return pods
 
 
 def test_every_pod_sat_renders_passes_the_restricted_profile():
     pods = _every_sat_pod()
     assert {what for what, _ in pods} == {"training 1 node", "training 3 nodes", "elastic on 2 of 4", "staging",
-                                          "upload", "warm placeholder"}
+                                          "upload", "warm placeholder", "node probe"}
     assert any(v.get("downwardAPI") for _, p in pods for v in p["spec"]["volumes"] if "volumes" in p["spec"])
     for what, pod in pods:
         assert violations(pod, "restricted") == [], what
