@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckpt_engine.contract import STATUS_NAME
+
 POLICY_VERSION = "2012-10-17"
 # What the engine's mirror and metrics recorder (and a script reading its data) do with objects.
 READ_ACTIONS = ("s3:GetObject",)
@@ -29,6 +31,8 @@ WRITE_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMul
 LIST_ACTION = "s3:ListBucket"
 PREFIX_KEY = "s3:prefix"
 _CONDITION_OPERATORS = ("StringEquals", "StringLike", "StringNotLike")
+RUN_STATE_SID = "RunState"
+RUN_STATE_NAME = STATUS_NAME  # the run's status history, the one object of its records a session may read
 
 
 class PolicyInputError(ValueError):
@@ -64,12 +68,15 @@ def grant_of(uri: str, field: str) -> Grant:
     return Grant(bucket, (key,), (key + "/",))
 
 
-def run_session_policy(*, read_only: Mapping[str, str], read_write: Mapping[str, str]) -> dict[str, Any]:
+def run_session_policy(*, read_only: Mapping[str, str], read_write: Mapping[str, str],
+                       run_records: str | None = None) -> dict[str, Any]:
     """The session policy of one attempt: `read_only` and `read_write` map a spec field's name to its URI.
 
     Objects: `s3:GetObject` on every grant; writes, deletes and multipart uploads on the
     `read_write` ones. Listing: `s3:ListBucket` on each bucket, only with an `s3:prefix`
     inside a granted folder (listing the whole bucket, or a sibling's prefix, is denied).
+    `run_records`: the run's results prefix (a folder URI), named by a `RunState` statement
+    (read of its `status.json` only) so that a gate can tell which run a session belongs to.
     """
     statements: list[dict[str, Any]] = []
     listing: dict[str, list[str]] = {}
@@ -86,7 +93,34 @@ def run_session_policy(*, read_only: Mapping[str, str], read_write: Mapping[str,
         statements.append({"Sid": f"List{index}", "Effect": "Allow", "Action": [LIST_ACTION],
                            "Resource": [object_arn(bucket)],
                            "Condition": {"StringLike": {PREFIX_KEY: sorted(set(patterns))}}})
+    if run_records is not None:
+        grant = grant_of(run_records, "results")
+        if not grant.prefixes or grant.keys:
+            raise PolicyInputError(f"results: {run_records!r} must be a folder (end with '/')")
+        statements.append({"Sid": RUN_STATE_SID, "Effect": "Allow", "Action": list(READ_ACTIONS),
+                           "Resource": [object_arn(grant.bucket, grant.prefixes[0] + RUN_STATE_NAME)]})
     return {"Version": POLICY_VERSION, "Statement": statements}
+
+
+def run_records_of(policy: Mapping[str, Any] | str | None) -> tuple[str, str] | None:
+    """The (bucket, results key prefix) a run's policy names in its `RunState` statement; None without one."""
+    try:
+        document = json.loads(policy) if isinstance(policy, str) else policy
+        statements = document["Statement"] if document else []
+    except (ValueError, KeyError, TypeError):
+        return None
+    for statement in statements if isinstance(statements, list) else ():
+        if not isinstance(statement, Mapping) or statement.get("Sid") != RUN_STATE_SID:
+            continue
+        resources = statement.get("Resource")
+        resource = resources[0] if isinstance(resources, list) and len(resources) == 1 else resources
+        if not isinstance(resource, str) or not resource.startswith("arn:aws:s3:::"):
+            return None
+        bucket, _, key = resource[len("arn:aws:s3:::"):].partition("/")
+        if not bucket or not key.endswith("/" + RUN_STATE_NAME):
+            return None
+        return bucket, key[: -len(RUN_STATE_NAME)]
+    return None
 
 
 def policy_json(policy: Mapping[str, Any]) -> str:

@@ -14,7 +14,8 @@ sees it (ADRs 0020, 0037):
 - temporary credentials (`X-Amz-Security-Token`) from moto's STS are checked against their
   session's secret, must carry the session's token, be unexpired, and may make only S3
   requests that `core.object_policy.is_allowed` grants for their session policy (no session
-  policy: nothing);
+  policy: nothing), and must not belong to a run that ended or was deleted
+  (`io.scoped_credentials.revoked_because`, read from moto's own objects; ADR 0039);
 - anything else (another key id, `/moto-api/` for anyone but the service) is refused.
 
 A request is mapped to its IAM action and resource as S3 documents them (path-style
@@ -89,6 +90,29 @@ def moto_session(access_key_id: str) -> Session | None:
     return None
 
 
+def moto_object(bucket: str, key: str) -> bytes | None:
+    """An object's bytes as moto's S3 holds it, in any account (None: no such bucket or key)."""
+    from moto.s3.exceptions import MissingBucket
+    from moto.s3.models import s3_backends
+
+    for account in list(s3_backends.keys()):
+        for backend in list(s3_backends[account].values()):  # one per partition
+            try:
+                found = backend.get_object(bucket, key)
+            except MissingBucket:  # not in this account or partition
+                found = None
+            if found is not None:
+                return bytes(found.value)
+    return None
+
+
+def moto_revocation(session: Session) -> str | None:
+    """Why the session's run no longer grants it anything (ended, deleted), or None."""
+    from sat_tasks.io.scoped_credentials import revoked_because
+
+    return revoked_because(session.policy, moto_object)
+
+
 class PolicyGate:
     """WSGI middleware in front of moto's app (call order: build it around the app; the server calls it).
 
@@ -96,12 +120,14 @@ class PolicyGate:
     """
 
     def __init__(self, app: Callable, service_keys: Mapping[str, str],
-                 sessions: Callable[[str], Session | None] = moto_session) -> None:
+                 sessions: Callable[[str], Session | None] = moto_session,
+                 revoked: Callable[[Session], str | None] = moto_revocation) -> None:
         self.app = app
         self.service_keys = dict(service_keys)
         if not all(isinstance(secret, str) and secret for secret in self.service_keys.values()):
             raise ValueError("every service key needs its secret")
         self.sessions = sessions
+        self.revoked = revoked
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         refusal = self.refusal(environ)
@@ -136,6 +162,9 @@ class PolicyGate:
             return Refusal(str(exc), exc.code, exc.status)
         if session is None:
             return None  # the service's own key, signed with its secret: everything
+        revoked = self.revoked(session)  # after the signature: only the key's holder learns it
+        if revoked:
+            return Refusal(f"Access Denied: the temporary credentials were revoked: {revoked}")
         if environ.get("PATH_INFO", "").startswith(MOTO_API):
             return Refusal("Access Denied: moto's API is the service's alone")
         if signed.service != "s3":

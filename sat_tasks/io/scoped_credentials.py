@@ -3,8 +3,20 @@
 SAT's own tasks (staging, upload, status, verdicts, the ledger) keep the service's keys (the
 `sat_object_storage` connection). A training process gets instead a temporary triple (key id,
 secret, session token) that STS issued for `run_policy`: read-only on `data.source` and
-`storage.script_url`, read-write on the run's results prefix (`RunLayout.results_uri`),
-nothing else. Settings (`[sat]`):
+`storage.script_url`, read-write on the three folders of the run's results prefix the
+training writes (`TRAINING_WRITES`: the engine's mirror `checkpoints/`, its metrics
+`metrics/`, its outputs `output/`), read of the run's `status.json`, nothing else. SAT's own
+records beside them (`attempts/`, `status.json`, `stop.json`, `warm.json`, `tags.json`, the
+job log and the report) are written with the service's keys only (issue 44.5, ADR 0039).
+
+Revocation (ADR 0039): `revoke_run_credentials` marks a run whose credentials must stop
+working (a deleted run) under `REVOKED_PREFIX` of its results bucket, and `revoked_because`
+says whether a session's run is marked or has ended (its status history's last status is
+terminal for longer than `ended_grace_seconds`). The embedded Object Storage's gate asks it
+on every request of a temporary key (`io.s3_gate`); a store outside SAT cannot revoke an
+STS session, so there the lifetime (`scoped_credentials_seconds`) is the bound.
+
+Settings (`[sat]`):
 
 - `scoped_credentials` (`on`): `off` gives trainings the service's keys, with a warning in
   the job log (an Object Storage without STS; every job can then touch every other's objects);
@@ -17,17 +29,23 @@ nothing else. Settings (`[sat]`):
 
 from __future__ import annotations
 
+import datetime
+import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ckpt_engine import contract
 from sat_tasks.config import sat_setting
 from sat_tasks.core.contracts import Log
 from sat_tasks.core.object_policy import (
     PolicyInputError,
     policy_json,
+    run_records_of,
     run_session_policy,
 )
+from sat_tasks.core.status import TERMINAL
 from sat_tasks.errors import SatError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,6 +55,13 @@ SETTING = "scoped_credentials"
 STS_MIN_SECONDS = 900
 DEFAULT_REGION = "us-east-1"
 _SESSION_NAME_UNSAFE = re.compile(r"[^\w+=,.@-]")
+# The folders of a run's results prefix the training writes (ckpt_engine.contract): its mirror, metrics, outputs.
+TRAINING_WRITES = (contract.MIRROR_DIR, contract.METRICS_DIR, contract.OUTPUT_DIR)
+# Where revocation markers live in a results bucket: `<REVOKED_PREFIX><results key prefix>revoked.json`
+# ('_' starts no job name nor DAG id; the data roots refuse it as a data source, io.data_roots).
+REVOKED_PREFIX = "_revoked-credentials/"
+REVOKED_NAME = "revoked.json"
+ENDED_GRACE_MARGIN_SECONDS = 120  # beyond the final checkpoint's grace: a stopped pod's last mirror write
 
 
 class ScopedCredentialsError(SatError):
@@ -69,13 +94,18 @@ def scoped_credentials_on() -> bool:
 
 
 def run_policy(layout: RunLayout) -> dict[str, Any]:
-    """The session policy of the run's attempts: its data and script read-only, its results prefix read-write."""
+    """The session policy of the run's attempts: its data and script read-only, `TRAINING_WRITES` read-write.
+
+    Nothing else of the results prefix is writable (SAT's records: attempts, status, stop
+    request, warm state, report), and only its `status.json` readable (`RunState`).
+    """
     job = layout.job
     read_only = {"data.source": job.data.source}
     if job.storage.script_url:
         read_only["storage.script_url"] = job.storage.script_url
+    read_write = {f"results.{folder.rstrip('/')}": layout.results_uri + folder for folder in TRAINING_WRITES}
     try:
-        return run_session_policy(read_only=read_only, read_write={"results.destination": layout.results_uri})
+        return run_session_policy(read_only=read_only, read_write=read_write, run_records=layout.results_uri)
     except PolicyInputError as exc:
         raise ScopedCredentialsError(f"job {job.name}: {exc}") from None
 
@@ -130,8 +160,9 @@ def training_credentials(layout: RunLayout, hook: Any, attempt: int, log: Log) -
     sts = hook.get_session(region_name=region).client(
         "sts", endpoint_url=conn.get_service_endpoint_url("sts"), region_name=region)
     credentials = assume_run_role(sts, layout, attempt)
-    log(f"[sat] attempt {attempt}: Object Storage credentials scoped to {layout.results_uri} (read-write) and "
-        f"{layout.job.data.source} (read-only), valid {session_seconds()} s")
+    writable = ", ".join(TRAINING_WRITES)
+    log(f"[sat] attempt {attempt}: Object Storage credentials scoped to {writable} of {layout.results_uri} "
+        f"(read-write) and {layout.job.data.source} (read-only), valid {session_seconds()} s")
     return credentials.env(region)
 
 
@@ -144,3 +175,78 @@ def service_keys(conn: Any) -> dict[str, str]:
         "AWS_DEFAULT_REGION": conn.region_name,
     }
     return {name: value for name, value in keys.items() if value}
+
+
+# ---- revocation (ADR 0039) -----------------------------------------------------------------------
+def revocation_key(results_key: str) -> str:
+    """The marker's key in the results bucket for the run whose results key prefix is `results_key`."""
+    return REVOKED_PREFIX + results_key + REVOKED_NAME
+
+
+def revoke_run_credentials(hook: Any, layout: RunLayout, *, why: str, by: str = "SAT") -> str:
+    """Mark the run's credentials revoked (a deleted run: its status history may be gone or say Running).
+
+    Written with the service's keys beside, not inside, the results prefix: deleting the results
+    keeps it. Returns the marker's URI.
+    """
+    from sat_tasks.io import object_storage as storage
+
+    bucket, _, key = layout.results_uri[len("s3://"):].partition("/")
+    uri = f"s3://{bucket}/{revocation_key(key)}"
+    at = datetime.datetime.now(datetime.UTC).isoformat()
+    storage.write_json(hook, uri, {"why": why, "by": by, "at": at})
+    return uri
+
+
+def ended_grace_seconds() -> float:
+    """How long after its terminal status a run's credentials still work: a stopped pod's final checkpoint."""
+    try:
+        final = float(sat_setting("final_checkpoint_grace_seconds"))
+    except ValueError:
+        final = 60.0
+    return max(final, 0.0) + ENDED_GRACE_MARGIN_SECONDS
+
+
+def revoked_because(policy: Mapping[str, Any] | str | None, read: Callable[[str, str], bytes | None], *,
+                    now: datetime.datetime | None = None, grace_seconds: float | None = None) -> str | None:
+    """Why a session with `policy` must be refused now (its run was deleted or has ended), or None.
+
+    `read(bucket, key)`: the object's bytes, None when there is none (the store's own view, no
+    policy). A policy that names no run (`RunState`: sessions issued before ADR 0039) is not
+    revoked here; its lifetime bounds it.
+    """
+    named = run_records_of(policy)
+    if named is None:
+        return None
+    bucket, prefix = named
+    raw = read(bucket, revocation_key(prefix))
+    if raw is not None:  # any marker revokes, even one that does not read as JSON
+        marker = _json(raw)
+        why = marker.get("why") if isinstance(marker, dict) else None
+        return f"the run's credentials were revoked ({why or 'revoked'})"
+    history = _json(read(bucket, prefix + contract.STATUS_NAME))
+    if not isinstance(history, list) or not history or not isinstance(history[-1], dict):
+        return None
+    last = history[-1]
+    if last.get("status") not in {status.value for status in TERMINAL}:
+        return None
+    try:
+        ended = datetime.datetime.fromisoformat(str(last.get("at")))
+    except ValueError:
+        return f"the run ended ({last.get('status')})"
+    if ended.tzinfo is None:
+        ended = ended.replace(tzinfo=datetime.UTC)
+    now = now or datetime.datetime.now(datetime.UTC)
+    grace = ended_grace_seconds() if grace_seconds is None else grace_seconds
+    if (now - ended).total_seconds() < grace:
+        return None
+    return f"the run ended ({last.get('status')} at {last.get('at')})"
+
+
+def _json(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None

@@ -26,6 +26,7 @@ from sat_tasks.backends import backend_for
 from sat_tasks.backends.base import live_log_of
 from sat_tasks.core.live_log import CURSOR_RULE, BadCursor, LiveCursor, LiveLog
 from sat_tasks.io.metrics import read_object_storage
+from sat_tasks.io.scoped_credentials import revoke_run_credentials
 from sat_tasks.pipeline import actions
 from sat_tasks.pipeline.report_html import render_report_html
 from sat_tasks.ui import dag_runs, pages, run_index
@@ -300,10 +301,15 @@ async def delete_from_page(dag_id: str, run_id: str, request: Request, session: 
 
 
 def delete(dag_id: str, run_id: str, delete_results: bool, session: Any) -> tuple[str, str, int | None]:
-    """Delete the run (409 while it runs); its results too when asked: (job name, results URI, objects removed)."""
+    """Delete the run (409 while it runs); its results too when asked: (job name, results URI, objects removed).
+
+    The run's training credentials are revoked first (`io.scoped_credentials.revoke_run_credentials`).
+    """
     found = find_job_run(session, dag_id, run_id)
     if found.state == "running":
         raise HTTPException(409, "the job is running: stop it first")
-    removed = actions.delete_results(object_storage(), found.layout) if delete_results else None
+    hook = object_storage()
+    revoke_run_credentials(hook, found.layout, why="the run was deleted")  # its trainings' keys stop working (ADR 0039)
+    removed = actions.delete_results(hook, found.layout) if delete_results else None
     dag_runs.delete_run(session, found.run)
     return found.job.name, found.layout.results_uri, removed

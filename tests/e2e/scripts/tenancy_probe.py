@@ -107,11 +107,17 @@ def main() -> None:
     first = next((o["Key"] for o in listed.get("Contents", [])), data + "part-00.txt")
     probes.update({
         "read its data": outcome(get(data_bucket, first)),
-        "write its own results": outcome(put(bucket, own + "tenancy-probe/written.txt")),
-        "read its own results": outcome(get(bucket, own + "tenancy-probe/written.txt")),
-        "list its own results": outcome(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=own)),
+        # its own results: the training writes checkpoints/, metrics/ and output/ only (issue 44.5, ADR 0039)
+        "write its own results": outcome(put(bucket, own + "output/tenancy-probe/written.txt")),
+        "read its own results": outcome(get(bucket, own + "output/tenancy-probe/written.txt")),
+        "list its own results": outcome(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=own + "output/")),
         "delete its own results": outcome(lambda: s3.delete_object(Bucket=bucket,
-                                                                   Key=own + "tenancy-probe/written.txt")),
+                                                                   Key=own + "output/tenancy-probe/written.txt")),
+        # SAT's own records of its run: never the training's to write
+        "write its attempt record": outcome(put(bucket, own + "attempts/attempt-1.json")),
+        "write its status history": outcome(put(bucket, own + "status.json")),
+        "write its stop request": outcome(put(bucket, own + "stop.json")),
+        "write its report": outcome(put(bucket, own + "report.json")),
         # read-only: its data and its scripts
         "write its data": outcome(put(data_bucket, data + "planted.txt")),
         "write its scripts": outcome(put(scripts_bucket, scripts + "planted.py")),
@@ -122,7 +128,7 @@ def main() -> None:
         "stop another run": outcome(put(bucket, other + "stop.json")),
         "plant a checkpoint in another run": outcome(put(bucket, other + "checkpoints/checkpoint-999/planted.bin")),
         "copy another run's results into its own": outcome(lambda: s3.copy_object(
-            Bucket=bucket, Key=own + "tenancy-probe/copied.txt",
+            Bucket=bucket, Key=own + "output/tenancy-probe/copied.txt",
             CopySource={"Bucket": bucket, "Key": other + "victim.txt"})),
         "delete another run's results": outcome(lambda: s3.delete_object(Bucket=bucket, Key=other + "victim.txt")),
         # a run of another DAG (the generic DAG) with the same job name
