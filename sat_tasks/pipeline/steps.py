@@ -28,6 +28,7 @@ from sat_tasks.core.policy import (
 from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.io import run_location
+from sat_tasks.io.data_roots import source_refusals
 from sat_tasks.io.notify_targets import notification_problems
 from sat_tasks.io.run_layout import JobRun, scoped
 from sat_tasks.pipeline.report import build_report, format_report
@@ -106,7 +107,8 @@ def check_person(job: TrainingJob, run: JobRun, person: PersonAccess | None, log
     `sat-workspace-<name>` and GET on the registry connection (a shared one needs nothing).
     `person` None: no person to ask, and the spec is the deployment's: a job DAG's run (its spec
     file's author is the deployment, whoever triggered it), a scheduled or asset-triggered run
-    (no triggering person), or dag.test()'s. Refused: status Failed, naming the permission.
+    (no triggering person), or dag.test()'s. Refused: status Failed, naming the permission. The
+    data source and script must also be the person's to read (`io.data_roots`, ADR 0039).
     """
     if person is None:
         return
@@ -118,6 +120,7 @@ def check_person(job: TrainingJob, run: JobRun, person: PersonAccess | None, log
     if conn_id and conn_id not in shared_registry_connections() and not person.may_use_connection(conn_id):
         problems.append(f"image.registry_conn_id: {person.name} may not use the connection {conn_id} "
                         "(it needs the permission to read it)")
+    problems.extend(str(refusal) for refusal in source_refusals(job, run.dag_id))  # ADR 0039, as Create asks
     if problems:
         reason = "refused for the person who triggered the run: " + "; ".join(problems)
         run.history(log).record(JobStatus.FAILED, reason, task="validate_spec")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sat_tasks.airflow.params import field_schema
+from sat_tasks.io.data_roots import source_refusals
 from sat_tasks.spec import (
     SERVER_TYPES,
     Framework,
@@ -277,7 +278,10 @@ def validate_form(values: dict[str, str], exists: Exists | None = None) -> FormR
         for problem in exc.problems:
             result.add(_form_field_of(problem.field), problem.field, problem.rule)
         return result
-    if exists is not None:
+    refusals = source_refusals(job)  # authorized before anything asks Object Storage (ADR 0039)
+    for refusal in refusals:
+        result.add(refusal.field, refusal.field, refusal.rule)
+    if exists is not None and not refusals:
         _check_object_storage(job, exists, result)
     if result.errors:
         return result
@@ -341,7 +345,10 @@ def add_problems(result: FormResult, problems: list[Any]) -> FormResult:
 
 
 def _check_object_storage(job: TrainingJob, exists: Exists, result: FormResult) -> None:
-    """What only Object Storage can tell: the data prefix holds objects, the script is there."""
+    """What only Object Storage can tell: the data prefix holds objects, the script is there.
+
+    Asked only of sources `source_refusals` allows: the answer is no oracle of other prefixes.
+    """
     checks = [("data.source", job.data.source, "holds no objects in Object Storage: upload the data first")]
     if job.storage.script_url:
         checks.append(("storage.script_url", job.storage.script_url, "is not in Object Storage"))
