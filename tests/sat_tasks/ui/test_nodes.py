@@ -45,7 +45,8 @@ def client(ledger) -> TestClient:
     view = FastAPI()
     view.include_router(nodes.router)
     allowed = {depends.dependency: (lambda: None) for depends in READ_POOLS + CHANGE_POOLS}
-    view.dependency_overrides.update({**allowed, nodes.user_name: lambda: "admin", nodes.node_ledger: lambda: ledger})
+    view.dependency_overrides.update({**allowed, nodes.user_name: lambda: "admin", nodes.node_ledger: lambda: ledger,
+                                     nodes.job_reader: lambda: (lambda job: True)})
     airflow = FastAPI()
     airflow.mount("/sat", _Opaque(view))  # as Airflow's API server mounts `fastapi_apps` (request.url_for fails)
     return TestClient(airflow, base_url=HOST)
