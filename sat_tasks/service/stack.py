@@ -25,6 +25,7 @@ component that dies while the service starts fails the start, as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from pathlib import Path
 from sat_tasks.config import PROJECT_ROOT
 from sat_tasks.core import procs
 from sat_tasks.errors import SatError
+from sat_tasks.service import log_server
 from sat_tasks.service import secrets as service_secrets
 from sat_tasks.service.database import (
     CONFIGURED,
@@ -55,6 +57,11 @@ SERVICE_MARK_ENV = "SAT_SERVICE_HOME"  # every process the deployment starts inh
 # health panel shows it red on a person's first login, and deferrable operators of users' own
 # DAGs would wait forever: it runs too (mostly idle).
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# Airflow's own log servers bind every interface on fixed ports: these run without them, and `service.log_server`
+# serves the task logs on the deployment's host and a port of its own (issue 45.6).
+LOG_SERVER = "log-server"
+SKIP_SERVE_LOGS = {"scheduler": ["--skip-serve-logs"], "triggerer": ["--skip-serve-logs"]}
+LOG_PORT_KEYS = ("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT")
 # Supervision: a component that exits this often within the window keeps failing, and the service stops.
 CRASH_LIMIT = 5
 CRASH_WINDOW_S = 300.0
@@ -65,7 +72,10 @@ class ServiceError(SatError):
 
 
 def component_command(component: str, args: list[str]) -> list[str]:
-    """The command of one Airflow component: those that fork their work start through `service.preload`."""
+    """The command of one Airflow component: those that fork their work start through `service.preload`; the
+    log server is SAT's (`service.log_server`)."""
+    if component == LOG_SERVER:
+        return [sys.executable, "-m", "sat_tasks.service.log_server", *args]
     if component in FORKING_COMPONENTS:
         return [sys.executable, "-m", "sat_tasks.service.preload", component, *args]
     return [sys.executable, "-m", "airflow", component, *args]
@@ -86,6 +96,8 @@ class ServiceStack:
         default_db: the metadata DB when `db` is None: SQLite here (tests, benchmarks); `sat up` asks for
             `database.SERVICE_DEFAULT` (PostgreSQL).
         db_port: the PostgreSQL cluster's loopback port (0: a free one).
+        log_server_port: the task-log server's port on `host` (0: the operator's `[logging]
+            worker_log_server_port` from the environment, else a free one chosen at start).
         restart_backoff_s / restart_backoff_max_s: the wait before restarting a component that exited,
             doubled with each of its crashes in the window, at most the second.
         crash_limit / crash_window_s: that many exits of one component within the window stop the service.
@@ -103,6 +115,7 @@ class ServiceStack:
     db: str | None = None
     default_db: str = "sqlite"
     db_port: int = 0
+    log_server_port: int = 0
     log: object = print
     processes: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
     storage: object = field(default=None, repr=False)
@@ -146,6 +159,10 @@ class ServiceStack:
             "PYTHONUNBUFFERED": "1",
         })
         env.update(service_secrets.component_env(kept, self.home))
+        if self.log_server_port:  # every component: the API server asks the log server at this port
+            env.update({key: str(self.log_server_port) for key in LOG_PORT_KEYS})
+            env.update({log_server.HOST_ENV: self.host,
+                        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "sat_tasks.service.log_server.hostname"})
         kind = self.database_choice().kind
         if kind == "sqlite":
             env.update(sqlite_env(self.home))
@@ -188,6 +205,8 @@ class ServiceStack:
         self.log(f"[sat] Object Storage (moto S3, kept in {self.storage.state_dir}) on {self.storage.endpoint_url}")
         seed_demo_bucket(_Client(self.storage))
         self._start_database()
+        self.log_server_port = (self.log_server_port or int(os.environ.get(LOG_PORT_KEYS[0]) or 0)
+                                or log_server.free_port(self.host))
         env = self.environment()
         self.log("[sat] migrating the metadata DB ...")
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
@@ -198,8 +217,10 @@ class ServiceStack:
         # first second, and a task that finds no API server fails after a few retries.
         self._start_component("api-server", ["--host", self.host, "--port", str(self.port)], env)
         self.await_api(timeout)
+        self._start_component(LOG_SERVER, ["--host", self.host, "--port", str(self.log_server_port)], env)
+        self.log(f"[sat] task logs served on {self.host}:{self.log_server_port}")
         for component in COMPONENTS[1:]:
-            self._start_component(component, [], env)
+            self._start_component(component, SKIP_SERVE_LOGS.get(component, []), env)
         self.first_answer_s = time.monotonic() - started
         (self.home / PID_FILE).write_text(str(os.getpid()))
         return self
@@ -223,6 +244,9 @@ class ServiceStack:
             except PostgresError as exc:
                 raise ServiceError(str(exc)) from None
             self.log(f"[sat] metadata DB: {cluster.describe()}")
+            note = sqlite_runs_note(self.home)
+            if note:
+                self.log(note)
 
     def _start_component(self, component: str, args: list[str], env: dict[str, str]) -> None:
         self._commands[component] = (args, env)
@@ -355,6 +379,26 @@ class ServiceStack:
             self.log("[sat] stopping ...")
             self.stop()
             self.log("[sat] stopped")
+
+
+def sqlite_runs_note(home: Path) -> str | None:
+    """What to say when this home's SQLite metadata DB holds runs that the PostgreSQL one now started does not show
+    (issue 45.6: the list was empty with no word on it); None when there is none, or it holds no run."""
+    import sqlite3
+
+    path = home / "airflow.db"
+    if not path.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            runs = db.execute("SELECT count(*) FROM dag_run").fetchone()[0]
+    except sqlite3.Error:
+        return None
+    if not runs:
+        return None
+    return (f"[sat] note: {path} holds {runs} DAG run(s) of this deployment's earlier SQLite metadata DB; the "
+            "PostgreSQL one does not show them (SAT does not copy runs between metadata DBs). To see them, start "
+            "with `sat up --db sqlite` (`make up DB=sqlite`); their results stay in Object Storage either way")
 
 
 def processes_of(home: Path) -> list[int]:

@@ -148,3 +148,47 @@ def test_sat_down_kills_what_ignores_sigterm_at_its_grace_not_after(tmp_path):
         for proc in (training, scheduler):
             proc.kill()
             proc.wait()
+
+
+# ---- PostgreSQL after SQLite (issue 45.6) ------------------------------------------------------------------------
+def _sqlite_home(tmp_path, runs: int):
+    import sqlite3
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with sqlite3.connect(home / "airflow.db") as db:
+        db.execute("CREATE TABLE dag_run (id INTEGER PRIMARY KEY, dag_id TEXT, run_id TEXT)")
+        db.executemany("INSERT INTO dag_run (dag_id, run_id) VALUES (?, ?)",
+                       [("sat_training_job", f"manual__{n}") for n in range(runs)])
+    return home
+
+
+def test_starting_on_postgresql_after_sqlite_says_where_the_runs_are_and_how_to_see_them(tmp_path, monkeypatch):
+    from sat_tasks.service import postgres
+    from sat_tasks.service.stack import ServiceStack
+
+    class Cluster:  # the private cluster, started
+        def __init__(self, **_kwargs):
+            pass
+
+        def start(self):
+            pass
+
+        def describe(self):
+            return "PostgreSQL on 127.0.0.1:5999"
+
+    monkeypatch.setattr(postgres, "PostgresCluster", Cluster)
+    monkeypatch.delenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", raising=False)
+    home = _sqlite_home(tmp_path, runs=3)
+    lines: list[str] = []
+    ServiceStack(home=home, db="postgres", log=lines.append)._start_database()
+    note = next(line for line in lines if "note:" in line)
+    assert f"{home / 'airflow.db'} holds 3 DAG run(s)" in note and "`sat up --db sqlite`" in note, lines
+    assert "`make up DB=sqlite`" in note and "does not show them" in note
+
+
+def test_no_word_without_earlier_sqlite_runs(tmp_path):
+    from sat_tasks.service.stack import sqlite_runs_note
+
+    assert sqlite_runs_note(tmp_path) is None  # no SQLite DB
+    assert sqlite_runs_note(_sqlite_home(tmp_path, runs=0)) is None  # one without runs
