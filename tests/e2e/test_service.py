@@ -296,9 +296,10 @@ def test_the_api_server_listens_on_loopback_only(deployment):
     if not addresses:
         pytest.skip("this host has no address besides loopback to try")
     for address in addresses:
-        with socket.socket() as sock:
-            sock.settimeout(3)
-            assert sock.connect_ex((address, deployment.port)) != 0, address
+        for port in (deployment.port, deployment.log_server_port):  # the UI and API; the task logs (issue 45.6)
+            with socket.socket() as sock:
+                sock.settimeout(3)
+                assert sock.connect_ex((address, port)) != 0, (address, port)
 
 
 def test_the_shipped_config_never_switches_authentication_off():
