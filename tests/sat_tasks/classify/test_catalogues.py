@@ -8,7 +8,14 @@ import re
 import pytest
 
 from sat_tasks.classify import CUDA_ERRORS, VerdictKind, classify
-from sat_tasks.classify.catalogues import CATALOGUES, CUDA_RUNTIME, NVIDIA_XID, Fault
+from sat_tasks.classify.catalogues import (
+    CATALOGUES,
+    CUDA_RUNTIME,
+    NVIDIA_XID,
+    XID_IMMEDIATE_ACTION,
+    XID_SOURCES,
+    Fault,
+)
 from sat_tasks.classify.rules import (
     APPLICATION_XIDS,
     CATALOGUE_RULES,
@@ -44,11 +51,45 @@ def test_each_code_is_classified_once_with_a_reason(catalogue):
             re.compile(code.pattern)
 
 
-def test_the_xid_catalogue_covers_every_code_through_125_and_the_newest():
+def test_the_xid_catalogue_covers_every_code_of_nvidias_catalog_and_the_newest():
     codes = set(NVIDIA_XID.by_code())
-    assert set(range(1, 126)) <= codes
-    assert {136, 140, 143, *range(144, 151), 154, 185} <= codes
+    assert set(range(1, 173)) <= codes  # the catalog's sheet lists 1-172
+    assert 185 in codes
     assert not (set(HARDWARE_XIDS) & set(APPLICATION_XIDS)) and not (set(HARDWARE_XIDS) & set(NOT_A_NODE_FAULT_XIDS))
+
+
+#: NVIDIA's immediate actions that recover the node itself (XID_SOURCES[0], the "Fault Resolution Buckets" sheet).
+NODE_ACTIONS = {"RESET_GPU", "RESTART_BM", "CHECK_MECHANICALS", "RESTART_VM", "UPDATE_SWFW", "WORKFLOW_XID_48",
+                "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "XID_154"}
+
+
+def test_each_xid_family_follows_the_catalogs_immediate_action():
+    """A code whose immediate action recovers the node is the node's; one the catalog ignores never is; one after
+    which only the application restarts is the job's or ambiguous, never nothing."""
+    table = NVIDIA_XID.by_code()
+    assert set(XID_IMMEDIATE_ACTION) <= set(table)
+    for code, action in XID_IMMEDIATE_ACTION.items():
+        fault = table[code].fault
+        if action in NODE_ACTIONS:
+            assert fault is Fault.NODE, (code, action, fault)
+        elif action == "IGNORE":
+            assert fault is not Fault.NODE, (code, action, fault)
+        elif action == "RESTART_APP":
+            assert fault in (Fault.JOB, Fault.AMBIGUOUS), (code, action, fault)
+    assert all(source.startswith("NVIDIA, ") and "docs.nvidia.com" in source for source in XID_SOURCES[:2])
+
+
+@pytest.mark.parametrize(("xid", "fault"), [
+    # rows the catalog decides differently from the older table (XID_SOURCES[0])
+    (39, Fault.AMBIGUOUS), (40, Fault.AMBIGUOUS),  # copy engines CE0/CE1, like CE2-CE9: RESTART_APP/CONTACT_SUPPORT
+    (44, Fault.AMBIGUOUS),  # IGNORE, then CONTACT_SUPPORT: no GPU reset
+    (45, Fault.NONE),  # "Not Solo: IGNORE (follow other Xid)"
+    (121, Fault.NONE),  # corrected C2C errors, "no operational impact"
+    (137, Fault.JOB),  # NVLink privilege error: "typically application-level bugs"
+    (24, Fault.AMBIGUOUS), (79, Fault.NODE),  # what tests/e2e/test_rehearsals.py relies on
+])
+def test_xid_rows_checked_against_the_catalog(xid, fault):
+    assert NVIDIA_XID.by_code()[xid].fault is fault
 
 
 def test_the_cuda_table_and_the_cuda_rules_agree():
@@ -69,9 +110,14 @@ LINES = [
     # NVIDIA Xid: codes the older table lacked, and a code newer than the table read by its words
     ("NVRM: Xid (PCI:0000:3b:00): 46, pid=1, name=python, GPU stopped processing", HW, False),
     ("NVRM: Xid (PCI:0000:3b:00): 8, pid=1, name=python, Channel 00000010 idle timeout", HW, True),
-    ("NVRM: Xid (PCI:0000:3b:00): 171, pid='<unknown>', name=<unknown>, Uncorrectable DRAM error on HBM 3", HW, False),
+    ("NVRM: Xid (PCI:0000:3b:00): 199, pid='<unknown>', name=<unknown>, Uncorrectable DRAM error on HBM 3", HW, False),
     ("NVRM: Xid (PCI:0000:3b:00): 185, pid='<unknown>', HBM sparing event recorded", INT, False),
-    ("NVRM: Xid (PCI:0000:3b:00): 172, pid='<unknown>', corrected error logged", INT, False),
+    ("NVRM: Xid (PCI:0000:3b:00): 198, pid='<unknown>', corrected error logged", INT, False),
+    # codes of the catalog the older table lacked (XID_SOURCES[0])
+    ("NVRM: Xid (PCI:0000:3b:00): 171, pid='<unknown>', name=<unknown>, Uncorrectable DRAM error on HBM 3", HW, False),
+    ("NVRM: Xid (PCI:0000:3b:00): 158, pid='<unknown>', name=<unknown>, GPU Fatal Timeout", HW, False),
+    ("NVRM: Xid (PCI:0000:3b:00): 126, pid=1, name=python, CE10: Unknown Error", HW, True),
+    ("NVRM: Xid (PCI:0000:3b:00): 137, pid=1, name=python, NVLink privilege error", INT, False),
     # CUDA runtime codes beyond the text table
     ("RuntimeError: cudaErrorMpsServerNotReady", HW, False),
     ("ImportError: cudaErrorStubLibrary raised while loading", INT, False),
@@ -122,6 +168,10 @@ NEAR_MISSES = [
     "habanalabs hl0: 1 correctable SERR events in HBM",
     "NVRM: Xid (PCI:0000:3b:00): 63, pid=1, Row Remapper: New row marked for remapping, reset gpu to activate.",
     "NVRM: Xid (PCI:0000:3b:00): 93, pid=1, InfoROM wear limit",
+    # the catalog ignores these: corrected C2C errors, a failed retirement that leaves the GPU usable
+    "NVRM: Xid (PCI:0000:3b:00): 121, pid='<unknown>', name=<unknown>, C2C error corrected",
+    "NVRM: Xid (PCI:0000:3b:00): 157, pid='<unknown>', name=<unknown>, Resource Retirement Failure",
+    "NVRM: Xid (PCI:0000:3b:00): 161, pid='<unknown>', name=<unknown>, Channel Retirement Failure",
 ]
 
 
