@@ -582,7 +582,8 @@ def test_pages_redirect_to_the_login_and_a_deleted_run_is_a_not_found_page(clien
 
 
 # ---- 6: Clone and Re-run ----------------------------------------------------------------------------
-def test_clone_fills_the_create_form_from_the_run_but_never_the_password(client, admin):
+def test_clone_fills_the_create_form_from_the_run_but_never_the_password(client, admin, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_HOOK", "http://hooks.example.com")  # an http connection admin may read
     form = _good_form("clone-me", registry_user="robot", registry_password=SECRET, workspace="",
                       notify_webhook="team_hook", notify_on="failed, pending or stopped",
                       advanced=json.dumps({"env": {"LR": "0.1"}}))
@@ -663,7 +664,9 @@ def test_monitoring_shows_each_chart_once(client, admin, s3_hook):
 
 
 # ---- 12: notifications on the form -------------------------------------------------------------------
-def test_notifications_are_set_on_the_form_and_refused_under_their_field(client, admin):
+def test_notifications_are_set_on_the_form_and_refused_under_their_field(client, admin, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", "smtp://mail.example.com:25")
+    monkeypatch.setenv("AIRFLOW__SAT__NOTIFICATION_CONNECTIONS", "smtp_default")  # the operator's list (issue 44.2)
     form = client.get("/sat/jobs/new", headers=admin).text
     assert "<legend>Notifications</legend>" in form and "id='notify_webhook'" in form and "id='notify_email'" in form
     bad = client.post("/sat/api/jobs", headers=admin, json={"form": _good_form(
@@ -676,3 +679,22 @@ def test_notifications_are_set_on_the_form_and_refused_under_their_field(client,
     assert good.status_code == 201, good.text
     page = client.get(f"/sat/jobs/{GENERIC}/runs/{good.json()['run_id']}", headers=admin).text
     assert "<ul id='detail-notifications'><li>e-mail ml@example.com on completed</li></ul>" in page
+
+
+# ---- Compare runs (issue 45 item 7) ---------------------------------------------------------------
+def test_compare_shows_two_runs_side_by_side_and_only_runs_the_person_may_read(client, admin):
+    first, second = _trigger(client, admin, DEMO), _trigger(client, admin, DEMO)
+    query = f"run={DEMO}/{first}&run={DEMO}/{second}".replace("+", "%2B")
+    found = client.get(f"/sat/api/compare?{query}", headers=admin)
+    assert found.status_code == 200, found.text
+    body = found.json()
+    assert [r["label"] for r in body["runs"]] == [f"{DEMO} · {first}", f"{DEMO} · {second}"]
+    assert {row["label"] for row in body["settings"]} >= {"Nodes", "Image", "Environment (names)"}
+    page = client.get(f"/sat/compare?{query}", headers=admin)
+    assert page.status_code == 200 and "id='compare-settings'" in page.text and "id='loss-compare'" in page.text
+    assert client.get(f"/sat/api/compare?{query}", headers=_headers("outsider")).status_code in (403, 404)
+    one = client.get(f"/sat/compare?run={DEMO}/{first}".replace("+", "%2B"), headers=admin)
+    assert one.status_code == 400 and "name 2 to 6 runs" in unescape(one.text)
+    missing = client.get(f"/sat/api/compare?{query}&run={DEMO}/no-such-run", headers=admin)
+    assert missing.status_code == 404
+    assert client.get(f"/sat/compare?{query}", follow_redirects=False).status_code == 303  # the login first
