@@ -178,7 +178,8 @@ SETTINGS: tuple[Setting, ...] = (
             "character but letters and digits as _), instead of data_roots.", family=True,
             example="s3://team-a-data/"),
     Setting("file_storage_volumes", "json", "", "File Storage volumes a job may mount by name (ADR 0040): a JSON "
-            "object of name -> {claim or host_path, mount_path, read_only}.",
+            "object of name -> {claim, mount_path, read_only}: a PersistentVolumeClaim (a host directory only through a "
+            "PersistentVolume bound to a claim), read-only unless read_only is false.",
             example='{"datasets": {"claim": "team-datasets", "mount_path": "/mnt/datasets"}}'),
 )
 
