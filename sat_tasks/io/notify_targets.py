@@ -1,4 +1,4 @@
-"""Where a job's notifications may go: the connections and endpoints a spec may name (issue 44.2, ADR 0024).
+"""Where a job's notifications may go: the connections and endpoints a spec may name (issue 44.2, ADR 0027).
 
 A notification names an Airflow connection, and Airflow's notifier sends through it with the
 connection's credentials: a spec that could name any connection (the Object Storage one, say)

@@ -130,7 +130,7 @@ def check_person(job: TrainingJob, run: JobRun, person: PersonAccess | None, log
 
 def check_notifications(job: TrainingJob, run: JobRun, person: PersonAccess | None, log: Log = print, *,
                         get_connection: Any = None) -> None:
-    """Refuse a run whose notifications name a connection or endpoint it may not (issue 44.2, ADR 0024).
+    """Refuse a run whose notifications name a connection or endpoint it may not (issue 44.2, ADR 0027).
 
     A webhook's connection is listed in `[sat] notification_connections` or an http connection the person who
     triggered the run may read, http or https with a host, and its endpoint a path on that host; an e-mail's SMTP
