@@ -19,6 +19,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import re
 import secrets
 import socket
 import time
@@ -41,11 +42,26 @@ from sat_tasks.core.workspaces import (
 )
 from sat_tasks.errors import SatError
 from sat_tasks.spec.loading import SpecError, SpecProblem
-from sat_tasks.spec.workspace import Workspace, load_workspace, parse_workspace
+from sat_tasks.spec.workspace import (
+    WORKSPACE_NAME_PATTERN,
+    WORKSPACE_NAME_RULE,
+    Workspace,
+    load_workspace,
+    parse_workspace,
+)
 
 
 class WorkspaceNotFound(SatError, LookupError):
     """No workspace of that name in `[sat] workspaces_dir`: create it (`sat workspace create`) or fix the name."""
+
+
+def checked_name(name: str) -> str:
+    """`name` when it is a workspace name; WorkspaceNotFound otherwise, before any file is named after it (issue
+    44.7: a 5000-character name was an OSError, a 500, whose 404 text named the server's folder)."""
+    if not isinstance(name, str) or len(name) > 63 or not re.fullmatch(WORKSPACE_NAME_PATTERN, name):
+        shown = repr(name[:64]) + ("..." if len(name) > 64 else "") if isinstance(name, str) else repr(name)
+        raise WorkspaceNotFound(f"no workspace named {shown}: a workspace name {WORKSPACE_NAME_RULE}")
+    return name
 
 
 class WorkspaceRefused(SatError, ValueError):
@@ -98,10 +114,10 @@ class WorkspaceStore:
 
     def get(self, name: str) -> Workspace:
         """The workspace called `name`; WorkspaceNotFound when there is none."""
-        path = self.path(name)
-        if not name or "/" in name or not path.is_file():
+        path = self.path(checked_name(name))
+        if not path.is_file():  # the folder is the server's, not told (issue 44.7)
             known = ", ".join(w.name for w in self.list()) or "none"
-            raise WorkspaceNotFound(f"no workspace named {name!r} in {self.directory} (workspaces: {known})")
+            raise WorkspaceNotFound(f"no workspace named {name!r} (workspaces: {known})")
         return load_workspace(path)
 
     def find(self, name: str) -> Workspace | None:
@@ -168,7 +184,7 @@ class SlotBoard:
     """
 
     def __init__(self, name: str, root: Path | None = None) -> None:
-        self.name = name
+        self.name = checked_name(name)
         self.root = Path(root) if root is not None else config.work_dir() / "workspaces"
         self.file = self.root / f"{name}.slots.json"
         self._lock_file = self.root / f"{name}.slots.lock"

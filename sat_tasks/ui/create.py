@@ -29,6 +29,7 @@ from sat_tasks.spec import (
     TrainingJob,
     parse_spec,
 )
+from sat_tasks.spec.loading import NESTING_RULE
 
 REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, NOTIFICATIONS, ADVANCED = (
     "Required information", "Service information", "Image", "Command and volume", "Tags", "Notifications", "Advanced")
@@ -218,6 +219,9 @@ def spec_from_form(values: dict[str, str], result: FormResult) -> dict[str, Any]
         except ValueError as exc:
             extra = None
             result.add(ADVANCED_FIELD, "advanced", f"must be a JSON object ({exc.msg} at line {exc.lineno})")
+        except RecursionError:  # nested past the parser's recursion (issue 44.7): the spec's nesting rule
+            extra = None
+            result.add(ADVANCED_FIELD, "advanced", NESTING_RULE)
         if extra is not None and not isinstance(extra, dict):
             result.add(ADVANCED_FIELD, "advanced", "must be a JSON object ({...}), not a " + type(extra).__name__)
         elif extra:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
@@ -22,6 +23,7 @@ from sat_tasks.io.notify_targets import notification_problems
 from sat_tasks.io.workspaces import WorkspaceStore
 from sat_tasks.pipeline.actions import VIA, VIA_API
 from sat_tasks.spec import SpecProblem
+from sat_tasks.spec.loading import MAX_NESTING
 from sat_tasks.spec.model import backend_problem
 from sat_tasks.ui import dag_runs, pages, run_index
 from sat_tasks.ui.create import (
@@ -89,8 +91,36 @@ def create_form():
     return pages.create_page()
 
 
+# The most a Create request's body may hold (issue 44.7): a spec is a few KiB; 6 MB of Advanced JSON held the API
+# server 26 s and answered an 18 MB error. Past it: 413, read no further.
+MAX_CREATE_BYTES = 256 * 1024
+CREATE_BODY_RULE = f"the request body is larger than {MAX_CREATE_BYTES} bytes (the Create form's fields)"
+CREATE_BODY_SCHEMA = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["form"],
+    "properties": {"form": {"type": "object", "description": "the Create form's fields: {<field>: <value>, ...}"}},
+}}}}}
+
+
+async def bounded_body(request: Request, limit: int = MAX_CREATE_BYTES) -> bytes:
+    """The request's body, read up to `limit` bytes (413 past it, by its Content-Length or as it streams); kept as
+    starlette's cached body, so `request.form()` parses it without reading again."""
+    declared = request.headers.get("content-length") or ""
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, CREATE_BODY_RULE)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, CREATE_BODY_RULE)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body  # starlette's own cache of the body, which form() reads
+    return body
+
+
 @router.post("/jobs/new", dependencies=CREATE_JOBS + SAME_ORIGIN, response_class=HTMLResponse)
 async def create_from_form(request: Request, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+    await bounded_body(request)
     values = {key: str(value) for key, value in (await request.form()).items()}
     # The writes (connection, DAG run) block on SQLite's lock: off the event loop, as a sync
     # endpoint's are, or the loop waits out the busy timeout for a lock another request of this
@@ -106,9 +136,19 @@ def _create_and_answer(values: dict[str, str], user: Any, session: Any, dag_bag:
     return RedirectResponse(f"/sat/{pages.job_href({'dag_id': run.dag_id, 'run_id': run.run_id})}", status_code=303)
 
 
-@router.post("/api/jobs", dependencies=CREATE_JOBS, status_code=201)
-def create_job(body: dict[str, Any], user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
-    form = body.get("form")
+@router.post("/api/jobs", dependencies=CREATE_JOBS, status_code=201, openapi_extra=CREATE_BODY_SCHEMA)
+async def create_job(request: Request, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
+    raw = await bounded_body(request)
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's recursion (issue 44.7)
+        raise HTTPException(422, "the body must be JSON: {\"form\": {<field>: <value>, ...}}, nested at most "
+                                 f"{MAX_NESTING} levels") from None
+    return await run_in_threadpool(_create_from_api, body, user, session, dag_bag)
+
+
+def _create_from_api(body: Any, user: Any, session: Any, dag_bag: Any):
+    form = body.get("form") if isinstance(body, dict) else None
     if not isinstance(form, dict):
         raise HTTPException(422, "the body must be {\"form\": {<field>: <value>, ...}} (the Create form's fields)")
     result, run = create_job_run({k: "" if v is None else str(v) for k, v in form.items()}, user, session, dag_bag)

@@ -64,7 +64,7 @@ def test_unknown_workspace_and_broken_files_are_reported(sat_dirs, workspace_dat
     store = WorkspaceStore()
     store.create(workspace_data)
     (sat_dirs / "workspaces" / "broken.yaml").write_text("name: broken\nnodes: -1\n")
-    with pytest.raises(WorkspaceNotFound, match=r"no workspace named 'nope' .* \(workspaces: team-a\)"):
+    with pytest.raises(WorkspaceNotFound, match=r"no workspace named 'nope' \(workspaces: team-a\)"):
         store.get("nope")
     assert [w.name for w in store.list()] == ["team-a"]
     problems = store.problems()
