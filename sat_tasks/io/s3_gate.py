@@ -31,7 +31,7 @@ import ipaddress
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlparse
 from xml.etree import ElementTree
 
 from sat_tasks.core.object_policy import LIST_ACTION, PREFIX_KEY, is_allowed, object_arn
@@ -228,10 +228,31 @@ def s3_accesses(environ: dict[str, Any], query: dict[str, list[str]]) -> list[S3
         accesses = [S3Access("s3:PutObject", resource)]
         source = environ.get("HTTP_X_AMZ_COPY_SOURCE")
         if source:
-            source_bucket, _, source_key = unquote(source.partition("?")[0]).lstrip("/").partition("/")
+            source_bucket, source_key = copy_source(source)
             accesses.append(S3Access("s3:GetObject", object_arn(source_bucket, source_key)))
         return accesses
     raise ValueError(f"{method} on an object is not granted")
+
+
+def copy_source(value: str) -> tuple[str, str]:
+    """The bucket and key an `x-amz-copy-source` names, read exactly as moto reads it (`urlparse`, then the path
+    unquoted, leading slashes off, split at the first '/'); ValueError for anything the two could read apart.
+
+    A leading `//` makes `urlparse` take the first segment as a network location (`//a/b/c` is bucket `b` to
+    moto, `a` to a plain split: issue 44.7); a scheme, `;params`, a `#fragment` or a query other than
+    `versionId` are refused too, and so is a key with a '.' or '..' part, as for the destination.
+    """
+    parsed = urlparse(value)
+    if parsed.scheme or parsed.netloc or parsed.params or parsed.fragment or value.startswith("//"):
+        raise ValueError("x-amz-copy-source must be <bucket>/<key>[?versionId=<id>] (no scheme, '//', ';' or '#')")
+    if set(parse_qs(parsed.query, keep_blank_values=True)) - {"versionId"}:
+        raise ValueError("x-amz-copy-source takes no query but versionId")
+    bucket, slash, key = unquote(parsed.path).lstrip("/").partition("/")
+    if not bucket or not slash or not key:
+        raise ValueError("x-amz-copy-source must name a bucket and a key")
+    if any(part in (".", "..") for part in key.split("/")):
+        raise ValueError(f"x-amz-copy-source key {key!r} has a '.' or '..' part")
+    return bucket, key
 
 
 def _bucket_accesses(environ: dict[str, Any], method: str, bucket: str,
