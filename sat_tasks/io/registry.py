@@ -6,13 +6,15 @@ import dataclasses
 import email.utils
 import enum
 import hashlib
+import ipaddress
 import json
 import logging
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -321,6 +323,71 @@ def registry_access_from_connection(
         password=getattr(conn, "password", None) or None,
         insecure=insecure,
     )
+
+
+# ---- which registries a plain-http check may contact (issue 44.7) ---------------------------------------------
+def _host_port(host: str) -> tuple[str, int | None]:
+    """`host[:port]` (an IPv6 literal in brackets) as (lowercase host name, port or None)."""
+    parts = urlsplit("//" + host.strip().lower())
+    try:
+        return parts.hostname or "", parts.port
+    except ValueError:  # a port that is not a number
+        return parts.hostname or "", -1
+
+
+def _is_loopback(hostname: str) -> bool:
+    if hostname == "localhost" or hostname.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
+
+
+def operator_registry_hosts(get_connection: Any = None) -> tuple[list[str], bool]:
+    """The registries a plain-http image check may contact, and whether loopback is among them.
+
+    `[sat] registry_hosts` when set (`host` for any port, or `host:port`); else the hosts of the
+    `[sat] shared_registry_connections` (the registries the operator configured) and loopback.
+    """
+    from sat_tasks.config import sat_setting, shared_registry_connections
+
+    listed = [h.strip().lower() for h in sat_setting("registry_hosts").split(",") if h.strip()]
+    if listed:
+        return listed, False
+    hosts = []
+    for conn_id in sorted(shared_registry_connections()) if get_connection is not None else []:
+        try:
+            raw = (getattr(get_connection(conn_id), "host", None) or "").strip().lower()
+        except Exception as exc:  # noqa: BLE001 - a shared login not defined here: no host from it
+            log.warning("shared registry connection %s: %s; its host is not allowed", conn_id, type(exc).__name__)
+            continue
+        raw = urlsplit(raw).netloc if "://" in raw else raw
+        if raw.split("/", 1)[0]:
+            hosts.append(raw.split("/", 1)[0])
+    return hosts, True
+
+
+def plain_http_refusal(ref: str, hosts: list[str], loopback: bool) -> str | None:
+    """Why a plain-http (insecure) check of the image `ref` may not contact its registry (None: it may).
+
+    An `insecure: true` image probed any host:port from the worker (issue 44.7): its registry must be
+    one of `hosts` (`host` matches any port, `host:port` that port only), or loopback when `loopback`.
+    """
+    try:
+        image = parse_image_reference(ref)
+    except MalformedReference:
+        return None  # check_image says it is malformed, and contacts nothing
+    hostname, port = _host_port(image.api_host)
+    if loopback and _is_loopback(hostname):
+        return None
+    for entry in hosts:
+        allowed_name, allowed_port = _host_port(entry)
+        if allowed_name == hostname and allowed_port in (None, port):
+            return None
+    listed = ", ".join(hosts) or "none"
+    return (f"image.url: the registry {image.registry} is not one a plain-http (insecure) image check may contact "
+            f"([sat] registry_hosts; allowed: {listed}{', loopback' if loopback else ''})")
 
 
 def _truthy(value: Any) -> bool:

@@ -215,6 +215,11 @@ def check_image(job: TrainingJob, run_id: str, *, get_connection=None, log: Log 
             "host (set image.registry_conn_id to check and pull from the registry)")
         warm_pool_hook(job).image_checked(run, {"reference": str(ref), "digest": None})
         return {"outcome": "skipped-local", "reference": str(ref), "pulls_fail": False}
+    if access.insecure:  # plain http only to a registry the operator allows (issue 44.7)
+        refusal = registry.plain_http_refusal(job.image.url, *registry.operator_registry_hosts(get_connection))
+        if refusal:
+            return _image_failed(run, registry.ImageCheckResult(
+                registry.ImageCheckOutcome.UNAUTHORIZED, job.image.url, f"refused: {refusal}"), log)
     result = registry.check_image(
         job.image.url, username=access.username, password=access.password, insecure=access.insecure,
         ca_file=sat_setting("registry_ca_file") or None,
