@@ -225,7 +225,9 @@ def attempt_spans(metrics: RunMetrics) -> list[dict[str, Any]]:
         found["ended_at"] = found["last_time"]
         found["verdict"] = found["decision"] = found["status"] = None
         if end:
-            found["ended_at"] = end.get("ended_at") or end["time"]
+            ended_at = end.get("ended_at")  # the training may write this series too: a number, else the record's time
+            numeric = isinstance(ended_at, (int, float)) and not isinstance(ended_at, bool)
+            found["ended_at"] = ended_at if numeric and ended_at else end["time"]
             found["last_step"] = end.get("last_step", found["last_step"])
             found["verdict"], found["decision"], found["status"] = end.get("verdict"), end.get("action"), end.get("status")
             if found["first_step"] is None and end.get("resumed_from_step") is not None:

@@ -234,7 +234,12 @@ def render_report_html(metrics: RunMetrics, *, title: str = "", omit: tuple[str,
                      + "".join(f"<li><code>{esc(p)}</code></li>" for p in metrics.problems) + "</ul></div>")
     if recovery:
         parts.append(_recovery_table(recovery))
-    plots = _plots(series, t0) + _recovery_plot(recovery)
+    import matplotlib
+
+    # Labels (node and device names, statuses) are what the training wrote: text, never mathtext (issue 44.7:
+    # a device name "gpu$\frac{$" made the report a 500).
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        plots = _plots(series, t0) + _recovery_plot(recovery)
     if not plots:
         parts.append("<p>No metrics series were found for this run.</p>")
     for name, png in [(name, png) for name, png in plots if name not in omit]:
