@@ -34,7 +34,13 @@ NOT_A_NODE_FAULT_XIDS: dict[int, str] = {int(c.code): c.reason for c in NVIDIA_X
 AMBIGUOUS_XIDS: dict[int, str] = {int(c.code): c.reason for c in NVIDIA_XID.codes if c.fault is Fault.AMBIGUOUS}
 XID_RECOVERY_ACTION = 154  # GPU recovery action changed; a fault unless the action is "None"
 
-XID_LINE = re.compile(r"\bxid\b(?:\s+error)?\s*(?:\(([^)]*)\))?\s*[:=]?\s*(\d{1,3})\b", re.IGNORECASE)
+#: An Xid as its emitters write it: the driver's `NVRM: Xid (PCI:0000:3b:00): 79, ...` (or `NVRM: Xid 79, ...`), the
+#: same line without its `NVRM:` prefix (`Xid (PCI:0000:3b:00): 79`), and the device plugin's `XidCriticalError:
+#: Xid=48`. The word "Xid" and a number anywhere else is not one: a comment, a path, a user's log message ("no Xid 79
+#: errors", "triggers Xid 13/43"), a database's transaction id ("xid 119").
+XID_LINE = re.compile(
+    r"(?:\bNVRM:\s*(?=xid\b)|(?=xid\s*\(\s*(?:PCI:)?[0-9a-f]{4,8}:[0-9a-f]{2}:)|\bXidCriticalError:\s*(?=xid\s*=))"
+    r"\bxid\b(?:\s+error)?\s*(?:\(([^)]*)\))?\s*[:=]?\s*(\d{1,3})\b", re.IGNORECASE)
 
 # What launchers, log shippers and frameworks put in front of a line, stripped one after
 # another until none is left: ANSI colours, `kubectl logs --timestamps` and ISO stamps,

@@ -21,6 +21,7 @@ from sat_tasks.classify.rules import (
     CATALOGUE_RULES,
     HARDWARE_XIDS,
     NOT_A_NODE_FAULT_XIDS,
+    XID_LINE,
 )
 from sat_tasks.core.attempt import AttemptRecord
 
@@ -172,7 +173,42 @@ NEAR_MISSES = [
     "NVRM: Xid (PCI:0000:3b:00): 121, pid='<unknown>', name=<unknown>, C2C error corrected",
     "NVRM: Xid (PCI:0000:3b:00): 157, pid='<unknown>', name=<unknown>, Resource Retirement Failure",
     "NVRM: Xid (PCI:0000:3b:00): 161, pid='<unknown>', name=<unknown>, Channel Retirement Failure",
+    # lines that look like a fault and are not (issue 43 item 6): the driver's banner (NVIDIA/open-gpu-kernel-modules
+    # #489, pytorch/pytorch#3989), a harmless peermem diagnostic (Mellanox/nv_peer_memory#120), NCCL's INFO lines
+    # naming the HCA and the missing net plugin (NVIDIA/nccl-tests#182), and an Xid named in words, not by the
+    # driver: a reproduction step (NVIDIA/DCGM#235), a metric label, a comment, a path
+    ("[    2.757687] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  530.41.03  Release Build  "
+     "(archlinux-builder@archalien)  "),
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  384.98  Thu Oct 26 15:16:01 PDT 2017",
+    ("[25033.266922] nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further "
+     "processing"),
+    "testgpu2:3255:3262 [1] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB ibs65:10.10.10.101<0>",
+    ("testgpu2:3255:3255 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such "
+     "file or directory No plugin found (libnccl-net.so), using internal implementation"),
+    "Cause or wait for an XID 62 error on a GPU.",
+    ('DCGM_FI_DEV_XID_ERRORS{err_code="45", err_msg="Preemptive cleanup, due to previous errors -- Most likely to '
+     'see when running multiple cuda", job="dcgm-exporter"}'),
+    "make crash-memfault   # Triggers Xid 13/43 then Xid 79 if the GPU does not recover",
+    "INFO: health check: no Xid 48, 79 or 95 in dmesg since boot",
+    "Loading checkpoint from /mnt/runs/xid 48/step_1000.pt",
 ]
+
+
+@pytest.mark.parametrize(("line", "xid"), [
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.", 79),
+    ("[ 1.2] NVRM: Xid (0000:03:00): 14, Channel 00000001", 14),  # the catalog's own example
+    ("gpu-7 kernel: NVRM: Xid 79, GPU has fallen off the bus", 79),
+    ("Xid (PCI:0000:3b:00): 48, pid=1, name=python, DBE (double bit error) ECC error", 48),
+    ("XidCriticalError: Xid=48 on Device=GPU-5d0d4a3c, the device will go unhealthy.", 48),  # k8s-device-plugin
+    ("kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149", 45),
+    ("Cause or wait for an XID 62 error on a GPU.", None),
+    ("make crash-memfault   # Triggers Xid 13/43", None),
+    ("Loading checkpoint from /mnt/runs/xid 48/step_1000.pt", None),
+    ("LOG:  automatic vacuum to prevent wraparound: oldest xid 119 in table", None),
+])
+def test_an_xid_is_the_emitters_line_not_the_word(line, xid):
+    match = XID_LINE.search(line)
+    assert (int(match.group(2)) if match else None) == xid, line
 
 
 @pytest.mark.parametrize(("line", "kind", "ambiguous"), [pytest.param(*case, id=case[0][:48]) for case in LINES])
