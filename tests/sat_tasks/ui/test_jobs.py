@@ -390,3 +390,15 @@ def test_a_stopped_jobs_header_says_how_long_it_ran_and_does_not_tick():
     assert not page["active"] and page["duration_s"] == 232.0
     assert "ran <span class='duration' id='run-duration'>" in html and "running for" not in html
     assert "ticking" not in html.split("id='run-usage'")[0].split("id='run-times'")[1] and "data-rate=" not in html
+
+
+def test_goodput_is_rounded_as_the_job_report_rounds_it():
+    """Issue 45.6: the list and the page said 87% where the report said 85.9%: one figure, one rounding."""
+    from sat_tasks.ui.pages import job_page_html
+
+    job = _job("goodput-job")
+    page = job_page(RunRef("goodput-job", "manual__1", "success", start_date=T0, end_date=T0 + timedelta(hours=1)),
+                    job, {}.get)
+    page["goodput"] = 0.8594
+    report = f"{page['goodput']:.1%}"  # as report_html writes it
+    assert report == "85.9%" and f">{report}</span>" in job_page_html(page)

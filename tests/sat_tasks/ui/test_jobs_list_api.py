@@ -265,7 +265,7 @@ def test_gpu_hours_count_both_attempts_of_a_failover_and_goodput_shows_in_the_li
     assert found["usage_by_workspace"]["cpu-team"] == {"gpu_hours": 0.0, "node_hours": 0.5, "runs": 1}
     assert found["gpu_hours_by_workspace"]["gpu-team"] == 8.0
     html = client.get("/sat/jobs", headers=admin, params={"q": "usage-"}).text
-    assert "<span class='goodput' title='goodput: time training / wall time (the job report)'>80%</span>" in html
+    assert "<span class='goodput' title='goodput: time training / wall time (the job report)'>80.0%</span>" in html
     assert ">8.00</span>" in html and "CPU, <span class='amount'><span class='hours'>0.50</span> node-h</span>" in html
     assert "<a href='/sat/workspaces#ws-gpu-team'>gpu-team</a> 8.00" in html
     assert "<a href='/sat/workspaces#ws-cpu-team'>cpu-team</a> 0.00 (CPU, 0.50 node-h)" in html
@@ -280,7 +280,7 @@ def test_the_job_page_shows_gpu_hours_goodput_queue_time_and_times_in_the_person
     assert (data["creator"], data["queue_s"], data["queued"]) == ("ana", 30.0, U0.isoformat())
     html = client.get(f"/sat/jobs/{GENERIC}/runs/{run_id}", headers=admin).text
     usage = re.search(r"<p id='run-usage'>(.*?)</p>", html, re.S).group(1)
-    assert ">8.00</span>" in usage and ">80%</span>" in usage and "data-rate" not in usage  # ended: it ticks no more
+    assert ">8.00</span>" in usage and ">80.0%</span>" in usage and "data-rate" not in usage  # ended: it ticks no more
     times = re.search(r"<p id='run-times'>(.*?)</p>", html, re.S).group(1)
     started = (U0 + timedelta(seconds=30)).isoformat()
     assert f"<time class='when' datetime='{started}' data-style='full' id='started-at'" in times
