@@ -62,7 +62,13 @@ def resolve_job(spec: dict[str, Any] | None, spec_path: str | None, source: str 
     if problem is not None:
         field, rule = problem.split(": ", 1)
         raise SpecError(spec_path or source, [SpecProblem(field=field, rule=rule)])
-    return job.with_backend(sat_setting("backend"))
+    job = job.with_backend(sat_setting("backend"))
+    if job.max_runtime_seconds is not None and not backend_for(job).capabilities.watches_stop_request:
+        raise SpecError(spec_path or source, [SpecProblem(
+            field="max_runtime_seconds", rule=f"the {job.backend.value if job.backend else 'deployment'}'s backend "
+            "does not pass a run's stop request to its training, which the stopping condition uses: leave it out "
+            "on this backend")])
+    return job
 
 
 def validate_spec(spec: dict[str, Any] | None, spec_path: str | None, run_id: str, log: Log = print, *,

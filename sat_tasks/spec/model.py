@@ -418,6 +418,13 @@ class TrainingJob(_Model):
         300, rule="must be > 0", gt=0,
         description="once training has started: no progress (step, output line) for this long is a hang",
     )
+    max_runtime_seconds: float | None = ruled(
+        None, rule="must be > 0 (seconds of Running time; leave it out for no limit)", gt=0,
+        description="the stopping condition (SageMaker's MaxRuntimeInSeconds): once the job has been Running this "
+                    "long, over every attempt (waits in Pending do not count), it is stopped as a person's Stop "
+                    "would: SIGTERM, a final checkpoint, status Stopped saying why. Needs a backend that watches a "
+                    "run's stop request",
+    )
     max_failovers: int = ruled(3, rule="must be between 0 and 3", ge=0, le=3,
                                description="hardware failovers at most (0-3)")
     max_interruptions: int = ruled(

@@ -208,6 +208,7 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
         # SIGKILL only after the engine's own grace period (GRACE_ENV) has run out
         grace_seconds=float(env[GRACE_ENV]) + LAUNCHER_GRACE_MARGIN_S,
         stop_requested=run.stop_request,
+        **max_runtime(run, log),
         node_labels=local_node_labels(node, job.workspace),
         procs_file=procs_file(run, plan.attempt),
         interrupt=interrupt,
@@ -251,6 +252,31 @@ def pull_failed_record(run: JobRun, plan: Plan, node: str, nodes: list[str], wor
                            "image": run.job.image.url, "imageID": "",
                            "state": {"waiting": {"reason": "ImagePullBackOff", "message": words[:1000]}}}],
     )
+
+
+MAX_RUNTIME_VIA = "the job's stopping condition"
+
+
+def max_runtime(run: JobRun, log: Log) -> dict[str, object]:
+    """The LocalAttempt arguments of the job's `max_runtime_seconds`: the Running time left after the earlier
+    attempts (the status history's closed Running intervals), and the writer of the stop request that ends the
+    job once it is used up (the Stop path: SIGTERM, a final checkpoint, Stopped)."""
+    limit = run.job.max_runtime_seconds
+    if limit is None:
+        return {}
+    from sat_tasks.core.run_summary import summarize_history
+    from sat_tasks.io import object_storage as storage
+
+    used = summarize_history(run.history(log).entries()).running_s
+    left = max(0.0, limit - used)
+    log(f"[sat] max_runtime_seconds {limit:g}: {used:.0f}s of Running time used by earlier attempts, {left:.0f}s left")
+
+    def used_up() -> None:
+        storage.write_json(run.hook(), run.stop_uri, {
+            "by": f"max_runtime_seconds ({limit:g} s of Running time used up)", "at": now_utc().isoformat(),
+            "via": MAX_RUNTIME_VIA})
+
+    return {"max_runtime_left": left, "runtime_used_up": used_up}
 
 
 # The run's directories inside its container: where a Kubernetes pod has them (one contract for both backends).

@@ -152,6 +152,11 @@ class LocalAttempt:
     # SIGTERM as on a Spot notice, so the engine takes its final checkpoint within the grace period.
     stop_requested: Callable[[], dict[str, Any] | None] | None = field(default=None, repr=False)
     stop_poll_seconds: float = 2.0
+    # The job's stopping condition (`max_runtime_seconds`, SageMaker's MaxRuntimeInSeconds): the Running time
+    # this attempt may still use, and what records the stop once it is used up (a stop request by
+    # `MAX_RUNTIME_BY`, so the Stop path ends the job: SIGTERM, the final checkpoint, Stopped).
+    max_runtime_left: float | None = None
+    runtime_used_up: Callable[[], None] | None = field(default=None, repr=False)
     # The node's labels when the attempt starts (`local_node_labels`): the record's `node_labels_at_start`.
     node_labels: dict[str, str] = field(default_factory=dict)
     # Where the attempt's tag is kept while it runs (`stop_left_processes` reads it when the launch
@@ -318,6 +323,11 @@ class LocalAttempt:
                 log(f"[sat] the launch task was asked to stop (a service stop, a host shutdown): SIGTERM to the "
                     f"training on {self.node}; its final checkpoint has {self.grace_seconds:.0f}s")
                 procs.signal_group(signal.SIGTERM)
+            if (self.max_runtime_left is not None and state.kill_at is None and not state.runtime_used_up
+                    and time.monotonic() - started >= self.max_runtime_left):
+                state.runtime_used_up = True
+                self._use_up_runtime(log)
+                next_stop_check = time.monotonic()  # the request it wrote is read now, not in a poll's time
             if self.stop_requested is not None and state.kill_at is None and time.monotonic() >= next_stop_check:
                 next_stop_check = time.monotonic() + self.stop_poll_seconds
                 self._check_stop(procs, state, log)
@@ -367,6 +377,17 @@ class LocalAttempt:
                 procs.signal_all(signal.SIGKILL)
         if state.hung and not state.heartbeat_timeout:
             state.heartbeat_timeout = True
+
+    def _use_up_runtime(self, log: Log) -> None:
+        """The job's maximum runtime is used up: record the stop request that ends it (read at once after)."""
+        log(f"[sat] the job reached its maximum runtime (max_runtime_seconds; {self.max_runtime_left:.0f}s were "
+            f"left for attempt {self.attempt}): stopping it with a final checkpoint")
+        if self.runtime_used_up is None:
+            return
+        try:
+            self.runtime_used_up()
+        except Exception as exc:  # noqa: BLE001 - the stop request could not be written: say so, stop anyway below
+            log(f"[sat] could not record the maximum runtime's stop request ({type(exc).__name__}: {exc})")
 
     def _check_stop(self, procs: AttemptProcesses, state: _WatchState, log: Log) -> None:
         """Pass a person's stop request on to the training as SIGTERM (final checkpoint, then exit)."""
@@ -522,6 +543,7 @@ class _WatchState:
     stopped_by: str | None = None
     grow: GrowBack | None = None  # the launcher stopped the attempt to grow back (elastic)
     container_id: str | None = None  # container mode: podman's id of the attempt's container (its --cidfile)
+    runtime_used_up: bool = False  # the job's max_runtime_seconds ran out during this attempt
 
 
 class AttemptProcesses:

@@ -89,7 +89,8 @@ def test_each_page_names_the_airflow_entry_it_belongs_to_and_the_plugin_lists_th
         found = re.search(r"{% block airflow_view %}([^{]*){% endblock %}", template.read_text())
         if found and template.name != "base.html":
             owners[template.name] = found.group(1)
-    assert owners == {"jobs.html": "training-jobs", "job.html": "training-jobs", "workspaces.html": "workspaces",
+    assert owners == {"jobs.html": "training-jobs", "job.html": "training-jobs", "compare.html": "training-jobs",
+                      "workspaces.html": "workspaces",
                       "nodes.html": "nodes"}, owners
     assert set(owners.values()) <= set(routes)
     base = (TEMPLATES / "base.html").read_text()
