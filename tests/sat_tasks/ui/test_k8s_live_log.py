@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from sat_tasks.backends.base import LiveLogSource
 from sat_tasks.backends.kubernetes import names, pod_log
 from sat_tasks.core.joblog import job_log_footer
 from sat_tasks.core.live_log import BadCursor, LiveCursor, split_stamp
@@ -46,8 +47,9 @@ def _pod(job, attempt: int, state: dict) -> dict:
 RUNNING = {"running": {"startedAt": "2026-12-02T07:00:00Z"}}
 
 
-class Kubernetes:
-    """The run's backend on an in-memory cluster, as `backend_for(job)` gives it to the router."""
+class Kubernetes(LiveLogSource):
+    """The run's backend on an in-memory cluster, as `backend_for(job)` gives it to the router: a live-log source,
+    as KubernetesBackend is (`capabilities.live_log`)."""
 
     def __init__(self, monkeypatch) -> None:
         self.cluster = RecordedCluster()
