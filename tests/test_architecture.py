@@ -289,3 +289,35 @@ def test_the_view_never_builds_a_url_from_a_route_name():
 def test_the_url_for_guard_finds_a_template_call():
     assert URL_FOR.search("""action="{{ url_for('release_node_form', node=h.node) }}">""")
     assert not URL_FOR.search("action=\"/sat/nodes/{{ h.node | urlencode }}/release\"")
+
+
+# ---- one root for SAT's own errors (issue 46 item 4) ---------------------------------------------
+# Exceptions outside SatError, each with why: they stand for something that is not SAT's error.
+_NOT_SAT_ERRORS = {
+    "RehearsedUserError": "the user's own exception a rehearsal raises inside the training (not SAT's)",
+    "JobCheckFailed": "a pytest assertion of the user's CI test (`sat test`): pytest reports AssertionErrors",
+}
+
+
+def test_every_error_sat_raises_on_purpose_is_a_sat_error():
+    import ast
+    import importlib
+
+    from sat_tasks.errors import SatError
+
+    outside = {}
+    for path in sorted((REPO / "sat_tasks").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(b, ast.Name) and b.id in {"Exception", "ValueError", "RuntimeError", "KeyError",
+                                                         "LookupError", "OSError", "TypeError", "AssertionError"}
+                    for b in node.bases):
+                outside[node.name] = module
+    assert outside, "the scan found no exception class: its pattern is wrong"
+    for name, module in outside.items():
+        if name in _NOT_SAT_ERRORS or name.startswith("_") or module.endswith("sitecustomize"):
+            continue  # a module's private signal between its own functions never reaches a caller
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, SatError), f"{module}.{name} is not a SatError: subclass it, or list it with why"

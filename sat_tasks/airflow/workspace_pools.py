@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from sat_tasks.backends.base import workspace_pool_name as pool_name
+from sat_tasks.errors import SatError
 
 
-class MetadataDBUnreachable(Exception):
+class MetadataDBUnreachable(SatError):
     """The Airflow metadata DB cannot be read or written here (missing, not migrated, down)."""
 
 

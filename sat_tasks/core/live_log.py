@@ -15,13 +15,15 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from sat_tasks.errors import SatError
+
 CURSOR_RULE = "<attempt>:<pod>:<nanoseconds>:<lines or 'closed'> as the previous answer's `cursor` gave it"
 _CURSOR = re.compile(r"(\d{1,6}):([a-z0-9][a-z0-9.-]{0,252}):(\d{1,20}):(\d{1,9}|closed)")
 # RFC 3339 with up to nanoseconds, as the container runtime prefixes a line (`timestamps=true`).
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 
 
-class BadCursor(ValueError):
+class BadCursor(SatError, ValueError):
     """A cursor that no answer gave (the message says the rule)."""
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_engine.contract import STATUS_NAME
+from sat_tasks.errors import SatError
 
 POLICY_VERSION = "2012-10-17"
 # What the engine's mirror and metrics recorder (and a script reading its data) do with objects.
@@ -35,7 +36,7 @@ RUN_STATE_SID = "RunState"
 RUN_STATE_NAME = STATUS_NAME  # the run's status history, the one object of its records a session may read
 
 
-class PolicyInputError(ValueError):
+class PolicyInputError(SatError, ValueError):
     """A prefix for a session policy is not an `s3://bucket/key` URI (the message names it and the rule)."""
 
 

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
+from sat_tasks.errors import SatError
+
 ALGORITHM = "AWS4-HMAC-SHA256"
 MAX_SKEW = datetime.timedelta(minutes=15)
 MAX_PRESIGNED_SECONDS = 7 * 24 * 3600
@@ -49,7 +51,7 @@ _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _AMZ_DATE = "%Y%m%dT%H%M%SZ"
 
 
-class SignatureError(Exception):
+class SignatureError(SatError):
     """A request whose signature is missing, malformed, wrong or out of date; `code` and `status` as S3 answers."""
 
     def __init__(self, message: str, code: str = "AccessDenied", status: int = 403) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sat_tasks.config import sat_setting
+from sat_tasks.errors import SatError
 
 SETTING = "file_storage_volumes"
 VOLUME_NAME_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
@@ -35,7 +36,7 @@ _RESERVED = ("/opt/sat", "/dev", "/proc", "/sys", "/etc", "/bin", "/sbin", "/usr
              "/run", "/tmp/sat-metrics")
 
 
-class FileStorageSettingError(ValueError):
+class FileStorageSettingError(SatError, ValueError):
     """`[sat] file_storage_volumes` is malformed; the message names the setting and the volume."""
 
 

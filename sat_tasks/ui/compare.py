@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sat_tasks.errors import SatError
+
 MAX_RUNS = 6
 MIN_RUNS = 2
 REF_RULE = (f"run: name {MIN_RUNS} to {MAX_RUNS} runs as <dag_id>/<run_id> (a run= parameter each, "
@@ -30,7 +32,7 @@ SETTINGS: tuple[tuple[str, str], ...] = (
 )
 
 
-class CompareQueryError(ValueError):
+class CompareQueryError(SatError, ValueError):
     """The runs to compare are not named as the rule says; the message is the rule."""
 
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ckpt_engine import contract
+from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import RunLayout
 from sat_tasks.spec import split_s3_uri
 
@@ -243,7 +244,7 @@ def result_file_source(hook: Any, results_uri: str, name: str) -> ObjectSource |
     return ObjectSource(hook, uri, size)
 
 
-class BadFileName(ValueError):
+class BadFileName(SatError, ValueError):
     """A file name that does not name an object inside the run's results (the message says the rule)."""
 
 

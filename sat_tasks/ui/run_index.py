@@ -68,6 +68,7 @@ from sat_tasks.core.run_summary import (
     usage,
 )
 from sat_tasks.core.status import TERMINAL, JobStatus
+from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import RunLayout
 from sat_tasks.spec import SpecError, TrainingJob, dag_id_for, load_spec
 from sat_tasks.ui import dag_runs
@@ -220,7 +221,7 @@ SPECS = SpecCache()
 
 
 # ---- the list's query --------------------------------------------------------------------------------
-class ListQueryError(ValueError):
+class ListQueryError(SatError, ValueError):
     """A query parameter breaks its rule (`field`, `rule`)."""
 
     def __init__(self, name: str, rule: str) -> None:

@@ -60,6 +60,7 @@ from sat_tasks.backends.kubernetes.workspace import (
 from sat_tasks.core.contracts import Log, Plan
 from sat_tasks.core.policy import GrowBack, elastic_shrink, grow_back, shrink_reason
 from sat_tasks.core.status import JobStatus, StatusHistory
+from sat_tasks.errors import SatError
 from sat_tasks.spec import TrainingJob
 
 # How often rank 0 asks the cluster again while it waits for the full count.
@@ -76,7 +77,7 @@ class ElasticPlacement(NamedTuple):
     note: str = ""
 
 
-class RanksUndecided(RuntimeError):
+class RanksUndecided(SatError, RuntimeError):
     """Rank 0 did not say how many ranks the attempt runs (its task ended without, or the wait ran out)."""
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from sat_tasks.backends.local.containers import containers_dir, podman_env
 from sat_tasks.config import PROJECT_ROOT
+from sat_tasks.errors import SatError
 
 TRAINING_IMAGE = "registry.sat.local/sat/training:0.1.0"  # include/jobs/tiny-llama-demo.yaml's image.url
 BASE_IMAGE = "localhost/sat/debian-base:bookworm"
@@ -52,7 +53,7 @@ TOOLS = {"podman": "podman", "buildah": "buildah", "runc": "runc", "debootstrap"
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(SatError, RuntimeError):
     """A step of `make image` failed; the message says which and what to do."""
 
 

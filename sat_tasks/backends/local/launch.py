@@ -59,6 +59,7 @@ from sat_tasks.core.runtime_env import (
     training_environment,
 )
 from sat_tasks.core.status import JobStatus
+from sat_tasks.errors import SatError
 from sat_tasks.io import run_location
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.scoped_credentials import training_credentials
@@ -66,7 +67,7 @@ from sat_tasks.spec import Framework
 from sat_tasks.spec.quantities import parse_quantity, quantity_bytes
 
 
-class AttemptInterrupted(RuntimeError):
+class AttemptInterrupted(SatError, RuntimeError):
     """The launch task was asked to stop while its attempt ran: the attempt did not end, it resumes when the task runs again."""
 
 

@@ -58,11 +58,11 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
         self._interrupt = threading.Event()
         try:
             record = launch_attempt(JobRun(job, context["run_id"]), plan, log=self.log.info, interrupt=self._interrupt)
-        except SatError as exc:
-            raise AirflowFailException(str(exc)) from None
-        except AttemptInterrupted as exc:
+        except AttemptInterrupted as exc:  # a SatError too: first, it is run again, not failed
             self.log.info("%s; the task runs again and resumes it", exc)
             raise AirflowRescheduleException(datetime.now(UTC) + RUN_AGAIN_AFTER) from None
+        except SatError as exc:
+            raise AirflowFailException(str(exc)) from None
         if record.exit_code is None and record.termination_reason:  # it never started (its image: ImagePullBackOff)
             raise AirflowFailException(f"attempt {plan.attempt} on {record.node} did not start: "
                                        f"{record.termination_reason}: {record.termination_message}")
