@@ -74,7 +74,8 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def field_info(loc: tuple[Any, ...], model: type[BaseModel] = TrainingJob) -> tuple[FieldInfo | None, type | None]:
+def field_info(loc: tuple[Any, ...], model: type[BaseModel] = TrainingJob
+               ) -> tuple[FieldInfo | None, type[BaseModel] | None]:
     """The field at an error location, and the model that holds the fields below it."""
     info: FieldInfo | None = None
     current: type[BaseModel] | None = model
@@ -90,7 +91,8 @@ def field_info(loc: tuple[Any, ...], model: type[BaseModel] = TrainingJob) -> tu
 
 def _rule_of(info: FieldInfo | None) -> str | None:
     extra = info.json_schema_extra if info is not None else None
-    return extra.get("x-rule") if isinstance(extra, dict) else None
+    rule = extra.get("x-rule") if isinstance(extra, dict) else None
+    return rule if isinstance(rule, str) else None
 
 
 def problems_from(exc: ValidationError, model: type[BaseModel] = TrainingJob) -> list[SpecProblem]:
@@ -101,8 +103,9 @@ def problems_from(exc: ValidationError, model: type[BaseModel] = TrainingJob) ->
         field = ".".join(str(part) for part in loc)
         msg = err["msg"].removeprefix("Value error, ")
         info, holder = field_info(loc, model)
-        if err["type"] in _CONSTRAINT_ERRORS and _rule_of(info):
-            msg = _rule_of(info)
+        rule = _rule_of(info)
+        if err["type"] in _CONSTRAINT_ERRORS and rule:
+            msg = rule
             if err["type"] == "too_long":  # pydantic counts a dict's items only after validation: count the input
                 got = err.get("ctx", {}).get("actual_length")
                 got = len(err["input"]) if got is None and hasattr(err.get("input"), "__len__") else got

@@ -47,7 +47,7 @@ MAX_KEEP_ALIVE_SECONDS = 3600  # the warm pool's keep-alive at most (SageMaker's
 MAX_GRACE_SECONDS = 3600
 
 # Server types a job can ask for; the Kubernetes backend maps them to GPU models.
-SERVER_TYPES = {
+SERVER_TYPES: dict[str, dict[str, Any]] = {
     "cpu": {"gpu_model": None, "gpus": 0},
     "g2": {"gpu_model": "NVIDIA-H100-80GB-HBM3", "gpus": 8},
     "g3": {"gpu_model": "NVIDIA-B300", "gpus": 8},
@@ -111,7 +111,7 @@ def installed_backends() -> tuple[str, ...]:
 # Where `launch` runs the training: one member per installed backend (`BackendKind("local")`,
 # `.value`). What a backend does differently is its `capabilities` (`sat_tasks.backends.base`),
 # never a comparison with one of these.
-BackendKind = Enum("BackendKind", [(name.upper().replace("-", "_").replace(".", "_"), name)
+BackendKind = Enum("BackendKind", [(name.upper().replace("-", "_").replace(".", "_"), name)  # type: ignore[misc]
                                    for name in installed_backends()], type=str, module=__name__)
 BackendKind.__doc__ = "Where `launch` runs the training: an installed backend (`installed_backends`)."
 
