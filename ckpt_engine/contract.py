@@ -6,6 +6,11 @@ Changing the on-disk format is a change here plus its readers (the type checker 
 them). It imports nothing outside the standard library but ``ckpt_engine.errors``, so
 ``sat_tasks.core`` and the spec may import it too (pyproject.toml says so).
 
+A checkpoint's manifest says its format version (``ckpt_engine/<n>``). A change to that
+format raises MANIFEST_VERSION and adds the upgrade from the version before, so the
+reader still loads every older checkpoint; a newer one is refused, and so is a manifest
+without SAT's marker (below, "checkpoint format versions"; ADR 0003).
+
 A checkpoint root (``<output_dir>/concurrent_checkpoint/``; a mirror keeps the same names
 under its URL)::
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
@@ -215,23 +221,75 @@ class ProgressRecord:
             return cls.from_dict(None)
 
 
-MANIFEST_FORMAT = "ckpt_engine/1"
+# ---- checkpoint format versions (ADR 0003, "Format versions") ----------------------------------
+# A manifest's ``format`` is ``ckpt_engine/<version>``. This engine writes MANIFEST_VERSION and
+# reads every version from which MANIFEST_UPGRADES leads to it: the reader upgrades an older
+# manifest one version at a time (MANIFEST_UPGRADES[n] takes a parsed version-n manifest to the
+# same manifest in version n + 1) before it parses the current shape. A newer version is refused
+# (upgrade the engine), and so is anything without the ``ckpt_engine/`` marker (not SAT's).
+# Both are read when a manifest is, so a test may change them. To bump the version: first write
+# tests/ckpt_engine/fixtures/manifest-v<old>/ with make_manifest_fixtures.py, then raise
+# MANIFEST_VERSION and add MANIFEST_UPGRADES[old]; test_manifest_versions.py loads every fixture.
+ManifestUpgrade = Callable[[dict[str, Any]], dict[str, Any]]
+MANIFEST_FAMILY = "ckpt_engine"
+MANIFEST_VERSION = 1
+MANIFEST_FORMAT = f"{MANIFEST_FAMILY}/{MANIFEST_VERSION}"  # what this engine writes
+MANIFEST_UPGRADES: dict[int, ManifestUpgrade] = {}  # none yet: version 1 is the only one written so far
 
 
-def check_manifest_format(name: str, found: Any, supported: str = MANIFEST_FORMAT) -> None:
-    """Raise UnreadableCheckpointError when a manifest's ``format`` is not ``supported`` (e.g. a newer SAT's)."""
-    if found == supported:
-        return
-    family, _, version = str(found).partition("/")
-    ours = supported.partition("/")[2]
-    if family == supported.partition("/")[0] and version.isdigit() and ours.isdigit() and int(version) > int(ours):
+def manifest_format(version: int) -> str:
+    """The ``format`` value of manifest version ``version``."""
+    return f"{MANIFEST_FAMILY}/{version}"
+
+
+def readable_manifest_versions() -> range:
+    """The versions this engine reads: the current one and those the upgrade chain leads from."""
+    oldest = MANIFEST_VERSION
+    while oldest - 1 in MANIFEST_UPGRADES:
+        oldest -= 1
+    return range(oldest, MANIFEST_VERSION + 1)
+
+
+def check_manifest_format(name: str, found: Any) -> int:
+    """The version of a manifest's ``format`` when this engine reads it, else UnreadableCheckpointError.
+
+    Refused, each with what to do: a newer version (upgrade the engine), a version older
+    than the upgrade chain reaches, and anything without SAT's ``ckpt_engine/<n>`` marker.
+    """
+    readable = readable_manifest_versions()
+    reads = (f"{manifest_format(readable[0])!r} to {manifest_format(readable[-1])!r}" if len(readable) > 1
+             else repr(manifest_format(readable[-1])))
+    family, _, version = found.partition("/") if isinstance(found, str) else ("", "", "")
+    if family != MANIFEST_FAMILY or not version.isdigit():
         raise UnreadableCheckpointError(
-            f"{name}: written by a newer SAT (checkpoint format {found!r}; this engine reads {supported!r}). "
-            "What to do: run the job with the newer SAT's engine (refresh CHECKPOINT_VENDOR with `sat vendor`), "
-            "or resume from a checkpoint this version wrote.")
-    raise UnreadableCheckpointError(
-        f"{name}: unknown checkpoint format {found!r} (this engine reads {supported!r}); it was not written by "
-        "SAT's engine. What to do: check the path, or resume from a checkpoint SAT wrote.")
+            f"{name}: unknown checkpoint format {found!r} (this engine reads {reads}); it was not written by "
+            "SAT's engine. What to do: check the path, or resume from a checkpoint SAT wrote.")
+    if int(version) > readable[-1]:
+        raise UnreadableCheckpointError(
+            f"{name}: written by a newer SAT (checkpoint format {found!r}; this engine reads {reads}). "
+            "What to do: upgrade the engine: run the job with the newer SAT's engine (refresh CHECKPOINT_VENDOR "
+            "with `sat vendor`), or resume from a checkpoint this version wrote.")
+    if int(version) < readable[0]:
+        raise UnreadableCheckpointError(
+            f"{name}: checkpoint format {found!r} is older than this engine reads ({reads}). What to do: load it "
+            "with the SAT release that wrote it, or resume from a newer checkpoint.")
+    return int(version)
+
+
+def upgrade_manifest(data: dict[str, Any], name: str = MANIFEST_NAME) -> dict[str, Any]:
+    """A parsed manifest in the current version, upgraded one version at a time if older (``data`` is kept).
+
+    Raises UnreadableCheckpointError as :func:`check_manifest_format` does.
+    """
+    version = check_manifest_format(name, data.get("format"))
+    while version < MANIFEST_VERSION:
+        try:
+            data = {**MANIFEST_UPGRADES[version](dict(data)), "format": manifest_format(version + 1)}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpointError(f"unreadable manifest ({manifest_format(version)}, upgrading it to "
+                                         f"{manifest_format(version + 1)}): {exc!r}") from exc
+        version += 1
+    return data
 
 
 def check_file_name(name: str) -> str:
@@ -281,17 +339,20 @@ class Manifest:
     def from_dict(cls, data: Any) -> Manifest:
         """The manifest in ``data`` (a parsed manifest.json); fields it does not know are ignored.
 
-        Raises UnreadableCheckpointError for another format, CorruptCheckpointError when
+        An older format version is upgraded first (:func:`upgrade_manifest`); the result
+        says MANIFEST_FORMAT. Raises UnreadableCheckpointError for a format this engine
+        does not read (newer, too old, not SAT's), CorruptCheckpointError when
         ``step`` or ``files`` is missing or malformed.
         """
         if not isinstance(data, dict):
             raise CorruptCheckpointError(f"unreadable manifest: not an object ({type(data).__name__})")
-        check_manifest_format(MANIFEST_NAME, data.get("format"))
+        data = upgrade_manifest(data)  # an older version: upgraded to this one's shape (or refused)
         try:
             files = {check_file_name(str(name)): FileEntry(size=int(entry["size"]), checksum=str(entry["checksum"]))
                      for name, entry in data["files"].items()}
             return cls(step=int(data["step"]), files=files, layout=data.get("layout", "state"),
-                       created_at=data.get("created_at", ""), metadata=data.get("metadata") or {})
+                       created_at=data.get("created_at", ""), format=data["format"],
+                       metadata=data.get("metadata") or {})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptCheckpointError(f"unreadable manifest: {exc!r}") from exc
 

@@ -1,4 +1,7 @@
-"""Checksums of checkpoint files, and verification against the manifest (its schema: ``ckpt_engine.contract``)."""
+"""Checksums of checkpoint files, and verification against the manifest.
+
+The manifest's schema, and the format versions its reader upgrades from, are in ``ckpt_engine.contract``.
+"""
 
 from __future__ import annotations
 
