@@ -16,7 +16,7 @@ export AIRFLOW_CONFIG := $(CURDIR)/airflow.cfg
 export GX_ANALYTICS_ENABLED := false
 export DS_BUILD_OPS := 0
 
-.PHONY: demo test test-slow up down benchmarks vendor system-deps clean lock image
+.PHONY: demo test test-slow up down benchmarks vendor system-deps clean lock image lint
 
 # The virtual environment, (re)built when the lock file or pyproject is newer than it.
 # uv installs (parallel downloads and byte-compilation; pip took ~3.5 of CI's 20 minutes). Keep
@@ -76,7 +76,14 @@ $(IMAGE_STAMP): $(IMAGE_SOURCES) | .venv
 demo: .venv
 	$(VENV)/bin/sat demo
 
-test: .venv system-deps
+# The gates `make test` runs first (issue 46.5): ruff ([tool.ruff]), the import contracts with every
+# installed backend (tests/support/import_contracts.py), and mypy ([tool.mypy]). Seconds each.
+lint: .venv
+	$(VENV)/bin/ruff check --output-format concise sat_tasks ckpt_engine tests dags plugins
+	$(PY) -m tests.support.import_contracts
+	$(VENV)/bin/mypy
+
+test: .venv system-deps lint
 	$(IMAGE_IF_PODMAN)
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -28,7 +28,7 @@ _EXPORTS = {
     "register_scheme": "ckpt_engine.storage",
     "DecoratedCheckpointing": "ckpt_engine.integrations.hf",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - a list, computed from the lazy exports above
 
 
 def __getattr__(name: str) -> Any:

@@ -133,7 +133,7 @@ def _call_now(function: Callable[..., float], *args: Any) -> cf.Future[float]:
     future: cf.Future[float] = cf.Future()
     try:
         future.set_result(function(*args))
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller's future, which raises it there
         future.set_exception(exc)
     return future
 

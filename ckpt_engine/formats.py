@@ -214,7 +214,7 @@ _STORAGE_TYPES = {dtype: getattr(torch, name) for dtype, name in torch.storage._
 class _TensorStorage:
     """A tensor's storage as ``torch.save`` records it, without building a ``TypedStorage``."""
 
-    __slots__ = ("untyped", "storage_type", "numel")
+    __slots__ = ("numel", "storage_type", "untyped")
 
     def __init__(self, untyped: torch.UntypedStorage, storage_type: type, numel: int) -> None:
         self.untyped, self.storage_type, self.numel = untyped, storage_type, numel

@@ -186,7 +186,7 @@ class CheckpointMirror:
     def _upload_progress(self, raw: bytes) -> None:
         try:
             self.remote.write_atomic(PROGRESS_NAME, raw, durable=False)
-        except Exception as exc:  # advisory, like the local file: logged, training goes on
+        except Exception as exc:  # noqa: BLE001 - advisory, like the local file: logged, training goes on
             log.warning("[Concurrent Checkpoint] could not mirror %s to %s: %r", PROGRESS_NAME, self.url, exc)
 
     def _run(self) -> None:
@@ -211,7 +211,7 @@ class CheckpointMirror:
                 continue
             try:
                 self.mirror_checkpoint(step)
-            except Exception as exc:  # logged; the mirror never stops training
+            except Exception as exc:  # noqa: BLE001 - logged; the mirror never stops training
                 self.last_error = exc
                 if not self.local.exists(f"{checkpoint_dir(step)}/{MANIFEST_NAME}"):
                     log.warning("[Concurrent Checkpoint] checkpoint-%d was replaced or removed locally before its "
@@ -237,7 +237,7 @@ class CheckpointMirror:
         except BaseException:
             try:
                 self.remote.delete_tree(directory)
-            except Exception as exc:  # best effort: without a manifest the leftover is never restored
+            except Exception as exc:  # noqa: BLE001 - best effort: without a manifest the leftover is never restored
                 log.warning("[Concurrent Checkpoint] could not remove the partial mirror of %s: %r", directory, exc)
             raise
         record = MirrorRecord(step=step, files=len(manifest.files), seconds=time.perf_counter() - started,

@@ -175,7 +175,7 @@ class RankCoordinator:
         marker = RankMarker(self.rank, self.world_size, step, self.token, False, error=repr(error))
         try:
             storage.write_atomic(marker_key(tmp, self.rank), marker.to_json())
-        except Exception as exc:  # rank 0 will time out instead
+        except Exception as exc:  # noqa: BLE001 - rank 0 will time out instead
             log.warning("[Concurrent Checkpoint] rank %d could not report its failure of checkpoint-%d: %r",
                         self.rank, step, exc)
 

@@ -200,7 +200,7 @@ def test_no_import_circles_anywhere():
 
 def test_the_circle_check_finds_a_circle():
     class Graph:
-        imports = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+        imports = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}  # noqa: RUF012
 
         def find_modules_directly_imported_by(self, module):
             return self.imports[module]

@@ -16,7 +16,7 @@ from ckpt_engine.storage.testing import FaultyStorage, MemoryStorage
 
 
 def _file_factory(url: str) -> Storage:
-    return FileStorage(url[len("file://"):] if url.startswith("file://") else url)
+    return FileStorage(url.removeprefix("file://"))
 
 
 def _s3_factory(url: str) -> Storage:

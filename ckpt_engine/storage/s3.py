@@ -89,7 +89,7 @@ class _S3Writer(StorageWriter):
 
     def __init__(self, storage: S3Storage, key: str) -> None:
         self._storage, self._key = storage, key
-        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)
+        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115 - closed by close()
 
     def write(self, data: bytes | memoryview) -> None:
         self._spool.write(data)

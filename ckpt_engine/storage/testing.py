@@ -12,7 +12,7 @@ import errno as errno_codes
 import io
 import os
 import threading
-from typing import BinaryIO
+from typing import BinaryIO, ClassVar
 
 from ckpt_engine.contract import PROGRESS_NAME
 from ckpt_engine.storage.base import Storage, StorageWriter
@@ -37,7 +37,7 @@ class _MemoryWriter(StorageWriter):
 class MemoryStorage(Storage):
     """In-memory storage for tests (as httpx ships ``MockTransport``); thread-safe."""
 
-    _named: dict[str, MemoryStorage] = {}
+    _named: ClassVar[dict[str, MemoryStorage]] = {}
 
     def __init__(self, name: str = "") -> None:
         self.url = f"memory://{name}"

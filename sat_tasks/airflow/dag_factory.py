@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
@@ -30,7 +30,7 @@ from sat_tasks.spec import TrainingJob
 
 log = logging.getLogger("sat.task")
 summary_xcom.install()  # each status change also goes to the metadata DB as the task's XCom (ADR 0022)
-START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 GENERIC_DAG_ID = "sat_training_job"
 GENERIC_MAX_ATTEMPTS = 6  # 1 + max(3 failovers, 5 Spot resumes)
 

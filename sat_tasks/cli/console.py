@@ -137,7 +137,7 @@ def _console_stream(stdout: TextIO) -> tuple[TextIO, bool]:
         fd = stdout.fileno()
     except (AttributeError, ValueError, io.UnsupportedOperation):
         return stdout, False
-    return open(os.dup(fd), "w", encoding="utf-8", buffering=1, errors="replace"), True  # noqa: SIM115
+    return open(os.dup(fd), "w", encoding="utf-8", buffering=1, errors="replace"), True
 
 
 def _retarget_stream_handlers(target: TextIO) -> list[tuple[logging.StreamHandler, TextIO]]:

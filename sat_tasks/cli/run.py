@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sat_tasks.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, configure_airflow_env, ensure_metadata_db
@@ -65,7 +65,7 @@ def default_log_path(job) -> Path:
     """Where a run's Airflow logs go: `logs/<job>-<UTC time>.log` beside the work dir (`.sat/logs/` here)."""
     from sat_tasks.config import work_dir
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return work_dir().resolve().parent / "logs" / f"{job.name}-{stamp}.log"
 
 

@@ -65,7 +65,7 @@ def _workspace_problems(job) -> list:
     from sat_tasks.io.workspaces import WorkspaceStore
 
     store = WorkspaceStore()
-    return job_problems(job, store.find(job.workspace), dt.datetime.now(dt.timezone.utc).date(),
+    return job_problems(job, store.find(job.workspace), dt.datetime.now(dt.UTC).date(),
                         [w.name for w in store.list()])
 
 

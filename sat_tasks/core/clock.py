@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 
 def now_utc() -> datetime:
     """The current time, UTC, tz-aware."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -18,6 +18,6 @@ def parse_time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        return datetime.fromisoformat(str(value))  # 3.11 reads a trailing "Z" as UTC itself
     except ValueError:
         return None

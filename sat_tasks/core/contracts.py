@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,7 +65,7 @@ class Contract(BaseModel):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_xcom(cls: type[C], data: dict[str, Any] | C | None) -> C | None:
+    def from_xcom(cls, data: dict[str, Any] | Self | None) -> Self | None:
         """The model back from an XCom value; None stays None (the upstream task was skipped)."""
         if data is None or isinstance(data, cls):
             return data

@@ -40,14 +40,14 @@ _VOLATILE = (
     (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<time>"),
     (re.compile(r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
     (re.compile(r"\[\s*\d+\.\d+\]"), "<time>"),  # the kernel's monotonic stamp
-    (re.compile(r"\bGPU-[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", re.I), "<gpu>"),
-    (re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", re.I), "<uuid>"),
-    (re.compile(r"\b(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]\b", re.I), "<pci>"),
-    (re.compile(r"\bPCI:[0-9a-f:.]+", re.I), "PCI:<pci>"),
-    (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<addr>"),
+    (re.compile(r"\bGPU-[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", re.IGNORECASE), "<gpu>"),
+    (re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", re.IGNORECASE), "<uuid>"),
+    (re.compile(r"\b(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]\b", re.IGNORECASE), "<pci>"),
+    (re.compile(r"\bPCI:[0-9a-f:.]+", re.IGNORECASE), "PCI:<pci>"),
+    (re.compile(r"\b0x[0-9a-f]+\b", re.IGNORECASE), "<addr>"),
     (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<ip>"),
     (re.compile(r"^\S+:\d+:\d+ (?=\[)"), ""),  # NCCL's `host:pid:tid [rank]` prefix
-    (re.compile(r"\b(pid|tid|process|pgid|ppid)([=: ]+)\d+", re.I), r"\1\2<n>"),
+    (re.compile(r"\b(pid|tid|process|pgid|ppid)([=: ]+)\d+", re.IGNORECASE), r"\1\2<n>"),
     (re.compile(r"\b\d+\.\d+\b"), "<n>"),  # sizes, durations, steps in seconds
     (re.compile(r"\b\d{4,}\b"), "<n>"),  # pids, byte counts, ports; codes (Xid 79, error 999) are shorter
 )

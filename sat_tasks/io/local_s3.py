@@ -119,7 +119,7 @@ class LocalS3Server:
             self._server.server_close()
         self._server = None
 
-    def __enter__(self) -> LocalS3Server:
+    def __enter__(self) -> LocalS3Server:  # noqa: PYI034 - start() returns the server it started
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -10,11 +10,11 @@ import re
 import shutil
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from sat_tasks.core import bounded
 from sat_tasks.core.bounded import fmt_bytes, too_large
@@ -113,7 +113,7 @@ def object_storage_hook(conn_id: str = DEFAULT_CONN_ID) -> S3Hook:
 
 def safe_relative_path(key: str, prefix: str) -> PurePosixPath:
     """The path of `key` below `prefix`, refusing keys that would escape the target directory."""
-    rel = key[len(prefix):] if key.startswith(prefix) else key
+    rel = key.removeprefix(prefix)
     if prefix and not prefix.endswith("/") and rel.startswith("/"):
         rel = rel[1:]  # prefix "data" and key "data/x": the separator is not part of the path
     if not rel:

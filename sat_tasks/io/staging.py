@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sat_tasks.core.contracts import Log
 from sat_tasks.io import object_storage as storage
@@ -158,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hook = new_hook(None)
     try:
         report = args.func(args, hook)
-    except Exception as exc:  # one clear line for the task log; the pod fails with status 1
+    except Exception as exc:  # noqa: BLE001 - one clear line for the task log; the pod fails with status 1
         print(f"{args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     print(REPORT_PREFIX + json.dumps(report, default=str), flush=True)

@@ -32,15 +32,15 @@ _FACTORS: dict[str, Decimal] = {
 _QUANTITY = re.compile(r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?P<suffix>[KMGTPE]i|[numkMGTPE])?$")
 
 
-def parse_quantity(value: str | int | float | Decimal) -> Decimal:
+def parse_quantity(value: str | float | Decimal) -> Decimal:
     """The quantity's value (cores, bytes); ValueError naming the value when it is not a Kubernetes quantity.
 
     Numbers are taken as they are; text is a decimal number with an optional binary
     (`Ki`..`Ei`) or decimal (`n`, `u`, `m`, `k`, `M`..`E`) suffix, or a decimal exponent
     (`1e3`), as the Kubernetes API reads it.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    if isinstance(value, bool):  # a validator's error: pydantic reports ValueErrors with the field's rule
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")  # noqa: TRY004
     if isinstance(value, (int, float, Decimal)):
         return Decimal(value)
     text = str(value)
@@ -59,7 +59,7 @@ def parse_quantity(value: str | int | float | Decimal) -> Decimal:
 
 def quantity_bytes(value: str) -> int:
     """A memory quantity in whole bytes (rounded up: a limit is never made smaller)."""
-    return int(math.ceil(parse_quantity(value)))
+    return math.ceil(parse_quantity(value))
 
 
 def format_bytes(value: int) -> str:

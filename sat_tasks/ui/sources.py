@@ -47,7 +47,7 @@ def json_reader(hook: Any) -> ReadJson:
     def read(uri: str) -> Any:
         try:
             return read_json(hook, uri)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable record shows as missing on the page, never a 500
             return None
 
     return read

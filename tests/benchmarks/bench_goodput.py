@@ -48,13 +48,14 @@ Targets (issue 32): goodput >= 0.95 with one fault per 2 minutes of training; el
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ ATTEMPT_LINE = re.compile(r"\[sat\] attempt (\d+) of job")
 
 
 def _engine_ts(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").astimezone(timezone.utc)
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").astimezone(UTC)
 
 
 def productive_seconds(log: list[str]) -> float:
@@ -92,7 +93,7 @@ def productive_seconds(log: list[str]) -> float:
         if seg["resume"] is not None:
             start = seg["resume"][0]
         else:
-            rates = [(b[0] - a[0]).total_seconds() / (b[1] - a[1]) for a, b in zip(commits, commits[1:]) if b[1] > a[1]]
+            rates = [(b[0] - a[0]).total_seconds() / (b[1] - a[1]) for a, b in itertools.pairwise(commits) if b[1] > a[1]]
             per_step = statistics.median(rates) if rates else 0.0
             from datetime import timedelta
 
@@ -195,7 +196,7 @@ def summarize(label: str, report: dict, log: list[str]) -> dict:
     t_step = step_seconds(log)
     goodput = productive_seconds(log) / wall
     step_estimate = report["global_step"] * t_step / wall
-    lost = [(a.get("last_committed_step"), b.get("resumed_from")) for a, b in zip(attempts, attempts[1:])]
+    lost = [(a.get("last_committed_step"), b.get("resumed_from")) for a, b in itertools.pairwise(attempts)]
     print(f"{label}: {len(attempts)} attempt(s), {report['global_step']} steps (median {t_step * 1000:.0f} ms/step), "
           f"wall {wall:.1f}s, goodput {goodput:.3f} (median-step estimate {step_estimate:.3f}), "
           f"(last commit, resumed from) per fault {lost}", flush=True)

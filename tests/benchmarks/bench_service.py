@@ -66,7 +66,7 @@ def first_step_watch(work: Path) -> tuple[threading.Event, dict]:
 def _parse(value) -> float:
     if isinstance(value, datetime):
         return value.timestamp()
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    return datetime.fromisoformat(str(value)).timestamp()  # 3.11 reads a trailing "Z" as UTC
 
 
 def _utc(text: str) -> float:

@@ -42,7 +42,7 @@ class FirstStepWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
-    def __enter__(self) -> FirstStepWatch:
+    def __enter__(self) -> FirstStepWatch:  # noqa: PYI034
         self._thread.start()
         return self
 

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from ckpt_helpers import seed_env
 
 from ckpt_engine.vendor import write_vendor_dir
-from ckpt_helpers import seed_env
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-WORDS = "the quick brown fox jumps over lazy dog training checkpoint engine spot resume data".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "training", "checkpoint", "engine", "spot", "resume", "data"]
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
+from ckpt_helpers import flip_byte
 
 from ckpt_engine import CheckpointEngine, verify_checkpoint
 from ckpt_engine.errors import CheckpointNotFoundError
@@ -24,7 +25,6 @@ from ckpt_engine.manifest import (
     split_for_ranks,
 )
 from ckpt_engine.storage import FileStorage, MemoryStorage
-from ckpt_helpers import flip_byte
 
 SIZES = [0, 1, 4097, CHUNK_BYTES - 1, CHUNK_BYTES, CHUNK_BYTES + 1, 2 * CHUNK_BYTES + 12345]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_helpers import flip_byte
 
 from ckpt_engine import CheckpointEngine, FaultyStorage, FileStorage, PersistError, verify_checkpoint
-from ckpt_helpers import flip_byte
 
 
 def corrupt_truncate(path: Path) -> None:

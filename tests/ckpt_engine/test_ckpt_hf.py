@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from ckpt_helpers import read_progress, seed_env, write_ds_config
+from safetensors.torch import load_file
 
 from ckpt_engine.manifest import CHECKSUM_PREFIX
 

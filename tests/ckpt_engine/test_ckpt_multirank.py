@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_helpers import flip_byte, read_progress, seed_env, write_ds_config
 
 from ckpt_engine import CheckpointEngine, FaultyStorage
 from ckpt_engine.contract import FileEntry
 from ckpt_engine.formats import BytesFile, plan_torch_file
 from ckpt_engine.manifest import CHECKSUM_PREFIX, split_for_ranks
 from ckpt_engine.multirank import MARKER_DIR, RankCoordinator, RankMarker, marker_key
-from ckpt_helpers import flip_byte, read_progress, seed_env, write_ds_config
 from sat_tasks.io.local_s3 import free_port
 
 TOKEN = "0123abcd"
@@ -336,7 +336,6 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     pytest.importorskip("deepspeed")
     from sat_tasks.backends.kubernetes import pods as k8s_pods
     from sat_tasks.backends.kubernetes import settings as k8s_settings
-    from sat_tasks.backends.kubernetes import supervisor as k8s_supervisor
     from sat_tasks.core.contracts import Plan
     from sat_tasks.spec import parse_spec
 
@@ -390,9 +389,8 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     # its log says why: pod 1's torchrun got the signal, pod 0's rank got none and learned of
     # the stop from the vote. The classifier must read that as a stop from outside, not as an
     # internal error that would end a Spot job instead of resuming it.
+    from sat_tasks.classify import VerdictKind, classify, combine_rank_records
     from sat_tasks.core.attempt import AttemptRecord
-    from sat_tasks.classify import VerdictKind, classify
-    from sat_tasks.classify import combine_rank_records
 
     assert [p.returncode for p in procs] == [1, 1]
     assert "another rank received SIGTERM" in outputs[0]

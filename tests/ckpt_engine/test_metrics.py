@@ -102,7 +102,7 @@ def otlp_receiver():
     received = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             request = ExportMetricsServiceRequest()
             request.ParseFromString(body)

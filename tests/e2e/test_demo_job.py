@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 from sat_tasks.cli.run import run_job
-from sat_tasks.spec import load_spec
 from sat_tasks.io.object_storage import read_json
+from sat_tasks.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "include" / "jobs" / "tiny-llama-demo.yaml"

@@ -27,7 +27,8 @@ def reasons(report: dict) -> list[str]:
     return [entry["reason"] for entry in report["history"]]
 
 
-def test_a_suspect_node_is_relocated_blamed_and_quarantined_when_a_second_job_fails_there(scripts_in_bucket, s3_hook):
+def test_a_suspect_node_is_relocated_blamed_and_quarantined_when_a_second_job_fails_there(
+        scripts_in_bucket, s3_hook):  # noqa: F811 - the fixture imported above
     first_job = make_job("e2e-suspect-a", faults=fault(68))
     report, attempts = run(first_job)
     assert report["status"] == "Completed"

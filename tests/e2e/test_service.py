@@ -50,7 +50,7 @@ from sat_tasks.service.stack import ServiceStack, processes_of
 from tests.support.paths import REPO
 
 BUCKET = "sat-demo"
-REGISTRY_PASSWORD = "s3cr3t-svc-REGISTRY-7c1f"  # noqa: S105 - the secret the test looks for everywhere
+REGISTRY_PASSWORD = "s3cr3t-svc-REGISTRY-7c1f"
 WATCHED = f"s3://{BUCKET}/datasets/watched/"
 FAST_ENV = {"FAKE_STEPS": "20", "FAKE_SAVE_EVERY": "5", "FAKE_STEP_SECONDS": "0.05"}
 DEMO_NAME = "tiny-llama-ui"  # the demo job, created in the browser's Create Training Job form
@@ -69,7 +69,7 @@ TENANCY_STEPS = 20
 # The cron job: daily, at a time a few minutes past. Airflow (catchup off) runs the latest past tick at once and
 # the next one tomorrow: one scheduled run. "* * * * *" also ran at once, but then once a minute: until the
 # module paused it, a second whole run (data validation, a launch) took the two cores from the demo job.
-_CRON_AT = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+_CRON_AT = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
 CRON = f"{_CRON_AT.minute} {_CRON_AT.hour} * * *"
 
 
@@ -1386,7 +1386,8 @@ def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deploymen
     env = {**os.environ, "AIRFLOW_HOME": str(deployment.home), "SAT_PORT": str(deployment.port),
            "SAT_STORAGE_PORT": str(storage_port), "SAT_STORAGE_DIR": str(storage_dir), "SAT_DB": "postgres"}
     sat = str(Path(sys.executable).with_name("sat"))
-    up = subprocess.Popen([sat, "up"], env=env, stdout=open(tmp_path / "up.log", "w"), stderr=subprocess.STDOUT,
+    up = subprocess.Popen([sat, "up"], env=env, stdout=open(tmp_path / "up.log", "w"),  # noqa: SIM115 - its life long
+                          stderr=subprocess.STDOUT,
                           start_new_session=True)
     try:
         deadline = time.monotonic() + 180

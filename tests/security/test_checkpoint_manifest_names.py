@@ -50,7 +50,7 @@ def test_a_mirrored_manifest_with_dotdot_is_skipped_for_the_previous_checkpoint(
     engine.close()
     (tmp_path / "mirror" / "secret").write_bytes(b"not a checkpoint file")
     manifest = json.loads(mirror.read_bytes("checkpoint-2/manifest.json"))
-    name, entry = next(iter(manifest["files"].items()))
+    _name, entry = next(iter(manifest["files"].items()))
     manifest["files"] = {"../../secret": entry}  # points outside the mirror root
     mirror.write_atomic("checkpoint-2/manifest.json", json.dumps(manifest).encode())
     local = FileStorage(tmp_path / "node")

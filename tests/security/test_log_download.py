@@ -41,12 +41,12 @@ class _Hook:
                                       list_objects_v2=self._list)
         self.keys: list[str] = []
 
-    def _get(self, Bucket, Key, Range=None):  # noqa: N803 (boto3's names)
+    def _get(self, Bucket, Key, Range=None):
         self.keys.append(Key)
         assert Range in (None, f"bytes=0-{len(self.body.data) - 1}"), Range  # the whole object, streamed
         return {"ContentLength": len(self.body.data), "Body": self.body}
 
-    def _list(self, Bucket, Prefix, MaxKeys=1000):  # noqa: N803
+    def _list(self, Bucket, Prefix, MaxKeys=1000):
         return {"Contents": [{"Key": Prefix, "Size": len(self.body.data)}]}  # the job log is there
 
     def get_conn(self):

@@ -8,9 +8,9 @@ every Authorization header it is sent.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 

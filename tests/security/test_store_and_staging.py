@@ -28,17 +28,17 @@ class RecordedStore:
     def get_paginator(self, _operation: str) -> RecordedStore:
         return self
 
-    def paginate(self, Bucket: str) -> list[dict]:  # noqa: N803 - boto3's spelling
+    def paginate(self, Bucket: str) -> list[dict]:
         return [{"Contents": [{"Key": key, "ETag": hashlib.md5(body).hexdigest()}
                               for key, body in sorted(self.buckets[Bucket].items())]}]
 
     def download_file(self, bucket: str, key: str, filename: str) -> None:
         Path(filename).write_bytes(self.buckets[bucket][key])
 
-    def create_bucket(self, Bucket: str) -> None:  # noqa: N803
+    def create_bucket(self, Bucket: str) -> None:
         self.buckets.setdefault(Bucket, {})
 
-    def put_object(self, Bucket: str, Key: str, Body) -> dict:  # noqa: N803
+    def put_object(self, Bucket: str, Key: str, Body) -> dict:
         self.buckets[Bucket][Key] = Body.read()
         return {"ETag": hashlib.md5(self.buckets[Bucket][Key]).hexdigest()}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 
@@ -57,7 +58,7 @@ def _training_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 class _SidecarSpy:
     """Stands in for the metrics sidecar: keeps the environment the runner gives it, starts nothing."""
 
-    seen: list[dict[str, str]] = []
+    seen: ClassVar[list[dict[str, str]]] = []
 
     def __init__(self, env: dict[str, str], log_file: Path) -> None:
         _SidecarSpy.seen.append(dict(env))

@@ -61,7 +61,7 @@ class RegistryServer:
     log_path: Path
     process: subprocess.Popen = field(repr=False)
 
-    def __enter__(self) -> RegistryServer:
+    def __enter__(self) -> RegistryServer:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc_info: object) -> None:

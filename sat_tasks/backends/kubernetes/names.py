@@ -56,7 +56,7 @@ def label_value(value: str) -> str:
     """
     safe = re.sub(r"^[^a-z0-9A-Z]*|[^a-zA-Z0-9_\-\.]|[^a-z0-9A-Z]*$", "", value)
     if len(safe) > MAX_LABEL or value != safe:
-        digest = hashlib.md5(value.encode()).hexdigest()[:9]  # noqa: S324 - a name, not security
+        digest = hashlib.md5(value.encode()).hexdigest()[:9]
         safe = safe[: MAX_LABEL - len(digest) - 1] + "-" + digest if safe else digest
     return safe
 

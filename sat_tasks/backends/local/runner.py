@@ -393,7 +393,7 @@ class LocalAttempt:
         """Pass a person's stop request on to the training as SIGTERM (final checkpoint, then exit)."""
         try:
             request = self.stop_requested()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a store that cannot be read now is read again at the next poll
             log(f"[sat] could not read the stop request ({type(exc).__name__}); training goes on")
             return
         if not request:
@@ -408,7 +408,7 @@ class LocalAttempt:
         """Capacity is back for an elastic attempt on fewer nodes: SIGTERM (final checkpoint), then more nodes."""
         try:
             grow = self.grow_check()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a look that failed is looked again; it never ends the attempt
             log(f"[sat] elastic: could not check for capacity to grow back ({type(exc).__name__}: {exc})")
             return
         if grow is None:

@@ -101,7 +101,7 @@ def _import_preload(server: socket.socket, preload: Sequence[str]) -> list[str]:
         try:
             importlib.import_module(name)
             loaded.append(name)
-        except Exception:  # noqa: BLE001 - a module the job does not have is just not preloaded
+        except Exception:  # noqa: BLE001, S112 - a module the job does not have is just not preloaded
             continue
     _set_policy(getattr(os, "SCHED_OTHER", None))  # the children train at normal priority
     return loaded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -286,8 +286,8 @@ def test_rank_and_timestamp_prefixes_are_understood():
 
 
 def test_node_log_outside_the_attempt_window_is_ignored():
-    started = datetime(2026, 11, 29, 3, 0, tzinfo=timezone.utc)
-    finished = datetime(2026, 11, 29, 4, 0, tzinfo=timezone.utc)
+    started = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
+    finished = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
     stale = "2026-11-28T21:40:02,118231+00:00 " + XID79
     later = "2026-11-29T05:00:00+0000 gpu-node-07 kernel: " + XID79
     during = "2026-11-29T03:30:00+00:00 " + XID79
@@ -350,7 +350,7 @@ def test_record_from_pod_reads_states_conditions_and_node():
     assert built.backend == "kubernetes"
     assert built.node == "gpu-node-07"
     assert built.exit_code == 137 and built.termination_reason == "Error"
-    assert built.started_at == datetime(2026, 11, 29, 2, 1, 10, tzinfo=timezone.utc)
+    assert built.started_at == datetime(2026, 11, 29, 2, 1, 10, tzinfo=UTC)
     assert built.image.startswith("registry.example.com/ml/llama-train")
     assert built.log_tail == ["one", "two"]
     assert any(c["type"] == "Ready" and c["status"] == "Unknown" for c in built.node_conditions)

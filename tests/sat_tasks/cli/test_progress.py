@@ -136,7 +136,7 @@ class FakeHook:
         class Client:
             exceptions = SimpleNamespace(NoSuchKey=NoSuchKey)
 
-            def get_object(self, Bucket, Key):  # noqa: N803 - boto3's names
+            def get_object(self, Bucket, Key):
                 if (Bucket, Key) not in hook.objects:
                     raise NoSuchKey(Key)
                 data = hook.objects[(Bucket, Key)].encode()

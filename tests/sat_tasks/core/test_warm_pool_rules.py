@@ -26,7 +26,7 @@ def job(**overrides):
 
 
 def state(the_job, **overrides) -> WarmState:
-    data = dict(job=the_job.name, backend="local", run_id="run-1", kept_at=0.0, expires_at=100.0,
+    data = dict(job=the_job.name, backend="local", run_id="run-1", kept_at=0.0, expires_at=100.0,  # noqa: C408
                 spec_hash=spec_hash(the_job), data_source=the_job.data.source, data_dir="/warm/data",
                 objects={"data/a.txt": "e1"}, suite_hash="s1", validation={"success": True},
                 image={"reference": "r", "digest": "sha256:" + "a" * 64}, nodes=["local-node-1"])

@@ -131,7 +131,7 @@ def test_read_json_stops_at_the_bound_when_the_body_is_longer_than_its_length_sa
     class Client:
         exceptions = SimpleNamespace(NoSuchKey=KeyError)
 
-        def get_object(self, Bucket, Key):  # noqa: N803 - boto3's names
+        def get_object(self, Bucket, Key):
             return {"ContentLength": 10, "Body": Body()}
 
     hook = SimpleNamespace(get_conn=Client)
@@ -169,7 +169,7 @@ def test_object_check_picks_the_strongest_check_the_object_allows(meta, expected
 
 
 def test_crt_checksums_are_passed_over_when_they_cannot_be_computed(monkeypatch):
-    monkeypatch.setattr(storage, "_crt_checksums", lambda: {})
+    monkeypatch.setattr(storage, "_crt_checksums", dict)
     meta = {"ETag": f'"{MD5_OF_HELLO}"', "ChecksumCRC32C": "mnG7TA==", "ChecksumCRC32": "NhCmhg=="}
     assert storage.object_check(meta).method == "crc32"
     assert storage.object_check({"ETag": f'"{MD5_OF_HELLO}"', "ChecksumCRC64NVME": "AAAAAAAAAAA="}).method == "md5"
@@ -202,7 +202,7 @@ def test_each_object_gets_the_check_it_allows_and_the_summary_says_which(s3_hook
     client.put_object(Bucket=BUCKET, Key="mixed/md5.txt", Body=b"hello")
     client.put_object(Bucket=BUCKET, Key="mixed/kms.txt", Body=b"hello", ServerSideEncryption="aws:kms")
     # S3 gives an SSE-KMS object an ETag that is not its MD5; the embedded server does not, so say it here.
-    real_kms_etag = lambda parsed, **_: parsed.get("ServerSideEncryption") == "aws:kms" and parsed.update(  # noqa: E731
+    real_kms_etag = lambda parsed, **_: parsed.get("ServerSideEncryption") == "aws:kms" and parsed.update(
         ETag=f'"{SSE_KMS_ETAG}"')
     events = s3_hook.get_conn().meta.events
     for operation in ("GetObject", "HeadObject"):

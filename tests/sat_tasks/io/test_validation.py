@@ -372,7 +372,7 @@ def test_profile_file_measures(tmp_path: Path, content: bytes, expected: dict) -
 
 
 def test_profile_file_handles_multibyte_across_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sat_tasks.io.validation as validation
+    from sat_tasks.io import validation
 
     monkeypatch.setattr(validation, "_READ_CHUNK", 3)
     path = tmp_path / "f.txt"

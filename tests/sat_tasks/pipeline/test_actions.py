@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest

@@ -44,7 +44,7 @@ def test_what_is_not_a_quantity_is_refused_with_the_value_named(text):
 
 
 def test_numbers_bytes_and_formatting():
-    assert parse_quantity(2) == Decimal(2) and parse_quantity(0.5) == Decimal(0.5)
+    assert parse_quantity(2) == Decimal(2) and parse_quantity(0.5) == Decimal("0.5")
     assert quantity_bytes("1.5Ki") == 1536 and quantity_bytes("1m") == 1  # rounded up, never smaller
     assert format_bytes(520 * 2**30) == "520Gi" and format_bytes(1000) == "1000"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -20,7 +20,7 @@ from sat_tasks.ui.jobs import RunRef, job_of, job_page, list_rows
 from tests.sat_tasks.spec.test_spec import BASE
 
 GENERIC = "sat_training_job"
-T0 = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 
 
 def _job(name: str, **fields):
@@ -62,7 +62,7 @@ def test_rows_in_the_services_words_newest_first_sat_dags_only():
     rows = list_rows(runs, jobs, store.get, GENERIC)
     assert [row["job"] for row in rows] == ["demo-job", "nightly-job"]  # not the DAG that is no Training Job
     queued = RunRef("nightly-job", "scheduled__2", "queued")  # not started: the newest of all
-    assert [r["run_id"] for r in list_rows([*runs, queued], jobs, store.get, GENERIC)][0] == "scheduled__2"
+    assert next(r["run_id"] for r in list_rows([*runs, queued], jobs, store.get, GENERIC)) == "scheduled__2"
     first = rows[0]
     assert first["status"] == "Running" and first["attempt"] == 2 and first["last_checkpoint_step"] == 100
     assert (first["learning_type"], first["framework"], first["nodes"]) == ("on-demand", "pytorch", 1)

@@ -279,22 +279,22 @@ def test_the_job_page_shows_gpu_hours_goodput_queue_time_and_times_in_the_person
     assert (data["gpu_hours"], data["node_hours"], data["running_s"], data["goodput"]) == (8.0, 2.0, 3600.1, 0.8)
     assert (data["creator"], data["queue_s"], data["queued"]) == ("ana", 30.0, U0.isoformat())
     html = client.get(f"/sat/jobs/{GENERIC}/runs/{run_id}", headers=admin).text
-    usage = re.search(r"<p id='run-usage'>(.*?)</p>", html, re.S).group(1)
+    usage = re.search(r"<p id='run-usage'>(.*?)</p>", html, re.DOTALL).group(1)
     assert ">8.00</span>" in usage and ">80.0%</span>" in usage and "data-rate" not in usage  # ended: it ticks no more
-    times = re.search(r"<p id='run-times'>(.*?)</p>", html, re.S).group(1)
+    times = re.search(r"<p id='run-times'>(.*?)</p>", html, re.DOTALL).group(1)
     started = (U0 + timedelta(seconds=30)).isoformat()
     assert f"<time class='when' datetime='{started}' data-style='full' id='started-at'" in times
     assert "2026-11-20 08:00:30 UTC</time>" in times and "waited <span id='queue-time'>0m 30s</span>" in times
     assert "class='duration'" in times and "ticking" not in times  # the run has ended: its duration is fixed
     assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d", re.sub(r"datetime='[^']*'", "", times))  # no microseconds shown
-    facts = re.search(r"<p id='run-facts'>(.*?)</p>", html, re.S).group(1)
+    facts = re.search(r"<p id='run-facts'>(.*?)</p>", html, re.DOTALL).group(1)
     assert "created by <span id='creator'>ana</span>" in facts and "href='/sat/workspaces#ws-gpu-team'" in facts
     assert "2 node(s) &times; 4 GPU(s)" in facts
     # the status history's times too: the person's zone by script, UTC to the second without it
     history = re.sub(r"datetime='[^']*'", "", html.split("<h3>Status history</h3>")[1].split("</table>")[0])
     assert "2026-11-20 09:03:00 UTC</time>" in history and ".123456" not in history
     cpu = client.get(f"/sat/jobs/{GENERIC}/runs/{usage_runs['cpu']}", headers=admin).text
-    assert "CPU, <span class='amount'><span class='hours'>0.50</span> node-h</span>" in re.search(r"<p id='run-usage'>(.*?)</p>", cpu, re.S).group(1)
+    assert "CPU, <span class='amount'><span class='hours'>0.50</span> node-h</span>" in re.search(r"<p id='run-usage'>(.*?)</p>", cpu, re.DOTALL).group(1)
 
 
 def test_the_workspaces_page_sums_gpu_and_node_hours_over_its_jobs_runs(client, admin, usage_runs):  # noqa: F811
@@ -378,12 +378,10 @@ def test_the_list_fits_1280_px_inside_airflows_navigation_and_no_status_word_bre
     iframe taking the rest), the list served by the API server app. The list has no horizontal scroll, no status
     word breaks inside itself, times are relative with no raw UTC, and the screenshot is kept for a person to see.
     A job page then shows its times in the browser's time zone (Berlin here) and how long ago."""
-    from urllib.parse import quote
-
     import os
     import re
     from pathlib import Path
-    from urllib.parse import urlsplit
+    from urllib.parse import quote, urlsplit
 
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} missing: `make system-deps` installs Debian's chromium")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+
 import pytest
 
 from sat_tasks.core.status import JobStatus
@@ -111,7 +112,7 @@ def test_a_spec_change_keeps_the_data_but_not_the_node(warm_job, lines):
 
 
 def test_a_changed_data_source_stages_everything_again(warm_job, lines, s3_hook):
-    job, _ = _first_run(warm_job, lines)
+    _first_run(warm_job, lines)
     other = f"s3://{warm_job.bucket}/datasets/{warm_job.name}-other/"
     for name in ("a.txt", "b.txt"):
         s3_hook.load_bytes(b"text\n" * 50, key=f"datasets/{warm_job.name}-other/{name}", bucket_name=warm_job.bucket,

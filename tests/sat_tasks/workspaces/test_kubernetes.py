@@ -210,7 +210,7 @@ def _failover_job():
     return parse_spec(job_spec(backend="kubernetes", job_failover=True))
 
 
-def NO_WARM(workspace, nodes, log, client):  # noqa: N802 - no warm state in the workspace
+def NO_WARM(workspace, nodes, log, client):
     return []
 
 

@@ -134,7 +134,7 @@ def test_jobs_start_in_order_as_capacity_frees(sat_dirs, workspace_data):
 
     def job(name: str, slots: int) -> None:
         try:
-            ticket, nodes = board.acquire(lambda: store.get("team-a"), job=f"job-{name}", run_id=f"run-{name}",
+            ticket, _nodes = board.acquire(lambda: store.get("team-a"), job=f"job-{name}", run_id=f"run-{name}",
                                           attempt=1, slots=slots, deadline_seconds=DEADLINE,
                                           on_wait=lambda a: waits.setdefault(name, []).append(a.reason),
                                           poll_seconds=0.05)
@@ -249,9 +249,8 @@ def test_a_failover_that_waits_past_the_deadline_fails_with_what_it_waited_for(s
     WorkspaceStore().create({**workspace_data, "nodes": 2})
     run = FakeRun(parse_spec(job_spec()))
     plan = Plan(attempt=2, exclude_nodes=["team-a-node-0"], failovers=1)
-    with pytest.raises(WorkspaceWaitTimeout):
-        with attempt_nodes(run, plan, lambda _line: None, poll_seconds=0.05):
-            pass
+    with pytest.raises(WorkspaceWaitTimeout), attempt_nodes(run, plan, lambda _line: None, poll_seconds=0.05):
+        pass
     statuses = run.statuses()
     assert statuses[0][0] == JobStatus.FAILOVER_IN_PROGRESS.value
     assert "1 of them excluded after failed attempts (team-a-node-0): too few healthy nodes for 2" in statuses[0][1]

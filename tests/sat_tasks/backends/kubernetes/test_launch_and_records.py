@@ -30,8 +30,7 @@ from sat_tasks.classify import VerdictKind, classify, combine_rank_records
 from sat_tasks.classify.multirank import PEER_SYMPTOM_REASONS
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import parse_time
-from sat_tasks.core.contracts import Action, Decision
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.contracts import Action, Decision, Plan
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.io import object_storage
 from sat_tasks.io.run_layout import JobRun
@@ -138,7 +137,6 @@ def captured(monkeypatch, cluster):
     def fake_execute(self, context):
         pod = self.build_pod_request_obj(context, dry_run=True)
         seen.append((ApiClient().sanitize_for_serialization(pod), self))
-        return None
 
     monkeypatch.setattr(KubernetesPodOperator, "execute", fake_execute)
     monkeypatch.setenv("AIRFLOW__SAT__BACKEND", "kubernetes")
@@ -221,7 +219,7 @@ def test_no_validated_spec_skips(captured):
 
 
 def test_pod_gets_no_secret(captured, bucket, monkeypatch):
-    password = "s3cr3t-registry-password"  # noqa: S105 - a test value
+    password = "s3cr3t-registry-password"
     monkeypatch.setenv("AIRFLOW_CONN_SAT_REGISTRY_MAIN", json.dumps(
         {"conn_type": "generic", "host": "registry.example.com", "login": "robot", "password": password}))
     spec = _spec(name="no-secrets")

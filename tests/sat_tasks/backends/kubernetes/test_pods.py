@@ -758,10 +758,10 @@ def test_pod_operator_builds_the_rendered_pod(key, rank):
     assert operator.kubernetes_conn_id == "k8s_prod"
     built_env = {e["name"]: e for e in _container(built)["env"]}
     assert built_env["CKPT_MIRROR_URL"]["value"].endswith("/checkpoints/")
-    for name, key in (("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
-                      ("AWS_SESSION_TOKEN", "session_token")):  # the attempt's own Secret (ADR 0020)
+    for name, secret_key in (("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
+                             ("AWS_SESSION_TOKEN", "session_token")):  # the attempt's own Secret (ADR 0020)
         assert built_env[name] == {"name": name, "valueFrom": {"secretKeyRef": {
-            "name": k8s_names.attempt_credentials_name(job, RUN_ID, 2), "key": key}}}
+            "name": k8s_names.attempt_credentials_name(job, RUN_ID, 2), "key": secret_key}}}
     _validate(built)
 
 

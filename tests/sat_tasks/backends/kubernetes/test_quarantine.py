@@ -102,7 +102,7 @@ def test_cordon_taints_once_and_a_release_undoes_only_what_sat_did():
     spec = cluster.nodes[0]["spec"]
     assert spec["unschedulable"] is True
     assert spec["taints"] == [GPU_TAINT, {"key": "sat.io/quarantined", "value": "true", "effect": "NoSchedule"}]
-    (name, content_type, patch), = cluster.patches
+    (_name, content_type, patch), = cluster.patches
     assert content_type == "application/strategic-merge-patch+json" and patch["metadata"]["resourceVersion"] == "7"
     kubernetes_validate.validate(cluster.nodes[0], "1.37.0", strict=True)
     assert quarantine.cordon_node(core, "gpu-1", lines.append) is False  # already cordoned: no second patch

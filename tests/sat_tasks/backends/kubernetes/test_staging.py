@@ -27,7 +27,7 @@ K8S_VERSION = "1.37.0"
 SETTINGS = k8s_settings.KubernetesSettings(object_storage_endpoint="https://storage.example.com",
                                   object_storage_secret="team-a-keys",
                                   staging_image="registry.example.com/sat/airflow:9")
-MARKER_ID, MARKER_SECRET = "AKIAMARKERc0ffee", "s3cr3t-MARKER-staging"  # noqa: S105 - test values
+MARKER_ID, MARKER_SECRET = "AKIAMARKERc0ffee", "s3cr3t-MARKER-staging"
 
 
 def _job(**overrides):
