@@ -137,6 +137,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("k8s_run_as_group", "integer", "1000", _K8S + "the gid training pods run as; never 0."),
     Setting("k8s_staging_run_as_user", "integer", "50000", _K8S + "the uid of the helper pods; never 0."),
     Setting("k8s_fs_group", "integer", "1000", _K8S + "the supplementary group of every SAT pod."),
+    Setting("k8s_probe_start_seconds", "integer", "60", _K8S + "how long the health check's probe pod may stay "
+            "Pending on a suspect node before the probe gives up and decides nothing."),
     # ---- failures, nodes, Spot ---------------------------------------------------------------------------
     Setting("spot_node_labels", "list", "", "Node labels or taints (key=value or key) that mark an on-premise pool "
             "as Spot capacity: a pod lost with such a node is a preemption, not a hardware fault. GKE, EKS, "

@@ -28,6 +28,10 @@ os.environ["AIRFLOW__SAT__BACKEND"] = "local"
 # run a deployment as `make up` does, choose `container`).
 os.environ["AIRFLOW__SAT__LOCAL_RUNTIME"] = "host"
 os.environ["AIRFLOW__SAT__FINAL_CHECKPOINT_GRACE_SECONDS"] = "20"
+# The in-memory API server has no kubelet unless a test gives it one: a suspect node's probe pod stays Pending,
+# and the health check gives up after this long instead of a minute (tests/sat_tasks/backends/kubernetes/test_probe.py
+# holds the probe to its 60 s default).
+os.environ["AIRFLOW__SAT__K8S_PROBE_START_SECONDS"] = "1"
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -20,7 +20,7 @@ backend to the same contract. Call order for one run:
 
 `Backend` is an abstract class: a subclass missing one of those methods cannot be instantiated.
 The features a backend may offer are small optional interfaces, each declared by a flag of its
-`capabilities` and checked against it when the subclass is defined (as torch DCP's
+`capabilities` and checked against it when the backend is instantiated (as torch DCP's
 `StorageWriter` and its optional mixins):
 
     WatchesGrowth (grow_watch)  watch_growth(run, plan): an elastic attempt on fewer nodes asked to
@@ -42,7 +42,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Decision, Log, Plan
@@ -117,8 +117,10 @@ class BackendCapabilities:
         node_probe: the node of a HARDWARE or SUSPECT_NODE verdict gets a health check before the ledger
             counts it (ADR 0004, `core.health_check`); the backend is a `ProbesNodes`.
 
-    Each optional flag and its interface are checked against each other when the backend's class is defined
-    (`Backend.__init_subclass__`): a flag without its methods, or methods without their flag, is a TypeError.
+    Each optional flag and its interface are checked against each other when the backend is instantiated
+    (`Backend.__new__`, beside the abstract methods' check): a flag without its methods, or methods without
+    their flag, is a TypeError. Not at class definition: a class whose `__init_subclass__` raises is left
+    half-made in its ABCs' subclass lists, where it answers `issubclass` with its base's cache.
     """
 
     pulls_images: bool
@@ -137,7 +139,7 @@ class Backend(ABC):
 
     An implementation subclasses this class and implements every abstract method (a subclass that
     misses one cannot be instantiated), plus the optional interfaces below for the features it offers,
-    each declared in its `capabilities` (checked when the subclass is defined).
+    each declared in its `capabilities` (checked when it is instantiated).
 
     Attributes:
         kind: the name it is installed under (its `sat.backends` entry point; the spec's
@@ -150,16 +152,14 @@ class Backend(ABC):
     kind: str
     capabilities: BackendCapabilities
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         declared = getattr(cls, "capabilities", None)
-        if not isinstance(declared, BackendCapabilities):
-            return  # an abstract intermediate class; the concrete one declares them
         for flag, interface in OPTIONAL_INTERFACES.items():
-            if getattr(declared, flag) != issubclass(cls, interface):
+            if isinstance(declared, BackendCapabilities) and getattr(declared, flag) != issubclass(cls, interface):
                 raise TypeError(f"backend {cls.__name__}: capabilities.{flag}={getattr(declared, flag)} but it "
                                 f"{'does not subclass' if getattr(declared, flag) else 'subclasses'} "
                                 f"{interface.__name__} ({', '.join(_methods(interface))})")
+        return super().__new__(cls)  # object.__new__: a missing abstract method is a TypeError here
 
     @property
     def pulls_images(self) -> bool:

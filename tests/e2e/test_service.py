@@ -697,7 +697,8 @@ def test_a_training_job_with_scoped_credentials_mirrors_its_checkpoints_and_comp
     _tenancy_log(deployment, runs)
     run = runs["tenancy"]
     prefix = _key_prefix(TENANCY, run.dag_run_id)
-    note = f"Object Storage credentials scoped to s3://{BUCKET}/{prefix} (read-write)"  # SAT's, in the launch log
+    # SAT's, in the launch log: the training writes its checkpoints, metrics and outputs only (ADR 0039)
+    note = f"Object Storage credentials scoped to checkpoints/, metrics/, output/ of s3://{BUCKET}/{prefix} (read-write)"
     assert note in _launch_log(api, run.dag_run_id)
     report = _report(deployment, TENANCY, run.dag_run_id)
     assert report["status"] == "Completed" and report["global_step"] == TENANCY_STEPS, report

@@ -33,6 +33,7 @@ from sat_tasks.spec.file_storage import FileStorageSettingError, parse_volumes
 from tests.support.k8s_api import RecordedCluster
 from tests.support.paths import REPO
 from tests.support.pod_security import violations
+from tests.support.task_instance import spec_ti
 
 NAMESPACE = "sat-jobs"
 RUN_ID = "manual__2026-12-07T08:00:00+00:00"
@@ -216,19 +217,6 @@ def _kubelet(pod: dict) -> tuple[int, str]:
     return 0, "trained\n"
 
 
-class _TI:
-    def __init__(self, task_id: str, spec: dict):
-        self.dag_id, self.task_id, self.map_index, self.try_number = "secure-job", task_id, -1, 1
-        self.pushed: dict = {}
-        self._spec = spec
-
-    def xcom_pull(self, task_ids=None, key="return_value"):
-        return self._spec if task_ids == "validate_spec" else None
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
 @pytest.fixture
 def bucket(s3_hook):
     if not s3_hook.check_for_bucket(BUCKET):
@@ -254,7 +242,7 @@ def test_the_launch_creates_restricted_pods_and_the_ranks_policy_and_cleanup_nev
     said: list[str] = []
     backend.stage(run, said.append)
     for operator in make_launch_operators(attempt=1, previous_decide_task_id=None, job=job, namespace=NAMESPACE):
-        ti = _TI(operator.task_id, job.to_dict())
+        ti = spec_ti(operator.task_id, job.to_dict(), dag_id="secure-job")
         operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
 
     created_pods = [body for kind, body in cluster.created if kind == "Pod"]

@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PROBE_CONTAINER = HELPER_CONTAINER  # the helper pods' container, which `staging._read_log` reads
 PROBE_TIMEOUT_S = 420.0  # DCGM's quick diagnostic (300 s at most) and the kernel (120 s) fit in it
+# A pod bound by nodeName starts within seconds on a live node; one still Pending after
+# `[sat] k8s_probe_start_seconds` says the node cannot run anything (gone, NotReady, its kubelet down):
+# the probe gives up and decides nothing.
 PROBE_COMPONENT = "node-probe"
 
 
@@ -87,19 +90,31 @@ def build_probe_pod(job: TrainingJob, run_id: str, node: str, *, namespace: str,
 
 
 def probe_node(job: TrainingJob, run_id: str, node: str, *, client: CoreV1Api, namespace: str,
-               settings: KubernetesSettings, log: Log = print, timeout_seconds: float = PROBE_TIMEOUT_S,
-               poll_seconds: float = 2.0, sleep: Callable[[float], None] = time.sleep,
-               clock: Callable[[], float] = time.monotonic) -> ProbeResult:
-    """Run the probe pod on `node` and return what it read; the pod is deleted whatever the outcome."""
+               settings: KubernetesSettings, log: Log = print, timeout_seconds: float | None = None,
+               start_seconds: float | None = None, poll_seconds: float = 2.0,
+               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> ProbeResult:
+    """Run the probe pod on `node` and return what it read; the pod is deleted whatever the outcome.
+
+    `timeout_seconds` (default `PROBE_TIMEOUT_S`) bounds the whole probe, `start_seconds` (default
+    `[sat] k8s_probe_start_seconds`, 60) how long the pod may stay Pending.
+    """
     pod = build_probe_pod(job, run_id, node, namespace=namespace, settings=settings)
     name = pod["metadata"]["name"]
-    deadline = clock() + timeout_seconds
+    now = clock()
+    deadline = now + (PROBE_TIMEOUT_S if timeout_seconds is None else timeout_seconds)
+    start_deadline = min(deadline, now + (settings.probe_start_seconds if start_seconds is None else start_seconds))
     _delete_leftover(client, name, namespace, deadline=deadline, poll_seconds=poll_seconds, sleep=sleep, clock=clock)
     client.create_namespaced_pod(namespace, pod)
     log(f"[sat] node health: probe pod {namespace}/{name} on {node}")
     try:
-        phase, stuck = _await_pod(client, name, namespace, deadline=deadline, poll_seconds=poll_seconds,
+        phase, stuck = _await_pod(client, name, namespace, deadline=start_deadline, poll_seconds=poll_seconds,
                                   sleep=sleep, clock=clock)
+        if phase == "Pending" and not stuck:
+            raise HelperPodFailed(f"probe pod {namespace}/{name} did not start on {node} within "
+                                  f"{start_deadline - now:.0f}s (the node may be gone or NotReady)")
+        if phase not in ("Succeeded", "Failed") and not stuck:
+            phase, stuck = _await_pod(client, name, namespace, deadline=deadline, poll_seconds=poll_seconds,
+                                      sleep=sleep, clock=clock)
         lines = [] if stuck else _read_log(client, name, namespace)
     finally:
         _delete(client, name, namespace)

@@ -53,6 +53,8 @@ class KubernetesSettings:
             whatever the image's USER (the training image's is 1000); never 0 (ADR 0040).
         staging_run_as_user: the uid of the helper pods (staging, upload) in `staging_image`
             (the Airflow image's `airflow` user, 50000); never 0.
+        probe_start_seconds: how long the health check's probe pod may stay Pending on a suspect node before
+            the probe gives up and decides nothing (the node is gone or NotReady; `kubernetes.probe`).
         fs_group: the supplementary group of every SAT pod; the run's claim is shared through it
             (staging writes the data, training the outputs, upload reads them).
     """
@@ -80,6 +82,7 @@ class KubernetesSettings:
     run_as_group: int = 1000
     staging_run_as_user: int = 50000
     fs_group: int = 1000
+    probe_start_seconds: int = 60
 
     @classmethod
     def from_sat_config(cls) -> KubernetesSettings:

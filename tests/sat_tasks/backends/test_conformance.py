@@ -42,6 +42,7 @@ from sat_tasks.spec.model import (
     BackendKind,
     installed_backends,
 )
+from tests.support.task_instance import spec_ti
 
 BACKENDS = installed_backends()
 BUCKET = "sat-conformance"
@@ -135,15 +136,22 @@ def test_a_backend_missing_a_method_cannot_be_instantiated():
 
 @pytest.mark.parametrize("flag", list(OPTIONAL_INTERFACES))
 def test_a_capability_and_its_interface_go_together(flag):
-    """Declaring a feature without its methods, or the methods without the flag, is refused when the class is made."""
+    """Declaring a feature without its methods, or the methods without the flag, is refused when it is made."""
     methods = {name: (lambda self, *a, **k: None) for name in METHODS}
     interface = OPTIONAL_INTERFACES[flag]
+    claims = type("Claims", (Backend,), {"kind": "claims", **methods, "capabilities": BackendCapabilities(
+        pulls_images=False, watches_stop_request=False, **{flag: True})})
     with pytest.raises(TypeError, match=f"capabilities.{flag}=True but it does not subclass {interface.__name__}"):
-        type("Claims", (Backend,), {"kind": "claims", **methods, "capabilities": BackendCapabilities(
-            pulls_images=False, watches_stop_request=False, **{flag: True})})
+        claims()
+    hides = type("Hides", (Backend, interface), {"kind": "hides", **methods, **{
+        name: (lambda self, *a, **k: None) for name in OPTIONAL[flag]}, "capabilities": BackendCapabilities(
+        pulls_images=False, watches_stop_request=False)})
     with pytest.raises(TypeError, match=f"capabilities.{flag}=False but it subclasses {interface.__name__}"):
-        type("Hides", (Backend, interface), {"kind": "hides", **methods, "capabilities": BackendCapabilities(
-            pulls_images=False, watches_stop_request=False)})
+        hides()
+    # neither class, nor any refused one, makes an installed backend look like it offers the feature
+    for name in BACKENDS:
+        installed = get_backend(name)
+        assert isinstance(installed, interface) == getattr(installed.capabilities, flag)
 
 
 def test_it_is_installed_under_its_name_and_declares_its_capabilities(backend):
@@ -302,18 +310,6 @@ def _kubernetes_launch(monkeypatch) -> Backend:
 _LAUNCH_DOUBLES: dict[str, Callable] = {"kubernetes": _kubernetes_launch}
 
 
-class _TI:
-    def __init__(self, task_id: str, spec: dict):
-        self.dag_id, self.task_id, self.map_index, self.try_number = "conformance-job", task_id, -1, 1
-        self._spec = spec
-
-    def xcom_pull(self, task_ids=None, key="return_value"):
-        return self._spec if task_ids == "validate_spec" else None
-
-    def xcom_push(self, key, value):
-        pass
-
-
 def test_a_launched_attempt_leaves_a_record_read_back_in_the_same_shape(backend, bucket, monkeypatch):
     launching = _LAUNCH_DOUBLES.get(backend.kind)
     backend = launching(monkeypatch) if launching else backend
@@ -323,7 +319,7 @@ def test_a_launched_attempt_leaves_a_record_read_back_in_the_same_shape(backend,
     with DAG(dag_id=f"conformance_launch_{backend.kind}", schedule=None), TaskGroup("attempt_1"):
         operators = backend.launch_operators(attempt=1, previous_decide_task_id=None, job=job)
     for operator in operators:
-        ti = _TI(operator.task_id, job.to_dict())
+        ti = spec_ti(operator.task_id, job.to_dict(), dag_id="conformance-job")
         operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
     record = backend.read_attempt_record(run, 1, _quiet)
     assert type(record) is AttemptRecord

@@ -38,6 +38,7 @@ from sat_tasks.pipeline import steps
 from sat_tasks.spec import TrainingJob, parse_spec
 from tests.support.k8s_api import RecordedCluster
 from tests.support.paths import SAT_FIXTURES
+from tests.support.task_instance import TaskInstanceStub
 
 FIXTURES = SAT_FIXTURES / "k8s_launch"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "case.json").exists())
@@ -103,20 +104,8 @@ def bucket(s3_hook):
 
 
 # ---- the launch operator ----------------------------------------------------------------------
-class _TI:
-    def __init__(self, task_id: str, xcoms: dict):
-        self.dag_id, self.task_id, self.map_index, self.try_number = "llama-ft", task_id, -1, 1
-        self._xcoms = xcoms
-
-    def xcom_pull(self, task_ids=None, key="return_value"):
-        return self._xcoms.get(task_ids)
-
-    def xcom_push(self, key, value):  # pragma: no cover - the provider's execute is captured
-        pass
-
-
 def _context(operator, xcoms: dict) -> dict:
-    return {"ti": _TI(operator.task_id, xcoms), "run_id": RUN_ID, "dag": SimpleNamespace()}
+    return {"ti": TaskInstanceStub(operator.task_id, xcoms, dag_id="llama-ft"), "run_id": RUN_ID, "dag": SimpleNamespace()}
 
 
 @pytest.fixture

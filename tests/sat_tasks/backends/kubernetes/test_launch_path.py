@@ -25,6 +25,7 @@ from sat_tasks.io.run_layout import JobRun
 from sat_tasks.io.staging import REPORT_PREFIX
 from sat_tasks.spec import TrainingJob, parse_spec
 from tests.support.k8s_api import RecordedCluster
+from tests.support.task_instance import spec_ti
 
 BUCKET = "sat-launch-path"
 NAMESPACE = "sat-jobs"
@@ -90,19 +91,6 @@ def _diff(got, want, path="") -> list[str]:
     return [] if got == want else [f"{path}: created {got!r}, rendered {want!r}"]
 
 
-class _TI:
-    def __init__(self, task_id: str, spec: dict):
-        self.dag_id, self.task_id, self.map_index, self.try_number = "path-job", task_id, -1, 1
-        self.pushed: dict = {}
-        self._spec = spec
-
-    def xcom_pull(self, task_ids=None, key="return_value"):
-        return self._spec if task_ids == "validate_spec" else None
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
 @pytest.fixture
 def bucket(s3_hook):
     if not s3_hook.check_for_bucket(BUCKET):
@@ -127,7 +115,7 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
     assert backend.stage(run, said.append) == STAGED
     for operator in make_launch_operators(attempt=1, previous_decide_task_id=None, job=job,
                                           namespace=NAMESPACE):
-        ti = _TI(operator.task_id, job.to_dict())
+        ti = spec_ti(operator.task_id, job.to_dict(), dag_id="path-job")
         operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
         assert ti.pushed["pod_name"].endswith(f"-r{operator.node_rank}")
 

@@ -77,12 +77,15 @@ def test_a_pod_without_a_result_raises_and_is_deleted():
     assert cluster.pods == []
 
 
-def test_a_pod_that_never_runs_raises_at_its_deadline_and_is_deleted():
+def test_a_pod_that_never_starts_gives_up_at_the_start_deadline_and_is_deleted():
+    """A node that cannot run a bound pod (gone, NotReady) keeps classify waiting a minute, not the whole probe's."""
     cluster = RecordedCluster()  # no kubelet: the pod stays Pending
-    clock = iter(range(0, 10_000, 60))
-    with pytest.raises(HelperPodFailed, match="gave no result .*phase Pending"):
-        _probe(cluster, timeout_seconds=300, sleep=lambda s: None, clock=lambda: float(next(clock)))
+    ticks = iter(range(0, 10_000, 10))
+    with pytest.raises(HelperPodFailed, match="did not start on gpu-7 within 60s"):
+        _probe(cluster, sleep=lambda s: None, clock=lambda: float(next(ticks)))
     assert cluster.pods == []
+    reads = [q for method, path, q, _ in cluster.requests if method == "GET" and path.endswith("-probe")]
+    assert 3 <= len(reads) <= 8  # polled until the start deadline (60 s of 10 s ticks), not the 420 s one
 
 
 def test_the_pods_own_command_prints_what_the_reader_parses():
