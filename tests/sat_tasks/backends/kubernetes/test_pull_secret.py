@@ -30,12 +30,12 @@ from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, parse_spec
 from tests.sat_tasks.backends.kubernetes.test_launch_path import (
-    _TI,
     STAGED,
     UPLOADED,
     _kubelet,
 )
 from tests.support.k8s_api import RecordedCluster, _body, _Response, _status
+from tests.support.task_instance import spec_ti
 
 BUCKET = "sat-pull-secret"
 NAMESPACE = "sat-jobs"
@@ -133,7 +133,7 @@ def _run_everything(job: TrainingJob, cluster: RecordedCluster, said: list[str])
     assert backend.stage(run, said.append) == STAGED
     pushed = []
     for operator in make_launch_operators(attempt=1, previous_decide_task_id=None, job=job, namespace=NAMESPACE):
-        ti = _TI(operator.task_id, job.to_dict())
+        ti = spec_ti(operator.task_id, job.to_dict(), dag_id="path-job")
         operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
         pushed.append(ti.pushed)
     assert backend.upload_outputs(run, said.append) == UPLOADED
