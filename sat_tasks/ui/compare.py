@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sat_tasks.errors import SatError
+from sat_tasks.ui.pages import Scale
 
 MAX_RUNS = 6
 MIN_RUNS = 2
@@ -120,15 +121,7 @@ def loss_chart(series: list[Series]) -> MultiChart:
     points = [pt for s in series for pt in s.points]
     if not points:
         return chart
-    x0, x1 = min(x for x, _ in points), max(x for x, _ in points)
-    y0, y1 = min(0.0, min(y for _, y in points)), max(y for _, y in points)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-
-    def xy(x: float, y: float) -> str:
-        px = chart.left + (x - x0) / (x1 - x0) * (chart.right - chart.left)
-        py = chart.bottom - (y - y0) / (y1 - y0) * (chart.bottom - chart.top)
-        return f"{px:.1f},{py:.1f}"
-
-    lines = tuple((s.colour, " ".join(xy(x, y) for x, y in s.points), s.label) for s in series if s.points)
-    return MultiChart("Loss by step", lines=lines, x_from=f"{x0:g}", x_to=f"{x1:g}", y_from=f"{y0:.3g}",
-                      y_to=f"{y1:.3g}")
+    scale = Scale.fit([x for x, _ in points], [y for _, y in points],
+                      (chart.left, chart.top, chart.right, chart.bottom))
+    lines = tuple((s.colour, scale.polyline(s.points), s.label) for s in series if s.points)
+    return MultiChart("Loss by step", lines=lines, **scale.ends())

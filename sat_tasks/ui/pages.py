@@ -134,28 +134,54 @@ class LineChart:
         return f"{(self.width + self.left) / 2:.0f}"
 
 
+@dataclass(frozen=True)
+class Scale:
+    """Data to pixel coordinates in a chart's plot box, shared by every chart of the view.
+
+    The y axis starts at zero or below; an axis of one value is widened by one, so a single point
+    (or a flat curve) still lays out.
+    """
+
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    box: tuple[int, int, int, int]  # left, top, right, bottom
+
+    @classmethod
+    def fit(cls, xs: list[float], ys: list[float], box: tuple[int, int, int, int]) -> Scale:
+        x0, x1 = min(xs), max(xs)
+        y0, y1 = min(0.0, min(ys)), max(ys)
+        return cls(x0, x1 if x1 > x0 else x0 + 1, y0, y1 if y1 > y0 else y0 + 1, box)
+
+    def x(self, x: float) -> str:
+        left, _, right, _ = self.box
+        return f"{left + (x - self.x0) / (self.x1 - self.x0) * (right - left):.1f}"
+
+    def y(self, y: float) -> str:
+        _, top, _, bottom = self.box
+        return f"{bottom - (y - self.y0) / (self.y1 - self.y0) * (bottom - top):.1f}"
+
+    def polyline(self, points: list[tuple[float, float]]) -> str:
+        return " ".join(f"{self.x(x)},{self.y(y)}" for x, y in points)
+
+    def ends(self) -> dict[str, str]:
+        """The axis ends as the charts label them: `x_from`, `x_to`, `y_from`, `y_to`."""
+        return {"x_from": f"{self.x0:g}", "x_to": f"{self.x1:g}", "y_from": f"{self.y0:.3g}",
+                "y_to": f"{self.y1:.3g}"}
+
+
 def line_chart(points: list[tuple[float, float]], markers: list[tuple[float, str]], *, title: str,
                x_label: str, y_label: str, chart_id: str) -> LineChart:
     """Lay out a line chart of `points` with dashed vertical `markers` (no dots: "no data yet")."""
     chart = LineChart(chart_id, title, x_label, y_label)
     if not points:
         return chart
-    xs = [x for x, _ in points] + [x for x, _ in markers]
-    ys = [y for _, y in points]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(0.0, min(ys)), max(ys)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-
-    def sx(x: float) -> str:
-        return f"{chart.left + (x - x0) / (x1 - x0) * (chart.right - chart.left):.1f}"
-
-    def sy(y: float) -> str:
-        return f"{chart.bottom - (y - y0) / (y1 - y0) * (chart.bottom - chart.top):.1f}"
-
-    return LineChart(chart_id, title, x_label, y_label, path=" ".join(f"{sx(x)},{sy(y)}" for x, y in points),
-                     dots=tuple((sx(x), sy(y), f"{x:g}: {y:.4g}") for x, y in points),
-                     marks=tuple((sx(x), label) for x, label in markers),
-                     x_from=f"{x0:g}", x_to=f"{x1:g}", y_from=f"{y0:.3g}", y_to=f"{y1:.3g}")
+    scale = Scale.fit([x for x, _ in points] + [x for x, _ in markers], [y for _, y in points],
+                      (chart.left, chart.top, chart.right, chart.bottom))
+    return LineChart(chart_id, title, x_label, y_label, path=scale.polyline(points),
+                     dots=tuple((scale.x(x), scale.y(y), f"{x:g}: {y:.4g}") for x, y in points),
+                     marks=tuple((scale.x(x), label) for x, label in markers), **scale.ends())
 
 
 def monitoring_charts(monitoring: dict[str, Any]) -> dict[str, LineChart]:
