@@ -24,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume-step", type=int, default=None, metavar="N",
                         help="resume from checkpoint step N (-1 = newest complete)")
     parser.add_argument("--run-id", default="manual__render", help="the DAG run id (default manual__render)")
+    parser.add_argument("--dag-id", default=None, metavar="DAG",
+                        help="the DAG that runs the job, which scopes its results prefix (default: the spec "
+                             "file's own DAG, the job's name; a Create-made job's is sat_training_job)")
     parser.add_argument("--namespace", default=None, help="namespace (default: [sat] kubernetes_namespace)")
     parser.add_argument("--pvc", default=None, metavar="CLAIM", help="an existing claim instead of the run's own")
     parser.set_defaults(func=render_command)
@@ -38,13 +41,20 @@ def render_command(args: argparse.Namespace) -> int:
     from sat_tasks.backends.kubernetes.settings import KubernetesSettings
     from sat_tasks.config import sat_setting
     from sat_tasks.core.contracts import Plan
-    from sat_tasks.spec import SpecError, load_spec
+    from sat_tasks.io.run_layout import scoped
+    from sat_tasks.spec import SpecError, dag_id_for, load_spec
 
     try:
         job = load_spec(args.spec)
     except SpecError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_INVALID
+    dag_id = args.dag_id or dag_id_for(job)
+    if "/" in dag_id:
+        print(f"{args.spec}: --dag-id: must be a DAG id (no '/')", file=sys.stderr)
+        return EXIT_INVALID
+    # As validate_spec records it: every manifest names the run's prefix `<destination>/<dag>/<job>/<run>/`.
+    job = scoped(job, dag_id)
     if args.attempt < 1:
         print(f"{args.spec}: --attempt: must be >= 1", file=sys.stderr)
         return EXIT_INVALID
@@ -60,7 +70,8 @@ def render_command(args: argparse.Namespace) -> int:
         plan=Plan(attempt=args.attempt, exclude_nodes=list(args.exclude_node or ()), resume_step=args.resume_step),
         namespace=args.namespace, pvc_name=args.pvc, settings=settings,
     )
-    sys.stdout.write(f"# sat render {args.spec}: job {job.name}, run {args.run_id}, attempt {args.attempt}\n")
+    sys.stdout.write(f"# sat render {args.spec}: job {job.name}, DAG {dag_id}, run {args.run_id}, "
+                     f"attempt {args.attempt}\n")
     sys.stdout.write(yaml.dump_all(manifests, Dumper=_block_style_dumper(), sort_keys=False, explicit_start=True,
                                    width=120))
     return EXIT_OK

@@ -21,7 +21,7 @@ from sat_tasks.backends.kubernetes import staging as k8s_staging
 from sat_tasks.backends.kubernetes.operator import make_launch_operators
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.cli.render import register as register_render
-from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.run_layout import JobRun, scoped
 from sat_tasks.io.staging import REPORT_PREFIX
 from sat_tasks.spec import TrainingJob, parse_spec
 from tests.support.k8s_api import RecordedCluster
@@ -46,7 +46,8 @@ def _job(nodes: int, tmp_path) -> tuple[TrainingJob, str]:
     }
     path = tmp_path / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    return parse_spec(spec), str(path)
+    # As validate_spec returns it: scoped to the spec file's own DAG (its name), as `sat render` scopes it.
+    return scoped(parse_spec(spec), spec["name"]), str(path)
 
 
 def _kubelet(pod: dict) -> tuple[int, str]:
@@ -103,6 +104,10 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
                                                                              bucket):
     job, spec_path = _job(nodes, tmp_path)
     rendered = _rendered(spec_path, capsys)
+    mirror = [ref["value"] for doc in rendered if doc["kind"] == "Pod" for ref in doc["spec"]["containers"][0]["env"]
+              if ref["name"] == "CKPT_MIRROR_URL"]
+    # The run's prefix as ADR 0024 has it: <destination>/<dag_id>/<job>/<run>/, not the legacy <job>/<run>/.
+    assert mirror and all(url.startswith(f"s3://{BUCKET}/results/{job.name}/{job.name}/") for url in mirror), mirror
     cluster = RecordedCluster(kubelet=_kubelet)
     monkeypatch.setattr(KubernetesHook, "get_conn", lambda self: cluster.api_client())
     monkeypatch.setattr(k8s_staging.time, "sleep", lambda _s: None)
@@ -115,7 +120,7 @@ def test_launch_creates_and_cleanup_deletes_exactly_what_sat_render_prints(nodes
     assert backend.stage(run, said.append) == STAGED
     for operator in make_launch_operators(attempt=1, previous_decide_task_id=None, job=job,
                                           namespace=NAMESPACE):
-        ti = spec_ti(operator.task_id, job.to_dict(), dag_id="path-job")
+        ti = spec_ti(operator.task_id, job.to_dict(), dag_id=job.name)
         operator.execute({"ti": ti, "run_id": RUN_ID, "dag": SimpleNamespace(), "task_instance": ti})
         assert ti.pushed["pod_name"].endswith(f"-r{operator.node_rank}")
 
