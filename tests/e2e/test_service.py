@@ -1376,6 +1376,44 @@ def test_a_person_follows_a_running_jobs_log_and_opens_its_files_report_and_grid
 
 
 # ---- restart: sat down, sat up (last: it stops the module's deployment) ------------------------------
+def test_a_person_compares_two_runs_loss_curves_and_settings_inside_airflow(deployment, runs, browser):
+    """Issue 45.7 in the embedded view: the demo run (a real Trainer's loss) beside the generic run, on one
+    chart with shared axes, a row per run linking to its page, and the settings side by side with the
+    differing rows marked; the env shows names only."""
+    from urllib.parse import quote
+
+    refs = [f"sat_training_job/{runs[key].dag_run_id}" for key in ("demo", "generic")]
+    page = _logged_in_page(deployment, browser)
+    try:
+        page.locator("a[href$='plugin/training-jobs']").click()  # the list, from Airflow's navigation
+        page.wait_for_url("**/plugin/training-jobs")
+        frame = page.frame_locator("iframe")
+        frame.get_by_role("heading", name="Training Jobs").wait_for()
+        expect(frame.locator("#compare-selected")).to_be_disabled()  # nothing ticked yet
+        frame.locator(f"input[name='run'][value='{refs[0]}']").check()
+        expect(frame.locator("#compare-selected")).to_be_disabled()  # one is not a comparison
+        frame.locator(f"input[name='run'][value='{refs[1]}']").check()
+        frame.locator("#compare-selected").click()
+        frame.get_by_role("heading", name="Compare runs").wait_for()
+        assert frame.locator("#compare-problem").count() == 0
+        assert frame.locator("#compare-runs tbody tr").count() == 2
+        labels = frame.locator("#compare-runs tbody tr a").all_inner_texts()
+        assert any(DEMO_NAME in label for label in labels) and any("svc-generic" in label for label in labels)
+        assert frame.locator("polyline.run-line").count() >= 1  # the demo's Trainer logged its loss
+        job_row = frame.locator("#compare-settings tr.differs", has_text="Job")
+        assert job_row.count() == 1  # the names differ
+        env_row = frame.locator("#compare-settings tr", has_text="Environment (names)").inner_text()
+        assert "FAKE_STEPS" in env_row and FAST_ENV["FAKE_STEP_SECONDS"] not in env_row  # names, no values
+        page.screenshot(path=str(SCREENSHOTS / "34-compare-in-airflow.png"), full_page=True)
+        frame.locator("#compare-runs tbody tr a").first.click()  # a row opens its run's page, inside Airflow
+        frame.locator("#status").wait_for()
+        assert "/plugin/training-jobs" in page.url
+        page.goto(f"{deployment.url}/plugin/training-jobs/sat/compare?run={quote(refs[0], safe='')}")
+        assert "name 2 to 6 runs" in page.frame_locator("iframe").locator("#compare-problem").inner_text()
+    finally:
+        page.close()
+
+
 def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""
     password = _password(deployment)

@@ -698,3 +698,20 @@ def test_compare_shows_two_runs_side_by_side_and_only_runs_the_person_may_read(c
     missing = client.get(f"/sat/api/compare?{query}&run={DEMO}/no-such-run", headers=admin)
     assert missing.status_code == 404
     assert client.get(f"/sat/compare?{query}", follow_redirects=False).status_code == 303  # the login first
+
+
+def test_the_list_ticks_runs_to_compare_and_the_compare_page_names_the_rule(client, admin):
+    """Issue 45.7: a tick per row whose value is the compare page's `run=<dag>/<run>`, in one GET form."""
+    import html
+    import re
+
+    demo_run = _trigger(client, admin, DEMO)
+    page = client.get("/sat/jobs", headers=admin)
+    assert page.status_code == 200
+    assert "<form id='select-runs' method='get' action='/sat/compare'>" in page.text
+    ticks = [html.unescape(v) for v in re.findall(r"<input type='checkbox' name='run' form='select-runs' "
+                                                  r"value='([^']+)'", page.text)]
+    assert f"{DEMO}/{demo_run}" in ticks
+    assert len(ticks) == page.text.count("<tr class='job-row'")  # one per row
+    one = client.get("/sat/compare", params={"run": f"{DEMO}/{demo_run}"}, headers=admin)
+    assert one.status_code == 400 and "name 2 to 6 runs" in html.unescape(one.text)
