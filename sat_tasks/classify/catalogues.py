@@ -116,8 +116,10 @@ _ENGINE = ("an exception of a video/JPEG/optical-flow engine on the job's channe
            "application, then contacts support (the older listing names the GPU and its driver): relocation decides")
 _CE = ("a copy engine exception: a bad address or size from the application as often as the engine: the catalog "
        "restarts the application, then contacts support")
-_NVLINK5 = ("an NVLink5 fault (Blackwell): the catalog decodes the line's registers to RESET_GPU or IGNORE; read as "
-            "the node's")
+_NVLINK5 = ("an NVLink5 fault (Blackwell): the catalog's \"XID 144-150 Decode\" sheet gives each unit and status a "
+            "severity, printed on the line: Fatal and Link Fatal → RESET_GPU (the node's), Nonfatal → IGNORE or "
+            "XID_154_EVAL (nothing alone: an Xid 154 or 48 line that follows decides); a line without the word is "
+            "read as the node's")
 NVIDIA_XID = Catalogue(
     key="nvidia-xid",
     title="NVIDIA Xid",
@@ -222,8 +224,9 @@ NVIDIA_XID = Catalogue(
          "unused on Ampere and newer; an internal micro-controller error (the older listing: the driver)"),
         (60, "Video processor exception (ROBUST_CHANNEL_SEC2_ERROR)", A, _ENGINE),
         (61, "Internal micro-controller breakpoint/warning (PMU_BREAKPOINT)", N,
-         ("unused on Ampere and newer; an internal micro-controller breakpoint/warning (older drivers): read as the "
-          "device's")),
+         ("a PMU breakpoint: the GPU's internal micro-controller stopped. The catalog for Ampere and newer lists it "
+          "as unused (CONTACT_SUPPORT, no resolution bucket); the older Xid listing (r555) says \"PMU Breakpoint. "
+          "Report a GPU Issue and Reset GPU(s) reporting the XID\" and names no application cause: the device's")),
         (62, "Internal micro-controller halt (PMU_HALT_ERROR)", N,
          "GPU internal micro-controller halt: the catalog resets the GPU"),
         (63, "GPU memory remapping event (INFOROM_DRAM_RETIREMENT_EVENT)", X,
@@ -367,11 +370,19 @@ NVIDIA_XID = Catalogue(
 #: a code newer than this table is still read by family (the node's when its words name an uncorrectable,
 #: fatal or lost condition; nothing when they name a corrected or recorded one).
 XID_NODE_WORDS = re.compile(
-    r"uncorrect\w*|uncontained|unrecover\w*|\bfatal\b|fallen off|\blost\b|link (?:down|fail\w*)|reset (?:required|"
+    r"uncorrect\w*|uncontained|unrecover\w*|(?<!non-)(?<!non )\bfatal\b|fallen off|\blost\b|link (?:down|fail\w*)|reset (?:required|"
     r"fail\w*)|retirement fail\w*|remap\w* fail\w*|sparing fail\w*|\btimeout\b|timed out|poison",
     re.IGNORECASE,
 )
-XID_NONE_WORDS = re.compile(r"\bcorrected\b|\bcontained\b|recorded|pending|informational|no action", re.IGNORECASE)
+XID_NONE_WORDS = re.compile(r"\bcorrected\b|\bcontained\b|recorded|pending|informational|no action|\bnon-?\s?fatal\b",
+                            re.IGNORECASE)
+
+#: Codes whose line carries the severity the catalog decodes them by (its "XID 144-150 Decode" sheet: the unit, then
+#: `Fatal`, `Link Fatal` or `Nonfatal`, e.g. `145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x...)`): the word decides,
+#: not the code alone. Fatal and Link Fatal rows are RESET_GPU; Nonfatal rows are IGNORE or XID_154_EVAL (an Xid
+#: 154 line, or the Xid 48/94/95 a row says it leads to, is then its own evidence).
+XID_SEVERITY_CODES = frozenset(range(144, 151))
+XID_SEVERITY = re.compile(r"(?<![\w-])(?:(?P<nonfatal>Non-?\s?fatal)|(?P<fatal>(?:Link\s+)?Fatal))\b", re.IGNORECASE)
 
 
 # ---- CUDA runtime errors (beyond rules.CUDA_ERRORS, which decides the codes it names) ---------------------
@@ -468,9 +479,15 @@ NCCL_RESULTS = Catalogue(
 )
 
 # ---- NVML ------------------------------------------------------------------------------------
+#: A line that asks (ends with a question mark, perhaps inside quotes) is a person's prose quoting a tool, not the
+#: tool's report: rules over NVML's and the driver's words start with this.
+NOT_A_QUESTION = r"^(?![^\n]*\?[\s'\"`)\]]*$)"
+
+
 def _nvml(code: int, name: str, fault: Fault, reason: str) -> tuple:
     camel = "".join(part.capitalize() for part in name.split("_"))
-    return (code, f"NVML_ERROR_{name}", fault, reason, rf"\bNVML_ERROR_{name}\b|\bNVMLError_{camel}\b")
+    return (code, f"NVML_ERROR_{name}", fault, reason,
+            rf"{NOT_A_QUESTION}[^\n]*?(?:\bNVML_ERROR_{name}\b|\bNVMLError_{camel}\b)")
 
 
 NVML_RETURNS = Catalogue(

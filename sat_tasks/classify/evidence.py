@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sat_tasks.classify.catalogues import XID_NODE_WORDS, XID_NONE_WORDS
+from sat_tasks.classify.catalogues import XID_NODE_WORDS, XID_NONE_WORDS, XID_SEVERITY, XID_SEVERITY_CODES
 from sat_tasks.classify.rules import (
     AMBIGUOUS_RULES,
     AMBIGUOUS_XIDS,
@@ -314,7 +314,19 @@ def _find_xids(lines: Iterable[str], describe) -> Iterator[Finding]:
             continue
         xid, where = int(match.group(2)), match.group(1)
         on = f" on {where}" if where else ""
-        if xid in HARDWARE_XIDS:
+        severity = XID_SEVERITY.search(line[match.end():]) if xid in XID_SEVERITY_CODES else None
+        if severity and severity.group("nonfatal"):
+            # The catalog's Nonfatal rows: IGNORE (no reset), or XID_154_EVAL, whose local effect is often the
+            # application's crash on that GPU (Xid 45): never over the job's own error or a clean exit.
+            yield Finding(HW, describe(line), f"ambiguous: Xid {xid}{on}: an NVLink5 error its line calls "
+                          f"{severity.group(0)}: the catalog's XID 144-150 decode ignores it or evaluates the Xid 154 "
+                          "that follows, and some of its rows crash the application on that GPU (Xid 45). Chose "
+                          "relocation (SUSPECT_NODE): the same failure on another node is the job's (ADR 0004)",
+                          beats_success=False, ambiguous=True, rule=f"xid:{xid}")
+        elif severity:
+            yield Finding(HW, describe(line), f"Xid {xid}{on}: an NVLink5 error its line calls {severity.group(0)} "
+                          "(the catalog's XID 144-150 decode: RESET_GPU)", rule=f"xid:{xid}")
+        elif xid in HARDWARE_XIDS:
             yield Finding(HW, describe(line), f"Xid {xid}{on}: {HARDWARE_XIDS[xid]}", rule=f"xid:{xid}")
         elif xid in APPLICATION_XIDS:
             yield Finding(INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}", rule=f"xid:{xid}")

@@ -14,6 +14,7 @@ from datetime import timedelta
 from sat_tasks.classify.catalogues import (
     CATALOGUES,
     CUDA_RUNTIME,
+    NOT_A_QUESTION,
     NVIDIA_XID,
     Catalogue,
     Fault,
@@ -325,6 +326,36 @@ KERNEL_RULES: tuple[TextRule, ...] = (
          HW, "InfiniBand/RoCE link down", beats_success=False, family="infiniband-link"),
 )
 
+# ---- a GPU lost to the node: the driver's and NVML's own phrasings, not the words in prose ----------------
+#: The kernel driver's report, as NVRM prints it (not a quote of it: no quote mark right before `NVRM:`):
+#: `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`, `NVRM: GPU at PCI:0000:3b:00: ... fallen off the bus`,
+#: the multi-line `NVRM: The NVIDIA GPU 0000:b3:00.0` / `NVRM: (PCI ID: 10de:26b5) installed in this system has` /
+#: `NVRM: fallen off the bus and is not responding to commands.`, the Xid 79 line, and the open driver's checks
+#: `Assertion failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST]`.
+GPU_OFF_THE_BUS = (
+    r"(?<!['\"`])\bNVRM:\s*(?:GPU (?:at )?(?:PCI:)?[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?:\s*)?"
+    r"(?:GPU has |The NVIDIA GPU [0-9a-f:.]+ \(PCI ID: [0-9a-f:]+\)[^\n]{0,40}? has |installed in this system has )?"
+    r"fallen off the bus"
+    r"|(?<!['\"`])\bNVRM: Xid \([^)]*\): 79,[^\n]*fallen off the bus"
+    r"|\bGPU lost from the bus\b[^\n]{0,40}\bNV_ERR_GPU_IS_LOST\b|\bNV_ERR_GPU_IS_LOST\b"
+)
+#: NVML's: its return code by name (C `NVML_ERROR_GPU_IS_LOST`, pynvml `NVMLError_GpuIsLost`, go-nvml
+#: `ERROR_GPU_IS_LOST`), nvidia-smi's `Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost`, and
+#: `nvmlErrorString`'s "GPU is lost" as the error value of an NVML, DCGM or device call (`...: GPU is lost`,
+#: `err="GPU is lost"`) -- not "GPU is lost: false" from a health check, nor the words in a sentence.
+GPU_IS_LOST = (
+    r"\bNVML_ERROR_GPU_IS_LOST\b|\bNVMLError_GpuIsLost\b|\bERROR_GPU_IS_LOST\b"
+    r"|Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: GPU is lost"
+    r"|(?=[^\n]*(?:nvml|dcgm|device|handle|nvidia-smi))[^\n]*?(?:[:=]\s*[\"']?|\berr(?:or)?\s+)GPU is lost\b"
+    r"(?!\s*[:=]\s*(?:false|no|0|none)\b)"
+)
+GPU_LOST_RULES: tuple[TextRule, ...] = (
+    rule(NOT_A_QUESTION + rf"[^\n]*?(?:{GPU_OFF_THE_BUS})", HW, "GPU has fallen off the bus (the driver's report)",
+         family="gpu-lost"),
+    rule(NOT_A_QUESTION + rf"[^\n]*?(?:{GPU_IS_LOST})", HW, "GPU is lost (NVML's report)", family="gpu-lost"),
+)
+
+
 # ---- collectives: timeouts are a peer's or the link's symptom, mismatches are the code's --------
 
 # Send/recv count only as "<send|recv> operation": "failed to send request ... timed out" is an HTTP client's.
@@ -357,8 +388,7 @@ COLLECTIVE_RULES: tuple[TextRule, ...] = (
 
 #: Line rules applied to the container log, the node's kernel log and event messages.
 TEXT_RULES: tuple[TextRule, ...] = (
-    rule(r"fallen off the bus", HW, "GPU has fallen off the bus", family="gpu-lost"),
-    rule(r"\bGPU is lost\b|NVML_ERROR_GPU_IS_LOST|NVMLError_GpuIsLost", HW, "GPU is lost", family="gpu-lost"),
+    *GPU_LOST_RULES,
     rule(r"uncorrectable ECC error encountered|\buncorrectable\b.*\bECC\b|\bECC\b.*\buncorrectable\b"
          r"|double bit error|\bDBE\b|uncontained ECC", HW, "uncorrectable ECC error", family="ecc"),
     CUDA_INIT_AT_ENUMERATION,
@@ -368,8 +398,8 @@ TEXT_RULES: tuple[TextRule, ...] = (
     rule(r"Driver/library version mismatch", HW, "NVIDIA driver/library mismatch on the node", family="nvml"),
     rule(r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", HW,
          "nvidia-smi cannot reach the node's NVIDIA driver", family="nvml"),
-    rule(r"Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: (?:Unknown Error|GPU is lost)"
-         r"|NVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b",
+    rule(NOT_A_QUESTION + r"[^\n]*?(?:Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: "
+         r"(?:Unknown Error|GPU is lost)|NVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b)",
          HW, "NVML cannot use a GPU of the node (unknown error from its device handle)", family="nvml"),
     rule(r"I/O error, dev \w+|Remounting filesystem read-only", HW, "node disk I/O error", beats_success=False,
          family="disk"),

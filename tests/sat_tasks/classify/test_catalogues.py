@@ -223,3 +223,71 @@ def test_catalogue_near_misses_stay_out_of_the_way(line):
     own = ["Traceback (most recent call last):", "ValueError: bad config"]
     assert classify(record([*own, line], where="log_tail")).kind is INT  # the job's own error decides
     assert classify(record([line], exit_code=0)).kind is VerdictKind.SUCCEEDED
+
+
+# ---- the severity word on the line (issue 43 leftovers): the catalog's "XID 144-150 Decode" sheet ----------------
+# Lines as the driver prints them (leptonai/gpud#1160 and #1174 quote them from kmsg): the unit, the severity, the link.
+NVLINK5_FATAL = [
+    "NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 "
+    "0x00000000 0x00000000 0x00000000)",
+    "NVRM: Xid (PCI:0019:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000)",
+    "NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Fatal XC0 i0 Link 00 (0x00000004 0x00000040 0x00000000 0x00000000)",
+    "NVRM: Xid (PCI:0000:04:00): 150, MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x00000000 0x00000000)",
+    "NVRM: Xid (PCI:0000:04:00): 146, TLW_CTRL Link Fatal XC0 i0 Link 03 (0x00000009 0x00000004 0x00000000)",
+]
+NVLINK5_NONFATAL = [
+    "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 "
+    "0x00000000 0x00000000)",
+    "NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 "
+    "0x00000000 0x00100000 0x00000004)",
+    "NVRM: Xid (PCI:0000:04:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 00 (0x00000013 0x00000001 0x00000000)",
+    "NVRM: Xid (PCI:0000:04:00): 148, NVLPW_CTRL/NVLPW Non-fatal XC0 i0 Link 00 (0x0000000f 0x80000000 0x00000000)",
+]
+
+
+@pytest.mark.parametrize("line", NVLINK5_FATAL)
+def test_an_nvlink5_xid_the_line_calls_fatal_is_the_nodes(line):
+    for exit_code in (1, 0):  # a fatal NVLink error outranks a clean exit: the catalog resets the GPU
+        verdict = classify(record([line], exit_code=exit_code))
+        assert verdict.kind is HW and not verdict.reason.startswith("ambiguous:"), verdict
+        assert "Fatal" in verdict.reason and "RESET_GPU" in verdict.reason, verdict.reason
+
+
+@pytest.mark.parametrize("line", NVLINK5_NONFATAL)
+def test_an_nvlink5_xid_the_line_calls_nonfatal_never_outranks_the_job_or_a_clean_exit(line):
+    """The catalog's Nonfatal rows are IGNORE or XID_154_EVAL (whose local effect is often the application's crash on
+    that GPU): the job's own error decides, a clean exit stays clean, a failure with nothing else relocates, and the
+    Xid 154 the driver prints when a reset is in fact needed decides on its own line."""
+    own = ["Traceback (most recent call last):", "ValueError: bad config"]
+    assert classify(record([*own, line], where="log_tail")).kind is INT
+    assert classify(record([line], exit_code=0)).kind is VerdictKind.SUCCEEDED
+    alone = classify(record([line], exit_code=1))
+    assert alone.kind is HW and alone.reason.startswith("ambiguous:") and "Nonfatal" in alone.reason.replace(
+        "Non-fatal", "Nonfatal"), alone
+    reset = "NVRM: Xid (PCI:0000:04:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+    both = classify(record([line, reset], exit_code=1))
+    assert both.kind is HW and not both.reason.startswith("ambiguous:"), both
+
+
+def test_an_nvlink5_xid_without_a_severity_word_stays_the_nodes():
+    line = "NVRM: Xid (PCI:0000:3b:00): 147, pid=1, name=python, NVLINK: TREX Error"
+    assert classify(record([line])).kind is HW
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    # a code newer than the table, read by its words: "Non-fatal" is not "fatal" (nor is "Nonfatal")
+    ("NVRM: Xid (PCI:0000:3b:00): 199, pid=1, name=python, Non-fatal error on unit FOO", INT),
+    ("NVRM: Xid (PCI:0000:3b:00): 199, pid=1, name=python, FOO Nonfatal XC0 i0 Link 00", INT),
+    ("NVRM: Xid (PCI:0000:3b:00): 199, pid=1, name=python, FOO Fatal XC0 i0 Link 00", HW),
+    ("NVRM: Xid (PCI:0000:3b:00): 199, pid=1, name=python, FOO Link Fatal XC0 i0 Link 00", HW),
+])
+def test_a_newer_xid_reads_the_severity_word_not_the_substring(line, kind):
+    assert classify(record([line])).kind is kind
+
+
+def test_xid_61_follows_the_catalogs_and_the_older_listings_word():
+    """The catalog for Ampere and newer lists Xid 61 (PMU_BREAKPOINT) as unused (CONTACT_SUPPORT, no resolution);
+    the older listing (r555) says to reset the GPU reporting it and names no application cause: the node's."""
+    assert 61 not in XID_IMMEDIATE_ACTION  # unused in the catalog: no immediate action to follow
+    code = NVIDIA_XID.by_code()[61]
+    assert code.fault is Fault.NODE and "unused" in code.reason and "Reset GPU" in code.reason

@@ -26,6 +26,59 @@ def record(**fields) -> AttemptRecord:
     return AttemptRecord(**{"job": "demo", "attempt": 1, "backend": "kubernetes", "node": "gpu-1", **fields})
 
 
+# ------------------------------------------------------------------ a GPU lost to the node (gpu-lost)
+# The driver's and NVML's own phrasings decide; the same words in prose do not (issue 43 leftovers).
+GPU_LOST = [
+    "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",
+    # the driver's multi-line report, its third line (NVIDIA/NVSentinel#155)
+    "               NVRM: fallen off the bus and is not responding to commands.",
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.",
+    # the open driver's check (NVIDIA/open-gpu-kernel-modules#688)
+    ("Feb 17 08:00:34 abggdna-DGX-Station-A100 kernel: NVRM: nvAssertOkFailedNoLog: Assertion failed: GPU lost from "
+     "the bus [NV_ERR_GPU_IS_LOST] (0x0000000F) returned from rmStatus @ kernel_ce_gv100.c:106"),
+    # nvidia-smi, pynvml, go-nvml (leptonai/gpud#604), NVML's error string after a device call
+    "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system to recover this GPU",
+    "pynvml.nvml.NVMLError_GpuIsLost: GPU is lost",
+    ("failed to get remapped rows for GPU-ac896b35-5782-c478-4b2a-a661de07770f: failed to get device remapped rows: "
+     "ERROR_GPU_IS_LOST"),
+    'E0101 12:00:00.000000 1 health.go:123] "Failed to get device handle" device=0 err="GPU is lost"',
+    "nvmlDeviceGetHandleByIndex(0) failed: GPU is lost",
+]
+GPU_LOST_NEAR_MISSES = [
+    # a user's question quoting the driver or nvidia-smi
+    "Why does my A100 say 'GPU has fallen off the bus' after a few hours?",
+    "has anyone seen NVRM: GPU has fallen off the bus on H100s?",
+    "Why does nvidia-smi show \"Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost\"?",
+    "how do I recover from pynvml.NVMLError_GpuIsLost?",
+    "nvidia-smi says the GPU is lost, how do I recover it?",
+    "I think my GPU is lost after the driver update",
+    # a health checker saying it is NOT lost, or quoting what it looked for
+    "health: checked dmesg for 'NVRM: GPU has fallen off the bus': 0 matches",
+    "[gpu-health] GPU 0 is not lost; no GPU has fallen off the bus",
+    "gpu-health: nvml check passed, GPU is lost: false",
+    "INFO nvml: device 0 healthy (GPU is lost = no)",
+    # a job's own narration
+    "The GPU has fallen off the bus in the first run, so we moved the job",
+    # the first lines of the driver's multi-line report say nothing lost yet; the GPU's banner line neither
+    "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0",
+    "kernel: NVRM: GPU at PCI:0000:3b:00: GPU-b850f46d-d5ea-c752-ddf3-c4453e44d3f7",
+]
+
+
+@pytest.mark.parametrize("line", GPU_LOST)
+def test_a_gpu_lost_in_the_drivers_or_nvmls_words_is_the_nodes(line):
+    for exit_code in (1, 0):
+        verdict = classify(record(exit_code=exit_code, node_log=[line]))
+        assert verdict.kind is HW and not verdict.reason.startswith("ambiguous:"), verdict
+
+
+@pytest.mark.parametrize("line", GPU_LOST_NEAR_MISSES)
+def test_the_words_of_a_lost_gpu_in_prose_are_not_one(line):
+    own = ["Traceback (most recent call last):", "ValueError: bad config"]
+    assert classify(record(exit_code=1, log_tail=[*own, line])).kind is INT
+    assert classify(record(exit_code=0, log_tail=[line])).kind is VerdictKind.SUCCEEDED
+
+
 # ------------------------------------------------------------------ the CUDA error table
 
 def test_every_cuda_code_is_decided_once_with_a_reason():
