@@ -172,8 +172,10 @@ def _controller_events(record: AttemptRecord) -> list[tuple[str, str, bool, bool
         message = str(event.get("message") or event.get("note") or "")
         if KUBELET.search(source) or NODE_CONTROLLERS.search(source) or reason == "Killing":
             continue  # the kubelet carries out a deletion or a probe's kill; the node lifecycle is `_node_down`
-        if not source and not re.search(r"preempt", reason, re.IGNORECASE):
-            continue  # without a source, an eviction or a kill may be the kubelet's: not read as a controller
+        if not source and not re.search(r"preempt", f"{reason} {message}", re.IGNORECASE):
+            # without a source (`kubectl get events` prints none), an eviction or a kill may be the kubelet's: not
+            # read as a controller unless its words name a preemption (Volcano's "Pod is evicted, because of preempt")
+            continue
         if NOT_A_DISRUPTION.search(reason) and not NODE_FAULT_WORDS.search(reason):
             continue
         if not (DISRUPTION_WORDS.search(reason) or (source and DISRUPTION_WORDS.search(message))):

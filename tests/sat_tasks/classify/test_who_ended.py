@@ -251,3 +251,58 @@ def test_teardown_network_noise_does_not_turn_a_controllers_interruption_into_a_
     assert classify(rec).kind is PRE
     # ...but an unnamed kill beside a network error is not called an interruption
     assert classify(record(exit_code=143, log_tail=[noise])).kind is HW
+
+
+# ---- every public preemption reaches PREEMPTED by who ended it, not by a named reason alone --------------------
+def _preempted_real_world():
+    from tests.sat_tasks.classify.test_real_world import CASES, load_case
+
+    for path in CASES:
+        case = load_case(path)
+        if case["expected"]["kind"] == "PREEMPTED":
+            yield pytest.param(case, id=path.stem)
+
+
+@pytest.mark.parametrize("case", list(_preempted_real_world()))
+def test_every_public_preemption_is_an_interruption_by_who_ended_it(case, monkeypatch: pytest.MonkeyPatch):
+    """Whatever named rule also fires (a Spot event, Kueue's condition, a shutdown message), who ended the process
+    alone says it was interrupted from outside and not for a fault of the node: an autoscaler, a descheduler, a
+    batch scheduler, a Ray or TPU reclaim, a provider's notice in its own words -- so one nobody listed still is."""
+    from tests.sat_tasks.classify.test_real_world import record_of
+
+    for key, value in (case.get("config") or {}).items():
+        monkeypatch.setenv(f"AIRFLOW__SAT__{key.upper()}", value)
+    who = who_ended(record_of(case))
+    assert who.outside and not who.node_fault, who
+    assert who.who in (Ender.CONTROLLER, Ender.OUTSIDE) or (who.who is Ender.NODE and who.reclaimed), who
+
+
+@pytest.mark.parametrize("events", [
+    # the scheduler could not preempt: nobody was preempted
+    pytest.param([event("FailedScheduling", "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: "
+                        "0/4 nodes are available: 4 No preemption victims found for incoming pod.",
+                        "default-scheduler")], id="failed-scheduling-preemption"),
+    # the descheduler's refused eviction
+    pytest.param([event("EvictionFailed", "pod eviction from gpu-1 node by sigs.k8s.io/descheduler failed: Cannot "
+                        "evict pod as it would violate the pod's disruption budget.", "sigs.k8s.io/descheduler")],
+                 id="eviction-failed"),
+    # Volcano's wording without a source, but the job exited on its own
+    pytest.param([event("Evict", "Pod is evicted, because of preempt")], id="volcano-evict-own-exit"),
+])
+def test_a_preemption_word_in_an_event_does_not_make_the_processs_own_exit_an_interruption(events):
+    rec = record(exit_code=1, events=events, log_tail=["Traceback (most recent call last):", "ValueError: bad"])
+    assert who_ended(rec).who is Ender.PROCESS
+    assert classify(rec).kind is INT
+
+
+@pytest.mark.parametrize("line", [
+    "job preempted by the scheduler, requeueing",
+    ("WARNING 03-14 10:12:41 scheduler.py:1057] Sequence group 12 is preempted by PreemptionMode.RECOMPUTE mode "
+     "because there is not enough KV cache space."),
+    "Spot interruption notice received; saving a checkpoint",
+])
+def test_a_job_that_prints_preempted_and_exits_1_stays_internal(line):
+    rec = record(exit_code=1, log_tail=[line, "Traceback (most recent call last):", "RuntimeError: bad state"])
+    assert who_ended(rec).who is Ender.PROCESS
+    verdict = classify(rec)
+    assert verdict.kind is INT, verdict
