@@ -58,7 +58,8 @@ system-deps:
 # (sat_tasks/backends/local/image_build.py), tagged as the image the demo spec names, in the
 # project's store (.sat/containers). The stamp makes it a no-op while no source changed and its
 # image is still in the store. Cold (with the Debian base) 3-8 min here, a rebuild with cached
-# layers seconds. `make test`, `make test-slow` and `make up` build it where podman is installed,
+# layers seconds. While `sat up` runs, the image is pushed to its embedded registry too (ADR 0042;
+# otherwise the next `sat up` pushes it). `make test`, `make test-slow` and `make up` build it where podman is installed,
 # at recipe time, after system-deps (which installs podman); `make demo` does not need it.
 IMAGE_STAMP := .sat/containers/image.stamp
 IMAGE_SOURCES := docker/training.Dockerfile docker/training.Dockerfile.dockerignore requirements.lock \
@@ -69,6 +70,7 @@ IMAGE_IF_PODMAN = @if command -v podman >/dev/null; then $(MAKE) --no-print-dire
 image: .venv system-deps
 	@$(PY) -m sat_tasks.backends.local.image_build --stamp $(IMAGE_STAMP) --drop-stale-stamp
 	@$(MAKE) --no-print-directory $(IMAGE_STAMP)
+	@$(PY) -m sat_tasks.service.registry push
 
 $(IMAGE_STAMP): $(IMAGE_SOURCES) | .venv
 	$(PY) -m sat_tasks.backends.local.image_build --stamp $@

@@ -95,6 +95,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Empty: <project>/.sat/containers."),
     Setting("registry_ca_file", "path", "", "A CA certificate (PEM) the local container runtime trusts when it "
             "pulls a job's image; only for those pulls, never added to the machine's trust store."),
+    Setting("embedded_registry", "choice", "auto", "`sat up` runs a container registry of the deployment's own on "
+            "127.0.0.1 (ADR 0042: TLS from a generated CA, a generated login shared with jobs as the connection "
+            "sat_embedded_registry) and pushes SAT's training image to it. auto: where docker-registry and htpasswd "
+            "are installed; off: never.", choices=("auto", "off")),
+    Setting("embedded_registry_port", "integer", "0", "The embedded registry's port on 127.0.0.1. 0: a free one, "
+            "chosen on the first `sat up` and kept while it stays free.", example="5000"),
     Setting("failover_warm_interpreter", "choice", "auto", "A failover job's next attempt starts in a standby "
             "interpreter that has imported the framework (local backend, ADR 0031); auto: on while the host has "
             "the memory for it.", choices=("auto", "true", "false")),

@@ -152,7 +152,9 @@ def build_job_dag(
         schedule=_schedule(job),
         start_date=START_DATE,
         catchup=False,
-        max_active_runs=1 if job else 16,
+        # A job DAG runs one run at a time; the generic DAG as many as `[core] max_active_runs_per_dag`, which
+        # `sat up` sizes from the local pool (service.concurrency, issue 45.5).
+        **({"max_active_runs": 1} if job else {}),
         default_args=DEFAULT_ARGS,
         tags=tags,
         params=params or {},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 
 from sat_tasks.cli.common import EXIT_FAILED, EXIT_OK, configure_airflow_env
@@ -49,13 +50,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     storage_dir = Path(args.storage_dir) if args.storage_dir else PROJECT_ROOT / ".sat" / "object-storage"
     stack = ServiceStack(home=home, host=args.host, port=args.port, storage_port=args.storage_port,
                          storage_dir=storage_dir, work_dir=PROJECT_ROOT / ".sat" / "work",
-                         db=args.db, default_db=SERVICE_DEFAULT, db_port=args.db_port, log=lambda line: print(line, flush=True))
+                         db=args.db, default_db=SERVICE_DEFAULT, db_port=args.db_port, log=lambda line: print(line, flush=True),
+                         **registry_options())
     try:
         stack.database_choice()  # a --db that contradicts a configured URL: said before anything starts
     except DatabaseChoiceError as exc:
         print(f"[sat] {exc}")
         return EXIT_FAILED
     return stack.run()
+
+
+def registry_options() -> dict:
+    """The embedded registry's `ServiceStack` arguments from `[sat] embedded_registry(_port)` (ADR 0042)."""
+    from sat_tasks.config import sat_setting
+    from sat_tasks.service import registry
+
+    if sat_setting("embedded_registry") == "off":
+        return {"registry": False}
+    if not registry.installed():
+        print(f"[sat] no embedded container registry: {registry.INSTALL_HINT}")
+        return {"registry": False}
+    from sat_tasks.backends.local.image_build import TRAINING_IMAGE
+
+    return {"registry": True, "registry_port": int(sat_setting("embedded_registry_port") or 0),
+            "registry_images": (TRAINING_IMAGE,) if shutil.which("podman") else ()}
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 Every Airflow component must share the same JWT secret (the scheduler's task tokens are
 checked by the API server's execution API), the same Fernet key (connections are encrypted
 with it), the same admin password and the embedded Object Storage's service secret (its gate
-checks every request's signature with it, ADR 0037), across restarts: generated on the first `make up`,
+checks every request's signature with it, ADR 0037) and the embedded registry's login (ADR 0042), across restarts: generated on the first `make up`,
 read back on every later one. Nothing here prints or logs a secret.
 """
 
@@ -31,6 +31,7 @@ class DeploymentSecrets:
     admin_password: str
     db_password: str = ""  # the metadata DB's role, when `sat up --db postgres` runs the cluster (service.postgres)
     object_storage_secret: str = ""  # the embedded Object Storage's service key secret (io.local_s3, ADR 0037)
+    registry_password: str = ""  # the embedded registry's login (service.registry, ADR 0042)
 
     def __repr__(self) -> str:
         return "DeploymentSecrets(<hidden>)"
@@ -61,6 +62,7 @@ _GENERATORS = {
     "admin_password": lambda: secrets.token_urlsafe(18),
     "db_password": lambda: secrets.token_urlsafe(24),
     "object_storage_secret": lambda: secrets.token_urlsafe(30),
+    "registry_password": lambda: secrets.token_urlsafe(24),
 }
 
 

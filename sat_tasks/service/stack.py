@@ -40,7 +40,7 @@ from pathlib import Path
 from sat_tasks.config import PROJECT_ROOT
 from sat_tasks.core import procs
 from sat_tasks.errors import SatError
-from sat_tasks.service import log_server
+from sat_tasks.service import concurrency, log_server
 from sat_tasks.service import secrets as service_secrets
 from sat_tasks.service.database import (
     CONFIGURED,
@@ -172,6 +172,7 @@ class ServiceStack:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.database.url()
         if self.storage is not None:
             env.update(self.storage.connection_env())
+        env.update(concurrency.sized_env({**env, **self.extra_env}))  # from the local pool (issue 45.5)
         env.update(self.extra_env)
         return env
 

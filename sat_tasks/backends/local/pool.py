@@ -9,20 +9,27 @@ without holding up those behind it that fit elsewhere, as pods on a cluster do.
 `PoolBoard` keeps the queue and the holdings in a file under `<work_dir>/local-pool/`,
 changed under a lock (the slot board of `sat_tasks.io.workspaces`, with this rule instead
 of a workspace's); a holder whose task process died is dropped, so its slot comes back.
+
+`board_waits` reads a board as it is (no lock, nothing written) and says, for each request in
+line, why it waits: the Training Jobs view's "waiting for a node slot" (issue 45.5).
+`airflow_concurrency` sizes Airflow's own limits from the pool, so that every slot can be held
+and the attempts queued behind them still get a worker to wait in line on (`sat up` sets them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sat_tasks import config
 from sat_tasks.core.workspaces import Admission, Holding, SlotRequest
 from sat_tasks.errors import SatError
-from sat_tasks.io.workspaces import SlotBoard
+from sat_tasks.io.workspaces import SlotBoard, _alive, _request
 
 SLOTS_SETTING = "local_node_slots"
+POOL_WAIT = "waiting for a free slot in the local pool: "  # how `place` begins the reason of a request in line
 
 
 class PoolSettingError(SatError, ValueError):
@@ -79,7 +86,7 @@ def place(pool: NodePool, ticket: str, queue: Sequence[SlotRequest], holdings: S
     holders = sorted({h.request.job for h in holdings})
     ahead = [r.job for r in queue[:queue.index(request)]]
     return Admission(None, (
-        f"waiting for a free slot in the local pool: {len(healthy)} healthy node(s) x {pool.slots} slot(s), "
+        f"{POOL_WAIT}{len(healthy)} healthy node(s) x {pool.slots} slot(s), "
         f"all in use (by {', '.join(holders) or 'none'})"
         + (f", {len(ahead)} job(s) queued ahead" if ahead else "")
         + (f", {len(request.exclude)} node(s) excluded" if request.exclude else "")),
@@ -109,3 +116,90 @@ class PoolBoard(SlotBoard):
 
     def _admit(self, workspace: NodePool, ticket: str, queue: list[SlotRequest], holdings: list[Holding]) -> Admission:
         return place(workspace, ticket, queue, holdings)
+
+
+# ---- what the boards say, read as they are (the Training Jobs view, issue 45.5) --------------------
+#: A board's rule: (ticket, queue, holdings) -> the request's admission now.
+Rule = Callable[[str, list[SlotRequest], list[Holding]], Admission]
+
+
+def board_waits(file: Path, rule: Rule) -> dict[tuple[str, str], Admission]:
+    """(job, run id) -> why its request waits, for every request in line on the board in `file` that `rule` does
+    not admit now. The file is read without its lock (it is replaced whole, never written in place) and nothing is
+    written; entries of task processes that died are left out, as the board itself drops them."""
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(state, dict):
+        return {}
+    try:
+        queue = [_request(e["request"]) for e in state.get("queue") or [] if _alive(e["owner"])]
+        holdings = [Holding(_request(e["request"]), tuple(e["nodes"]))
+                    for e in state.get("holdings") or [] if _alive(e["owner"])]
+    except (KeyError, TypeError, ValueError):
+        return {}
+    waits = {}
+    for request in queue:
+        answer = rule(request.ticket, queue, holdings)
+        if not answer.admitted:
+            waits[(request.job, request.run_id)] = answer
+    return waits
+
+
+def pool_waits(root: Path | None = None) -> dict[tuple[str, str], Admission]:
+    """`board_waits` of the shared pool's board (`PoolBoard`), under the pool as configured now."""
+    file = (Path(root) if root is not None else config.work_dir() / "local-pool") / "shared.slots.json"
+    if not file.is_file():
+        return {}
+    pool = node_pool_now()
+    return board_waits(file, lambda ticket, queue, holdings: place(pool, ticket, queue, holdings))
+
+
+def workspace_waits(name: str, root: Path | None = None) -> dict[tuple[str, str], Admission]:
+    """`board_waits` of workspace `name`'s board (`SlotBoard`), under its definition as it is now (none: nothing)."""
+    from sat_tasks.core.workspaces import admit
+    from sat_tasks.io.workspaces import WorkspaceStore
+
+    file = (Path(root) if root is not None else config.work_dir() / "workspaces") / f"{name}.slots.json"
+    workspace = WorkspaceStore().find(name) if file.is_file() else None
+    if workspace is None:
+        return {}
+    return board_waits(file, lambda ticket, queue, holdings: admit(workspace, ticket, queue, holdings))
+
+
+# ---- Airflow's concurrency, sized from the pool (issue 45.5) --------------------------------------
+# Worker slots beyond the launches: the other tasks of the runs in flight (validate_spec, staging, classify,
+# decide, upload, finalize) run beside the launches that hold or wait for a node.
+PIPELINE_WORKERS = 4
+# Tasks of one DAG run at once (Airflow 3 counts max_active_tasks per run): a launch beside a growth watch, the
+# ranks of a multi-node launch on Kubernetes, the cleanups of an attempt.
+TASKS_PER_RUN = 16
+
+
+@dataclass(frozen=True)
+class AirflowConcurrency:
+    """Airflow's limits for a pool that runs `attempts` attempts at once.
+
+    `max_active_runs_per_dag`: one run training per slot and one staged behind it, waiting in
+    line on the board (past that, runs wait in Airflow's queue: "queued behind N runs").
+    `parallelism` (worker slots of the LocalExecutor): a launch for each of those runs, whether it
+    holds a slot or waits for one, and `PIPELINE_WORKERS` more for the runs' other tasks.
+    """
+
+    attempts: int
+    parallelism: int
+    max_active_runs_per_dag: int
+    max_active_tasks_per_dag: int
+
+    def settings(self) -> dict[str, int]:
+        """`[core]` key -> value."""
+        return {"parallelism": self.parallelism, "max_active_runs_per_dag": self.max_active_runs_per_dag,
+                "max_active_tasks_per_dag": self.max_active_tasks_per_dag}
+
+
+def airflow_concurrency(pool: NodePool, workspace_nodes: int = 0) -> AirflowConcurrency:
+    """The limits for `pool` (every node x its slots) and `workspace_nodes` more nodes of local workspaces."""
+    attempts = max(1, len(pool.nodes) * pool.slots + max(0, workspace_nodes))
+    return AirflowConcurrency(attempts=attempts, parallelism=2 * attempts + PIPELINE_WORKERS,
+                              max_active_runs_per_dag=2 * attempts, max_active_tasks_per_dag=TASKS_PER_RUN)
