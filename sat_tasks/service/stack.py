@@ -15,6 +15,13 @@ project's config, the secrets of
 keeps working), the Object Storage connection, and the API server's own URL for the
 execution API. The API server binds `host` (127.0.0.1 by default) with authentication on.
 
+The embedded registry (`registry=True`, what `sat up` asks for where docker-registry is installed;
+`service.registry`, ADR 0042) starts right after the storage, as a supervised component of its own
+(`registry`): TLS from the deployment's CA, the login kept with the other secrets and handed to the
+components as the shared connection `sat_embedded_registry` and `[sat] registry_ca_file`. Once the
+components run, a thread pushes `registry_images` (SAT's training image) from the project's store
+when the registry does not serve that image id yet.
+
 Supervision (issue 48.2): once the service is up, a component that exits is restarted with its
 own command and environment, after a backoff that doubles with each crash of it in the window
 (`restart_backoff_s` .. `restart_backoff_max_s`), and each crash and restart is logged. The
@@ -27,9 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -60,6 +69,7 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # Airflow's own log servers bind every interface on fixed ports: these run without them, and `service.log_server`
 # serves the task logs on the deployment's host and a port of its own (issue 45.6).
 LOG_SERVER = "log-server"
+REGISTRY = "registry"  # the embedded container registry (service.registry): a component with its own command
 SKIP_SERVE_LOGS = {"scheduler": ["--skip-serve-logs"], "triggerer": ["--skip-serve-logs"]}
 LOG_PORT_KEYS = ("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT")
 # Supervision: a component that exits this often within the window keeps failing, and the service stops.
@@ -76,6 +86,10 @@ def component_command(component: str, args: list[str]) -> list[str]:
     log server is SAT's (`service.log_server`)."""
     if component == LOG_SERVER:
         return [sys.executable, "-m", "sat_tasks.service.log_server", *args]
+    if component == REGISTRY:
+        from sat_tasks.service.registry import BINARY
+
+        return [shutil.which(BINARY) or BINARY, "serve", *args]
     if component in FORKING_COMPONENTS:
         return [sys.executable, "-m", "sat_tasks.service.preload", component, *args]
     return [sys.executable, "-m", "airflow", component, *args]
@@ -101,6 +115,11 @@ class ServiceStack:
         restart_backoff_s / restart_backoff_max_s: the wait before restarting a component that exited,
             doubled with each of its crashes in the window, at most the second.
         crash_limit / crash_window_s: that many exits of one component within the window stop the service.
+        registry: run the embedded registry (`service.registry`); `sat up` asks for it where it is installed.
+        registry_port: its port on 127.0.0.1 (0: the one kept for the deployment, else a free one).
+        registry_images: the images of the project's store it serves (pushed at start; SAT's training image).
+        registry_dir: its files (default `<home>/registry`); certs_dir: the project's podman per-registry CA
+            folders (default `<containers_dir>/certs.d`).
     """
 
     home: Path
@@ -126,6 +145,14 @@ class ServiceStack:
     crash_limit: int = CRASH_LIMIT
     crash_window_s: float = CRASH_WINDOW_S
     restarts: dict[str, int] = field(default_factory=dict)  # how many times each component was restarted
+    registry: bool = False
+    registry_port: int = 0
+    registry_images: tuple[str, ...] = ()
+    registry_dir: Path | None = None
+    certs_dir: Path | None = None
+    embedded_registry: object = field(default=None, repr=False)  # service.registry.EmbeddedRegistry, when it runs
+    registry_push: threading.Thread | None = field(default=None, repr=False)
+    registry_served: dict[str, str] = field(default_factory=dict)  # image -> the name the registry serves it as
     _stopping: bool = field(default=False, repr=False)
     _commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict, repr=False)
     _crashes: dict[str, deque] = field(default_factory=dict, repr=False)
@@ -174,6 +201,13 @@ class ServiceStack:
             env.update(self.storage.connection_env())
         env.update(concurrency.sized_env({**env, **self.extra_env}))  # from the local pool (issue 45.5)
         env.update(self.extra_env)
+        if self.embedded_registry is not None:  # the operator's shared logins and CA kept, the registry's added
+            from sat_tasks.config import sat_setting
+
+            shared = self.extra_env.get("AIRFLOW__SAT__SHARED_REGISTRY_CONNECTIONS",
+                                        sat_setting("shared_registry_connections"))
+            ca_file = self.extra_env.get("AIRFLOW__SAT__REGISTRY_CA_FILE", sat_setting("registry_ca_file"))
+            env.update(self.embedded_registry.connection_env(shared=shared, ca_file=ca_file))
         return env
 
     def database_choice(self) -> DatabaseChoice:
@@ -205,6 +239,8 @@ class ServiceStack:
                                           ).start()
         self.log(f"[sat] Object Storage (moto S3, kept in {self.storage.state_dir}) on {self.storage.endpoint_url}")
         seed_demo_bucket(_Client(self.storage))
+        if self.registry:
+            self._start_registry(timeout)
         self._start_database()
         self.log_server_port = (self.log_server_port or int(os.environ.get(LOG_PORT_KEYS[0]) or 0)
                                 or log_server.free_port(self.host))
@@ -224,7 +260,52 @@ class ServiceStack:
             self._start_component(component, SKIP_SERVE_LOGS.get(component, []), env)
         self.first_answer_s = time.monotonic() - started
         (self.home / PID_FILE).write_text(str(os.getpid()))
+        if self.embedded_registry is not None and self.registry_images:
+            self.registry_push = threading.Thread(target=self._push_images, name="sat-registry-push", daemon=True)
+            self.registry_push.start()
         return self
+
+    def _start_registry(self, timeout: float) -> None:
+        """The embedded registry, as a supervised component; returns once it answers with its login over TLS."""
+        from sat_tasks.service.registry import CONN_ID, USER, EmbeddedRegistry, RegistryError
+
+        if self.certs_dir is None:
+            from sat_tasks.backends.local.containers import containers_dir
+
+            self.certs_dir = containers_dir() / "certs.d"
+        kept = service_secrets.load_or_create(self.home)
+        registry = EmbeddedRegistry(folder=self.registry_dir or self.home / "registry", password=kept.registry_password,
+                                    port=self.registry_port, certs_dir=self.certs_dir, log=self.log)
+        try:
+            registry.prepare()
+            env = {**registry.process_env(dict(os.environ)), SERVICE_MARK_ENV: str(self.home)}
+            self._start_component(REGISTRY, [str(registry.config_path)], env)
+            registry.wait_ready(timeout, alive=self.check_alive)
+        except RegistryError as exc:
+            raise ServiceError(f"{exc}; see {self.logs_dir / (REGISTRY + '.log')}") from None
+        self.embedded_registry = registry
+        self.log(f"[sat] container registry (docker-registry, TLS) on {registry.address}: login {USER} as the "
+                 f"connection {CONN_ID}, its password in {self.home / service_secrets.SECRETS_FILE} (key "
+                 f"registry_password); podman trusts its CA from {registry.trust_dir}")
+
+    def _push_images(self) -> None:
+        """Push `registry_images` to the embedded registry (the thread `start` runs); each outcome logged."""
+        from sat_tasks.service.registry import RegistryError
+
+        registry = self.embedded_registry
+        for image in self.registry_images:
+            if self._stopping or registry is None:
+                return
+            try:
+                served = registry.push(image)
+            except (RegistryError, OSError, subprocess.SubprocessError) as exc:
+                self.log(f"[sat] the embedded registry does not serve {image}: {exc}")
+                continue
+            if served is None:
+                self.log(f"[sat] {image} is not in the project's image store (`make image` builds it): the "
+                         "embedded registry does not serve it")
+            else:
+                self.registry_served[image] = served
 
     def _start_database(self) -> None:
         """The PostgreSQL cluster when `db` is `postgres`; a line saying which metadata DB it is."""
