@@ -390,7 +390,9 @@ _MISUSE = "a CUDA API misused or misconfigured by the job's code"
 CUDA_RUNTIME = Catalogue(
     key="cuda-runtime",
     title="CUDA runtime cudaError_t",
-    source="NVIDIA, CUDA Runtime API reference, enum cudaError (driver_types.h), and the Driver API's CUresult",
+    source="NVIDIA, CUDA Runtime API reference, enum cudaError (driver_types.h), and the Driver API's CUresult: "
+           "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html, "
+           "https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html",
     version="CUDA 12.8 / 13.0",
     codes=_codes(
         (1, "cudaErrorInvalidValue", J, _MISUSE), (2, "cudaErrorMemoryAllocation", J, "out of GPU memory"),
@@ -462,7 +464,8 @@ CUDA_RUNTIME = Catalogue(
 NCCL_RESULTS = Catalogue(
     key="nccl-result",
     title="NCCL ncclResult_t",
-    source="NVIDIA, NCCL documentation, API Types: ncclResult_t (nccl.h)",
+    source="NVIDIA, NCCL documentation, API Types: ncclResult_t (nccl.h): "
+           "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html",
     version="NCCL 2.18-2.27",
     codes=_codes(
         (0, "ncclSuccess", X, "success"),
@@ -493,7 +496,8 @@ def _nvml(code: int, name: str, fault: Fault, reason: str) -> tuple:
 NVML_RETURNS = Catalogue(
     key="nvml-return",
     title="NVML nvmlReturn_t",
-    source="NVIDIA, NVML API Reference Guide, nvmlReturn_t (nvml.h)",
+    source="NVIDIA, NVML API Reference Guide, Device Enums: nvmlReturn_t (nvml.h): "
+           "https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceEnumvs.html",
     version="NVML for driver R550-R580",
     codes=_codes(
         _nvml(1, "UNINITIALIZED", J, "NVML used before nvmlInit (the code)"),
@@ -540,7 +544,8 @@ DCGM_HEALTH = Catalogue(
     key="dcgm-health",
     title="DCGM health-watch systems",
     source="NVIDIA, DCGM User Guide, Health and Diagnostics: dcgmHealthSystems_t (dcgm_structs.h); a system "
-           "whose result is DCGM_HEALTH_RESULT_FAIL (a WARN is not a fault alone)",
+           "whose result is DCGM_HEALTH_RESULT_FAIL (a WARN is not a fault alone): "
+           "https://docs.nvidia.com/datacenter/dcgm/latest/reference/dcgm-api/dcgm-api-health-mon.html",
     version="DCGM 3.3-4.x",
     codes=_codes(
         _dcgm("PCIE", "PCIe", "PCIe replays or link errors"),
@@ -563,7 +568,9 @@ AMD_GPU = Catalogue(
     key="amd-gpu",
     title="AMD amdgpu kernel driver, RAS and HIP errors",
     source="AMD, ROCm documentation: HIP Runtime API hipError_t (hip_runtime_api.h), AMD Instinct RAS / amdgpu "
-           "RAS error reporting, and the Linux amdgpu driver's messages (drivers/gpu/drm/amd)",
+           "RAS error reporting, and the Linux amdgpu driver's messages (drivers/gpu/drm/amd): "
+           "https://rocm.docs.amd.com/projects/HIP/en/latest/reference/error_codes.html, "
+           "https://docs.kernel.org/gpu/amdgpu/ras.html",
     version="ROCm 6.x, Linux 6.x amdgpu",
     codes=_codes(
         ("ras-uncorrectable", "amdgpu RAS uncorrectable error", N, "an uncorrectable error on the AMD GPU (RAS)",
@@ -628,7 +635,9 @@ RDMA_DRIVERS = Catalogue(
     title="InfiniBand, RoCE and EFA drivers",
     source="Linux kernel drivers mlx4/mlx5 (NVIDIA/Mellanox), irdma/ice (Intel), bnxt_re (Broadcom), efa (AWS "
            "Elastic Fabric Adapter) messages; libibverbs async events (ibv_get_async_event: IBV_EVENT_*); NCCL's "
-           "NET/IB and NET/OFI warnings",
+           "NET/IB and NET/OFI warnings: https://docs.kernel.org/networking/device_drivers/ethernet/mellanox/mlx5/"
+           "index.html, https://man7.org/linux/man-pages/man3/ibv_get_async_event.3.html, "
+           "https://github.com/aws/aws-ofi-nccl",
     version="Linux 5.15-6.x, rdma-core 4x-5x, NCCL 2.18-2.27, aws-ofi-nccl 1.x",
     codes=_codes(
         ("link-down", "NIC/HCA link down", N, "the node's RDMA link went down",
@@ -661,7 +670,8 @@ PCIE_AER = Catalogue(
     key="pcie-aer",
     title="PCIe Advanced Error Reporting",
     source="PCI-SIG, PCI Express Base Specification, Advanced Error Reporting capability; the Linux kernel's "
-           "AER driver messages (drivers/pci/pcie/aer.c) and Documentation/PCI/pcieaer-howto",
+           "AER driver messages (drivers/pci/pcie/aer.c) and Documentation/PCI/pcieaer-howto: "
+           "https://pcisig.com/specifications, https://docs.kernel.org/PCI/pcieaer-howto.html",
     version="PCIe Base 5.0/6.0; Linux 5.x-6.x",
     codes=_codes(
         ("corrected", "Corrected", X, "a corrected PCIe error (the link retried it)",
@@ -689,7 +699,8 @@ MCE_EDAC = Catalogue(
     key="mce-edac",
     title="Machine checks and EDAC memory errors",
     source="Linux kernel: x86 MCE (arch/x86/kernel/cpu/mce), EDAC (drivers/edac), APEI/GHES (drivers/acpi/apei) "
-           "and memory-failure (mm/memory-failure.c) messages; rasdaemon",
+           "and memory-failure (mm/memory-failure.c) messages; rasdaemon: "
+           "https://docs.kernel.org/admin-guide/RAS/main.html, https://github.com/mchehab/rasdaemon",
     version="Linux 5.x-6.x",
     codes=_codes(
         ("edac-ce", "EDAC corrected error (CE)", X, "a corrected memory error", r"EDAC [^\n]{0,80}\bCE\b"),
@@ -714,7 +725,9 @@ OTHER_ACCELERATORS = Catalogue(
     title="Other accelerators' drivers",
     source="Linux habanalabs driver (Intel Gaudi, drivers/accel/habanalabs), AWS Neuron runtime and driver "
            "messages (Neuron documentation, troubleshooting), Linux i915/xe drivers (Intel GPUs), Cloud TPU "
-           "runtime errors (libtpu); read by family: the driver's name with the words of a fault",
+           "runtime errors (libtpu); read by family: the driver's name with the words of a fault: "
+           "https://awsdocs-neuron.readthedocs-hosted.com/, "
+           "https://cloud.google.com/tpu/docs/troubleshooting/troubleshooting",
     version="Linux 6.x, Neuron SDK 2.x, libtpu 0.x (2024-2026)",
     codes=_codes(
         ("gaudi-fatal", "habanalabs critical or uncorrectable error", N, "the Gaudi device failed",

@@ -39,6 +39,7 @@ def test_every_catalogue_names_its_source_document_and_version():
     for catalogue in CATALOGUES:
         assert len(catalogue.source) > 30 and catalogue.title, catalogue.key
         assert re.search(r"\d", catalogue.version), f"{catalogue.key}: a version names a number"
+        assert re.search(r"https://\S+", catalogue.source), f"{catalogue.key}: the source says where it is published"
         assert catalogue.codes, catalogue.key
 
 
