@@ -24,6 +24,7 @@ request's query string into a `ListQuery`, or a `ListQueryError` naming the fiel
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -71,8 +72,10 @@ from sat_tasks.core.status import TERMINAL, JobStatus
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import RunLayout
 from sat_tasks.spec import SpecError, TrainingJob, dag_id_for, load_spec
-from sat_tasks.ui import dag_runs
+from sat_tasks.ui import dag_runs, waits
 from sat_tasks.ui.jobs import ReadJson, job_of, read_history, read_progress
+
+log = logging.getLogger(__name__)
 
 TABLE_NAME = "sat_job_index"
 TERMINAL_WORDS = frozenset(status.value for status in TERMINAL)
@@ -394,7 +397,27 @@ def list_runs(session: Any, query: ListQuery, dag_ids: set[str], *, now: datetim
                  .limit(query.per_page).offset((query.page - 1) * query.per_page))
     rows = [row_of(record._mapping, now=now, next_run=(next_runs or {}).get(record.dag_id))
             for record in session.execute(statement)]
+    note_waits(session, rows)
     return JobsPage(rows, total, query, _usage(session, where, now))
+
+
+def note_waits(session: Any, rows: list[dict[str, Any]]) -> None:
+    """Each row's `waiting`: why its run waits, at every stage (`ui.waits`, issue 45.5); None when it does not."""
+    lines = _waiting_lines(session, waits.keys_of(rows))
+    for row in rows:
+        row["waiting"] = lines.get((row["dag_id"], row["run_id"]))
+
+
+def _waiting_lines(session: Any, keys: list[waits.RunKey]) -> dict[tuple[str, str], str]:
+    """`waits.waiting_lines`, in a savepoint: a query that fails leaves the list (and its transaction) answering."""
+    if not keys:
+        return {}
+    try:
+        with session.begin_nested():
+            return waits.waiting_lines(session, keys)
+    except DBAPIError as exc:
+        log.warning("why the runs wait could not be read: %s: %s", type(exc).__name__, exc)
+        return {}
 
 
 def usage_by_workspace(session: Any, dag_ids: set[str], *, now: datetime | None = None) -> dict[str, dict[str, float]]:
@@ -788,7 +811,18 @@ def run_facts(session: Any, run: Any) -> dict[str, Any]:
         ensure_table(session)
         goodput = session.execute(select(C.goodput).where(C.dag_id == run.dag_id, C.run_id == run.run_id)).scalar()
     return {"creator": creator_of(run), "queued": _iso(queued), "queue_s": _queue_seconds(queued, start),
-            "goodput": goodput}
+            "goodput": goodput, "waiting": waiting_line(session, run)}
+
+
+def waiting_line(session: Any, run: Any) -> str | None:
+    """Why the run waits (`ui.waits`, the line its list row shows too); None when it does not."""
+    if dag_runs.run_state(run) not in waits.ACTIVE:
+        return None
+    ensure_table(session)
+    known = session.execute(select(C.job, C.workspace).where(C.dag_id == run.dag_id, C.run_id == run.run_id)).first()
+    key = waits.RunKey(run.dag_id, run.run_id, (known.job or None) if known else None,
+                        known.workspace if known else None)
+    return _waiting_lines(session, [key]).get((run.dag_id, run.run_id))
 
 
 def note_tags(session: Any, dag_id: str, run_id: str, tags: Mapping[str, Any]) -> None:

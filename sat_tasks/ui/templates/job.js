@@ -14,6 +14,7 @@ function typing(){var a=document.activeElement;return a&&(a.tagName==='TEXTAREA'
 function poll(){fetch(api,{credentials:'same-origin'}).then(function(r){return r.ok?r.json():null;}).then(function(p){
 if(!p)return;el.textContent=p.status;el.className='status '+p.status.replace(/ /g,'');
 document.getElementById('attempt').textContent=p.attempt===null?'':p.attempt;
+var w=document.getElementById('waiting');if(w){w.textContent=p.waiting||'';w.hidden=!p.waiting;}
 var now=p.history.length+'/'+p.attempts.length+'/'+(p.stop_requested?1:0)+'/'+p.run_state;
 if(now!==seen&&!typing()){location.reload();return;}
 if(terminal.indexOf(p.status)<0||p.run_state==='running'||p.run_state==='queued')setTimeout(poll,3000);})
