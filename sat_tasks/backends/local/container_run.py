@@ -15,6 +15,9 @@ and are found and signalled through `/proc` like a host attempt's. What this mod
   the run's Object Storage endpoint (and nothing else) is forwarded from the host: the training
   reaches its store at the address it was given, and no metadata DB, API server, registry,
   other host port or outside address.
+- `RunNetwork`: a multi-node attempt's network, one such namespace per node (a container each), joined by a
+  switch of their own: the nodes reach one another's static addresses (`node_address`, the rendezvous on
+  rank 0's) and their store, nothing else (no host bridge, no route, no podman network: ADR 0035).
 - `prepare_image`: the image in the project's store, pulled with the job's own registry login
   when it is not there, its digest recorded on the attempt.
 """
@@ -83,6 +86,7 @@ class ContainerPlan:
     gpus: int = 0
     network_ns: str | None = None  # a path to the attempt's network namespace (AttemptNetwork.path); None: none
     labels: dict[str, str] = field(default_factory=dict)
+    hostname: str | None = None  # a node of a multi-node attempt: its local node's name (`--hostname`)
 
 
 def podman_run_args(plan: ContainerPlan, command: str, env_names: Sequence[str] = (),
@@ -111,6 +115,8 @@ def podman_run_args(plan: ContainerPlan, command: str, env_names: Sequence[str] 
         args += ["--device", f"nvidia.com/gpu={index}"]
     for name in env_names:
         args += ["--env", name]
+    if plan.hostname:
+        args += ["--hostname", plan.hostname]
     if cid_file is not None:
         args += ["--cidfile", str(cid_file)]
     for key, value in sorted(plan.labels.items()):
@@ -303,8 +309,9 @@ class AttemptNetwork:
     every other address is unreachable. Needs root (setns); use as a context manager.
     """
 
-    def __init__(self, ports: Sequence[int]) -> None:
+    def __init__(self, ports: Sequence[int], name: str = "sat-attempt-net") -> None:
         self.ports = [int(p) for p in ports]
+        self.name = name  # the holder's name in `ps` (its shell's $0)
         self.holder: subprocess.Popen | None = None
         self._listeners: list[socket.socket] = []
         self._closed = threading.Event()
@@ -315,26 +322,8 @@ class AttemptNetwork:
         return f"/proc/{self.holder.pid}/ns/net"
 
     def __enter__(self) -> AttemptNetwork:  # noqa: PYI034 - the class is not meant to be subclassed
-        if os.geteuid() != 0:
-            raise ContainerRuntimeError("the container runtime's network isolation needs root (it joins the "
-                                        "attempt's network namespace); run the service as root or set "
-                                        "[sat] local_runtime = host")
-        # the holder goes when the runner does, however it ends (a SIGKILLed launch task leaves no namespace behind)
-        keep = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 2; done"
-        self.holder = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", keep], stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.holder = _namespace_holder(self.name)
         try:
-            own = os.readlink("/proc/self/ns/net")
-            for _ in range(500):  # unshare has made its namespace once the holder's link differs from ours
-                try:
-                    if os.readlink(self.path) != own:
-                        break
-                except FileNotFoundError:
-                    pass
-                if self.holder.poll() is not None:
-                    raise ContainerRuntimeError(f"could not make the attempt's network namespace: "
-                                                f"{(self.holder.stderr.read() or b'').decode(errors='replace')[:300]}")
-                threading.Event().wait(0.01)
             _in_network(self.path, _bring_up_loopback)
             for port in self.ports:
                 listener = _in_network(self.path, lambda port=port: _listen(port))
@@ -371,6 +360,131 @@ class AttemptNetwork:
                 continue
             for a, b in ((inside, outside), (outside, inside)):
                 threading.Thread(target=_pump, args=(a, b), name="sat-fwd-pump", daemon=True).start()
+
+
+def _namespace_holder(name: str) -> subprocess.Popen:
+    """A process in a new network namespace of its own (`unshare --net`), kept while this process lives.
+
+    Its shell's $0 is `name` (what `ps` shows). The namespace goes with the holder, however the
+    runner ends: a SIGKILLed launch task leaves no namespace (and no interface in it) behind.
+    """
+    if os.geteuid() != 0:
+        raise ContainerRuntimeError("the container runtime's network isolation needs root (it joins the "
+                                    "attempt's network namespace); run the service as root or set "
+                                    "[sat] local_runtime = host")
+    keep = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 2; done"
+    holder = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", keep, name], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    path, own = f"/proc/{holder.pid}/ns/net", os.readlink("/proc/self/ns/net")
+    for _ in range(1000):  # unshare has made its namespace once the holder's link differs from ours
+        try:
+            if os.readlink(path) != own:
+                return holder
+        except FileNotFoundError:
+            pass
+        if holder.poll() is not None:
+            raise ContainerRuntimeError(f"could not make the attempt's network namespace: "
+                                        f"{(holder.stderr.read() or b'').decode(errors='replace')[:300]}")
+        threading.Event().wait(0.01)
+    holder.kill()
+    holder.wait(timeout=10)
+    raise ContainerRuntimeError("could not make the attempt's network namespace: unshare did not make it in 10 s")
+
+
+# ---- a multi-node attempt's network ------------------------------------------------------------------------
+# The nodes' addresses on their run's switch. Every run has a switch of its own (a namespace no other run can
+# join, with no way out), so all runs use the same numbers without ever meeting.
+RUN_SUBNET_PREFIX = "10.213.0"
+RUN_SUBNET_BITS = 24
+RUN_MAX_NODES = 250
+NODE_INTERFACE = "eth0"  # the node's one interface besides loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)
+SWITCH_BRIDGE = "sat-switch"
+
+
+def node_address(index: int) -> str:
+    """The static address of node `index` (0: the rendezvous host) on its run's network."""
+    if not 0 <= index < RUN_MAX_NODES:
+        raise ValueError(f"a run's network has nodes 0..{RUN_MAX_NODES - 1}, not {index}")
+    return f"{RUN_SUBNET_PREFIX}.{index + 2}"
+
+
+def network_name(run_key: str, attempt: int) -> str:
+    """The name of attempt `attempt`'s network of run `run_key` (its holders' name in `ps`, the job's log)."""
+    return container_name(run_key, attempt).replace("sat-", "sat-net-", 1)
+
+
+def run_network_commands(switch_pid: int, node_pids: Sequence[int]) -> list[list[str]]:
+    """The `ip` commands (argument lists, through `nsenter`) that wire the nodes' namespaces to the switch's.
+
+    The switch namespace gets a bridge; each node a veth pair, its `eth0` end in the node's namespace with
+    its static address, the other end on the bridge. Nothing is made in this host's namespace: no
+    interface, no address, no route, no firewall rule; the switch has no way out.
+    """
+    switch = ["nsenter", f"--net=/proc/{switch_pid}/ns/net", "--", "ip"]
+    commands = [[*switch, "link", "add", SWITCH_BRIDGE, "type", "bridge"],
+                [*switch, "link", "set", SWITCH_BRIDGE, "up"]]
+    for index, pid in enumerate(node_pids):
+        node = ["nsenter", f"--net=/proc/{pid}/ns/net", "--", "ip"]
+        port = f"n{index}"
+        commands += [
+            [*switch, "link", "add", port, "type", "veth", "peer", "name", NODE_INTERFACE, "netns", str(pid)],
+            [*switch, "link", "set", port, "master", SWITCH_BRIDGE, "up"],
+            [*node, "addr", "add", f"{node_address(index)}/{RUN_SUBNET_BITS}", "dev", NODE_INTERFACE],
+            [*node, "link", "set", NODE_INTERFACE, "up"],
+        ]
+    return commands
+
+
+class RunNetwork:
+    """A multi-node attempt's network: one `AttemptNetwork` per node (loopback, the store forwarded in), joined.
+
+    The nodes' namespaces are wired to a switch namespace of the attempt's own (`run_network_commands`):
+    node `i` is `node_address(i)` on `eth0`, reaches the other nodes and, on its loopback, the run's
+    Object Storage; nothing else (no route, no address on this host). Made when the attempt starts,
+    gone when it ends (the namespaces go with their holders). Needs root and `ip` (iproute2).
+    """
+
+    def __init__(self, ports: Sequence[int], nodes: int, name: str) -> None:
+        if nodes < 2:
+            raise ValueError("a run network joins two nodes or more")
+        self.name = name
+        self.nodes = [AttemptNetwork(ports, f"{name}-n{i}") for i in range(nodes)]
+        self.switch: subprocess.Popen | None = None
+
+    @property
+    def paths(self) -> list[str]:
+        return [node.path for node in self.nodes]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [node_address(i) for i in range(len(self.nodes))]
+
+    def __enter__(self) -> RunNetwork:  # noqa: PYI034 - the class is not meant to be subclassed
+        import shutil
+
+        if shutil.which("ip") is None or shutil.which("nsenter") is None:
+            raise ContainerRuntimeError("a multi-node job's network needs `ip` (iproute2) and `nsenter` "
+                                        "(util-linux) on this host: install them, or set [sat] local_runtime = host")
+        try:
+            self.switch = _namespace_holder(self.name)
+            for node in self.nodes:
+                node.__enter__()
+            for command in run_network_commands(self.switch.pid, [n.holder.pid for n in self.nodes if n.holder]):
+                done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+                if done.returncode != 0:
+                    raise ContainerRuntimeError(f"could not wire the run network {self.name}: {command[4:]}: "
+                                                f"{(done.stderr or done.stdout).strip()[:300]}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for node in self.nodes:
+            node.__exit__(None, None, None)
+        if self.switch is not None and self.switch.poll() is None:
+            self.switch.kill()
+            self.switch.wait(timeout=10)
 
 
 def _listen(port: int) -> socket.socket:
@@ -442,8 +556,11 @@ __all__ = [
     "ContainerRuntimeError",
     "ImagePullError",
     "Mount",
+    "RunNetwork",
     "container_name",
     "local_image_digest",
+    "network_name",
+    "node_address",
     "oom_kills",
     "podman_env",
     "podman_run_args",

@@ -6,6 +6,7 @@ attempt resumes from its last committed checkpoint (`Interruption`), without a f
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from ckpt_engine.contract import (
     CONCURRENT_DIR,
     GRACE_ENV,
     MANIFEST_NAME,
+    NODE_ENV,
     NODES_ENV,
     PROGRESS_NAME,
     RUN_ID_ENV,
@@ -25,6 +27,7 @@ from ckpt_engine.contract import (
 from ckpt_engine.integrations.elastic import ACCUMULATION_SCALE_ENV
 from ckpt_engine.vendor import write_vendor_dir
 from sat_tasks.backends.local.container_run import (
+    NODE_INTERFACE,
     ContainerPlan,
     ContainerRuntimeError,
     ImagePullError,
@@ -32,11 +35,13 @@ from sat_tasks.backends.local.container_run import (
     chosen_runtime,
     container_name,
     job_pull_login,
+    node_address,
     prepare_image,
     writable_by_container,
 )
 from sat_tasks.backends.local.runner import (
     LocalAttempt,
+    PeerNode,
     local_node_labels,
     stop_left_processes,
 )
@@ -174,12 +179,15 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
     host_paths = TrainingPaths(str(run.data_dir), str(run.output_dir), str(run.code_dir), str(run.vendor_dir))
     env = _attempt_env(run, plan, node, nodes, log, host_paths, str(run.metrics_dir), endpoint)
     command = job.command
-    if job.elastic is not None:  # one rank per node it holds (ADR 0029)
+    per_node = runtime == "container" and len(nodes) >= 2  # one container per node, on the attempt's network
+    if per_node:
+        command = node_command(command, deepspeed=job.framework is Framework.DEEPSPEED)
+    elif job.elastic is not None:  # one rank per node it holds (ADR 0029)
         command = elastic_command(command, len(nodes), deepspeed=job.framework is Framework.DEEPSPEED)
     container: dict[str, object] = {}
     if runtime == "container":
         try:
-            container = _container(run, plan, node, log, endpoint)
+            container = _container(run, plan, node, log, endpoint, nodes)
         except ImagePullError as exc:  # the attempt ends before it starts, as a pod in ImagePullBackOff does
             log(f"[sat] {exc}")
             run.job_log.parent.mkdir(parents=True, exist_ok=True)
@@ -190,6 +198,8 @@ def _run_on(run: JobRun, plan: Plan, nodes: list[str], log: Log, interruption: I
             return record
         container["sidecar_env"] = env
         env = _attempt_env(run, plan, node, nodes, log, CONTAINER_PATHS, POD_METRICS_DIR, endpoint)
+        if per_node:
+            container.update(_per_node(run, nodes, env, container.pop("container")))
     else:
         command = warm_command(run, command)  # the failover standby is a host interpreter (ADR 0031)
     runner = LocalAttempt(
@@ -284,7 +294,8 @@ def max_runtime(run: JobRun, log: Log) -> dict[str, object]:
 CONTAINER_PATHS = TrainingPaths(POD_DATA_DIR, POD_OUTPUT_DIR, POD_CODE_DIR, IMAGE_VENDOR_DIR)
 
 
-def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | None) -> dict[str, object]:
+def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | None,
+               nodes: list[str] | None = None) -> dict[str, object]:
     """The LocalAttempt arguments of a container attempt: its plan, the image's digest, the ports it may reach."""
     job = run.job
     ports: tuple[int, ...] = ()
@@ -304,8 +315,8 @@ def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | Non
     digest = prepare_image(job.image.url, note, job_pull_login(job))
     # the training's uid in its user namespace writes them (ADR 0035); the attempt's series folder too, which the
     # metrics sidecar (this host's root) would otherwise make first
-    series_dir = run.metrics_dir / Path(series_path(plan.attempt, node, "training")).parent
-    for path in (run.output_dir, run.code_dir, run.metrics_dir, series_dir):
+    series_dirs = [run.metrics_dir / Path(series_path(plan.attempt, n, "training")).parent for n in nodes or [node]]
+    for path in (run.output_dir, run.code_dir, run.metrics_dir, *series_dirs):
         writable_by_container(path)
     resources = job.resources
     plan_ = ContainerPlan(
@@ -322,6 +333,52 @@ def _container(run: JobRun, plan: Plan, node: str, log: Log, endpoint: str | Non
         labels={"sat.ai/job": job.name, "sat.ai/attempt": str(plan.attempt), "sat.ai/node": node},
     )
     return {"container": plan_, "image_digest": digest, "forward_ports": ports, "notes": pulled}
+
+
+# A multi-node attempt's rendezvous: rank 0's torchrun listens here on its node's address (each node's network
+# namespace is its own, so every run may use the same port).
+MASTER_PORT = 29500
+
+
+def rendezvous_env(rank: int, ranks: int, nproc_per_node: int) -> dict[str, str]:
+    """Node `rank`'s rendezvous environment in a multi-node attempt, the names a Kubernetes pod has (and torchrun's
+    `PET_*` defaults): rank 0's static address on the attempt's network (`container_run.node_address`) as
+    `MASTER_ADDR`. gloo and NCCL use the node's one interface (a node's hostname need not resolve to it)."""
+    values = {"MASTER_ADDR": node_address(0), "MASTER_PORT": str(MASTER_PORT), "NODE_RANK": str(rank),
+              "NNODES": str(ranks), "NPROC_PER_NODE": str(nproc_per_node)}
+    return {**values, **{f"PET_{key}": value for key, value in values.items()},
+            "GLOO_SOCKET_IFNAME": NODE_INTERFACE, "NCCL_SOCKET_IFNAME": NODE_INTERFACE}
+
+
+def _per_node(run: JobRun, nodes: list[str], env: dict[str, str], plan: ContainerPlan) -> dict[str, object]:
+    """The LocalAttempt arguments of a multi-node attempt in containers: rank 0's environment (`env`, updated in
+    place) and plan, and a `PeerNode` for each other node: its container (name, hostname, labels) and environment
+    (its node's name, its rank; the rest the attempt's)."""
+    job = run.job
+    nproc = 1 if job.elastic is not None else max(job.resources.gpus_per_node, 1)  # elastic: a rank per node held
+    own = {key: value for key, value in job.env.items() if key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    env.update({**rendezvous_env(0, len(nodes), nproc), **own})
+    peers = [PeerNode(node=name, env={**env, NODE_ENV: name, **rendezvous_env(rank, len(nodes), nproc), **own},
+                      container=dataclasses.replace(plan, name=f"{plan.name}-r{rank}", hostname=name,
+                                                    labels={**plan.labels, "sat.ai/node": name}))
+             for rank, name in enumerate(nodes[1:], start=1)]
+    return {"container": dataclasses.replace(plan, hostname=nodes[0]), "peers": peers,
+            "run_key": f"{job.name}-{run.run_id}"}
+
+
+def node_command(command: str, *, deepspeed: bool = False) -> str:
+    """A multi-node attempt's command in each node's container: `python ...` as a multi-node `torchrun`.
+
+    As a Kubernetes pod runs it (one container per node): the rendezvous on rank 0 from the node's
+    environment (`rendezvous_env`); a DeepSpeed script's ranks start through `ckpt_engine.launch`.
+    Any other command (a launcher, a script) runs as written and reads the same environment.
+    """
+    match = _PYTHON_COMMAND.match(command)
+    if not match or _LAUNCHER_MODULE.match(match.group("rest")):
+        return command
+    entry = "-m ckpt_engine.launch " if deepspeed else ""
+    return ('torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC_PER_NODE" '
+            f'--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" {entry}{match.group("rest")}')
 
 
 # `python [flags] script.py ...` or `python -m module ...`, not a launcher's own module (those run as written).

@@ -29,6 +29,8 @@ from sat_tasks.backends.local.container_run import (
     CONTAINER_HOME,
     AttemptNetwork,
     ContainerPlan,
+    RunNetwork,
+    network_name,
     oom_kills,
     podman_env,
     podman_run_args,
@@ -117,6 +119,19 @@ def xid_line(node: str, xid: int, pid: int) -> str:
     return f"{stamp} NVRM: Xid (PCI:0000:3b:00): {xid}, pid={pid}, name=python, {messages.get(xid, 'GPU error')}"
 
 
+@dataclass(frozen=True)
+class PeerNode:
+    """Another node of a multi-node attempt in container mode (ADR 0035): its own container on the run's network.
+
+    `env` is the training environment of this node (the attempt's, with its node's name and rank); `container`
+    the plan of its container (its own name, hostname and labels).
+    """
+
+    node: str
+    container: ContainerPlan
+    env: dict[str, str] = field(repr=False)
+
+
 @dataclass
 class LocalAttempt:
     """One attempt to run on the local backend.
@@ -181,6 +196,10 @@ class LocalAttempt:
     image_digest: str | None = None
     forward_ports: tuple[int, ...] = ()
     sidecar_env: dict[str, str] | None = field(default=None, repr=False)
+    # A multi-node attempt in container mode: the other nodes, one container each, with this one (rank 0) on a
+    # network of the attempt's own (`RunNetwork`) named after `run_key`. Empty: one container (or host mode).
+    peers: list[PeerNode] = field(default_factory=list)
+    run_key: str = ""
 
     def run(self, log: Log = print) -> AttemptRecord:
         """Start the command, stream its output, inject faults, watch for hangs; return the record."""
@@ -219,7 +238,12 @@ class LocalAttempt:
                                                                              cid_file=self._cid_file())]
             where = f"runs in image {self.container.image}" + (f" ({self.image_digest})" if self.image_digest else "")
         started = now_utc()
-        network = AttemptNetwork(self.forward_ports) if self.container is not None else contextlib.nullcontext()
+        network: Any = contextlib.nullcontext()
+        if self.container is not None:
+            network = AttemptNetwork(self.forward_ports)
+            if self.peers:
+                network = RunNetwork(self.forward_ports, 1 + len(self.peers),
+                                     network_name(self.run_key or self.job, self.attempt))
         try:
             with open(self.job_log, "a", encoding="utf-8") as job_log, network as joined:
                 header = job_log_header(job=self.job, attempt=self.attempt, node=self.node, at=started)
@@ -229,7 +253,18 @@ class LocalAttempt:
                 job_log.flush()
                 log(header)
                 log(f"[sat] attempt {self.attempt} {where}")
-                if joined is not None:
+                peer_procs: list[subprocess.Popen] = []
+                if isinstance(joined, RunNetwork):
+                    argv[argv.index("--network") + 1] = f"ns:{joined.paths[0]}"
+                    where = (f"[sat] attempt {self.attempt}: {1 + len(self.peers)} containers, one per node, on "
+                             f"network {joined.name} ("
+                             + ", ".join(f"{n} {a}" for n, a in zip([self.node, *(p.node for p in self.peers)],
+                                                                    joined.addresses, strict=True)) + ")")
+                    job_log.write(f"{now_utc().isoformat()} {where}\n")
+                    log(where)
+                    for index, peer in enumerate(self.peers, start=1):
+                        peer_procs.append(self._start_peer(peer, index, joined.paths[index], env, names))
+                elif joined is not None:
                     argv[argv.index("--network") + 1] = f"ns:{joined.path}"
                 proc = subprocess.Popen(
                     argv,
@@ -244,26 +279,40 @@ class LocalAttempt:
                     bufsize=1,
                 )
                 state.last_progress = time.monotonic()
-                procs = AttemptProcesses(proc, tag)
+                procs = AttemptProcesses(proc, tag, peer_procs)
                 self._note_processes(tag, proc.pid)
-                reader = threading.Thread(
-                    target=self._pump, args=(proc, job_log, tail, state, log), name="sat-log-pump", daemon=True
-                )
-                reader.start()
+                readers = [threading.Thread(target=self._pump, args=(p, job_log, tail, state, log, prefix),
+                                            name="sat-log-pump", daemon=True)
+                           for p, prefix in [(proc, ""), *((pp, f"[{peer.node}] ")
+                                                           for pp, peer in zip(peer_procs, self.peers, strict=True))]]
+                for reader in readers:
+                    reader.start()
                 self._watch(procs, state, kern_log, log, started.timestamp())
                 self._end(procs, state, log)
+                for peer_proc in peer_procs:  # their processes are gone (`_end`): the clients' exit statuses
+                    try:
+                        peer_proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        peer_proc.kill()
+                        peer_proc.wait(timeout=10)
                 if self.container is not None:  # removed at once, even when its podman client was killed with it
+                    state.container_id = state.container_id or _read_cid(self._cid_file())
+                    state.peer_ids.update({rank: found for rank in range(1, 1 + len(self.peers))
+                                           if rank not in state.peer_ids and (found := _read_cid(self._cid_file(rank)))})
                     remove_container(self.container.name)
+                    for peer in self.peers:
+                        remove_container(peer.container.name)
                 if sidecar is not None:  # its last sample and upload overlap with the end of the log (recovery path)
                     sidecar.request_stop()
                 if self.procs_file is not None:
                     self.procs_file.unlink(missing_ok=True)  # none is left running
-                reader.join(timeout=10)
+                for reader in readers:
+                    reader.join(timeout=10)
                 finished = now_utc()
                 for line in sidecar.stop(log) if sidecar is not None else ():
                     job_log.write(line + "\n")
                     log(line)
-                footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=proc.returncode,
+                footer = job_log_footer(attempt=self.attempt, at=finished, exit_code=procs.returncode(),
                                         note="interrupted: it resumes when its launch task runs again"
                                         if self.interrupted else None)
                 job_log.write(footer + "\n")
@@ -271,11 +320,25 @@ class LocalAttempt:
         finally:
             if sidecar is not None and sidecar.proc is not None and sidecar.proc.poll() is None:
                 sidecar.stop(log)  # the attempt did not get to its end (an exception): no sidecar outlives it
-        return self._record(proc.returncode, started, finished, list(tail), kern_log, kern_offset, state)
+        return self._record(procs.returncode(), started, finished, list(tail), kern_log, kern_offset, state,
+                            peer_procs)
 
     # ---- steps ------------------------------------------------------------------------------
-    def _cid_file(self) -> Path:
-        return self.node_dir / f"attempt-{self.attempt}.cid"
+    def _cid_file(self, rank: int = 0) -> Path:
+        return self.node_dir / (f"attempt-{self.attempt}.cid" if rank == 0 else f"attempt-{self.attempt}-rank-{rank}.cid")
+
+    def _start_peer(self, peer: PeerNode, rank: int, network_path: str, env: dict[str, str],
+                    names: list[str]) -> subprocess.Popen:
+        """Start node `rank`'s container on the run network (its podman client in a session of its own)."""
+        peer_env = {**env, **peer.env, "HOME": CONTAINER_HOME}
+        self._cid_file(rank).unlink(missing_ok=True)
+        argv = ["podman", "--cgroup-manager=cgroupfs",
+                *podman_run_args(peer.container, self.command, sorted({*names, *peer.env} & set(peer_env)),
+                                 cid_file=self._cid_file(rank))]
+        argv[argv.index("--network") + 1] = f"ns:{network_path}"
+        return subprocess.Popen(argv, cwd=self.cwd, env=peer_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace",
+                                bufsize=1)
 
     def _note_processes(self, tag: str, pgid: int) -> None:
         if self.procs_file is not None:
@@ -283,9 +346,9 @@ class LocalAttempt:
             self.procs_file.write_text(json.dumps({"attempt": self.attempt, "node": self.node, "tag": tag,
                                                    "pgid": pgid}), encoding="utf-8")
 
-    def _pump(self, proc, job_log, tail, state: _WatchState, log: Log) -> None:
+    def _pump(self, proc, job_log, tail, state: _WatchState, log: Log, prefix: str = "") -> None:
         for line in proc.stdout:
-            line = line.rstrip("\n")
+            line = prefix + line.rstrip("\n")
             tail.append(line)
             job_log.write(line + "\n")
             job_log.flush()
@@ -315,8 +378,18 @@ class LocalAttempt:
         last_mtime = None
         state.training_started = not self.startup_timeout  # no start-up deadline: the heartbeat runs from now
         next_stop_check = next_grow_check = started
-        while proc.poll() is None:
-            _wait_for_exit(proc, self.poll_seconds)
+        while not procs.ended():
+            if proc.poll() is None:
+                _wait_for_exit(proc, self.poll_seconds)
+            else:  # rank 0's container is done, another node's not yet
+                time.sleep(self.poll_seconds)
+            failed = procs.failed_peer()
+            if failed is not None and state.kill_at is None and state.peer_failure is None and proc.poll() is None:
+                state.peer_failure = failed  # a node's container failed: the attempt fails (a JobSet's policy)
+                log(f"[sat] the container of {self.peers[failed - 1].node} exited with status "
+                    f"{procs.peers[failed - 1].returncode}: ending the attempt's other containers")
+                procs.signal_all(signal.SIGKILL)
+                break
             if self.interrupt is not None and self.interrupt.is_set() and state.kill_at is None:
                 self.interrupted = True
                 state.kill_at = time.monotonic() + self.grace_seconds
@@ -339,6 +412,9 @@ class LocalAttempt:
                 procs.signal_all(signal.SIGKILL)  # the grace period after SIGTERM is over
             if self.container is not None and state.container_id is None:
                 state.container_id = _read_cid(self._cid_file())
+            for rank in range(1, 1 + len(self.peers)):
+                if rank not in state.peer_ids and (found := _read_cid(self._cid_file(rank))):
+                    state.peer_ids[rank] = found
             progress = _read_json(progress_path)
             mtime = progress_path.stat().st_mtime if progress_path.exists() else None
             own = self._own_progress(progress, mtime, started_at)
@@ -469,7 +545,8 @@ class LocalAttempt:
         """The engine's progress.json at the end of the attempt, without what an earlier attempt wrote."""
         return progress_of_attempt(_read_json(self.output_dir / PROGRESS_RELATIVE), self.attempt)
 
-    def _record(self, returncode, started, finished, tail, kern_log, kern_offset, state) -> AttemptRecord:
+    def _record(self, returncode, started, finished, tail, kern_log, kern_offset, state,
+                peer_procs: Sequence[subprocess.Popen] = ()) -> AttemptRecord:
         node_log = []
         if kern_log.exists():
             with open(kern_log, encoding="utf-8", errors="replace") as handle:
@@ -482,6 +559,10 @@ class LocalAttempt:
         container_states, reason, message = [host_status(self.job)], "Completed" if returncode == 0 else "Error", None
         if self.container is not None:
             oom = oom_kills(state.container_id) if exit_code == 137 and state.container_id else []
+            for _rank, cid in sorted(state.peer_ids.items()) if exit_code == 137 and not oom else ():
+                oom = oom_kills(cid)  # another node's container over its memory limit ended the attempt
+                if oom:
+                    break
             if oom:
                 reason, message = "OOMKilled", oom[0]
             container_states = [{
@@ -491,6 +572,15 @@ class LocalAttempt:
                                          **({"signal": sig} if sig else {}), **({"message": message} if message else {}),
                                          "startedAt": started.isoformat(), "finishedAt": finished.isoformat()}},
             }]
+            for rank, (peer, peer_proc) in enumerate(zip(self.peers, peer_procs, strict=True), start=1):
+                code = peer_proc.returncode
+                code = 128 - code if code is not None and code < 0 else code
+                container_states.append({
+                    "name": peer.container.name, "runtime": "podman", "image": peer.container.image,
+                    "imageID": self.image_digest or "", "containerID": state.peer_ids.get(rank, ""), "node": peer.node,
+                    "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                             "startedAt": started.isoformat(), "finishedAt": finished.isoformat()}},
+                })
         node_conditions = []
         if state.node_lost:
             node_conditions.append(
@@ -543,6 +633,8 @@ class _WatchState:
     stopped_by: str | None = None
     grow: GrowBack | None = None  # the launcher stopped the attempt to grow back (elastic)
     container_id: str | None = None  # container mode: podman's id of the attempt's container (its --cidfile)
+    peer_ids: dict[int, str] = field(default_factory=dict)  # a multi-node attempt: the other nodes' containers' ids
+    peer_failure: int | None = None  # the rank of the node whose container failed first (the attempt ended on it)
     runtime_used_up: bool = False  # the job's max_runtime_seconds ran out during this attempt
 
 
@@ -555,9 +647,34 @@ class AttemptProcesses:
     session it is in and whoever its parent is now, so they are found through `/proc`.
     """
 
-    def __init__(self, proc: subprocess.Popen, tag: str) -> None:
+    def __init__(self, proc: subprocess.Popen, tag: str, peers: Sequence[subprocess.Popen] = ()) -> None:
         self.proc = proc
+        self.peers = list(peers)  # a multi-node attempt's other nodes' podman clients (each a group of its own)
+        self._groups = {proc.pid, *(p.pid for p in self.peers)}
         self._needle = f"{ATTEMPT_TAG_ENV}={tag}".encode()
+        self.first_failed: int | None = None  # the rank whose command failed first, when another node's
+
+    def ended(self) -> bool:
+        """Whether the attempt's command has ended: every node's, or rank 0's with a failure (the others are then
+        ended by `LocalAttempt._end`, as a failed pod's JobSet is)."""
+        code = self.proc.poll()
+        return code is not None and (code != 0 or all(p.poll() is not None for p in self.peers))
+
+    def failed_peer(self) -> int | None:
+        """The rank of another node whose command exited with a failure (the first seen), else None."""
+        if self.first_failed is None:
+            for rank, peer in enumerate(self.peers, start=1):
+                if peer.poll() not in (None, 0):
+                    self.first_failed = rank
+                    break
+        return self.first_failed
+
+    def returncode(self) -> int | None:
+        """The attempt's exit status: the first failed node's (another node's seen first, else rank 0's), else 0."""
+        if self.first_failed is not None:
+            return self.peers[self.first_failed - 1].returncode
+        codes = [self.proc.returncode, *(p.returncode for p in self.peers)]
+        return next((code for code in codes if code), self.proc.returncode)
 
     def pids(self) -> list[int]:
         """Running (not zombie) processes of the attempt: members of the command's group, or tagged."""
@@ -575,7 +692,7 @@ class AttemptProcesses:
         found = state_of(pid)
         if found is None:
             return False
-        return found[1] == self.proc.pid or carries(pid, self._needle)
+        return found[1] in self._groups or carries(pid, self._needle)
 
     def alive(self) -> bool:
         """Whether any process of the attempt still runs."""
@@ -593,12 +710,14 @@ class AttemptProcesses:
         return ", ".join(names) or "none"
 
     def signal_group(self, sig: int) -> None:
-        """`sig` to the command's process group (what a pod's PID 1 forwards)."""
-        _killpg(self.proc.pid, sig)
+        """`sig` to the command's process group (what a pod's PID 1 forwards): every node's, in a multi-node one."""
+        for group in self._groups:
+            _killpg(group, sig)
 
     def signal_all(self, sig: int) -> None:
         """`sig` to the group and to every process of the attempt outside it."""
-        _killpg(self.proc.pid, sig)
+        for group in self._groups:
+            _killpg(group, sig)
         for pid in self.pids():
             try:
                 os.kill(pid, sig)

@@ -63,6 +63,13 @@ class HeldNodes(list):
         self.note = note
 
 
+def _per_node(job) -> bool:
+    """A multi-node job whose attempts run a container per node (container mode, ADR 0035): it holds its nodes."""
+    from sat_tasks.backends.local.container_run import chosen_runtime
+
+    return job.distributed and chosen_runtime() == "container"
+
+
 #: A way to hold nodes: (slots, seconds to wait) -> (release, nodes); WorkspaceWaitTimeout past the wait.
 Holder = Callable[[int, float], tuple[Callable[[], None], tuple[str, ...]]]
 
@@ -102,7 +109,7 @@ def _hold_nodes(run: JobRun, plan: Plan, exclude: list[str], failover: bool, hol
                 log: Log) -> tuple[Callable[[], None], tuple[str, ...], str]:
     """Hold the attempt's nodes: all of them, or for an elastic failover with too few healthy, fewer (and why)."""
     job = run.job
-    full = job.nodes if job.workspace is not None or job.elastic is not None else 1
+    full = job.nodes if job.workspace is not None or job.elastic is not None or _per_node(job) else 1
     if job.elastic is None or not failover:
         return (*hold(full, deadline), "")
     started = time.monotonic()
