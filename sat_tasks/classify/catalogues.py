@@ -483,14 +483,13 @@ NCCL_RESULTS = Catalogue(
 
 # ---- NVML ------------------------------------------------------------------------------------
 #: A line that asks (ends with a question mark, perhaps inside quotes) is a person's prose quoting a tool, not the
-#: tool's report: rules over NVML's and the driver's words start with this.
-NOT_A_QUESTION = r"^(?![^\n]*\?[\s'\"`)\]]*$)"
+#: tool's report: the rules over NVML's and the driver's words do not apply to it (`rules.TextRule.unless`).
+QUESTION_LINE = re.compile(r"\?[\s'\"`)\]]*$")
 
 
 def _nvml(code: int, name: str, fault: Fault, reason: str) -> tuple:
     camel = "".join(part.capitalize() for part in name.split("_"))
-    return (code, f"NVML_ERROR_{name}", fault, reason,
-            rf"{NOT_A_QUESTION}[^\n]*?(?:\bNVML_ERROR_{name}\b|\bNVMLError_{camel}\b)")
+    return (code, f"NVML_ERROR_{name}", fault, reason, rf"\bNVML_ERROR_{name}\b|\bNVMLError_{camel}\b")
 
 
 NVML_RETURNS = Catalogue(

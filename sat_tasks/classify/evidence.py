@@ -352,7 +352,7 @@ def _applies(rule: TextRule, line: str) -> bool:
     """Whether `rule` matches `line`; a CUDA code NCCL reports from its own call is NCCL's rule's to decide."""
     if rule.family in CUDA_OUTSIDE_NCCL_ONLY and NCCL_CUDA_FAILURE.search(line):
         return False
-    return bool(rule.pattern.search(line))
+    return rule.matches(line)
 
 
 def first_rule(line: str) -> tuple[TextRule, bool] | None:

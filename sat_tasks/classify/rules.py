@@ -14,8 +14,8 @@ from datetime import timedelta
 from sat_tasks.classify.catalogues import (
     CATALOGUES,
     CUDA_RUNTIME,
-    NOT_A_QUESTION,
     NVIDIA_XID,
+    QUESTION_LINE,
     Catalogue,
     Fault,
 )
@@ -71,7 +71,9 @@ class TextRule:
     `family`: the rule's name in `sat classify --explain` and ADR 0004 (e.g. `pcie-aer`,
     `cuda:cudaErrorUnknown`). `peer_symptom`: what a healthy rank logs when another rank (or
     the link) failed; any evidence of the job's own error outranks it (a rank's exception, not
-    its peers' timeouts).
+    its peers' timeouts). `unless`: a line this matches is not the rule's (a person's question quoting
+    the tool); `requires`: the line must also match this (the context that makes the words a tool's).
+    Line-level conditions stay out of `pattern`, so every search stays linear in the line's length.
     """
 
     pattern: re.Pattern[str]
@@ -80,11 +82,22 @@ class TextRule:
     beats_success: bool = True
     peer_symptom: bool = False
     family: str = ""
+    unless: re.Pattern[str] | None = None
+    requires: re.Pattern[str] | None = None
+
+    def matches(self, line: str) -> bool:
+        if self.unless is not None and self.unless.search(line):
+            return False
+        if self.requires is not None and not self.requires.search(line):
+            return False
+        return bool(self.pattern.search(line))
 
 
 def rule(pattern: str, kind: VerdictKind, reason: str, *, beats_success: bool = True,
-         peer_symptom: bool = False, family: str = "") -> TextRule:
-    return TextRule(re.compile(pattern, re.IGNORECASE), kind, reason, beats_success, peer_symptom, family)
+         peer_symptom: bool = False, family: str = "", unless: re.Pattern[str] | None = None,
+         requires: str | None = None) -> TextRule:
+    return TextRule(re.compile(pattern, re.IGNORECASE), kind, reason, beats_success, peer_symptom, family, unless,
+                    re.compile(requires, re.IGNORECASE) if requires else None)
 
 
 # The NVIDIA container runtime's hook failing on the node (driver not loaded, NVML, device
@@ -336,23 +349,26 @@ GPU_OFF_THE_BUS = (
     r"(?<!['\"`])\bNVRM:\s*(?:GPU (?:at )?(?:PCI:)?[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?:\s*)?"
     r"(?:GPU has |The NVIDIA GPU [0-9a-f:.]+ \(PCI ID: [0-9a-f:]+\)[^\n]{0,40}? has |installed in this system has )?"
     r"fallen off the bus"
-    r"|(?<!['\"`])\bNVRM: Xid \([^)]*\): 79,[^\n]*fallen off the bus"
+    r"|(?<!['\"`])\bNVRM: Xid \([^)]*\): 79,[^\n]{0,200}fallen off the bus"
     r"|\bGPU lost from the bus\b[^\n]{0,40}\bNV_ERR_GPU_IS_LOST\b|\bNV_ERR_GPU_IS_LOST\b"
 )
 #: NVML's: its return code by name (C `NVML_ERROR_GPU_IS_LOST`, pynvml `NVMLError_GpuIsLost`, go-nvml
 #: `ERROR_GPU_IS_LOST`), nvidia-smi's `Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost`, and
 #: `nvmlErrorString`'s "GPU is lost" as the error value of an NVML, DCGM or device call (`...: GPU is lost`,
-#: `err="GPU is lost"`) -- not "GPU is lost: false" from a health check, nor the words in a sentence.
-GPU_IS_LOST = (
+#: `err="GPU is lost"`, on a line that names NVML, DCGM, a device or its handle) -- not "GPU is lost: false" from a
+#: health check, nor the words in a sentence.
+GPU_IS_LOST_NAMED = (
     r"\bNVML_ERROR_GPU_IS_LOST\b|\bNVMLError_GpuIsLost\b|\bERROR_GPU_IS_LOST\b"
     r"|Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: GPU is lost"
-    r"|(?=[^\n]*(?:nvml|dcgm|device|handle|nvidia-smi))[^\n]*?(?:[:=]\s*[\"']?|\berr(?:or)?\s+)GPU is lost\b"
-    r"(?!\s*[:=]\s*(?:false|no|0|none)\b)"
 )
+GPU_IS_LOST_VALUE = r"(?:[:=]\s{0,3}[\"']?|\berr(?:or)?\s)GPU is lost\b(?!\s{0,3}[:=]\s{0,3}(?:false|no|0|none)\b)"
+GPU_LOST_CONTEXT = r"nvml|dcgm|device|handle|nvidia-smi"
 GPU_LOST_RULES: tuple[TextRule, ...] = (
-    rule(NOT_A_QUESTION + rf"[^\n]*?(?:{GPU_OFF_THE_BUS})", HW, "GPU has fallen off the bus (the driver's report)",
-         family="gpu-lost"),
-    rule(NOT_A_QUESTION + rf"[^\n]*?(?:{GPU_IS_LOST})", HW, "GPU is lost (NVML's report)", family="gpu-lost"),
+    rule(GPU_OFF_THE_BUS, HW, "GPU has fallen off the bus (the driver's report)", family="gpu-lost",
+         unless=QUESTION_LINE),
+    rule(GPU_IS_LOST_NAMED, HW, "GPU is lost (NVML's report)", family="gpu-lost", unless=QUESTION_LINE),
+    rule(GPU_IS_LOST_VALUE, HW, "GPU is lost (NVML's report)", family="gpu-lost", unless=QUESTION_LINE,
+         requires=GPU_LOST_CONTEXT),
 )
 
 
@@ -398,9 +414,10 @@ TEXT_RULES: tuple[TextRule, ...] = (
     rule(r"Driver/library version mismatch", HW, "NVIDIA driver/library mismatch on the node", family="nvml"),
     rule(r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", HW,
          "nvidia-smi cannot reach the node's NVIDIA driver", family="nvml"),
-    rule(NOT_A_QUESTION + r"[^\n]*?(?:Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: "
-         r"(?:Unknown Error|GPU is lost)|NVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b)",
-         HW, "NVML cannot use a GPU of the node (unknown error from its device handle)", family="nvml"),
+    rule(r"Unable to determine the device handle for (?:GPU|gpu)\s*[\w:.]*: (?:Unknown Error|GPU is lost)"
+         r"|NVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b",
+         HW, "NVML cannot use a GPU of the node (unknown error from its device handle)", family="nvml",
+         unless=QUESTION_LINE),
     rule(r"I/O error, dev \w+|Remounting filesystem read-only", HW, "node disk I/O error", beats_success=False,
          family="disk"),
     *COLLECTIVE_RULES,
@@ -459,7 +476,8 @@ def catalogue_rules(catalogue: Catalogue, skip: frozenset[str] = frozenset()) ->
         if code.fault is Fault.AMBIGUOUS:
             reason = f"ambiguous: {reason}{_RELOCATE}"
         made.append(rule(pattern, kind, reason, beats_success=code.beats_success, peer_symptom=code.weak,
-                         family=f"{catalogue.key}:{code.code}"))
+                         family=f"{catalogue.key}:{code.code}",
+                         unless=QUESTION_LINE if catalogue.key == "nvml-return" else None))
     return tuple(made)
 
 

@@ -79,6 +79,19 @@ def test_the_words_of_a_lost_gpu_in_prose_are_not_one(line):
     assert classify(record(exit_code=0, log_tail=[line])).kind is VerdictKind.SUCCEEDED
 
 
+def test_the_gpu_lost_and_nvml_rules_stay_linear_on_a_huge_line():
+    """Line-level guards (a question, the NVML context) are checked apart from the pattern: a 100 KB line of the
+    context words, of question marks or of repeated NVRM prefixes is read in about a second, not minutes."""
+    import time
+
+    from sat_tasks.classify.evidence import find_text
+
+    for line in (("nvml device 0 handle: ok " * 4000), "a?" * 50_000, "NVRM: Xid (PCI:0000:3b:00): 79, " * 3000):
+        started = time.monotonic()
+        list(find_text([line]))
+        assert time.monotonic() - started < 60, line[:40]  # generous for a busy CI; the quadratic form took minutes
+
+
 # ------------------------------------------------------------------ the CUDA error table
 
 def test_every_cuda_code_is_decided_once_with_a_reason():
