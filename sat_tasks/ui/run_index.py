@@ -815,11 +815,14 @@ def run_facts(session: Any, run: Any) -> dict[str, Any]:
 
 
 def waiting_line(session: Any, run: Any) -> str | None:
-    """Why the run waits (`ui.waits`, the line its list row shows too); None when it does not."""
+    """Why the run waits (`ui.waits`, the line its list row shows too); None when it does not, or its job ended."""
     if dag_runs.run_state(run) not in waits.ACTIVE:
         return None
     ensure_table(session)
-    known = session.execute(select(C.job, C.workspace).where(C.dag_id == run.dag_id, C.run_id == run.run_id)).first()
+    known = session.execute(select(C.job, C.workspace, C.status)
+                            .where(C.dag_id == run.dag_id, C.run_id == run.run_id)).first()
+    if known is not None and known.status in TERMINAL_WORDS:  # the job ended; its DAG run only wraps up
+        return None
     key = waits.RunKey(run.dag_id, run.run_id, (known.job or None) if known else None,
                         known.workspace if known else None)
     return _waiting_lines(session, [key]).get((run.dag_id, run.run_id))

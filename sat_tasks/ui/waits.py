@@ -16,7 +16,8 @@ for what, from the state that holds it back, never from a guess:
   Airflow pool (a Kubernetes workspace's pool, ADR 0015);
 - a task waits for its retry, or is deferred to the triggerer.
 
-Anything else (a task of it runs, it ended) is no wait: the status history speaks. Call order:
+Anything else (a task of it runs, it ended, its job ended while the DAG run wraps up) is no wait: the
+status history speaks. Call order:
 `waiting_lines(session, keys)` for the rows of a list page or for one job page, the same function
 for both, so the row and the page say the same. `why_waiting(facts)` is the rule, on `RunFacts`
 a test can build.
@@ -31,11 +32,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sat_tasks.backends.local.pool import POOL_WAIT
+from sat_tasks.core.status import TERMINAL
 from sat_tasks.core.workspaces import Admission
 
 log = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
+TERMINAL_WORDS = frozenset(status.value for status in TERMINAL)
 UNFINISHED = ("scheduled", "queued", "running", "up_for_retry", "up_for_reschedule", "deferred", "restarting",
               "awaiting_input")
 WORKING = ("running", "restarting")  # a task of the run works: the run does not wait
@@ -142,8 +145,9 @@ def _queued(facts: RunFacts) -> str:
         return f"Queued: the DAG {facts.dag_id} is paused; Airflow starts none of its runs until it is unpaused"
     limit = facts.max_active_runs
     if limit is not None and facts.running_runs >= limit:
-        return (f"Queued behind {_runs(facts.ahead)}: Airflow runs at most {_runs(limit)} of {facts.dag_id} at "
-                f"once (max_active_runs) and {facts.running_runs} are running")
+        return ((f"Queued behind {_runs(facts.ahead)}" if facts.ahead else "Queued, next in line")
+                + f": Airflow runs at most {_runs(limit)} of {facts.dag_id} at once (max_active_runs) and "
+                f"{facts.running_runs} are running")
     if facts.ahead:
         return f"Queued behind {_runs(facts.ahead)}: the scheduler starts the runs of {facts.dag_id} in turn"
     return "Queued: next to start; the scheduler has not started it yet"
@@ -304,9 +308,10 @@ def _task_facts(session: Any, facts: dict[tuple[str, str], RunFacts], started: l
 
 
 def keys_of(rows: Iterable[dict[str, Any]]) -> list[RunKey]:
-    """The `RunKey`s of list rows (or job pages) that may wait: those whose run has not ended."""
-    return [RunKey(row["dag_id"], row["run_id"], row.get("job"), row.get("workspace")) for row in rows
-            if row.get("run_state") in ACTIVE]
+    """The `RunKey`s of list rows that may wait: those whose run has not ended, nor their job (a Completed job's
+    DAG run still wraps up: its cleanup waiting for a worker is no wait of the job's)."""
+    return [RunKey(row["dag_id"], row["run_id"], row.get("job") or None, row.get("workspace")) for row in rows
+            if row.get("run_state") in ACTIVE and row.get("status") not in TERMINAL_WORDS]
 
 
 def _word(state: Any) -> str:

@@ -10,7 +10,8 @@ and its HTML) and the job page (its JSON and its HTML) then say why:
 - waiting for an Airflow worker slot: a task is scheduled, none of the run runs;
 - waiting for Spot capacity: the `wait_for_capacity` sensor is up for reschedule after its checks.
 
-And nothing is said of a run that works (its launch holds a node) or ended. `why_waiting` (the rule) is checked on
+And nothing is said of a run that works (its launch holds a node) or ended, nor of a job that ended while its DAG run
+wraps up. `why_waiting` (the rule) is checked on
 built facts too, the workspace's board and a paused DAG among them.
 """
 
@@ -162,7 +163,9 @@ def test_a_queued_run_says_how_many_runs_are_ahead_and_what_holds_them(client, a
         assert _said(client, admin, queued[2]) == (
             f"Queued behind 2 runs: Airflow runs at most {busy} run{'' if busy == 1 else 's'} of {GENERIC} at once "
             f"(max_active_runs) and {busy} are running")
-        assert _said(client, admin, queued[0]).startswith("Queued behind 0 runs: ")
+        assert _said(client, admin, queued[0]) == (
+            f"Queued, next in line: Airflow runs at most {busy} run{'' if busy == 1 else 's'} of {GENERIC} at once "
+            f"(max_active_runs) and {busy} are running")
         with create_session() as session:  # room for one more: it is the scheduler's turn, in order
             session.execute(update(DagModel).where(DagModel.dag_id == GENERIC).values(max_active_runs=busy + 1))
         assert _said(client, admin, queued[1]) == (
@@ -236,6 +239,23 @@ def test_a_run_that_ended_says_no_wait(client, admin):  # noqa: F811
     assert _said(client, admin, run_id) is not None
     _end(run_id)
     assert _said(client, admin, run_id) is None
+
+
+def test_a_job_that_ended_while_its_dag_run_wraps_up_says_no_wait(client, admin):  # noqa: F811
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    from sat_tasks.ui.run_index import INDEX, C
+
+    run_id = _trigger(client, admin, GENERIC, _conf("wait-c"))
+    _start(run_id, tasks={"cleanup_run": "scheduled"})
+    try:
+        assert _said(client, admin, run_id).startswith("Waiting for an Airflow worker slot: task cleanup_run ")
+        with create_session() as session:  # the job's last status, as finalize's summary brings it to the index
+            session.execute(update(INDEX).where(C.dag_id == GENERIC, C.run_id == run_id).values(status="Completed"))
+        assert _said(client, admin, run_id) is None  # beside Completed, the DAG run's cleanup is no wait of the job
+    finally:
+        _end(run_id)
 
 
 # ---- the rule, on built facts ------------------------------------------------------------------------------
