@@ -9,14 +9,19 @@ to; nothing starts until there is none. Object Storage checks that the model can
 (does the data prefix hold anything, does the script exist) are injected (`exists`).
 
 The registry user and password never enter the spec or the run: they become an Airflow
-connection (`registry_conn_id`), and the spec names only its id.
+connection (`registry_conn_id`), and the spec names only its id. No other secret enters them
+either (issue 44.4, ADR 0043): the run's conf is the generic DAG's, readable in Airflow to
+everyone who may read that DAG, so an `env` key that names a secret or a value that looks like
+one is refused (`env_secret_problems`); a secret reaches a job by reference only.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from sat_tasks.airflow.params import field_schema
@@ -104,7 +109,11 @@ FIELDS: tuple[FormField, ...] = (
               help="Completed; Failed; Pending - * (max retries, image pull, internal error); Stopped"),
     FormField(ADVANCED_FIELD, "More spec fields (JSON)", ADVANCED, "textarea",
               help="a JSON object merged into the spec: env, faults (local backend), spot, backend, "
-                   "startup_timeout_seconds, ..."),
+                   "startup_timeout_seconds, ... env holds no secrets: everyone who may read the generic DAG's "
+                   "runs in Airflow reads it, so a key naming one (TOKEN, SECRET, PASSWORD, API_KEY, ...) or a "
+                   "value that looks like one (hf_..., AKIA..., a private key, user:password@) is refused; a "
+                   "secret reaches the job by reference (an Airflow connection id, like the registry login "
+                   "above, or a Kubernetes Secret name)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 
@@ -266,6 +275,41 @@ def _form_field_of(spec_field: str) -> str:
     return TAGS_FIELD if spec_field.startswith("tags") else ADVANCED_FIELD
 
 
+# An env key naming a secret: one of these words between `_`s (HF_TOKEN, DB_PASSWORD; not TOKENIZERS_PARALLELISM) ...
+SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "CREDENTIAL",
+                          "CREDENTIALS", "APIKEY", "AUTH", "PAT"})
+SECRET_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"), ("SECRET", "KEY"),
+                          ("SIGNING", "KEY"), ("ENCRYPTION", "KEY")})
+# ... and a value that looks like one: a known token format, a private key, a URL with a password.
+SECRET_VALUES = (
+    ("a Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{20,}")),
+    ("an AWS access key id", re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("a GitHub token", re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")),
+    ("a GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_-]{16,}")),
+    ("a Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
+    ("an API key (sk-...)", re.compile(r"\bsk-[A-Za-z0-9_-]{20,}")),
+    ("a JSON Web Token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.")),
+    ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY")),
+    ("a URL with a password", re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@")),
+)
+SECRET_REFERENCE = ("a secret reaches a job by reference (an Airflow connection id or a Kubernetes Secret name), "
+                    "never as an env value: the run's conf is readable to everyone who may read the generic DAG")
+
+
+def env_secret_problems(env: dict[str, str]) -> list[tuple[str, str]]:
+    """(`env.<KEY>`, rule) for each env entry whose key names a secret or whose value looks like one (never the value)."""
+    problems = []
+    for key, value in env.items():
+        words = key.upper().split("_")
+        if SECRET_WORDS.intersection(words) or SECRET_PAIRS.intersection(pairwise(words)):
+            problems.append((f"env.{key}", f"the name {key} names a secret; {SECRET_REFERENCE}"))
+            continue
+        kind = next((kind for kind, pattern in SECRET_VALUES if pattern.search(str(value))), None)
+        if kind is not None:
+            problems.append((f"env.{key}", f"the value looks like {kind}; {SECRET_REFERENCE}"))
+    return problems
+
+
 def validate_form(values: dict[str, str], exists: Exists | None = None) -> FormResult:
     """Validate the posted form with the spec model; the job when there is no problem, else every problem."""
     result = FormResult(values={k: v for k, v in values.items() if k != REGISTRY_PASSWORD})
@@ -282,6 +326,8 @@ def validate_form(values: dict[str, str], exists: Exists | None = None) -> FormR
         for problem in exc.problems:
             result.add(_form_field_of(problem.field), problem.field, problem.rule)
         return result
+    for spec_field, rule in env_secret_problems(job.env):  # issue 44.4: no secret in the run's conf
+        result.add(ADVANCED_FIELD, spec_field, rule)
     refusals = source_refusals(job)  # authorized before anything asks Object Storage (ADR 0039)
     for refusal in refusals:
         result.add(refusal.field, refusal.field, refusal.rule)

@@ -325,8 +325,25 @@ def _like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _where(query: ListQuery, dag_ids: set[str]) -> list[Any]:
-    clauses: list[Any] = [C.listed.is_(True), C.dag_id.in_(sorted(dag_ids))]
+# (dag_id, creators): of that DAG's runs, only those the creators triggered are shown (the generic DAG's, ADR 0043)
+Owners = tuple[str, frozenset[str]]
+
+
+def _owned(owners: Owners | None) -> list[Any]:
+    if owners is None:
+        return []
+    dag_id, names = owners
+    return [or_(C.dag_id != dag_id, C.creator.in_(sorted(names)))]
+
+
+def creators(session: Any, dag_id: str) -> set[str]:
+    """Who triggered the indexed runs of `dag_id` (the owners of the generic DAG's runs, ADR 0043)."""
+    return {value for (value,) in session.execute(
+        select(C.creator).where(C.dag_id == dag_id, C.creator.is_not(None)).distinct())}
+
+
+def _where(query: ListQuery, dag_ids: set[str], owners: Owners | None = None) -> list[Any]:
+    clauses: list[Any] = [C.listed.is_(True), C.dag_id.in_(sorted(dag_ids)), *_owned(owners)]
     for name in ("status", "framework", "learning_type", "workspace", "creator"):
         if getattr(query, name):
             clauses.append(C[name] == getattr(query, name))
@@ -365,6 +382,7 @@ class JobsPage:
     query: ListQuery
     usage_by_workspace: dict[str, dict[str, float]] = field(default_factory=dict)
     readable: set[str] = field(default_factory=set)  # the DAG ids the person may read (the filter menus' scope)
+    owners: Owners | None = None  # of the generic DAG, whose runs the person may see (None: everyone's)
 
     @property
     def gpu_hours_by_workspace(self) -> dict[str, float]:
@@ -381,10 +399,11 @@ class JobsPage:
 
 
 def list_runs(session: Any, query: ListQuery, dag_ids: set[str], *, now: datetime | None = None,
-              next_runs: Mapping[str, datetime | None] | None = None) -> JobsPage:
-    """The page `query` asks for, over every indexed run of `dag_ids` (the DAGs the person may read)."""
+              next_runs: Mapping[str, datetime | None] | None = None, owners: Owners | None = None) -> JobsPage:
+    """The page `query` asks for, over every indexed run of `dag_ids` (the DAGs the person may read; of the
+    `owners` DAG, the runs its creators triggered)."""
     now = now or datetime.now(UTC)
-    where = _where(query, dag_ids)
+    where = _where(query, dag_ids, owners)
     total = session.execute(select(func.count()).select_from(INDEX).where(*where)).scalar_one()
     column = _SORT_COLUMNS[query.sort]
     ordered = column.asc() if query.order == "asc" else column.desc()
@@ -842,11 +861,12 @@ def next_runs(session: Any, dag_ids: set[str]) -> dict[str, datetime | None]:
                                 .where(DagModel.dag_id.in_(sorted(dag_ids)))).all())
 
 
-def choices(session: Any, dag_ids: set[str]) -> dict[str, list[str]]:
-    """The values the filter menus offer (those in the index: workspaces, creators)."""
+def choices(session: Any, dag_ids: set[str], owners: Owners | None = None) -> dict[str, list[str]]:
+    """The values the filter menus offer (those in the index of the runs listed: workspaces, creators)."""
     out = {}
     for name in ("workspace", "creator"):
         out[name] = [value for (value,) in session.execute(
-            select(C[name]).where(C.listed.is_(True), C.dag_id.in_(sorted(dag_ids)), C[name].is_not(None))
+            select(C[name]).where(C.listed.is_(True), C.dag_id.in_(sorted(dag_ids)), *_owned(owners),
+                                  C[name].is_not(None))
             .distinct().order_by(C[name]))]
     return out

@@ -9,6 +9,13 @@ permission on the run's own DAG (the path's `dag_id`), and then reads and acts o
 objects of the run's recorded results prefix (`sources.find_job_run`: 404 for a run whose record
 reaches another DAG's prefix, ADR 0024), never on a prefix rebuilt from what the URL names.
 
+A run of the generic DAG (a job made with Create, re-run or triggered through the REST API) is
+its owner's (ADR 0043): the person Airflow recorded as its `triggering_user_name` (the
+authenticated user of Create, Re-run or the REST API's trigger, never a body's field). Every
+route that names such a run (`OWN_RUN`) and the list answer it only to the owner, a person who
+shares an Airflow team with the owner (multi-team mode), and the operators (PUT on pools: the
+Op and Admin roles); anyone else gets the 404 of a run that does not exist.
+
 Cross-site requests (ADR 0019): every state-changing request (`refuse_cross_site_writes`, on
 the whole app) is refused when its Origin (or, without one, its Referer) is another site, and
 one that the session cookie authenticates must name this origin: a browser sends the cookie
@@ -19,6 +26,7 @@ only (Airflow's UI embeds them): `FRAME_HEADERS`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from airflow.api_fastapi.app import get_auth_manager
@@ -27,12 +35,17 @@ from airflow.api_fastapi.auth.managers.models.resource_details import (
     ConnectionDetails,
     DagAccessEntity,
     PoolDetails,
+    TeamDetails,
 )
+from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import (
+    GetUserDep,
     requires_access_dag,
     requires_access_pool,
 )
+from airflow.models.dagrun import DagRun
 from fastapi import Depends, HTTPException, Request
+from sqlalchemy import select
 
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.backends.base import workspace_pool_name
@@ -80,7 +93,70 @@ def refuse_cross_site_writes(request: Request) -> None:
                                  "(send Origin), or authenticate with a bearer token")
 
 
+def is_operator(user: Any) -> bool:
+    """Whether the person operates the deployment (PUT on pools: the simple and FAB managers' Op and Admin roles)."""
+    return bool(get_auth_manager().is_authorized_pool(method="PUT", user=user))
+
+
+def _teams_of(user: Any, teams: Iterable[str]) -> set[str]:
+    manager = get_auth_manager()
+    try:
+        return {team for team in teams
+                if manager.is_authorized_team(method="GET", user=user, details=TeamDetails(name=team))}
+    except NotImplementedError:  # an auth manager without teams
+        return set()
+
+
+def shares_a_team(user: Any, owner: str) -> bool:
+    """Whether the person and the owner are in one Airflow team (`[core] multi_team`; else there are no teams).
+
+    An operator's runs are shared with no team (the simple manager puts an admin in every team).
+    """
+    from airflow.configuration import conf
+
+    if not conf.getboolean("core", "multi_team", fallback=False):
+        return False
+    from airflow.models.team import Team
+
+    from sat_tasks.airflow.person_access import find_user
+
+    owner_user = find_user(owner)
+    if owner_user is None or is_operator(owner_user):
+        return False
+    teams = Team.get_all_team_names()
+    return bool(_teams_of(owner_user, teams) & _teams_of(user, teams))
+
+
+def may_see_owned_run(user: Any, owner: str | None) -> bool:
+    """Whether the person may read and act on a generic-DAG run that `owner` triggered (None: no person did)."""
+    if owner is not None and owner == user.get_name():
+        return True
+    return is_operator(user) or (owner is not None and shares_a_team(user, owner))
+
+
+def visible_owners(user: Any, owners: Iterable[str]) -> set[str] | None:
+    """Of `owners`, those whose generic-DAG runs the person may see; None: every run (an operator)."""
+    if is_operator(user):
+        return None
+    return {owner for owner in owners if may_see_owned_run(user, owner)}
+
+
+def refuse_others_runs(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep) -> None:
+    """404 for a run of the generic DAG the person may not see (`may_see_owned_run`), as for a run that is not there.
+
+    A job DAG's runs are the DAG's (Airflow's permission on it decides); a run that does not exist is
+    left to the route (`sources.find_job_run`), which answers the same 404.
+    """
+    if dag_id != GENERIC_DAG_ID:
+        return
+    found = session.execute(select(DagRun.triggering_user_name).where(
+        DagRun.dag_id == dag_id, DagRun.run_id == run_id)).first()
+    if found is not None and not may_see_owned_run(user, found[0]):
+        raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
+
+
 SAME_ORIGIN = [Depends(refuse_other_sites)]
+OWN_RUN = [Depends(refuse_others_runs)]  # after the DAG's permission: a route that names a generic-DAG run
 READ_JOBS = [Depends(requires_access_dag("GET"))]
 CREATE_JOBS = [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=GENERIC_DAG_ID))]
 CHANGE_RUNS = [Depends(requires_access_dag("PUT", DagAccessEntity.RUN))]

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse
 
 from sat_tasks.core.links import job_page_path
 from sat_tasks.ui import compare
-from sat_tasks.ui.security import READ_JOBS, readable_dag_ids
+from sat_tasks.ui.security import READ_JOBS, readable_dag_ids, refuse_others_runs
 from sat_tasks.ui.sources import find_job_run, page_data
 from sat_tasks.ui.templating import render
 
@@ -34,6 +34,7 @@ def _compared(user: Any, session: Any, values: list[str]) -> dict[str, Any]:
     for dag_id, run_id in refs:
         if dag_id not in readable:
             raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
+        refuse_others_runs(dag_id, run_id, user, session)  # another's run of the generic DAG: 404 (ADR 0043)
         pages.append(page_data(find_job_run(session, dag_id, run_id)))
     return compare.comparison(pages, [job_page_path(dag_id, run_id) for dag_id, run_id in refs])
 

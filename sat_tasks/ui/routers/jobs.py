@@ -30,16 +30,19 @@ from sat_tasks.ui.create import (
     ADVANCED_FIELD,
     FormResult,
     add_problems,
+    env_secret_problems,
     form_values,
     validate_form,
 )
 from sat_tasks.ui.security import (
     CREATE_JOBS,
+    OWN_RUN,
     READ_JOBS,
     SAME_ORIGIN,
     may_store_connection,
     may_use_workspace,
     readable_dag_ids,
+    visible_owners,
 )
 from sat_tasks.ui.sources import (
     find_job_run,
@@ -82,7 +85,7 @@ def jobs_view(request: Request, user: GetUserDep, session: SessionDep):
     except run_index.ListQueryError as exc:
         query, problem = run_index.ListQuery(), exc
     found = jobs_page(user, session, query)
-    return HTMLResponse(pages.list_page(found, run_index.choices(session, found.readable), problem),
+    return HTMLResponse(pages.list_page(found, run_index.choices(session, found.readable, found.owners), problem),
                         status_code=422 if problem else 200)
 
 
@@ -167,9 +170,17 @@ def jobs_page(user: Any, session: Any, query: run_index.ListQuery) -> run_index.
     jobs = synced_index(session)
     readable = readable_dag_ids(user, set(jobs) | {GENERIC_DAG_ID})
     scheduled = {dag_id for dag_id, job in jobs.items() if job.schedule} & readable
-    found = run_index.list_runs(session, query, readable, next_runs=run_index.next_runs(session, scheduled))
-    found.readable = readable
+    owners = generic_owners(user, session)
+    found = run_index.list_runs(session, query, readable, next_runs=run_index.next_runs(session, scheduled),
+                                owners=owners)
+    found.readable, found.owners = readable, owners
     return found
+
+
+def generic_owners(user: Any, session: Any) -> run_index.Owners | None:
+    """Whose runs of the generic DAG the person sees in the list (ADR 0043); None: everyone's (an operator)."""
+    visible = visible_owners(user, run_index.creators(session, GENERIC_DAG_ID))
+    return None if visible is None else (GENERIC_DAG_ID, frozenset(visible))
 
 
 def synced_index(session: Any) -> dict[str, Any]:
@@ -244,10 +255,12 @@ def create_job_run(values: dict[str, str], user: Any, session: Any, dag_bag: Any
 
 
 # ---- Clone and Re-run (from a run's page) -------------------------------------------------------------
-RERUN_JOBS = READ_JOBS + [Depends(requires_access_dag("POST", DagAccessEntity.RUN))]  # a new run of the run's DAG
+# a new run of the run's DAG; a run of the generic DAG: its owner's (ADR 0043)
+RERUN_JOBS = READ_JOBS + [Depends(requires_access_dag("POST", DagAccessEntity.RUN))] + OWN_RUN
 
 
-@router.get("/jobs/{dag_id}/runs/{run_id}/clone", dependencies=READ_JOBS + CREATE_JOBS, response_class=HTMLResponse)
+@router.get("/jobs/{dag_id}/runs/{run_id}/clone", dependencies=READ_JOBS + CREATE_JOBS + OWN_RUN,
+            response_class=HTMLResponse)
 def clone_form(dag_id: str, run_id: str, session: SessionDep):
     """"Create from this job": the Create form filled in from the run's spec (the registry password excepted)."""
     found = find_job_run(session, dag_id, run_id)
@@ -276,6 +289,7 @@ def rerun(dag_id: str, run_id: str, user: Any, session: Any, dag_bag: Any, *, vi
     found = find_job_run(session, dag_id, run_id)
     refused = backend_problem(found.job, allowed_backends())
     problems = ([refused] if refused else []) + [str(p) for p in workspace_problems(found.job)]
+    problems += [f"{name}: {rule}" for name, rule in env_secret_problems(found.job.env)]  # not again (ADR 0043)
     if problems:
         raise HTTPException(409, "the job cannot start again now: " + "; ".join(problems))
     if found.job.workspace is not None and not may_use_workspace(user, found.job.workspace):

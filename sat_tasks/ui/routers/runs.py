@@ -49,7 +49,7 @@ from sat_tasks.ui.run_files import (
     list_result_files,
     result_file_source,
 )
-from sat_tasks.ui.security import CHANGE_RUNS, DELETE_RUNS, READ_JOBS, SAME_ORIGIN
+from sat_tasks.ui.security import CHANGE_RUNS, DELETE_RUNS, OWN_RUN, READ_JOBS, SAME_ORIGIN
 from sat_tasks.ui.sources import JobRunFound, find_job_run, object_storage, page_data
 
 router = APIRouter(tags=["Training Job runs"])
@@ -63,14 +63,14 @@ def _page_href(dag_id: str, run_id: str) -> str:
 
 
 # ---- read ------------------------------------------------------------------------------------------
-@router.get("/api" + RUN, dependencies=READ_JOBS)
+@router.get("/api" + RUN, dependencies=READ_JOBS + OWN_RUN)
 def job_detail(dag_id: str, run_id: str, session: SessionDep):
     """The run's page as JSON: its status, history, attempts, checkpoints, monitoring, who created it, its queue
     time, the time it ran and the GPU-/node-hours that makes (failovers included), and its goodput once it ended."""
     return job_data(session, find_job_run(session, dag_id, run_id))
 
 
-@router.get(RUN, dependencies=READ_JOBS, response_class=HTMLResponse)
+@router.get(RUN, dependencies=READ_JOBS + OWN_RUN, response_class=HTMLResponse)
 def job_view(dag_id: str, run_id: str, session: SessionDep):
     found = find_job_run(session, dag_id, run_id)
     return pages.job_page_html({**job_data(session, found), **files_data(found)})
@@ -126,7 +126,7 @@ def live_reader(found: JobRunFound, attempts: frozenset[int]) -> LiveReader:
     return read
 
 
-@router.get("/api" + RUN + "/log", dependencies=READ_JOBS, response_class=PlainTextResponse)
+@router.get("/api" + RUN + "/log", dependencies=READ_JOBS + OWN_RUN, response_class=PlainTextResponse)
 def job_log(dag_id: str, run_id: str, session: SessionDep):
     """The whole job log (all attempts) as a download from its freshest copy, streamed in chunks; 404 before its first line.
 
@@ -151,7 +151,7 @@ def job_log(dag_id: str, run_id: str, session: SessionDep):
                              headers=attachment_headers(f"{found.job.name}-{run_id}.log", stored + len(live)))
 
 
-@router.get("/api" + RUN + "/log/tail", dependencies=READ_JOBS)
+@router.get("/api" + RUN + "/log/tail", dependencies=READ_JOBS + OWN_RUN)
 def job_log_tail(dag_id: str, run_id: str, session: SessionDep,
                  offset: Annotated[int | None, Query(ge=0, description="the end of what the reader has")] = None,
                  limit: Annotated[int, Query(ge=1, le=MAX_READ_BYTES)] = TAIL_BYTES,
@@ -167,13 +167,13 @@ def job_log_tail(dag_id: str, run_id: str, session: SessionDep,
     return log_answer(find_job_run(session, dag_id, run_id), offset, limit, at)
 
 
-@router.get("/api" + RUN + "/files", dependencies=READ_JOBS)
+@router.get("/api" + RUN + "/files", dependencies=READ_JOBS + OWN_RUN)
 def result_files(dag_id: str, run_id: str, session: SessionDep):
     """The run's files under its results prefix with their sizes, grouped (model and outputs, checkpoints, report, ...)."""
     return list_result_files(object_storage(), find_job_run(session, dag_id, run_id).layout.results_uri).as_dict()
 
 
-@router.get("/api" + RUN + "/files/{name:path}", dependencies=READ_JOBS, response_class=StreamingResponse)
+@router.get("/api" + RUN + "/files/{name:path}", dependencies=READ_JOBS + OWN_RUN, response_class=StreamingResponse)
 def result_file(dag_id: str, run_id: str, name: str, session: SessionDep):
     """One of the run's files (`name` relative to its results prefix) as a download, streamed in chunks."""
     found = find_job_run(session, dag_id, run_id)
@@ -190,7 +190,7 @@ def result_file(dag_id: str, run_id: str, name: str, session: SessionDep):
                                       "X-Content-Type-Options": "nosniff"})
 
 
-@router.get(RUN + "/report", dependencies=READ_JOBS, response_class=HTMLResponse)
+@router.get(RUN + "/report", dependencies=READ_JOBS + OWN_RUN, response_class=HTMLResponse)
 def job_report(dag_id: str, run_id: str, session: SessionDep, embedded: bool = False):
     """The job report's plots from the run's metrics series as they are now (the Monitoring tab shows it).
 
@@ -202,12 +202,12 @@ def job_report(dag_id: str, run_id: str, session: SessionDep, embedded: bool = F
 
 
 # ---- stop ------------------------------------------------------------------------------------------
-@router.post("/api" + RUN + "/stop", dependencies=CHANGE_RUNS, status_code=202)
+@router.post("/api" + RUN + "/stop", dependencies=CHANGE_RUNS + OWN_RUN, status_code=202)
 def stop_job(dag_id: str, run_id: str, user: GetUserDep, session: SessionDep, dag_bag: DagBagDep):
     return stop(dag_id, run_id, user, session, dag_bag, via=actions.VIA_API)
 
 
-@router.get(RUN + "/stop", dependencies=CHANGE_RUNS, response_class=HTMLResponse)
+@router.get(RUN + "/stop", dependencies=CHANGE_RUNS + OWN_RUN, response_class=HTMLResponse)
 def stop_confirmation(dag_id: str, run_id: str, session: SessionDep):
     """Stop asks first, as Delete does (409 once the run has ended)."""
     found = find_job_run(session, dag_id, run_id)
@@ -216,7 +216,7 @@ def stop_confirmation(dag_id: str, run_id: str, session: SessionDep):
     return pages.stop_page(page_data(found))
 
 
-@router.post(RUN + "/stop", dependencies=CHANGE_RUNS + SAME_ORIGIN, response_class=HTMLResponse)
+@router.post(RUN + "/stop", dependencies=CHANGE_RUNS + OWN_RUN + SAME_ORIGIN, response_class=HTMLResponse)
 async def stop_from_page(dag_id: str, run_id: str, request: Request, user: GetUserDep, session: SessionDep,
                          dag_bag: DagBagDep):
     if (await request.form()).get("confirm") != "yes":  # not from the confirmation: ask first
@@ -243,7 +243,7 @@ def stop(dag_id: str, run_id: str, user: Any, session: Any, dag_bag: Any, via: s
 
 
 # ---- tags ------------------------------------------------------------------------------------------
-@router.put("/api" + RUN + "/tags", dependencies=CHANGE_RUNS)
+@router.put("/api" + RUN + "/tags", dependencies=CHANGE_RUNS + OWN_RUN)
 def put_tags(dag_id: str, run_id: str, body: dict[str, Any], session: SessionDep):
     given = body.get("tags")
     if not isinstance(given, dict):
@@ -254,13 +254,13 @@ def put_tags(dag_id: str, run_id: str, body: dict[str, Any], session: SessionDep
     return {"tags": tags}
 
 
-@router.get(RUN + "/tags", dependencies=READ_JOBS, include_in_schema=False)
+@router.get(RUN + "/tags", dependencies=READ_JOBS + OWN_RUN, include_in_schema=False)
 def tags_address(dag_id: str, run_id: str):
     """The Tags form's address asked for with GET (a reload, Airflow re-requesting its frame): the Tags tab."""
     return RedirectResponse(_page_href(dag_id, run_id) + "#tags", status_code=303)
 
 
-@router.post(RUN + "/tags", dependencies=CHANGE_RUNS + SAME_ORIGIN, response_class=HTMLResponse)
+@router.post(RUN + "/tags", dependencies=CHANGE_RUNS + OWN_RUN + SAME_ORIGIN, response_class=HTMLResponse)
 async def tags_from_page(dag_id: str, run_id: str, request: Request, session: SessionDep):
     text = str((await request.form()).get("tags") or "")
     tags, problems = set_tags(dag_id, run_id, text, session)
@@ -281,19 +281,19 @@ def set_tags(dag_id: str, run_id: str, text: str, session: Any) -> tuple[dict[st
 
 
 # ---- delete ----------------------------------------------------------------------------------------
-@router.delete("/api" + RUN, dependencies=DELETE_RUNS)
+@router.delete("/api" + RUN, dependencies=DELETE_RUNS + OWN_RUN)
 def delete_job(dag_id: str, run_id: str, session: SessionDep, delete_results: bool = False):
     name, results_uri, removed = delete(dag_id, run_id, delete_results, session)
     return {"deleted": {"dag_id": dag_id, "run_id": run_id, "job": name},
             "results": "kept" if removed is None else f"{removed} object(s) deleted", "results_uri": results_uri}
 
 
-@router.get(RUN + "/delete", dependencies=DELETE_RUNS, response_class=HTMLResponse)
+@router.get(RUN + "/delete", dependencies=DELETE_RUNS + OWN_RUN, response_class=HTMLResponse)
 def delete_confirmation(dag_id: str, run_id: str, session: SessionDep):
     return pages.delete_page(page_data(find_job_run(session, dag_id, run_id)))
 
 
-@router.post(RUN + "/delete", dependencies=DELETE_RUNS + SAME_ORIGIN, response_class=HTMLResponse)
+@router.post(RUN + "/delete", dependencies=DELETE_RUNS + OWN_RUN + SAME_ORIGIN, response_class=HTMLResponse)
 async def delete_from_page(dag_id: str, run_id: str, request: Request, session: SessionDep):
     wanted = (await request.form()).get("delete_results") not in (None, "", "off")
     name, _results_uri, removed = delete(dag_id, run_id, wanted, session)

@@ -22,7 +22,7 @@ from sat_tasks.ui import sources
 from sat_tasks.ui.jobs import RunRef
 from sat_tasks.ui.routers import runs
 from sat_tasks.ui.run_files import BadFileName, check_file_name, group_of
-from sat_tasks.ui.security import READ_JOBS
+from sat_tasks.ui.security import OWN_RUN, READ_JOBS
 from tests.sat_tasks.spec.test_spec import BASE
 
 BUCKET = "run-files-tests"
@@ -57,7 +57,7 @@ def client(run) -> TestClient:
 
     view = FastAPI()
     view.include_router(runs.router)
-    view.dependency_overrides.update({depends.dependency: (lambda: None) for depends in READ_JOBS})
+    view.dependency_overrides.update({depends.dependency: (lambda: None) for depends in READ_JOBS + OWN_RUN})
     view.dependency_overrides[_get_session] = lambda: None
     airflow = FastAPI()
     airflow.mount("/sat", view)
