@@ -9,8 +9,10 @@ here asks which one it is.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 from ckpt_engine.contract import JOB_LOG_NAME, REPORT_HTML_NAME, ProgressRecord
@@ -18,6 +20,7 @@ from sat_tasks.backends import backend_for
 from sat_tasks.backends.base import node_probe_of, watch_growth_of, workspace_pool_name
 from sat_tasks.config import sat_setting, shared_registry_connections
 from sat_tasks.core import run_summary
+from sat_tasks.core.clock import now_utc
 from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import (
     decide_next,
@@ -462,11 +465,64 @@ def write_report_html(run: JobRun, metrics: Any, log: Log = print) -> None:
     log(f"{REPORT_HTML_NAME}: {run.report_html_uri} ({len(metrics.files)} series file(s))")
 
 
+ATTEMPT_ENDED = re.compile(r"\[sat\] attempt (\d+) ended")
+VERDICT_LINE_LIMIT = 600  # characters of a verdict's reason on its job-log line
+
+
 def upload_job_log(run: JobRun, log: Log = print) -> None:
-    """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one."""
+    """Copy the run's job log (all attempts) to `<results>/<job>/<run_id>/job.log`, if there is one.
+
+    After each attempt's last `[sat] attempt N ended` line comes SAT's verdict on it, where one is
+    stored: `[sat] verdict on attempt N: KIND: reason (exit status X)` (issue 45.6), so the log
+    says why every attempt ended and what followed, not only how the process exited.
+    """
     path = backend_for(run.job).job_log(run, log)
-    if path is not None:
-        run.upload_file(path, run.results_uri + JOB_LOG_NAME)
+    if path is None:
+        return
+    annotated = _with_verdict_lines(run, path, log)
+    try:
+        run.upload_file(annotated or path, run.results_uri + JOB_LOG_NAME)
+    finally:
+        if annotated is not None:
+            annotated.unlink(missing_ok=True)
+
+
+def _with_verdict_lines(run: JobRun, path: Path, log: Log) -> Path | None:
+    """A copy of the job log at `path` with a verdict line after each attempt's end, or None if none applies.
+
+    Two streaming passes (a job log may be large): where each attempt's last end line is, then the copy.
+    """
+    import tempfile
+
+    last_end: dict[int, int] = {}
+    with open(path, encoding="utf-8", errors="replace") as source:
+        for number, line in enumerate(source):
+            if (found := ATTEMPT_ENDED.search(line)) is not None:
+                last_end[int(found.group(1))] = number
+    lines: dict[int, str] = {}
+    for attempt, number in last_end.items():
+        try:
+            verdict, record = run.load_verdict(attempt), run.load_record(attempt)
+        except Exception as error:  # noqa: BLE001 - the log goes up without its verdict lines, not at all
+            log(f"could not read attempt {attempt}'s verdict for the job log: {type(error).__name__}: {error}")
+            continue
+        if verdict is None:
+            continue
+        reason = verdict.reason if len(verdict.reason) <= VERDICT_LINE_LIMIT else \
+            verdict.reason[:VERDICT_LINE_LIMIT] + "…"
+        code = record.exit_code if record is not None else None
+        lines[number] = (f"[sat] verdict on attempt {attempt}: {verdict.kind.value}: {reason} "
+                         f"({'exit status ' + str(code) if code is not None else 'no exit status'})")
+    if not lines:
+        return None
+    with open(path, encoding="utf-8", errors="replace") as source, tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=Path(path).parent, prefix=f".{Path(path).name}.", delete=False) as copy:
+        for number, line in enumerate(source):
+            copy.write(line)
+            if number in lines:
+                stamp = line.split(" ", 1)[0] if line[:4].isdigit() else now_utc().isoformat()
+                copy.write(("" if line.endswith("\n") else "\n") + f"{stamp} {lines[number]}\n")
+    return Path(copy.name)
 
 
 def record_task_failure(job: TrainingJob, run_id: str, task_id: str, try_number: int, exc: BaseException,

@@ -750,4 +750,10 @@ def test_dag_with_kubernetes_attempts_fails_over_and_completes(airflow_db, bucke
     marks = [(re.search(r"\[sat\] attempt (\d+)", line).group(1), "ended" in line) for line in sections]
     assert marks == [("1", False), ("1", True), ("2", False), ("2", True)]
     assert all(f"-a{n}-r0" in line for (n, _), line in zip(marks, sections, strict=True))
+    # SAT's verdict on each attempt follows its end line (issue 45.6).
+    lines = job_log.splitlines()
+    ends = [i for i, line in enumerate(lines) if "[sat] attempt" in line and "ended" in line]
+    assert [lines[i + 1].split(" [sat] ", 1)[1].split(":")[:2] for i in ends] == [
+        ["verdict on attempt 1", " HARDWARE"], ["verdict on attempt 2", " SUCCEEDED"]]
+    assert lines[ends[0] + 1].endswith("(exit status 1)")
     assert "RuntimeError: CUDA error" in job_log
