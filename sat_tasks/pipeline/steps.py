@@ -44,6 +44,7 @@ from sat_tasks.spec import (
     parse_spec,
     split_s3_uri,
 )
+from sat_tasks.spec.env_secrets import env_secret_problems
 from sat_tasks.spec.model import backend_problem, registry_conn_id_problem
 
 
@@ -117,7 +118,9 @@ def check_person(job: TrainingJob, run: JobRun, person: PersonAccess | None, log
     `person` None: no person to ask, and the spec is the deployment's: a job DAG's run (its spec
     file's author is the deployment, whoever triggered it), a scheduled or asset-triggered run
     (no triggering person), or dag.test()'s. Refused: status Failed, naming the permission. The
-    data source and script must also be the person's to read (`io.data_roots`, ADR 0039).
+    data source and script must also be the person's to read (`io.data_roots`, ADR 0039), and
+    its `env` may hold no secret (`spec.env_secrets`, ADR 0043: the conf is readable to every
+    reader of the generic DAG).
     """
     if person is None:
         return
@@ -130,6 +133,7 @@ def check_person(job: TrainingJob, run: JobRun, person: PersonAccess | None, log
         problems.append(f"image.registry_conn_id: {person.name} may not use the connection {conn_id} "
                         "(it needs the permission to read it)")
     problems.extend(str(refusal) for refusal in source_refusals(job, run.dag_id))  # ADR 0039, as Create asks
+    problems.extend(f"{field}: {rule}" for field, rule in env_secret_problems(job.env))  # ADR 0043, as Create asks
     if problems:
         reason = "refused for the person who triggered the run: " + "; ".join(problems)
         run.history(log).record(JobStatus.FAILED, reason, task="validate_spec")

@@ -146,3 +146,19 @@ def test_validate_spec_refuses_the_source_for_the_person_who_triggered_the_run(s
     fine = JobRun(scoped(_job("s3://sat-demo/datasets/tiny-corpus/"), GENERIC), "manual__fine-source")
     check_person(fine.job, fine, _Person("outsider"), log=lambda _m: None)
     assert fine.history(lambda _m: None).entries() == []
+
+
+def test_validate_spec_refuses_a_secret_env_for_the_person_who_triggered_the_run(s3_hook, demo_bucket):
+    """A REST API trigger skips Create: validate_spec refuses the secret again (ADR 0043), naming no value."""
+    from sat_tasks.errors import JobStopped
+    from sat_tasks.pipeline.steps import check_person
+
+    token = "hf_" + "A1b2C3d4" * 4
+    job = scoped(_job("s3://sat-demo/datasets/tiny-corpus/", destination="s3://sat-demo/results/", env={"HUB": token}),
+                 GENERIC)
+    run = JobRun(job, "manual__crafted-conf-env")
+    with pytest.raises(JobStopped, match="refused for the person who triggered the run") as refused:
+        check_person(run.job, run, _Person("outsider"), log=lambda _m: None)
+    last = run.history(lambda _m: None).entries()[-1]
+    assert last["status"] == "Failed" and "env.HUB: the value looks like a Hugging Face token" in last["reason"]
+    assert token not in last["reason"] and token not in str(refused.value)

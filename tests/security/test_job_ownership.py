@@ -185,7 +185,7 @@ def test_create_refuses_a_secret_in_env_naming_the_field_and_rule_and_starts_not
 
 
 def test_harmless_env_names_are_taken_and_the_form_says_secrets_go_by_reference(client):
-    from sat_tasks.ui.create import env_secret_problems
+    from sat_tasks.spec.env_secrets import env_secret_problems
 
     assert env_secret_problems({"TOKENIZERS_PARALLELISM": "false", "PASSES": "3", "KEYWORDS": "a,b",
                                 "HF_HOME": "/data/hf", "SAT_FINAL_CKPT_GRACE_SECONDS": "30",

@@ -23,6 +23,7 @@ from sat_tasks.io.notify_targets import notification_problems
 from sat_tasks.io.workspaces import WorkspaceStore
 from sat_tasks.pipeline.actions import VIA, VIA_API
 from sat_tasks.spec import SpecProblem
+from sat_tasks.spec.env_secrets import env_secret_problems
 from sat_tasks.spec.loading import MAX_NESTING
 from sat_tasks.spec.model import backend_problem
 from sat_tasks.ui import dag_runs, pages, run_index
@@ -30,7 +31,6 @@ from sat_tasks.ui.create import (
     ADVANCED_FIELD,
     FormResult,
     add_problems,
-    env_secret_problems,
     form_values,
     validate_form,
 )
