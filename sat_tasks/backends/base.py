@@ -31,9 +31,12 @@ The features a backend may offer are small optional interfaces, each declared by
                                 lacks yet (the job page, ADR 0026)
     ReleasesNodes (node_release) release_node(node) after a person lifts a node's quarantine (ADR 0004)
     ProbesNodes (node_probe)    probe_node(run, node): the health check of a suspect node (ADR 0004)
+    QueuesOnSlots (slot_board)  slot_waits(workspace): why requests wait on its slot boards;
+                                concurrent_attempts(setting): what Airflow's limits are sized from (45.5)
 
-Callers outside `backends/` go through `watch_growth_of`, `release_warm_on`, `live_log_of` and
-`release_node_on`, which answer for a backend without the interface.
+Callers outside `backends/` go through `watch_growth_of`, `release_warm_on`, `live_log_of`,
+`release_node_on`, `node_probe_of`, `slot_waits_of` and `concurrent_attempts_of`, which answer
+for a backend without the interface.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from sat_tasks.core.contracts import Decision, Log, Plan
 from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.core.warm_pool import Claim, WarmState
+from sat_tasks.core.workspaces import Admission
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
 
@@ -116,6 +120,9 @@ class BackendCapabilities:
             uncordon); the backend is a `ReleasesNodes`. False: placement reads the ledger, nothing to undo.
         node_probe: the node of a HARDWARE or SUSPECT_NODE verdict gets a health check before the ledger
             counts it (ADR 0004, `core.health_check`); the backend is a `ProbesNodes`.
+        slot_board: the backend queues attempts for node slots on boards of its own (the local pool's and
+            each workspace's), which say why a run waits and how many attempts run at once, so `sat up`
+            sizes Airflow's limits from them (issue 45.5); the backend is a `QueuesOnSlots`.
 
     Each optional flag and its interface are checked against each other when the backend is instantiated
     (`Backend.__new__`, beside the abstract methods' check): a flag without its methods, or methods without
@@ -132,6 +139,7 @@ class BackendCapabilities:
     live_log: bool = False
     node_release: bool = False
     node_probe: bool = False
+    slot_board: bool = False
 
 
 class Backend(ABC):
@@ -283,10 +291,24 @@ class ProbesNodes(ABC):
         check that cannot run (it is SKIPPED with why), only when the probe itself could not be started."""
 
 
+class QueuesOnSlots(ABC):
+    """`capabilities.slot_board`: attempts queue for node slots on the backend's own boards (issue 45.5)."""
+
+    @abstractmethod
+    def slot_waits(self, workspace: str | None) -> dict[tuple[str, str], Admission]:
+        """`(job, run_id)` -> the board's answer for each request waiting on the shared pool's board (`workspace`
+        None) or on workspace `workspace`'s; the reason says what it waits for, without a prefix of the board's."""
+
+    @abstractmethod
+    def concurrent_attempts(self, setting: Callable[[str], str]) -> int:
+        """How many attempts can run at once under the `[sat]` settings `setting(key)` reads (the components'
+        environment, as `sat up` hands it to them): what Airflow's limits are sized from."""
+
+
 # capability flag -> the interface a backend declaring it must subclass
 OPTIONAL_INTERFACES: dict[str, type[ABC]] = {
     "grow_watch": WatchesGrowth, "warm_pool": KeepsWarm, "live_log": LiveLogSource, "node_release": ReleasesNodes,
-    "node_probe": ProbesNodes,
+    "node_probe": ProbesNodes, "slot_board": QueuesOnSlots,
 }
 
 
@@ -318,6 +340,17 @@ def node_probe_of(backend: Backend, run: JobRun, log: Log) -> Callable[[str], Pr
     if not isinstance(backend, ProbesNodes):
         return None
     return lambda node: backend.probe_node(run, node, log)
+
+
+def slot_waits_of(backend: Backend, workspace: str | None) -> dict[tuple[str, str], Admission]:
+    """The backend's board answers for the requests waiting on it; none where the backend has no slot board."""
+    return backend.slot_waits(workspace) if isinstance(backend, QueuesOnSlots) else {}
+
+
+def concurrent_attempts_of(backend: Backend, setting: Callable[[str], str]) -> int | None:
+    """How many attempts the backend runs at once under `setting`; None where it keeps no slot board (Airflow's
+    limits are then the operator's)."""
+    return backend.concurrent_attempts(setting) if isinstance(backend, QueuesOnSlots) else None
 
 
 def release_warm_on(backend: Backend, state: WarmState, log: Log) -> list[str]:

@@ -4,10 +4,11 @@ With `[core] parallelism = 4` below the 5 local nodes, a fifth job never got a w
 its node on: runs waited in Airflow, unexplained, and the node-slot wait the README promises
 never showed. `sized_env(env)` gives the components `[core] parallelism`,
 `max_active_runs_per_dag` and `max_active_tasks_per_dag` for the pool as configured
-(`backends.local.pool.airflow_concurrency`: `[sat] local_nodes` x `local_node_slots`, plus the
-nodes of the local workspaces defined at start), as `AIRFLOW__CORE__*` variables. A key the
-operator set (in the environment, or in the `[core]` section of the Airflow config) is left as
-set; so is every key on a backend other than `local`. Sized at start: a pool or a workspace
+(the backend's `concurrent_attempts`, `backends.base.QueuesOnSlots`: on the local backend
+`[sat] local_nodes` x `local_node_slots`, plus the nodes of the local workspaces defined at
+start; `core.airflow_limits`), as `AIRFLOW__CORE__*` variables. A key the operator set (in the
+environment, or in the `[core]` section of the Airflow config) is left as set; so is every key
+on a backend with no slot board of its own (Kubernetes queues in Kueue and Airflow pools). Sized at start: a pool or a workspace
 that grows later counts from the next `sat up` (until then, the list says when a run waits for
 an Airflow worker slot).
 """
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sat_tasks import config
-from sat_tasks.backends.local.pool import AirflowConcurrency, NodePool, airflow_concurrency
+from sat_tasks.core.airflow_limits import AirflowConcurrency, airflow_limits
 
 PREFIX = "AIRFLOW__CORE__"
 
@@ -28,21 +29,6 @@ PREFIX = "AIRFLOW__CORE__"
 def _setting(env: Mapping[str, str], key: str) -> str:
     """`[sat] key` as the components will read it: their environment first, then this process's configuration."""
     return env.get(config.ENV_PREFIX + key.upper()) or config.sat_setting(key)
-
-
-def pool_of(env: Mapping[str, str]) -> tuple[NodePool, int]:
-    """The shared pool and the local workspaces' nodes that the components' environment `env` configures."""
-    from sat_tasks.io.workspaces import WorkspaceStore
-
-    nodes = tuple(n.strip() for n in _setting(env, "local_nodes").split(",") if n.strip())
-    try:
-        slots = max(1, int(_setting(env, "local_node_slots")))
-    except ValueError:
-        slots = 1  # the launch refuses the setting with its rule (`pool.node_pool_now`); the size stays sane
-    workspace_nodes = 0
-    with contextlib.suppress(Exception):  # a broken workspaces folder: validate_spec reports it, not the start
-        workspace_nodes = sum(w.nodes for w in WorkspaceStore(_setting(env, "workspaces_dir")).list())
-    return NodePool(nodes, slots), workspace_nodes
 
 
 def operator_keys(env: Mapping[str, str]) -> set[str]:
@@ -60,8 +46,12 @@ def operator_keys(env: Mapping[str, str]) -> set[str]:
 def sized_env(env: Mapping[str, str]) -> dict[str, str]:
     """The `AIRFLOW__CORE__*` variables the components get for the pool `env` configures (none on another backend,
     none for a key the operator set)."""
-    if _setting(env, "backend") != "local":
+    from sat_tasks.backends import get_backend
+    from sat_tasks.backends.base import concurrent_attempts_of
+
+    attempts = concurrent_attempts_of(get_backend(_setting(env, "backend")), lambda key: _setting(env, key))
+    if attempts is None:
         return {}
-    sized = airflow_concurrency(*pool_of(env))
+    sized = airflow_limits(attempts)
     kept = operator_keys(env)
     return {PREFIX + key.upper(): str(value) for key, value in sized.settings().items() if key not in kept}

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sat_tasks.backends.local.pool import POOL_WAIT
 from sat_tasks.core.status import TERMINAL
 from sat_tasks.core.workspaces import Admission
 
@@ -114,7 +113,7 @@ def why_waiting(facts: RunFacts) -> str | None:
     if facts.state != "running":
         return None
     if facts.node_wait is not None:
-        return "Waiting for a node slot: " + facts.node_wait.reason.removeprefix(POOL_WAIT)
+        return "Waiting for a node slot: " + facts.node_wait.reason
     if facts.workspace_wait is not None:
         return f"Waiting for workspace {facts.workspace}: {facts.workspace_wait.reason}"
     spot = next((t for t in facts.tasks if t.task_id.rsplit(".", 1)[-1] == SPOT_TASK
@@ -174,10 +173,13 @@ class Boards:
 
     def __init__(self, pool: Callable[[], dict[tuple[str, str], Admission]] | None = None,
                  workspace: Callable[[str], dict[tuple[str, str], Admission]] | None = None) -> None:
-        from sat_tasks.backends.local.pool import pool_waits, workspace_waits
+        from sat_tasks.backends import get_backend
+        from sat_tasks.backends.base import slot_waits_of
+        from sat_tasks.config import sat_setting
 
-        self._pool = pool or pool_waits
-        self._workspace = workspace or workspace_waits
+        # The deployment's backend's boards (none where it keeps none: Kubernetes queues in Kueue and pools).
+        self._pool = pool or (lambda: slot_waits_of(get_backend(sat_setting("backend")), None))
+        self._workspace = workspace or (lambda name: slot_waits_of(get_backend(sat_setting("backend")), name))
         self._read: dict[str | None, dict[tuple[str, str], Admission]] = {}
 
     def waits(self, workspace: str | None) -> dict[tuple[str, str], Admission]:

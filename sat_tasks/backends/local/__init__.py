@@ -13,6 +13,8 @@ local backend is one host by definition. `runner.LocalAttempt` runs one attempt,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,11 +27,13 @@ from sat_tasks.backends.base import (
     DataCheck,
     KeepsWarm,
     ProbesNodes,
+    QueuesOnSlots,
     WarmState,
 )
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.contracts import Action, Decision, Log
 from sat_tasks.core.health_check import ProbeResult
+from sat_tasks.core.workspaces import Admission
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
@@ -42,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 LAUNCH_RETRY_DELAY = timedelta(seconds=5)
 
 
-class LocalBackend(Backend, KeepsWarm, ProbesNodes):
+class LocalBackend(Backend, KeepsWarm, ProbesNodes, QueuesOnSlots):
     """The Backend protocol on this host (see `sat_tasks.backends.base` for the call order)."""
 
     kind = "local"
@@ -58,6 +62,7 @@ class LocalBackend(Backend, KeepsWarm, ProbesNodes):
         # live_log False: the job log grows in place; node_release False: placement reads the ledger at each
         # attempt, nothing is done to the node itself
         node_probe=True,  # the node's fake device where a fault left one (the run's node directory), else this host's
+        slot_board=True,  # the shared pool's and the workspaces' boards (`pool.PoolBoard`, `io.workspaces.SlotBoard`)
     )
     task_modules = ("sat_tasks.backends.local.operator", "sat_tasks.backends.local.launch",
                     "sat_tasks.backends.local.workspace", "sat_tasks.backends.local.warm")
@@ -135,6 +140,18 @@ class LocalBackend(Backend, KeepsWarm, ProbesNodes):
         from sat_tasks.io.node_probe import local_probe
 
         return local_probe(run.node_dir(node).parent)(node)
+
+    # ---- slot boards (issue 45.5) -------------------------------------------------------------
+    def slot_waits(self, workspace: str | None) -> dict[tuple[str, str], Admission]:
+        from sat_tasks.backends.local.pool import POOL_WAIT, pool_waits, workspace_waits
+
+        found = pool_waits() if workspace is None else workspace_waits(workspace)
+        return {key: replace(answer, reason=answer.reason.removeprefix(POOL_WAIT)) for key, answer in found.items()}
+
+    def concurrent_attempts(self, setting: Callable[[str], str]) -> int:
+        from sat_tasks.backends.local.pool import concurrent_attempts
+
+        return concurrent_attempts(setting)
 
     # ---- warm pool (ADR 0015) ------------------------------------------------------------------
     def keep_warm(self, run: JobRun, state: WarmState, log: Log) -> WarmState:

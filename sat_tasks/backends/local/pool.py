@@ -18,12 +18,14 @@ and the attempts queued behind them still get a worker to wait in line on (`sat 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sat_tasks import config
+from sat_tasks.core.airflow_limits import AirflowConcurrency, airflow_limits
 from sat_tasks.core.workspaces import Admission, Holding, SlotRequest
 from sat_tasks.errors import SatError
 from sat_tasks.io.workspaces import SlotBoard, _alive, _request
@@ -168,38 +170,24 @@ def workspace_waits(name: str, root: Path | None = None) -> dict[tuple[str, str]
     return board_waits(file, lambda ticket, queue, holdings: admit(workspace, ticket, queue, holdings))
 
 
-# ---- Airflow's concurrency, sized from the pool (issue 45.5) --------------------------------------
-# Worker slots beyond the launches: the other tasks of the runs in flight (validate_spec, staging, classify,
-# decide, upload, finalize) run beside the launches that hold or wait for a node.
-PIPELINE_WORKERS = 4
-# Tasks of one DAG run at once (Airflow 3 counts max_active_tasks per run): a launch beside a growth watch, the
-# ranks of a multi-node launch on Kubernetes, the cleanups of an attempt.
-TASKS_PER_RUN = 16
+# ---- Airflow's concurrency, sized from the pool (issue 45.5; the limits: `core.airflow_limits`) ---------
+def concurrent_attempts(setting: Callable[[str], str]) -> int:
+    """Attempts at once under the `[sat]` settings `setting` reads: every node of `local_nodes` x
+    `local_node_slots`, plus the nodes of the local workspaces (`workspaces_dir`)."""
+    from sat_tasks.io.workspaces import WorkspaceStore
 
-
-@dataclass(frozen=True)
-class AirflowConcurrency:
-    """Airflow's limits for a pool that runs `attempts` attempts at once.
-
-    `max_active_runs_per_dag`: one run training per slot and one staged behind it, waiting in
-    line on the board (past that, runs wait in Airflow's queue: "queued behind N runs").
-    `parallelism` (worker slots of the LocalExecutor): a launch for each of those runs, whether it
-    holds a slot or waits for one, and `PIPELINE_WORKERS` more for the runs' other tasks.
-    """
-
-    attempts: int
-    parallelism: int
-    max_active_runs_per_dag: int
-    max_active_tasks_per_dag: int
-
-    def settings(self) -> dict[str, int]:
-        """`[core]` key -> value."""
-        return {"parallelism": self.parallelism, "max_active_runs_per_dag": self.max_active_runs_per_dag,
-                "max_active_tasks_per_dag": self.max_active_tasks_per_dag}
+    nodes = tuple(n.strip() for n in setting("local_nodes").split(",") if n.strip())
+    try:
+        slots = max(1, int(setting("local_node_slots")))
+    except ValueError:
+        slots = 1  # the launch refuses the setting with its rule (`node_pool_now`); the size stays sane
+    workspace_nodes = 0
+    with contextlib.suppress(Exception):  # a broken workspaces folder: validate_spec reports it, not the start
+        workspace_nodes = sum(w.nodes for w in WorkspaceStore(setting("workspaces_dir")).list())
+    return airflow_concurrency(NodePool(nodes, slots), workspace_nodes).attempts
 
 
 def airflow_concurrency(pool: NodePool, workspace_nodes: int = 0) -> AirflowConcurrency:
     """The limits for `pool` (every node x its slots) and `workspace_nodes` more nodes of local workspaces."""
     attempts = max(1, len(pool.nodes) * pool.slots + max(0, workspace_nodes))
-    return AirflowConcurrency(attempts=attempts, parallelism=2 * attempts + PIPELINE_WORKERS,
-                              max_active_runs_per_dag=2 * attempts, max_active_tasks_per_dag=TASKS_PER_RUN)
+    return airflow_limits(attempts)

@@ -112,7 +112,8 @@ def test_the_contract_has_the_methods_the_module_doc_lists():
     assert METHODS == ["stage", "check_staged_data", "launch_operators", "read_attempt_record", "cleanup_attempt",
                        "capacity", "upload_outputs", "job_log", "cleanup_run", "workspace_queue_problem"]
     assert OPTIONAL == {"grow_watch": ["watch_growth"], "warm_pool": ["keep_warm", "release_warm"],
-                        "live_log": ["live_log"], "node_release": ["release_node"], "node_probe": ["probe_node"]}
+                        "live_log": ["live_log"], "node_release": ["release_node"], "node_probe": ["probe_node"],
+                        "slot_board": ["slot_waits", "concurrent_attempts"]}
     assert sorted(Backend.__abstractmethods__) == sorted(METHODS)  # every one of them must be implemented
 
 
@@ -246,6 +247,23 @@ def test_a_node_probe_answers_with_a_result_for_that_node(backend, bucket):
     if probe is not None:
         result = probe("node-probed")
         assert type(result) is ProbeResult and result.node == "node-probed" and result.checks
+
+
+def test_a_slot_board_says_who_waits_and_how_many_attempts_run_at_once(backend, tmp_path, monkeypatch):
+    """Issue 45.5: an empty board has nobody waiting; the attempts at once follow the settings it is handed
+    (what `sat up` sizes Airflow from); a backend without boards answers nothing and sizes nothing."""
+    from sat_tasks.backends.base import QueuesOnSlots, concurrent_attempts_of, slot_waits_of
+
+    monkeypatch.setenv("AIRFLOW__SAT__WORK_DIR", str(tmp_path / "work"))
+    assert isinstance(backend, QueuesOnSlots) == backend.capabilities.slot_board
+    assert slot_waits_of(backend, None) == {} and slot_waits_of(backend, WORKSPACE) == {}
+    settings = {"local_nodes": "n0,n1,n2", "local_node_slots": "2", "workspaces_dir": str(tmp_path / "none")}
+    attempts = concurrent_attempts_of(backend, settings.__getitem__)
+    if isinstance(backend, QueuesOnSlots):
+        assert attempts == backend.concurrent_attempts(settings.__getitem__) == 6
+        assert backend.concurrent_attempts({**settings, "local_node_slots": "x"}.__getitem__) == 3  # refused later
+    else:
+        assert attempts is None
 
 
 def test_a_run_that_never_launched_has_no_live_lines(backend, bucket):
