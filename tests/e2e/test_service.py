@@ -1400,6 +1400,8 @@ def test_a_person_compares_two_runs_loss_curves_and_settings_inside_airflow(depl
         labels = frame.locator("#compare-runs tbody tr a").all_inner_texts()
         assert any(DEMO_NAME in label for label in labels) and any("svc-generic" in label for label in labels)
         assert frame.locator("polyline.run-line").count() >= 1  # the demo's Trainer logged its loss
+        demo_row = frame.locator("#compare-runs tbody tr", has_text=DEMO_NAME).inner_text()
+        assert "%" in demo_row, demo_row  # its goodput, as the list and its page show it
         job_row = frame.locator("#compare-settings tr.differs", has_text="Job")
         assert job_row.count() == 1  # the names differ
         env_row = frame.locator("#compare-settings tr", has_text="Environment (names)").inner_text()

@@ -1,6 +1,7 @@
 """Compare runs: `/sat/compare?run=<dag_id>/<run_id>&run=...` (HTML) and `/sat/api/compare` (JSON), issue 45 item 7.
 
-Each run is read as its job page is (`sources.find_job_run`, `sources.page_data`): only a run of a
+Each run is read as its job page is (`sources.find_job_run`, `routers.runs.job_data`: the run's records and
+the metadata DB's facts, its goodput among them): only a run of a
 Training Job DAG the person may read; another DAG's run answers as a run that does not exist.
 """
 
@@ -15,8 +16,9 @@ from fastapi.responses import HTMLResponse
 
 from sat_tasks.core.links import job_page_path
 from sat_tasks.ui import compare
+from sat_tasks.ui.routers.runs import job_data
 from sat_tasks.ui.security import READ_JOBS, readable_dag_ids, refuse_others_runs
-from sat_tasks.ui.sources import find_job_run, page_data
+from sat_tasks.ui.sources import find_job_run
 from sat_tasks.ui.templating import render
 
 router = APIRouter(tags=["Compare runs"])
@@ -35,7 +37,7 @@ def _compared(user: Any, session: Any, values: list[str]) -> dict[str, Any]:
         if dag_id not in readable:
             raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
         refuse_others_runs(dag_id, run_id, user, session)  # another's run of the generic DAG: 404 (ADR 0043)
-        pages.append(page_data(find_job_run(session, dag_id, run_id)))
+        pages.append(job_data(session, find_job_run(session, dag_id, run_id)))  # as its page: goodput included
     return compare.comparison(pages, [job_page_path(dag_id, run_id) for dag_id, run_id in refs])
 
 
