@@ -92,9 +92,12 @@ def local_node_labels(node: str, workspace: str | None = None) -> dict[str, str]
 
 # What a faulted device shows its health check afterwards (`io.node_probe.FakeDeviceProbe`), by Xid: an
 # uncorrectable memory error stays in the ECC counters, a GPU off the bus fails the device kernel. Any other
-# Xid (13: a warp exception, the code's or the device's) leaves the counters clean.
-_UNCORRECTABLE_ECC_XIDS = frozenset({48, 64, 95, 140})
-_KERNEL_FAILS_XIDS = frozenset({79})
+# Xid (13: a warp exception, the code's or the device's) leaves the counters clean. From NVIDIA's catalogue (ADR
+# 0004's sources): 171 and 172 are uncorrectable DRAM and SRAM errors (beside Xid 48); 143 (GPU_INIT_ERROR, reset
+# the GPU) is no memory error, but a device that failed to initialise fails its kernel. 94 (a contained ECC error)
+# is left clean on purpose: the classifier relocates it, and a dirty counter would make the check decide HARDWARE.
+_UNCORRECTABLE_ECC_XIDS = frozenset({48, 64, 95, 140, 171, 172})
+_KERNEL_FAILS_XIDS = frozenset({79, 143})
 
 
 def write_fake_device(node_dir: Path, xid: int) -> None:
