@@ -43,15 +43,17 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 # Debian's chromium for the browser tests (Playwright drives /usr/bin/chromium: no browser download),
 # Debian's PostgreSQL server for `sat up --db postgres` and the service tests that run on it, and
 # the container tools: podman with runc (the local backend's container runtime), buildah and
-# debootstrap (`make image`), uidmap, slirp4netns and fuse-overlayfs (user namespaces, networks).
+# debootstrap (`make image`), uidmap, slirp4netns and fuse-overlayfs (user namespaces, networks), and
+# iproute2's ip with util-linux's nsenter (a multi-node container attempt's own network, ADR 0035).
 # runc and debootstrap live in /usr/sbin, which a non-root PATH may lack.
-SYSTEM_TOOLS := docker-registry htpasswd chromium podman buildah runc debootstrap newuidmap slirp4netns fuse-overlayfs
+SYSTEM_TOOLS := docker-registry htpasswd chromium podman buildah runc debootstrap newuidmap slirp4netns fuse-overlayfs \
+  ip nsenter
 system-deps:
 	@missing=; for tool in $(SYSTEM_TOOLS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null || missing=1; done; \
 	  test -z "$$missing" && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      docker-registry apache2-utils chromium postgresql \
-	      podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs >/dev/null; }
+	      podman buildah runc debootstrap uidmap slirp4netns fuse-overlayfs iproute2 util-linux >/dev/null; }
 
 # The training image (docker/training.Dockerfile, CPU variant), built on this host from a
 # debootstrapped Debian base with podman's and buildah's project configuration
