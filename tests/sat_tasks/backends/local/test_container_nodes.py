@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,6 +33,7 @@ from sat_tasks.backends.local.containers import podman, podman_installed
 from sat_tasks.backends.local.launch import MASTER_PORT, _per_node, node_command, rendezvous_env
 from sat_tasks.backends.local.runner import LocalAttempt, PeerNode
 from sat_tasks.spec import parse_spec
+from tests.support.tcp_listener import Listener
 
 BASE_IMAGE = "localhost/sat/debian-base:bookworm"
 
@@ -134,25 +133,6 @@ def base_image() -> str:
     if local_image_digest(BASE_IMAGE) is None:
         pytest.fail(f"{BASE_IMAGE} is not in the project's image store: `make image` builds it (make test runs it)")
     return BASE_IMAGE
-
-
-class Listener:
-    """A TCP server on this host's loopback that answers each connection with `tag`."""
-
-    def __init__(self, tag: bytes) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.tag = tag
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(self.tag)
 
 
 # Each node: rank 0 listens on its address and answers its peer; the other connects to MASTER_ADDR (retrying while

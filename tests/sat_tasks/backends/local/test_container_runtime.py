@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from sat_tasks.backends.local.runner import LocalAttempt
 from sat_tasks.classify import classify
 from sat_tasks.core.contracts import VerdictKind
 from sat_tasks.spec import Fault
+from tests.support.tcp_listener import Listener
 
 BASE_IMAGE = "localhost/sat/debian-base:bookworm"
 
@@ -64,25 +64,6 @@ def container_attempt(tmp_path: Path, plan: ContainerPlan, command: str, *, env=
                         node_dir=tmp_path / "nodes" / "n1", image=plan.image, faults=list(faults),
                         heartbeat_timeout=120, startup_timeout=0, grace_seconds=15, poll_seconds=0.05,
                         container=plan, forward_ports=tuple(ports), stop_requested=stop_requested)
-
-
-class Listener:
-    """A TCP server on this host's loopback that answers each connection with `tag` (a stand-in for a service)."""
-
-    def __init__(self, tag: bytes) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.tag = tag
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(self.tag)
 
 
 # ---- the arguments (no container needed) -------------------------------------------------------------------
