@@ -46,10 +46,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 
 from sat_tasks.ui import errors
-from sat_tasks.ui.routers import compare, jobs, nodes, runs, workspaces
+from sat_tasks.ui.routers import bulk, compare, jobs, nodes, runs, workspaces
 from sat_tasks.ui.security import FRAME_HEADERS, refuse_cross_site_writes
 
-ROUTERS = (jobs.router, runs.router, workspaces.router, nodes.router, compare.router)
+ROUTERS = (bulk.router, jobs.router, runs.router, workspaces.router, nodes.router, compare.router)
 
 
 def create_app() -> FastAPI:

@@ -34,6 +34,7 @@ from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_
 from airflow.api_fastapi.auth.managers.models.resource_details import (
     ConnectionDetails,
     DagAccessEntity,
+    DagDetails,
     PoolDetails,
     TeamDetails,
 )
@@ -170,6 +171,13 @@ DELETE_POOLS = [Depends(requires_access_pool("DELETE"))]
 def readable_dag_ids(user: Any, dag_ids: set[str]) -> set[str]:
     """Those of `dag_ids` the person may read (the list shows no row of another)."""
     return get_auth_manager().get_authorized_dag_ids(user=user, method="GET") & dag_ids
+
+
+def may_act_on_runs(user: Any, dag_id: str, method: str) -> bool:
+    """Whether the person may `method` (PUT: stop; DELETE: delete) the runs of `dag_id`, as CHANGE_RUNS and
+    DELETE_RUNS ask on a run's own route (a bulk action asks it per run; the owner is `refuse_others_runs`')."""
+    return get_auth_manager().is_authorized_dag(method=method, access_entity=DagAccessEntity.RUN,
+                                                details=DagDetails(id=dag_id), user=user)
 
 
 def may_store_connection(user: Any, conn_id: str, *, exists: bool = False) -> bool:

@@ -116,7 +116,7 @@ ENDPOINTS = [
     ("GET", f"/sat/jobs/{DEMO}/runs/r/delete"), ("POST", f"/sat/jobs/{DEMO}/runs/r/delete"),
     ("GET", f"/sat/jobs/{DEMO}/runs/r/report"), ("GET", f"/sat/jobs/{DEMO}/runs/r/stop"),
     ("GET", f"/sat/jobs/{DEMO}/runs/r/clone"), ("POST", f"/sat/jobs/{DEMO}/runs/r/rerun"),
-    ("POST", f"/sat/api/jobs/{DEMO}/runs/r/rerun"),
+    ("POST", f"/sat/api/jobs/{DEMO}/runs/r/rerun"), ("GET", "/sat/jobs/bulk"), ("POST", "/sat/jobs/bulk"),
 ]
 
 
