@@ -61,6 +61,7 @@ pytestmark = pytest.mark.timeout(DEADLINE + 600)  # the deployment's start and s
 # Tenancy (issue 29): the probing job's DAG, which `outsider` may not touch (tests/e2e/service_auth.py)
 TENANCY = "svc-tenancy"
 OUTSIDER = "outsider"
+PEER = "bob"  # a person with the simple auth manager's `user` role: reads and triggers DAGs, no operator (ADR 0043)
 OTHER_BUCKET = "sat-other"  # a bucket of no job of this module
 OTHER_RUN = "manual__2026-01-01T00:00:00+00:00"  # another run of the probing job, planted (and a generic twin)
 VICTIM = b"another run's result: not the probing job's to read or change"
@@ -110,7 +111,8 @@ def _people(root: Path, home: Path) -> Path:
     path = root / "people.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
-        json.dump({"admin": kept.admin_password, OUTSIDER: secrets.token_urlsafe(18)}, handle)
+        json.dump({"admin": kept.admin_password, OUTSIDER: secrets.token_urlsafe(18),
+                   PEER: secrets.token_urlsafe(18)}, handle)
     return path
 
 
@@ -152,7 +154,7 @@ def deployment(tmp_path_factory):
                                     # a second person, denied the tenancy job's DAG: the simple auth manager
                                     # with per-DAG answers (tests/e2e/service_auth.py), imported by name
                                     "AIRFLOW__CORE__AUTH_MANAGER": "tests.e2e.service_auth.ServiceDagScopedAuthManager",
-                                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"admin:admin,{OUTSIDER}:admin",
+                                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"admin:admin,{OUTSIDER}:admin,{PEER}:user",
                                     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(people),
                                     "PYTHONPATH": str(REPO)},
                          log=lambda _line: None)
@@ -713,8 +715,8 @@ def test_a_training_job_with_scoped_credentials_mirrors_its_checkpoints_and_comp
     assert (newest["step"], newest["mirrored"], newest["verified"]) == (TENANCY_STEPS, True, True), newest
 
 
-def _outsider_password(stack: ServiceStack) -> str:
-    return json.loads((stack.home.parent / "people.json").read_text())[OUTSIDER]
+def _outsider_password(stack: ServiceStack, who: str = OUTSIDER) -> str:
+    return json.loads((stack.home.parent / "people.json").read_text())[who]
 
 
 def _view_run_routes(deployment, headers: dict[str, str]) -> list[tuple[str, str]]:
@@ -775,6 +777,42 @@ def test_a_person_without_the_dags_permissions_neither_reads_nor_acts_on_its_run
     assert after["state"] == "success" and len(requests.get(
         f"{deployment.url}{dag}/dagRuns", headers=admin, timeout=60).json()["dag_runs"]) == 1
     assert requests.get(f"{deployment.url}{dag}", headers=admin, timeout=60).json()["is_paused"] is False
+
+
+def test_another_person_neither_sees_nor_acts_on_a_create_made_job(deployment, runs):
+    """Issue 44.4 under `sat up` (ADR 0043): the demo job the admin made with Create is a run of the generic DAG,
+    which `bob` (role `user`) may read in Airflow. In the view it is the admin's: every /sat route naming it refuses
+    bob (404 where he passes the DAG's permission, 403 where he lacks the action's), his list does not show it, and
+    nothing of it changed. The admin's list has it, so the check means something."""
+    from urllib.parse import quote
+
+    run_id = runs["demo"].dag_run_id
+    admin = _admin_headers(deployment)
+    bob = {"Authorization": f"Bearer {_token(deployment.url, _outsider_password(deployment, PEER), PEER)}",
+           "Origin": deployment.url}
+    before = _objects(deployment, BUCKET, _key_prefix(DEMO_NAME, run_id, "sat_training_job"))
+    assert before and requests.get(_run_api(deployment, "sat_training_job", run_id), headers=admin,
+                                   timeout=60).status_code == 200
+    routes = [(method, path.replace("{dag_id}", "sat_training_job").replace("{run_id}", quote(run_id, safe=""))
+               .replace("{name}", "job.log")) for method, path in _view_run_routes(deployment, admin)]
+    answered = {(method, path): requests.request(method, deployment.url + path, headers=bob, timeout=60,
+                                                 json={"tags": {"team": "bob"}} if method == "PUT" else None,
+                                                 allow_redirects=False)
+                for method, path in routes}
+    assert {route: r.status_code for route, r in answered.items() if r.status_code not in (403, 404)} == {}
+    assert any(r.status_code == 404 for r in answered.values())  # the ownership check, not only the role's
+    assert [route for route, r in answered.items() if "--max_steps 80" in r.text] == []  # nothing of its spec
+    compare = requests.get(f"{deployment.url}/sat/api/compare", headers=bob, timeout=60, params={
+        "run": [f"sat_training_job/{run_id}", f"sat_training_job/{runs['generic'].dag_run_id}"]})
+    assert compare.status_code == 404, compare.text[:300]
+
+    def listed(headers: dict[str, str]) -> set[str]:
+        response = requests.get(f"{deployment.url}/sat/api/jobs", params={"limit": 100}, headers=headers, timeout=60)
+        assert response.status_code == 200, response.text[:300]
+        return {row["run_id"] for row in response.json()["jobs"]}
+
+    assert run_id not in listed(bob) and run_id in listed(admin)
+    assert _objects(deployment, BUCKET, _key_prefix(DEMO_NAME, run_id, "sat_training_job")) == before
 
 
 # ---- the Training Jobs API (plugins/sat_training_jobs.py) ---------------------------------------------
