@@ -1454,6 +1454,62 @@ def test_a_person_compares_two_runs_loss_curves_and_settings_inside_airflow(depl
         page.close()
 
 
+def test_a_person_stops_two_ticked_jobs_from_the_list_with_one_confirmation_inside_airflow(deployment, api, runs,
+                                                                                            browser):
+    """Issue 45.7 in the embedded view: two long jobs started through the REST API are ticked on the list, Stop
+    selected shows them with what will happen (one confirmation), and both end Stopped through the Stop path."""
+    from urllib.parse import quote
+
+    from airflow_client.client import TriggerDAGRunPostBody
+    from airflow_client.client.api.dag_run_api import DagRunApi
+
+    from sat_tasks.airflow.params import params_from_spec
+    from sat_tasks.spec import parse_spec
+
+    headers = _admin_headers(deployment)
+    started = []
+    for name in ("svc-bulk-a", "svc-bulk-b"):
+        spec = parse_spec(_fast_spec(name, env={**FAST_ENV, "FAKE_STEPS": "100000"}))
+        started.append(_retrying(lambda spec=spec: DagRunApi(api).trigger_dag_run("sat_training_job", TriggerDAGRunPostBody(
+            logical_date=None, conf=params_from_spec(spec)))).dag_run_id)
+
+    def job_api(run_id: str) -> str:
+        return f"{deployment.url}/sat/api/jobs/sat_training_job/runs/{quote(run_id, safe='')}"
+
+    page = _logged_in_page(deployment, browser)
+    try:
+        deadline = time.monotonic() + 300
+        while not all(requests.get(job_api(r), headers=headers, timeout=60).json().get("status") == "Running"
+                      for r in started):
+            assert time.monotonic() < deadline, "the two jobs did not start"
+            time.sleep(3)
+        page.locator("a[href$='plugin/training-jobs']").click()
+        page.wait_for_url("**/plugin/training-jobs")
+        frame = page.frame_locator("iframe")
+        frame.get_by_role("heading", name="Training Jobs").wait_for()
+        expect(frame.locator("#stop-selected")).to_be_disabled()
+        for run_id in started:
+            frame.locator(f"input[name='run'][value='sat_training_job/{run_id}']").check()
+        frame.locator("#stop-selected").click()
+        frame.locator("#confirm-bulk").wait_for()
+        assert frame.locator("tr.bulk-run:not(.skipped)").count() == 2
+        assert all(requests.get(job_api(r), headers=headers, timeout=60).json()["stop_requested"] is None
+                   for r in started)  # the confirmation changed nothing
+        page.screenshot(path=str(SCREENSHOTS / "35-bulk-stop-asks-once-in-airflow.png"))
+        frame.locator("#confirm-bulk").click()
+        frame.locator("#back-to-list").wait_for()
+        assert frame.locator("tr.bulk-run", has_text="stop requested").count() == 2
+        page.screenshot(path=str(SCREENSHOTS / "36-bulk-stopped-in-airflow.png"))
+        for run_id in started:
+            assert _wait_for_run(api, "sat_training_job", run_id, deadline=time.monotonic() + 300).state == "failed"
+            stopped = requests.get(job_api(run_id), headers=headers, timeout=60).json()
+            assert stopped["status"] == "Stopped" and stopped["attempts"][-1]["verdict"] == "STOPPED", stopped
+    finally:
+        page.close()
+        for run_id in started:  # nothing of this test runs on into `sat down`
+            requests.post(job_api(run_id) + "/stop", headers=headers, timeout=60)
+
+
 def test_sat_down_and_sat_up_keep_secrets_results_and_leave_no_process(deployment, runs, tmp_path):
     """`sat up` / `sat down` as `make up` / `make down` run them, on the same home: everything comes back."""
     password = _password(deployment)
