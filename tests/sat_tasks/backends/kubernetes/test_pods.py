@@ -32,6 +32,7 @@ from sat_tasks.core.runtime_env import (
     POD_DATA_DIR,
     POD_OUTPUT_DIR,
 )
+from sat_tasks.io.run_layout import scoped
 from sat_tasks.spec import SERVER_TYPES, TrainingJob, load_spec, parse_spec
 from tests.support.paths import REPO
 
@@ -894,6 +895,7 @@ def test_render_cli_prints_a_yaml_stream_of_valid_manifests(extra_spec_files, ca
     for document in documents:
         _validate(document)
     job = load_spec(path)
+    job = scoped(job, job.name)  # the run's prefix with its DAG (the spec file's), as validate_spec scopes it
     expected = k8s_pods.render_attempt_manifests(
         job, run_id=RUN_ID, plan=Plan(attempt=2, exclude_nodes=["gpu-a", "gpu-b"], resume_step=-1), namespace="team-a")
     assert documents[1:] == expected

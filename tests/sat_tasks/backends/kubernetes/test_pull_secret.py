@@ -27,7 +27,7 @@ from sat_tasks.backends.kubernetes.settings import KubernetesSettings
 from sat_tasks.cli.render import register as register_render
 from sat_tasks.core.warm_pool import WarmState
 from sat_tasks.errors import JobStopped
-from sat_tasks.io.run_layout import JobRun
+from sat_tasks.io.run_layout import JobRun, scoped
 from sat_tasks.spec import TrainingJob, parse_spec
 from tests.sat_tasks.backends.kubernetes.test_launch_path import (
     STAGED,
@@ -81,7 +81,8 @@ def _job(tmp_path, *, nodes: int = 2, login: str | None = "own") -> tuple[Traini
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    return parse_spec(spec), str(path)
+    # As validate_spec returns it: scoped to the spec file's own DAG (its name), as `sat render` scopes it.
+    return scoped(parse_spec(spec), name), str(path)
 
 
 def _login(monkeypatch, conn_id: str, password: str = PASSWORD, host: str = "registry.example.com") -> None:
