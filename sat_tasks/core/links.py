@@ -39,3 +39,14 @@ AIRFLOW_VIEWS: tuple[tuple[str, str, str], ...] = (
 #: The entries that open a form rather than a place: Airflow's menu lists them, the view's own top
 #: links do not (the list page has the button).
 FORM_VIEWS = frozenset({"create-training-job"})
+
+
+MAX_RUN_REF = 500  # characters of one `<dag_id>/<run_id>` a request may name (compare, bulk actions)
+
+
+def split_run_ref(value: str) -> tuple[str, str] | None:
+    """`(dag_id, run_id)` of `<dag_id>/<run_id>` (a DAG id holds no `/`); None when it is not one, or too long."""
+    dag_id, slash, run_id = value.partition("/")
+    if not slash or not dag_id or not run_id or len(value) > MAX_RUN_REF:
+        return None
+    return dag_id, run_id

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sat_tasks.core.links import split_run_ref
 from sat_tasks.errors import SatError
 from sat_tasks.ui.pages import Scale
 
@@ -41,9 +42,10 @@ def parse_refs(values: list[str]) -> list[tuple[str, str]]:
     """`[(dag_id, run_id), ...]` from the `run` parameters; CompareQueryError naming the rule otherwise."""
     refs: list[tuple[str, str]] = []
     for value in values:
-        dag_id, slash, run_id = value.partition("/")
-        if not slash or not dag_id or not run_id or len(value) > 500:
+        ref = split_run_ref(value)
+        if ref is None:
             raise CompareQueryError(f"{REF_RULE}; got {value[:80]!r}")
+        dag_id, run_id = ref
         if (dag_id, run_id) in refs:
             raise CompareQueryError(f"{REF_RULE}; {value[:80]!r} is named twice")
         refs.append((dag_id, run_id))

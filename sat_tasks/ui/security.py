@@ -26,7 +26,7 @@ only (Airflow's UI embeds them): `FRAME_HEADERS`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from airflow.api_fastapi.app import get_auth_manager
@@ -50,6 +50,7 @@ from sqlalchemy import select
 
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.backends.base import workspace_pool_name
+from sat_tasks.ui.sources import JobRunFound, find_job_run
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Only this origin may frame the view's pages (Airflow's UI, same origin as its API server, does).
@@ -154,6 +155,15 @@ def refuse_others_runs(dag_id: str, run_id: str, user: GetUserDep, session: Sess
         DagRun.dag_id == dag_id, DagRun.run_id == run_id)).first()
     if found is not None and not may_see_owned_run(user, found[0]):
         raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
+
+
+def find_visible_run(user: Any, session: Any, dag_id: str, run_id: str, readable: Collection[str]) -> JobRunFound:
+    """The run as its own page finds it for the person, for routes that name several (compare, bulk actions):
+    404 for a DAG not in `readable` (`readable_dag_ids`), another's generic-DAG run, or no such run."""
+    if dag_id not in readable:
+        raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
+    refuse_others_runs(dag_id, run_id, user, session)
+    return find_job_run(session, dag_id, run_id)
 
 
 SAME_ORIGIN = [Depends(refuse_other_sites)]

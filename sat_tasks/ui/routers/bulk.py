@@ -5,7 +5,7 @@ run and what will happen to it, or why nothing will (not found, not the person's
 already ended, still running). `POST /sat/jobs/bulk` (same origin) does it and says what happened
 to each. Each run is checked as its own route checks it: the person may read its DAG and act on
 its runs (`security.may_act_on_runs`), and a generic-DAG run must be theirs to see
-(`security.refuse_others_runs`, ADR 0043); a run that fails a check answers "not found", as its
+(`security.find_visible_run`, ADR 0043); a run that fails a check answers "not found", as its
 own route does, so the page is no oracle of others' runs.
 """
 
@@ -20,12 +20,11 @@ from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
-from sat_tasks.core.links import job_page_path
+from sat_tasks.core.links import job_page_path, split_run_ref
 from sat_tasks.errors import SatError
 from sat_tasks.ui import dag_runs, run_index
 from sat_tasks.ui.routers.runs import delete, stop
-from sat_tasks.ui.security import READ_JOBS, SAME_ORIGIN, may_act_on_runs, readable_dag_ids, refuse_others_runs
-from sat_tasks.ui.sources import find_job_run
+from sat_tasks.ui.security import READ_JOBS, SAME_ORIGIN, find_visible_run, may_act_on_runs, readable_dag_ids
 from sat_tasks.ui.templating import render
 
 router = APIRouter(tags=["Training Jobs list"])
@@ -63,11 +62,11 @@ def parse(action: str | None, values: list[str]) -> tuple[str, list[tuple[str, s
         raise BulkQueryError(RULE)
     refs: list[tuple[str, str]] = []
     for value in values:
-        dag_id, sep, run_id = value.partition("/")
-        if not (sep and dag_id and run_id):
+        ref = split_run_ref(value)
+        if ref is None:
             raise BulkQueryError(RULE)
-        if (dag_id, run_id) not in refs:
-            refs.append((dag_id, run_id))
+        if ref not in refs:
+            refs.append(ref)
     return action, refs
 
 
@@ -80,10 +79,7 @@ def targets(user: Any, session: Any, action: str, refs: list[tuple[str, str]]) -
         target = Target(dag_id, run_id)
         found.append(target)
         try:
-            if dag_id not in readable:
-                raise HTTPException(404)
-            refuse_others_runs(dag_id, run_id, user, session)
-            run = find_job_run(session, dag_id, run_id)
+            run = find_visible_run(user, session, dag_id, run_id, readable)
         except HTTPException:
             target.problem = NOT_FOUND
             continue

@@ -1,6 +1,6 @@
 """Compare runs: `/sat/compare?run=<dag_id>/<run_id>&run=...` (HTML) and `/sat/api/compare` (JSON), issue 45 item 7.
 
-Each run is read as its job page is (`sources.find_job_run`, `routers.runs.job_data`: the run's records and
+Each run is read as its job page is (`security.find_visible_run`, `routers.runs.job_data`: the run's records and
 the metadata DB's facts, its goodput among them): only a run of a
 Training Job DAG the person may read; another DAG's run answers as a run that does not exist.
 """
@@ -17,8 +17,7 @@ from fastapi.responses import HTMLResponse
 from sat_tasks.core.links import job_page_path
 from sat_tasks.ui import compare
 from sat_tasks.ui.routers.runs import job_data
-from sat_tasks.ui.security import READ_JOBS, readable_dag_ids, refuse_others_runs
-from sat_tasks.ui.sources import find_job_run
+from sat_tasks.ui.security import READ_JOBS, find_visible_run, readable_dag_ids
 from sat_tasks.ui.templating import render
 
 router = APIRouter(tags=["Compare runs"])
@@ -33,11 +32,8 @@ def _compared(user: Any, session: Any, values: list[str]) -> dict[str, Any]:
         raise HTTPException(400, str(exc)) from None
     readable = readable_dag_ids(user, {dag_id for dag_id, _ in refs})
     pages = []
-    for dag_id, run_id in refs:
-        if dag_id not in readable:
-            raise HTTPException(404, f"no run {run_id!r} of {dag_id!r}")
-        refuse_others_runs(dag_id, run_id, user, session)  # another's run of the generic DAG: 404 (ADR 0043)
-        pages.append(job_data(session, find_job_run(session, dag_id, run_id)))  # as its page: goodput included
+    for dag_id, run_id in refs:  # another's run of the generic DAG is a 404 too (ADR 0043)
+        pages.append(job_data(session, find_visible_run(user, session, dag_id, run_id, readable)))  # as its page
     return compare.comparison(pages, [job_page_path(dag_id, run_id) for dag_id, run_id in refs])
 
 
