@@ -383,6 +383,14 @@ XID_NONE_WORDS = re.compile(r"\bcorrected\b|\bcontained\b|recorded|pending|infor
 #: 154 line, or the Xid 48/94/95 a row says it leads to, is then its own evidence).
 XID_SEVERITY_CODES = frozenset(range(144, 151))
 XID_SEVERITY = re.compile(r"(?<![\w-])(?:(?P<nonfatal>Non-?\s?fatal)|(?P<fatal>(?:Link\s+)?Fatal))\b", re.IGNORECASE)
+#: An NVLink5 unit's own interrupt on a link, as the 144-150 lines and the lines those units raise under other codes
+#: print it: the unit (SAW, RLW, TLW, TREX, NVLPW_CTRL, NETIR, MSE, with its sub-unit: `RLW_RXPIPE`), then the link
+#: (`... Link 11`, `interrupt hit on link 11`). A code the catalog blames on the application (Xid 137, an illegal
+#: NVLink peer access) whose line is such a unit's report came from the link, not from a process: NVIDIA's answer
+#: to an Xid 137 `RLW_RXPIPE interrupt hit on link 11 ... PRIV Error` beside an Xid 145 on the same link was
+#: "fabric manager / nvlink issues" (NVIDIA/nccl#2241). Case-sensitive: the driver prints the units in capitals.
+XID_NVLINK5_UNIT_EVENT = re.compile(
+    r"(?<![\w-])(?:SAW|RLW|TLW|TREX|NVLPW(?:_CTRL)?|NETIR|MSE)(?:_[A-Z0-9]+)*\b[^\n]{0,80}?\b[Ll]ink\s+-?\d+\b")
 
 
 # ---- CUDA runtime errors (beyond rules.CUDA_ERRORS, which decides the codes it names) ---------------------

@@ -13,7 +13,13 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sat_tasks.classify.catalogues import XID_NODE_WORDS, XID_NONE_WORDS, XID_SEVERITY, XID_SEVERITY_CODES
+from sat_tasks.classify.catalogues import (
+    XID_NODE_WORDS,
+    XID_NONE_WORDS,
+    XID_NVLINK5_UNIT_EVENT,
+    XID_SEVERITY,
+    XID_SEVERITY_CODES,
+)
 from sat_tasks.classify.rules import (
     AMBIGUOUS_RULES,
     AMBIGUOUS_XIDS,
@@ -328,6 +334,12 @@ def _find_xids(lines: Iterable[str], describe) -> Iterator[Finding]:
                           "(the catalog's XID 144-150 decode: RESET_GPU)", rule=f"xid:{xid}")
         elif xid in HARDWARE_XIDS:
             yield Finding(HW, describe(line), f"Xid {xid}{on}: {HARDWARE_XIDS[xid]}", rule=f"xid:{xid}")
+        elif xid in APPLICATION_XIDS and XID_NVLINK5_UNIT_EVENT.search(line, match.end()):
+            # The catalog's "application" code raised by an NVLink5 unit's interrupt on a link: the link's report.
+            yield Finding(HW, describe(line), f"ambiguous: Xid {xid}{on}: {APPLICATION_XIDS[xid]}, but its line is an "
+                          "NVLink5 unit's interrupt on a link, not a process's access: the link may be at fault. Chose "
+                          "relocation (SUSPECT_NODE): the same failure on another node is the job's (ADR 0004)",
+                          beats_success=False, ambiguous=True, rule=f"xid:{xid}")
         elif xid in APPLICATION_XIDS:
             yield Finding(INT, describe(line), f"Xid {xid}{on}: {APPLICATION_XIDS[xid]}", rule=f"xid:{xid}")
         elif xid in AMBIGUOUS_XIDS:

@@ -13,6 +13,7 @@ from sat_tasks.classify.catalogues import (
     CUDA_RUNTIME,
     NVIDIA_XID,
     XID_IMMEDIATE_ACTION,
+    XID_NVLINK5_UNIT_EVENT,
     XID_SOURCES,
     Fault,
 )
@@ -292,3 +293,19 @@ def test_xid_61_follows_the_catalogs_and_the_older_listings_word():
     assert 61 not in XID_IMMEDIATE_ACTION  # unused in the catalog: no immediate action to follow
     code = NVIDIA_XID.by_code()[61]
     assert code.fault is Fault.NODE and "unused" in code.reason and "Reset GPU" in code.reason
+
+
+@pytest.mark.parametrize(("words", "unit_event"), [
+    ("RLW_RXPIPE interrupt hit on link 11 on GPU0: PRIV Error", True),  # NVIDIA/nccl#2241
+    ("RLW_REMAP Nonfatal XC0 i0 Link 08 (0x00000000 0x00000000)", True),
+    ("NETIR_LINK_EVT Fatal XC0 i0 Link -1 (0x000fe406)", True),
+    ("NVLPW_CTRL Nonfatal XC0 i0 Link 3 (0x0)", True),
+    # near-misses: a process's own access, units in prose, a unit word inside another name, no link named
+    ("pid=20311, name=python3, NVLink: illegal peer access to link memory (PRIV Error)", False),
+    ("pid=7, name=rlw_train, PRIV Error on link 4", False),
+    ("pid=7, name=TREXLER, PRIV Error on link 4", False),
+    ("pid=7, name=my-RLW, PRIV Error on link 4", False),
+    ("RLW_RXPIPE PRIV Error", False),
+])
+def test_an_nvlink5_units_interrupt_on_a_link_is_told_from_a_processs_access(words: str, unit_event: bool):
+    assert bool(XID_NVLINK5_UNIT_EVENT.search(words)) is unit_event
