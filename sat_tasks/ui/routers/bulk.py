@@ -19,6 +19,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import select, tuple_
 
 from sat_tasks.core.links import job_page_path, split_run_ref
 from sat_tasks.errors import SatError
@@ -47,7 +48,8 @@ class Target:
     dag_id: str
     run_id: str
     job: str = ""
-    state: str = ""
+    state: str = ""  # the DAG run's state (Airflow's word)
+    status: str = ""  # the job's status, as the list shows it (Pending, Running, Stopped...)
     problem: str | None = None
     done: str | None = None
 
@@ -87,10 +89,26 @@ def targets(user: Any, session: Any, action: str, refs: list[tuple[str, str]]) -
         if not may_act_on_runs(user, dag_id, method):
             target.problem = f"you may not {action} runs of {dag_id}"
         elif action == "stop" and run.state not in dag_runs.ACTIVE:
-            target.problem = f"already ended ({run.state}): nothing to stop"
+            target.problem = "already ended: nothing to stop"
         elif action == "delete" and run.state == "running":
             target.problem = "running: stop it first"
+    _note_statuses(session, found)
     return found
+
+
+def _note_statuses(session: Any, found: list[Target]) -> None:
+    """Each found run's job status in the list's words: its index row's (one query), else its DAG-run state's."""
+    known = [(t.dag_id, t.run_id) for t in found if t.state]
+    rows: dict[tuple[str, str], str] = {}
+    if known:
+        run_index.ensure_table(session)
+        C = run_index.C
+        rows = {(dag_id, run_id): status for dag_id, run_id, status in session.execute(
+            select(C.dag_id, C.run_id, C.status).where(tuple_(C.dag_id, C.run_id).in_(known)))}
+    for target in found:
+        if target.state:
+            target.status = rows.get((target.dag_id, target.run_id)) or run_index.STATUS_BEFORE_HISTORY.get(
+                target.state, target.state)
 
 
 def _page(action: str, found: list[Target], *, done: bool = False, problem: str | None = None) -> str:

@@ -40,6 +40,14 @@ def _rows(page: str) -> dict[str, str]:
         re.DOTALL)}
 
 
+def _statuses(page: str) -> dict[str, str]:
+    """Each listed run's Status cell (the status word's text)."""
+    import re
+
+    return dict(re.findall(r"data-run='sat_training_job/([^']+)'>.*?<td><span class='status \w*'>([^<]*)</span></td>",
+                           html.unescape(page), re.DOTALL))
+
+
 def test_the_rule_is_named_for_a_bad_request():
     assert parse("stop", ["d/r", "d/r", "e/s"]) == ("stop", [("d", "r"), ("e", "s")])
     for action, runs in (("pause", ["d/r"]), ("stop", []), ("stop", ["no-slash"]), ("delete", ["/r"]),
@@ -57,7 +65,10 @@ def test_a_person_stops_the_ticked_jobs_after_one_confirmation_and_others_runs_a
     asked = client.get("/sat/jobs/bulk", params={"action": "stop", "run": runs}, headers=_person("carol"))
     assert asked.status_code == 200, asked.text
     rows = _rows(asked.text)
-    assert rows[mine] == "stop" and rows[ended].startswith("skipped: already ended (success)")
+    assert rows[mine] == "stop" and rows[ended] == "skipped: already ended: nothing to stop"
+    statuses = _statuses(asked.text)  # the job's status in the list's words, not Airflow's run state
+    assert statuses[mine] == "Pending" and statuses[ended] == "Completed", statuses
+    assert "success" not in statuses.values() and "queued" not in statuses.values()
     assert rows[theirs] == "skipped: not found (or not yours to see)"  # dave's: as its own page answers
     assert "dave-one" not in asked.text and "Stop 1 of 3 selected jobs?" in html.unescape(asked.text)
     assert _state(client, admin, mine) in ("queued", "running")  # asking changed nothing
