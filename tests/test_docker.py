@@ -443,18 +443,45 @@ def test_the_chart_renders_the_config_sat_depends_on():
                 "final_checkpoint_grace_seconds", "metrics_interval_seconds"):
         assert cfg["sat"][key] == project["sat"][key], key
     assert cfg["sat"]["k8s_object_storage_secret"] == "sat-object-storage"
-    # specs arrive by git-sync: the DAGs folder and jobs_dir lie in its checkout; workspaces on the shared claim
-    sync = values["dags"]["gitSync"]
-    assert sync["enabled"] and values["dags"]["persistence"]["accessMode"] == "ReadWriteMany"
-    checkout = "/opt/airflow/dags/repo"
-    assert cfg["core"]["dags_folder"] == f"{checkout}/{sync['subPath']}"
+    # the DAG files are the image's (with its sat_tasks); specs arrive by git-sync on the DAG claim: jobs_dir lies in
+    # its checkout; workspaces on the shared claim
+    assert cfg["core"]["dags_folder"] == "/opt/airflow/dags", "the image's DAG files, not a git checkout's"
+    assert values["dags"]["persistence"]["enabled"] and values["dags"]["persistence"]["accessMode"] == "ReadWriteMany"
+    checkout = f"{values['dags']['mountPath']}/repo"
+    assert not cfg["core"]["dags_folder"].startswith(values["dags"]["mountPath"])
     assert cfg["sat"]["jobs_dir"] == f"{checkout}/include/jobs"
     assert any(cfg["sat"]["workspaces_dir"].startswith(m + "/") for m in mounts)
     assert "site-packages" not in cfg["sat"]["workspaces_dir"]
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in values["volumes"]}
     assert claims == {"sat-shared": "sat-shared"}
     api_mounts = {m["mountPath"] for m in values["apiServer"]["extraVolumeMounts"]}
-    assert "/opt/airflow/dags" in api_mounts, "the API server reads the specs too (Training Jobs list)"
+    assert values["dags"]["mountPath"] in api_mounts, "the API server reads the specs too (Training Jobs list)"
+    # the settings of the project's airflow.cfg a chart pod would otherwise lose (issue 48, item 6)
+    for section, key in (("workers", "execution_api_timeout"), ("workers", "min_heartbeat_interval"),
+                         ("scheduler", "scheduler_idle_sleep_time"), ("scheduler", "min_file_process_interval")):
+        assert float(cfg[section][key]) == float(project[section][key]), (section, key)
+    assert int(cfg["core"]["parallelism"]) > int(airflow["core"]["parallelism"]) // 2
+
+
+def test_helm_values_work_for_any_release_name_and_create_no_user():
+    """No claim named after one release; no FAB create-user Job (it fails with the simple auth manager) and so no
+    admin/admin in the install notes. tests/test_helm_render.py checks the same on the rendered chart."""
+    values = _values()
+    assert "airflow-dags" not in VALUES.read_text(encoding="utf-8")
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in values["apiServer"]["extraVolumes"]]
+    assert claims == ['{{ include "airflow_dags_volume_claim" . }}']
+    assert values["createUserJob"]["enabled"] is False
+    assert values["webserver"]["defaultUser"]["enabled"] is False
+    assert values["dags"]["gitSync"]["enabled"] is False, "the chart's git-sync: see the values' dags comment"
+    sync = values["dagProcessor"]["extraContainers"]
+    assert [c["name"] for c in sync] == ["git-sync"] and sync[0]["volumeMounts"][0]["name"] == "dags"
+
+
+@pytest.mark.parametrize("component", ["scheduler", "dagProcessor", "triggerer", "apiServer", "statsd",
+                                       "migrateDatabaseJob", "workers"])
+def test_every_component_has_resources(component):
+    resources = _values()[component]["resources"]
+    assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
 
 
 def test_the_render_sees_what_the_chart_alone_would_give():
