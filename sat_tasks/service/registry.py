@@ -97,32 +97,32 @@ def htpasswd_line(user: str, password: str) -> str:
 
 
 def config_text(folder: Path, port: int, http_secret: str) -> str:
-    """docker-registry's configuration: filesystem storage under `folder`, TLS, htpasswd, loopback only."""
+    """The embedded registry's configuration: filesystem storage under `folder`, TLS, htpasswd, loopback only."""
+    return registry_config(folder / "storage", port, http_secret,
+                           tls=(folder / "tls" / "registry.crt", folder / "tls" / "registry.key"),
+                           htpasswd=folder / "htpasswd")
+
+
+def registry_config(storage: Path, port: int, http_secret: str, *, tls: tuple[Path, Path] | None,
+                    htpasswd: Path | None, realm: str = REALM, purge_uploads: bool = True) -> str:
+    """docker-registry's configuration on 127.0.0.1:`port`: filesystem storage in `storage`, deletes allowed.
+
+    `tls`: (certificate, key) to serve HTTPS, None for plain HTTP; `htpasswd`: the file of logins, None for
+    no auth; `purge_uploads` False turns off the purge of unfinished uploads (a test registry).
+    """
     def quoted(path: Path) -> str:
         return json.dumps(str(path))
 
-    return "\n".join([
-        "version: 0.1",
-        "log:",
-        "  level: info",
-        "  formatter: text",
-        "storage:",
-        "  filesystem:",
-        f"    rootdirectory: {quoted(folder / 'storage')}",
-        "  delete:",
-        "    enabled: true",
-        "http:",
-        f"  addr: {HOST}:{port}",
-        f"  secret: {json.dumps(http_secret)}",
-        "  tls:",
-        f"    certificate: {quoted(folder / 'tls' / 'registry.crt')}",
-        f"    key: {quoted(folder / 'tls' / 'registry.key')}",
-        "auth:",
-        "  htpasswd:",
-        f"    realm: {REALM}",
-        f"    path: {quoted(folder / 'htpasswd')}",
-        "",
-    ])
+    lines = ["version: 0.1", "log:", "  level: info", "  formatter: text",
+             "storage:", "  filesystem:", f"    rootdirectory: {quoted(storage)}", "  delete:", "    enabled: true"]
+    if not purge_uploads:
+        lines += ["  maintenance:", "    uploadpurging:", "      enabled: false"]
+    lines += ["http:", f"  addr: {HOST}:{port}", f"  secret: {json.dumps(http_secret)}"]
+    if tls is not None:
+        lines += ["  tls:", f"    certificate: {quoted(tls[0])}", f"    key: {quoted(tls[1])}"]
+    if htpasswd is not None:
+        lines += ["auth:", "  htpasswd:", f"    realm: {realm}", f"    path: {quoted(htpasswd)}"]
+    return "\n".join(lines) + "\n"
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -30,6 +30,7 @@ import requests
 from sat_tasks.io.local_s3 import (
     free_port,  # one helper for a free loopback port (re-exported for the tests)
 )
+from sat_tasks.service.registry import htpasswd_line, registry_config  # the service's own config and login hash
 
 REGISTRY_BINARY = "docker-registry"
 INSTALL_HINT = "apt-get install -y docker-registry apache2-utils"
@@ -101,13 +102,15 @@ def start_registry(
     tmp_path.mkdir(parents=True, exist_ok=True)
     htpasswd_path = tmp_path / "htpasswd"
     if users:
-        htpasswd_path.write_text("".join(_htpasswd_line(u, p) for u, p in users.items()))
+        htpasswd_path.write_text("".join(htpasswd_line(u, p) for u, p in users.items()))
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
     last_error: Exception | None = None
     for _ in range(3):  # a free port can be taken between probe and bind: try again
         port = free_port()
         config_path = tmp_path / "registry.yml"
-        config_path.write_text(_config(tmp_path, port, htpasswd_path if users else None, tls))
+        config_path.write_text(registry_config(tmp_path / "storage", port, secrets.token_hex(16), tls=tls,
+                                                htpasswd=htpasswd_path if users else None,
+                                                realm="sat-test-registry", purge_uploads=False))
         log_path = tmp_path / "registry.log"
         log_file = log_path.open("ab")
         process = subprocess.Popen(
@@ -252,44 +255,6 @@ def _canonical_json(value: object) -> bytes:
 
 def _sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _htpasswd_line(user: str, password: str) -> str:
-    """One bcrypt htpasswd line (the only hash docker-registry accepts)."""
-    out = subprocess.run(
-        ["htpasswd", "-Bbn", user, password], check=True, capture_output=True, text=True
-    ).stdout
-    return out.strip() + "\n"
-
-
-def _config(root: Path, port: int, htpasswd: Path | None, tls: tuple[Path, Path] | None = None) -> str:
-    lines = [
-        "version: 0.1",
-        "log:",
-        "  level: info",
-        "  formatter: text",
-        "storage:",
-        "  filesystem:",
-        f"    rootdirectory: {json.dumps(str(root / 'storage'))}",
-        "  delete:",
-        "    enabled: true",
-        "  maintenance:",
-        "    uploadpurging:",
-        "      enabled: false",
-        "http:",
-        f"  addr: 127.0.0.1:{port}",
-        f"  secret: {secrets.token_hex(16)}",
-    ]
-    if tls is not None:
-        lines += ["  tls:", f"    certificate: {json.dumps(str(tls[0]))}", f"    key: {json.dumps(str(tls[1]))}"]
-    if htpasswd is not None:
-        lines += [
-            "auth:",
-            "  htpasswd:",
-            "    realm: sat-test-registry",
-            f"    path: {json.dumps(str(htpasswd))}",
-        ]
-    return "\n".join(lines) + "\n"
 
 
 def _wait_ready(server: RegistryServer, timeout: float) -> None:
