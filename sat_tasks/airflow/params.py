@@ -1,107 +1,66 @@
 """The generic DAG's trigger form ("Create Training Job"): Params generated from the Training Job's JSON Schema.
 
-Each form field maps to a path in the spec (`FORM_FIELDS`); its type, length, pattern,
-range, enum and description come from `TrainingJob.model_json_schema()`, so the form
-checks what the model checks and no rule is copied by hand. The form is flat; the
-`extra` field carries any other spec fields as JSON (`spot`, `env`, `faults`, ...).
+Its fields are rows of the one table both Create forms read (`sat_tasks.spec.form_fields`):
+each maps to a path in the spec under a flat param name (`FORM_FIELDS`), with the table's label
+as its title; its type, length, pattern, range, enum and description come from
+`TrainingJob.model_json_schema()`, so the form checks what the model checks and no rule is
+copied by hand. The form is flat; the `extra` field carries any other spec fields as JSON
+(`spot`, `env`, `faults`, ...).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk import Param
 
 from sat_tasks.spec import TrainingJob, job_schema
+from sat_tasks.spec.form_fields import (
+    DAG_ADVANCED,
+    DAG_COMPUTE,
+    DAG_DATA,
+    DAG_IMAGE,
+    DAG_JOB,
+    EXTRA_DESCRIPTION,
+    UNSET,
+    FormField,
+    dag_fields,
+    field_schema,
+)
+
+__all__ = ["ADVANCED", "COMPUTE", "DATA", "EXTRA", "EXTRA_DESCRIPTION", "EXTRA_FIELD", "FORM_FIELDS", "IMAGE", "JOB",
+           "FormField", "field_schema", "generic_params", "param_default", "params_from_spec", "spec_from_params"]
 
 _NOT_IN_FORM = ("x-rule", "title", "default")
+JOB, COMPUTE, IMAGE, DATA, ADVANCED = DAG_JOB, DAG_COMPUTE, DAG_IMAGE, DAG_DATA, DAG_ADVANCED
+# The form's fields that fill one spec path each, in the order of its Params; `extra` (every other field) last.
+FORM_FIELDS: tuple[FormField, ...] = tuple(f for f in dag_fields() if f.path is not None)
+# `extra`: every other spec field, as a JSON object (the page's Advanced JSON).
+EXTRA_FIELD, EXTRA = next((f, f.dag) for f in dag_fields() if f.path is None and f.dag is not None)
 
 
-@dataclass(frozen=True)
-class FormField:
-    """One field of the form: its name, the spec path it fills, its section and (optional) default."""
-
-    name: str
-    path: str | None
-    section: str
-    default: Any = None
-    has_default: bool = False
-
-
-def _field(name: str, path: str | None, section: str, *default: Any) -> FormField:
-    return FormField(name, path, section, default[0] if default else None, bool(default))
-
-
-JOB, COMPUTE, IMAGE, DATA, ADVANCED = "Job", "Compute", "Container image", "Data and results", "Advanced"
-FORM_FIELDS: tuple[FormField, ...] = (
-    _field("name", "name", JOB, "my-training-job"),
-    _field("learning_type", "learning_type", JOB),
-    _field("framework", "framework", JOB),
-    _field("job_failover", "job_failover", JOB, True),
-    _field("command", "command", JOB, "python train.py"),
-    _field("nodes", "nodes", COMPUTE),
-    _field("server_type", "resources.server_type", COMPUTE),
-    _field("gpus_per_node", "resources.gpus_per_node", COMPUTE),
-    _field("memory", "resources.memory", COMPUTE),
-    _field("shared_memory", "resources.shared_memory", COMPUTE),
-    _field("image_url", "image.url", IMAGE, "registry.sat.local/sat/training:0.1.0"),
-    _field("registry_conn_id", "image.registry_conn_id", IMAGE),
-    _field("script_url", "storage.script_url", DATA),
-    _field("data_source", "data.source", DATA, "s3://sat-demo/datasets/tiny-corpus/"),
-    _field("results_destination", "results.destination", DATA, "s3://sat-demo/results/"),
-    _field("file_storage_mount", "storage.file_storage_mount", DATA),
-    _field("tags", "tags", ADVANCED, {}),
-)
-EXTRA_DESCRIPTION = ("more spec fields as JSON: spot, elastic, env, faults (local backend), backend, "
-                     "startup_timeout_seconds, ...")
-
-
-def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
-    """`node` with a `$ref` into `$defs` replaced by the definition (its own keys win)."""
-    if "$ref" in node:
-        target = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
-        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-    return node
-
-
-def _section(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
-    """The object `node` describes, refs resolved; an optional section (`elastic: Elastic | None`) its object branch."""
-    node = _resolve(schema, node)
-    if "properties" not in node and "anyOf" in node:
-        node = next((branch for b in node["anyOf"] if "properties" in (branch := _resolve(schema, b))), node)
-    return node
-
-
-def field_schema(path: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON Schema of the spec field at `path` (`resources.memory`), refs resolved, Optional as a type list."""
-    schema = schema or job_schema()
-    node: dict[str, Any] = schema
-    for part in path.split("."):
-        node = _section(schema, node)
-        node = node["properties"][part]
-    node = _resolve(schema, node)
-    if "anyOf" in node:  # `X | None`: the form takes null or X's constraints
-        branches = [_resolve(schema, b) for b in node["anyOf"]]
-        real = [b for b in branches if b.get("type") != "null"]
-        merged = {k: v for k, v in node.items() if k != "anyOf"}
-        if len(real) == 1:
-            merged.update({k: v for k, v in real[0].items() if k != "type"})
-            merged["type"] = ["null", real[0].get("type", "string")]
-        node = merged
-    return node
+def param_default(form: FormField, schema: dict[str, Any]) -> Any:
+    """The value a fresh trigger form shows: the DAG form's own, else the table's, else the model's."""
+    assert form.dag is not None
+    if form.dag.default is not UNSET:
+        return form.dag.default
+    return form.default if form.default is not None else schema.get("default")
 
 
 def generic_params() -> dict[str, Param]:
-    """The "Create Training Job" form: sections, enums, patterns, ranges and descriptions from the model."""
+    """The "Create Training Job" form: sections, labels, enums, patterns, ranges and descriptions from the model."""
     schema = job_schema()
     params: dict[str, Param] = {}
     for form in FORM_FIELDS:
+        assert form.dag is not None and form.path is not None
         prop = field_schema(form.path, schema)
-        default = form.default if form.has_default else prop.get("default")
         keywords = {k: v for k, v in prop.items() if k not in _NOT_IN_FORM}
-        params[form.name] = Param(default, section=form.section, **keywords)
-    params["extra"] = Param({}, type="object", section=ADVANCED, description=EXTRA_DESCRIPTION)
+        if form.dag.description:
+            keywords["description"] = form.dag.description
+        params[form.dag.param] = Param(param_default(form, prop), title=form.label, section=form.dag.section,
+                                       **keywords)
+    params[EXTRA.param] = Param(param_default(EXTRA_FIELD, {}), type="object", title=EXTRA_FIELD.label,
+                                section=EXTRA.section, description=EXTRA.description)
     return params
 
 
@@ -109,13 +68,14 @@ def spec_from_params(params: dict[str, Any]) -> dict[str, Any]:
     """Turn the form's flat values into a spec mapping (validated later by the spec model)."""
     spec: dict[str, Any] = {}
     for form in FORM_FIELDS:
+        assert form.dag is not None and form.path is not None
         node = spec
         *parents, leaf = form.path.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = params.get(form.name)
+        node[leaf] = params.get(form.dag.param)
     spec["tags"] = spec.get("tags") or {}
-    extra = params.get("extra") or {}
+    extra = params.get(EXTRA.param) or {}
     if spec.get("learning_type") == "spot" and "job_failover" not in extra:
         spec["job_failover"] = False
     for key, value in extra.items():
@@ -131,10 +91,11 @@ def params_from_spec(job: TrainingJob) -> dict[str, Any]:
     data = job.to_dict()
     values: dict[str, Any] = {}
     for form in FORM_FIELDS:
+        assert form.dag is not None and form.path is not None
         node: Any = data
         for part in form.path.split("."):
             node = node[part]
-        values[form.name] = node
+        values[form.dag.param] = node
     in_form = {form.path for form in FORM_FIELDS}
     extra: dict[str, Any] = {}
     for key, value in data.items():
@@ -146,5 +107,5 @@ def params_from_spec(job: TrainingJob) -> dict[str, Any]:
                 extra[key] = value
         elif key not in in_form and value not in (None, [], {}):
             extra[key] = value
-    values["extra"] = extra
+    values[EXTRA.param] = extra
     return values

@@ -2,7 +2,8 @@
 
 The form is the spec model's, seen through a person's eyes: each field fills one spec
 path (`resources.server_type`) and takes its help text from the model's JSON Schema, so
-the form never states a rule the model does not check. `validate_form` turns the posted
+the form never states a rule the model does not check. Its fields are the rows of the one
+table both Create forms read (`sat_tasks.spec.form_fields`; the other is the generic DAG's). `validate_form` turns the posted
 values into a `TrainingJob` with the spec model (`parse_spec`, cross-field rules
 included) and, for every problem, an error `<field>: <rule>` on the form field it belongs
 to; nothing starts until there is none. Object Storage checks that the model cannot do
@@ -22,99 +23,53 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sat_tasks.airflow.params import field_schema
 from sat_tasks.io.data_roots import source_refusals
-from sat_tasks.spec import (
-    SERVER_TYPES,
-    Framework,
-    LearningType,
-    SpecError,
-    TrainingJob,
-    parse_spec,
-)
+from sat_tasks.spec import SpecError, TrainingJob, parse_spec
 from sat_tasks.spec.env_secrets import env_secret_problems
+from sat_tasks.spec.form_fields import (
+    ADVANCED,
+    ADVANCED_FIELD,
+    COMMAND,
+    ELASTIC_MIN_NODES,
+    ELASTIC_WAIT,
+    IMAGE,
+    NOTIFICATIONS,
+    NOTIFY_EMAIL,
+    NOTIFY_ENDS,
+    NOTIFY_ON,
+    NOTIFY_WEBHOOK,
+    REGISTRY_PASSWORD,
+    REGISTRY_USER,
+    REQUIRED,
+    SERVICE,
+    TAGS,
+    TAGS_FIELD,
+    FormField,
+    page_fields,
+)
+from sat_tasks.spec.form_fields import PAGE_SECTIONS as SECTIONS
 from sat_tasks.spec.loading import NESTING_RULE
 
-REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, NOTIFICATIONS, ADVANCED = (
-    "Required information", "Service information", "Image", "Command and volume", "Tags", "Notifications", "Advanced")
-SECTIONS = (REQUIRED, SERVICE, IMAGE, COMMAND, TAGS, NOTIFICATIONS, ADVANCED)
-REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD = "registry_user", "registry_password", "tags", "advanced"
-NOTIFY_WEBHOOK, NOTIFY_EMAIL, NOTIFY_ON = "notify_webhook", "notify_email", "notify_on"
-# The form's choice of ends to notify -> the spec's `on` (a finer choice goes in Advanced: "notifications").
-NOTIFY_ENDS = {"every end": ["completed", "failed", "pending", "stopped"],
-               "failed, pending or stopped": ["failed", "pending", "stopped"], "completed": ["completed"]}
+__all__ = [
+    "ADVANCED", "ADVANCED_FIELD", "BY_NAME", "COMMAND", "ELASTIC_MIN_NODES", "ELASTIC_WAIT", "FIELDS", "FORM_ONLY",
+    "IMAGE", "NOTIFICATIONS", "NOTIFY_EMAIL", "NOTIFY_ENDS", "NOTIFY_ON", "NOTIFY_WEBHOOK", "REGISTRY_PASSWORD",
+    "REGISTRY_USER", "REQUIRED", "SECTIONS", "SERVICE", "TAGS", "TAGS_FIELD", "FormField", "FormResult",
+    "RegistryLogin", "add_problems", "form_values", "help_text", "notifications_from_form", "notify_fields",
+    "parse_tag_lines", "parse_tags", "registry_conn_id", "spec_from_form", "validate_form",
+]
+
+# The inputs the page turns into the spec itself (the registry login, tags as lines, notifications, Advanced JSON);
+# every other field fills its spec path as typed.
 FORM_ONLY = (REGISTRY_USER, REGISTRY_PASSWORD, TAGS_FIELD, ADVANCED_FIELD, NOTIFY_WEBHOOK, NOTIFY_EMAIL, NOTIFY_ON)
-# The spec's optional `elastic` section (ADR 0029): left out while both inputs are empty.
-ELASTIC_MIN_NODES, ELASTIC_WAIT = "elastic.min_nodes", "elastic.wait_seconds"
-
-
-@dataclass(frozen=True)
-class FormField:
-    """One input of the form: its name (the spec path it fills, or a form-only name), label and kind."""
-
-    name: str
-    label: str
-    section: str
-    kind: str = "text"  # text, number (whole), decimal, select, checkbox, password, textarea
-    default: Any = None
-    options: tuple[str, ...] = ()
-    help: str = ""
-
-    @property
-    def spec_path(self) -> str | None:
-        return None if self.name in FORM_ONLY else self.name
-
-
-FIELDS: tuple[FormField, ...] = (
-    FormField("name", "Training Job name", REQUIRED),
-    FormField("learning_type", "Learning type", REQUIRED, "select", LearningType.ON_DEMAND.value,
-              tuple(t.value for t in LearningType)),
-    FormField("framework", "Framework", REQUIRED, "select", Framework.PYTORCH.value, tuple(f.value for f in Framework)),
-    FormField("nodes", "Nodes", REQUIRED, "number", 1),
-    FormField("resources.server_type", "Server type", REQUIRED, "select", "cpu", tuple(SERVER_TYPES)),
-    FormField("resources.gpus_per_node", "GPUs per node", REQUIRED, "number", 0),
-    FormField("data.source", "Training data (Object Storage)", REQUIRED, default="s3://sat-demo/datasets/tiny-corpus/"),
-    FormField("results.destination", "Results (Object Storage)", REQUIRED, default="s3://sat-demo/results/"),
-    FormField("job_failover", "Job failover", SERVICE, "checkbox", True),
-    FormField("max_failovers", "Failovers at most", SERVICE, "number", 3),
-    FormField(ELASTIC_MIN_NODES, "Elastic: fewest nodes to resume on", SERVICE, "number",
-              help="optional, with Job failover: when no spare node is healthy, a failover resumes on fewer nodes, "
-                   "down to this many (1 to nodes - 1), and grows back when they return; empty: waits for all nodes"),
-    FormField(ELASTIC_WAIT, "Elastic: seconds to wait for every node", SERVICE, "decimal",
-              help="with the fewest nodes: how long a failover waits for all nodes before it resumes on fewer "
-                   "(0-86400; empty: 0)"),
-    FormField("resources.cpu", "CPU per node", SERVICE, default="2"),
-    FormField("resources.memory", "Memory per node", SERVICE, default="8Gi"),
-    FormField("resources.shared_memory", "Shared memory (/dev/shm)", SERVICE, default="1Gi"),
-    FormField("heartbeat_timeout_seconds", "Heartbeat timeout (seconds)", SERVICE, "number", 300),
-    FormField("workspace", "Training Workspace", SERVICE,
-              help="optional: the workspace whose reserved nodes the job runs on (the Workspaces page lists them)"),
-    FormField("image.url", "Image", IMAGE, default="registry.sat.local/sat/training:0.1.0"),
-    FormField(REGISTRY_USER, "Registry user", IMAGE,
-              help="with the password, kept as an Airflow connection; the job names only the connection"),
-    FormField(REGISTRY_PASSWORD, "Registry password", IMAGE, "password",
-              help="never stored in the job or its run; shown to nobody"),
-    FormField("image.insecure", "Registry speaks plain HTTP (test registries only)", IMAGE, "checkbox", False),
-    FormField("command", "Command", COMMAND, default="python train.py"),
-    FormField("storage.script_url", "Training script (Object Storage)", COMMAND),
-    FormField("storage.file_storage_mount", "File Storage volume mount path", COMMAND),
-    FormField(TAGS_FIELD, "Tags", TAGS, "textarea",
-              help="key=value, one per line (at most 50; keys of letters, digits or _.:/=+@-)"),
-    FormField(NOTIFY_WEBHOOK, "Webhook (Airflow HTTP connection id)", NOTIFICATIONS,
-              help="the job's end is POSTed as JSON to this connection's URL (its token stays in the connection)"),
-    FormField(NOTIFY_EMAIL, "E-mail (addresses, comma-separated)", NOTIFICATIONS,
-              help="sent through the Airflow SMTP connection smtp_default"),
-    FormField(NOTIFY_ON, "Notify on", NOTIFICATIONS, "select", "every end", tuple(NOTIFY_ENDS),
-              help="Completed; Failed; Pending - * (max retries, image pull, internal error); Stopped"),
-    FormField(ADVANCED_FIELD, "More spec fields (JSON)", ADVANCED, "textarea",
-              help="a JSON object merged into the spec: env, faults (local backend), spot, backend, "
-                   "startup_timeout_seconds, ... env holds no secrets: everyone who may read the generic DAG's "
-                   "runs in Airflow reads it, so a key naming one (TOKEN, SECRET, PASSWORD, API_KEY, ...) or a "
-                   "value that looks like one (hf_..., AKIA..., a private key, user:password@) is refused; a "
-                   "secret reaches the job by reference (an Airflow connection id, like the registry login "
-                   "above, or a Kubernetes Secret name)"),
-)
+# The page's fields, in the order it shows them (one table with the generic DAG's form: sat_tasks.spec.form_fields).
+FIELDS: tuple[FormField, ...] = page_fields()
 BY_NAME = {f.name: f for f in FIELDS}
+
+
+def _fills(form: FormField) -> str | None:
+    """The spec path the page's input fills as typed; None for a form-only input."""
+    return None if form.name in FORM_ONLY else form.path
+
 
 Exists = Callable[[str], bool]  # does this s3:// URI (an object, or a prefix ending in /) hold anything?
 
@@ -151,12 +106,7 @@ class FormResult:
 
 def help_text(form: FormField) -> str:
     """The field's help: its own, else the spec model's description of the path it fills."""
-    if form.help or form.spec_path is None:
-        return form.help
-    try:
-        return field_schema(form.spec_path).get("description", "")
-    except KeyError:
-        return ""
+    return form.description
 
 
 def registry_conn_id(job_name: str) -> str:
@@ -197,23 +147,24 @@ def spec_from_form(values: dict[str, str], result: FormResult) -> dict[str, Any]
     """The spec mapping the posted values describe; form-level problems (numbers, tags, JSON) go to `result`."""
     spec: dict[str, Any] = {}
     for form in FIELDS:
-        if form.spec_path is None:
+        path = _fills(form)
+        if path is None:
             continue
         raw = values.get(form.name)
         if form.kind == "checkbox":
-            _set(spec, form.spec_path, raw not in (None, "", "off", "false"))
+            _set(spec, path, raw not in (None, "", "off", "false"))
             continue
         raw = (raw or "").strip()
         if not raw:
             continue  # the model's default, or its "required field is missing"
         if form.kind in ("number", "decimal"):
             try:
-                _set(spec, form.spec_path, int(raw) if form.kind == "number" else float(raw))
+                _set(spec, path, int(raw) if form.kind == "number" else float(raw))
             except ValueError:
-                result.add(form.name, form.spec_path,
+                result.add(form.name, path,
                            f"must be a {'whole ' if form.kind == 'number' else ''}number, not {raw[:20]!r}")
             continue
-        _set(spec, form.spec_path, raw)
+        _set(spec, path, raw)
     spec["tags"] = parse_tag_lines(values.get(TAGS_FIELD) or "", result)
     notifications = notifications_from_form(values)
     if notifications:
@@ -314,10 +265,11 @@ def form_values(job: TrainingJob) -> dict[str, str]:
     full, changed = job.to_dict(), job.model_dump(mode="json", exclude_defaults=True)
     values: dict[str, str] = {}
     for form in FIELDS:
-        if form.spec_path is None:
+        path = _fills(form)
+        if path is None:
             continue
         node: Any = full
-        for part in form.spec_path.split("."):
+        for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, float) and node.is_integer():
             node = int(node)  # 300.0 -> "300": the form's whole-number fields
@@ -325,7 +277,7 @@ def form_values(job: TrainingJob) -> dict[str, str]:
             values[form.name] = "on" if node else ""
         else:
             values[form.name] = "" if node is None else str(node)
-        _drop(changed, form.spec_path)
+        _drop(changed, path)
     values[TAGS_FIELD] = "\n".join(f"{key}={value}" for key, value in job.tags.items())
     changed.pop("tags", None)
     _drop(changed, "results.dag_id")  # the run's own DAG, which validate_spec sets: a new run gets its own

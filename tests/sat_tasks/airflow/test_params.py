@@ -19,13 +19,14 @@ CONSTRAINTS = ("type", "minLength", "maxLength", "pattern", "minimum", "maximum"
                "maxProperties", "propertyNames")
 
 
-@pytest.mark.parametrize("form", FORM_FIELDS, ids=lambda f: f.name)
+@pytest.mark.parametrize("form", FORM_FIELDS, ids=lambda f: f.dag.param)
 def test_each_form_field_carries_the_models_constraints(form):
-    param = generic_params()[form.name]
+    param = generic_params()[form.dag.param]
     prop = field_schema(form.path, job_schema())
     for keyword in CONSTRAINTS:
         assert param.schema.get(keyword) == prop.get(keyword), keyword
-    assert param.schema["section"] == form.section and param.description
+    assert param.schema["section"] == form.dag.section and param.description
+    assert param.schema["title"] == form.label  # the label the Create page shows (one table: spec.form_fields)
 
 
 def test_an_optional_field_takes_null_or_its_constraints():
