@@ -319,7 +319,8 @@ class Notification(_Model):
     """
 
     on: list[NotifyOn] = Field(default_factory=lambda: list(NotifyOn), min_length=1,
-                               description="the ends to notify: completed, failed, pending, stopped (default: all)")
+                               description="the ends to notify: completed, failed, pending, stopped (default: all)",
+                               json_schema_extra={"default": [end.value for end in NotifyOn]})
     webhook: str | None = ruled(None, rule="must be an Airflow connection id: letters, digits, '_', '.', '-'",
                                 pattern=CONN_ID_PATTERN,
                                 description="an Airflow HTTP connection (its URL and any token): the job's end is "
@@ -356,7 +357,8 @@ class Notification(_Model):
 class Fault(_Model):
     """A fault the local backend injects into one attempt."""
 
-    kind: FaultKind
+    kind: FaultKind = Field(description="what breaks: hardware (a GPU error), node_loss, preemption (Spot) or "
+                                       "hang (no progress)")
     attempt: int = ruled(1, rule="attempt must be >= 1", ge=1, description="1-based attempt the fault hits")
     at_step: int | None = Field(None, description=f"training step (from {PROGRESS_NAME}) at which to strike")
     after_seconds: float | None = Field(None, description="seconds after launch at which to strike")

@@ -35,7 +35,8 @@ class _Model(BaseModel):
 class Rehearsal(_Model):
     """One failure to rehearse, and optionally the final status the user expects (else SAT's rules decide)."""
 
-    scenario: Scenario
+    scenario: Scenario = Field(description="the failure: hardware_fault (Xid 79), spot_reclaim (SIGTERM) or "
+                                           "user_error (the script raises)")
     at_step: int = Field(ge=1, description="training step at which the failure strikes")
     expect_status: str | None = Field(None, description="final job status to expect (default: what SAT's "
                                                         "restart policy implies for this job)")
@@ -65,7 +66,8 @@ class JobTest(_Model):
     seed: list[SeedObject] = Field(default_factory=list, description="repository files to put into the "
                                                                      "embedded Object Storage before the runs")
     smoke: bool = Field(True, description="generate the end-to-end smoke test")
-    rehearse: list[Rehearsal] = Field(default_factory=list)
+    rehearse: list[Rehearsal] = Field(default_factory=list, description="failures to rehearse, one test run "
+                                                                       "each (each scenario@step once)")
 
     @model_validator(mode="after")
     def _unique_labels(self) -> JobTest:
