@@ -71,6 +71,7 @@ def test_the_readme_links_every_guide() -> None:
     """The README is the front door: each page by reader is one link away."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for page in ("user-guide.md", "operator-guide.md", "security.md", "developer-guide.md", "configuration.md",
+                 "spec-reference.md",
                  "adr/README.md"):
         assert f"(docs/{page})" in readme, page
 
