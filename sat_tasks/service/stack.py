@@ -200,6 +200,7 @@ class ServiceStack:
         if self.storage is not None:
             env.update(self.storage.connection_env())
         env.update(concurrency.sized_env({**env, **self.extra_env}))  # from the local pool (issue 45.5)
+        env.update(concurrency.scheduler_env({**env, **self.extra_env}))  # one scheduler (issue 48)
         env.update(self.extra_env)
         if self.embedded_registry is not None:  # the operator's shared logins and CA kept, the registry's added
             from sat_tasks.config import sat_setting
