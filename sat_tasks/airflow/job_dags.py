@@ -52,18 +52,25 @@ PROBLEM_LINES = 50
 
 
 class JobDagFileErrors(SpecFileErrors):
-    """Bad spec files, and job DAG files whose last pass ran out of time: the lines say which specs have no DAG.
+    """Bad spec files, and SAT DAG files whose last pass ran out of time: the lines say which specs have no DAG.
+
+    Raised by `sat_job_spec_errors.py` on every parse while a kept skip report (`parse_budget.read_reports`:
+    the metadata DB in the DAG processor) says a file's last pass left specs out; the file's next pass
+    that builds everything removes its report, and with it these lines.
 
     The message stays small whatever the numbers (`PROBLEM_LINES`, `NAMED_SKIPPED`): `errors`
-    and `reports` keep everything, and `sat validate` lists every problem of the spec files.
+    keeps every problem, each report counts every spec its pass left out, and `sat validate` lists every
+    problem of the spec files.
     """
 
     def __init__(self, errors: dict[str, str], reports: list[SkipReport]):
-        lines = (str(SpecFileErrors(errors)).splitlines() if errors
-                 else ["job DAG file(s) ran out of their parse budget:"])
+        lines = str(SpecFileErrors(errors)).splitlines() if errors else []
         if len(lines) > PROBLEM_LINES + 1:
             more = f"... and {len(lines) - PROBLEM_LINES - 1} more line(s) (`sat validate` on the spec files lists them)"
             lines = [*lines[:PROBLEM_LINES + 1], more]
+        if reports:
+            lines.append(f"{sum(report.left_out for report in reports)} spec file(s) have no DAG from the last pass "
+                         f"of {len(reports)} SAT DAG file(s) that ran out of their parse budget:")
         lines += [line for report in reports for line in report.lines()]
         ImportError.__init__(self, "\n".join(lines))
         self.errors = errors

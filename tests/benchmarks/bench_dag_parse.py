@@ -13,7 +13,8 @@ processor records. `--root` takes `dags/`, `sat_tasks/` and `airflow.cfg` from a
 (e.g. an older commit unpacked with `git archive`), for a before/after in one run.
 
 The last line: `specs=<N> files=<n> dags=<built>/<expected> killed=<k> slowest_s=<x> limit_s=<y>
-pass_cpu_s=<sum>` for the largest size. The machine may be shared: read ratios, not absolutes.
+pass_wall_s=<sum> pass_cpu_s=<sum> cpu_ms_per_dag=<ms>` for the largest size (`cpu_s`: each child's own
+CPU time, user and system, which a shared machine's load inflates far less than its wall time). The machine may be shared: read ratios, not absolutes.
 
 `--processor` runs the real `airflow dag-processor` instead, as `make up` would (a fresh
 AIRFLOW_HOME migrated on SQLite in write-ahead mode, the tree's airflow.cfg, its `dags/` as the
@@ -24,9 +25,10 @@ the import errors recorded (first line of each), the files the manager killed (i
 log line), the pass's wall time from the manager's log (first file queued to "Exiting dag
 parsing loop"; `start_s` is the start-up before it), the parse budget's skip reports, and the
 load average. A second pass shows what `sat_job_spec_errors.py` says about the first one's
-skips (it may parse before the job files within a pass). The last line:
+skips (it may parse before the job files within a pass): each pass is a new manager, so what it
+says comes from the reports kept in the metadata DB, as a restarted processor's would. The last line:
 `specs=<N> passes=<r> dags=<serialized>/<expected> active=<n> import_errors=<e> killed=<k>
-skipped=<s> slowest_s=<f> pass_s=<x> start_s=<y> load1=<l>` for the largest size's last pass
+skipped=<s> slowest_s=<f> pass_s=<x> start_s=<y> cpu_s=<c> load1=<l>` for the largest size's last pass
 (`slowest_s`: the longest "Last Duration" of the manager's last stats table, against the
 processor timeout; `--keep` keeps the logs to read).
 """
@@ -34,9 +36,11 @@ processor timeout; `--keep` keeps the logs to read).
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import sqlite3
 import subprocess
@@ -59,6 +63,7 @@ class FileParse:
     serialize_s: float = 0.0
     message_s: float = 0.0
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # the child's own CPU (user + system): what a loaded machine does not inflate
     dags: int = 0
     import_errors: int = 0
     killed: bool = False
@@ -77,6 +82,7 @@ def _parse_in_child(file: str, dags_folder: str, conn) -> None:
     os.dup2(quiet, 2)
     log = structlog.get_logger(logger_name="bench")
     out = {}
+    cpu = time.process_time()
     start = time.perf_counter()
     check_dag_file_stability(file)
     bag = BundleDagBag(dag_folder=file, bundle_path=Path(dags_folder), bundle_name="dags-folder",
@@ -90,6 +96,7 @@ def _parse_in_child(file: str, dags_folder: str, conn) -> None:
     message = DagFileParsingResult(fileloc=file, serialized_dags=serialized, import_errors=bag.import_errors)
     message.model_dump_json()
     out["message_s"] = time.perf_counter() - start
+    out["cpu_s"] = time.process_time() - cpu
     out["dags"] = len(serialized)
     out["import_errors"] = len(bag.import_errors)
     out["error"] = "\n".join(bag.import_errors.values())[-3000:]
@@ -157,17 +164,18 @@ def run_forked(count: int, dags_folder: Path, home: Path, kill_limit: float) -> 
         rows.append(parse_file(file, dags_folder, kill_limit))
     print(f"\n{count} generated specs ({expected} DAGs expected):")
     print(f"  {'file':28} {'dags':>5} {'errors':>6} {'import_s':>9} {'serialize_s':>11} {'message_s':>9} "
-          f"{'wall_s':>7}  verdict")
+          f"{'wall_s':>7} {'cpu_s':>6}  verdict")
     for row in rows:
         verdict = ("KILLED: nothing recorded" if row.killed else
                    f"import error: {_gist(row.error)}" if row.import_errors else "ok")
         print(f"  {row.file:28} {row.dags:5d} {row.import_errors:6d} {row.import_s:9.2f} {row.serialize_s:11.2f} "
-              f"{row.message_s:9.2f} {row.wall_s:7.2f}  {verdict}")
+              f"{row.message_s:9.2f} {row.wall_s:7.2f} {row.cpu_s:6.2f}  {verdict}")
     built = sum(row.dags for row in rows)
     slowest = max(rows, key=lambda row: row.wall_s)
     summary = (f"specs={count} files={len(rows)} dags={built}/{expected} killed={sum(r.killed for r in rows)} "
                f"slowest_s={slowest.wall_s:.2f} limit_s={kill_limit:g} "
-               f"pass_cpu_s={sum(row.wall_s for row in rows):.1f}")
+               f"pass_wall_s={sum(row.wall_s for row in rows):.1f} pass_cpu_s={sum(row.cpu_s for row in rows):.1f} "
+               f"cpu_ms_per_dag={1000 * sum(row.cpu_s for row in rows) / max(built, 1):.1f}")
     print(f"  {summary} (slowest: {slowest.file})")
     return summary
 
@@ -195,21 +203,52 @@ class ProcessorPass:
     reports: list  # parse_budget.SkipReport of the job DAG files (and the errors file)
     load1: float
     durations: dict[str, float]  # DAG file -> its last parse's seconds, from the manager's last stats table
+    cpu_s: float = 0.0  # CPU of the whole `airflow dag-processor` run: start-up, manager, every parsing child
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of the child processes waited for so far: the processor, its manager's children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _log_time(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
+# The skip reports the pass kept in the metadata DB (Airflow Variables), read as Airflow reads them (decrypted).
+_READ_REPORTS = """
+import json, sys
+from airflow.models.variable import Variable
+from airflow.utils.session import create_session
+from sqlalchemy import select
+from sat_tasks.airflow.parse_budget import VARIABLE_PREFIX
+with create_session() as session:
+    rows = session.scalars(select(Variable).where(Variable.key.startswith(VARIABLE_PREFIX)))
+    print(json.dumps({row.key: row.val for row in rows}))
+"""
+
+
+def kept_reports(env: dict[str, str], jobs: Path) -> list:
+    """The `parse_budget.SkipReport`s of `jobs` kept in the metadata DB that `env` names."""
+    from sat_tasks.airflow.parse_budget import InProcess, read_reports
+
+    done = subprocess.run([sys.executable, "-c", _READ_REPORTS], env=env, capture_output=True, text=True,
+                          check=True, timeout=600)
+    store = InProcess()
+    store.values = json.loads(done.stdout.strip().splitlines()[-1])
+    return read_reports(jobs, store=store)
+
+
 def processor_pass(env: dict[str, str], jobs: Path, db: Path, log_path: Path) -> ProcessorPass:
     """Run one pass of the real DAG processor over every file, then read what it recorded."""
-    from sat_tasks.airflow.parse_budget import read_reports
-
     started = time.time()
+    cpu = _children_cpu()
     with log_path.open("w") as out:
         subprocess.run([sys.executable, "-m", "airflow", "dag-processor", "--num-runs", "1"], env=env,
                        stdout=out, stderr=subprocess.STDOUT, check=True, timeout=3600)
     wall = time.time() - started
+    cpu = _children_cpu() - cpu
     text = log_path.read_text(errors="replace")
     queued, exited = _QUEUED.search(text), _EXITED.search(text)
     if queued is None or exited is None:
@@ -224,8 +263,8 @@ def processor_pass(env: dict[str, str], jobs: Path, db: Path, log_path: Path) ->
                   connection.execute("SELECT filename, stacktrace FROM import_error ORDER BY filename")}
     return ProcessorPass(wall_s=wall, start_s=_log_time(queued.group(1)) - started,
                          pass_s=_log_time(exited.group(1)) - _log_time(queued.group(1)), serialized=serialized,
-                         active=active, import_errors=errors, killed=killed, reports=read_reports(jobs),
-                         load1=os.getloadavg()[0], durations=durations)
+                         active=active, import_errors=errors, killed=killed, reports=kept_reports(env, jobs),
+                         load1=os.getloadavg()[0], durations=durations, cpu_s=cpu)
 
 
 def run_processor(count: int, root: Path, home: Path, runs: int) -> str:
@@ -248,9 +287,9 @@ def run_processor(count: int, root: Path, home: Path, runs: int) -> str:
     summary = ""
     for run in range(1, runs + 1):
         result = processor_pass(env, jobs, db, airflow_home / f"dag-processor-{run}.log")
-        skipped = sum(len(report.skipped) for report in result.reports)
+        skipped = sum(report.left_out for report in result.reports)
         print(f"  pass {run}: wall {result.wall_s:.1f}s (start-up {result.start_s:.1f}s, pass {result.pass_s:.1f}s), "
-              f"load average {result.load1:.2f}")
+              f"CPU {result.cpu_s:.1f}s (start-up, manager and children), load average {result.load1:.2f}")
         print(f"    metadata DB: {result.serialized} serialized DAGs, {result.active} active; "
               f"{len(result.import_errors)} import error(s)")
         for file, gist in result.import_errors.items():
@@ -260,11 +299,11 @@ def run_processor(count: int, root: Path, home: Path, runs: int) -> str:
         print(f"    slowest file in the manager's last stats table: {slowest[0]} {slowest[1]:.1f}s "
               f"(of {len(result.durations)} files listed)")
         for report in result.reports:
-            print(f"    skip report: {report.lines()[0][:160]}")
+            print(f"    skip report (metadata DB): {report.lines()[0][:200]}")
         summary = (f"specs={count} passes={run} dags={result.serialized}/{expected} active={result.active} "
                    f"import_errors={len(result.import_errors)} killed={len(result.killed)} skipped={skipped} "
                    f"slowest_s={slowest[1]:.1f} pass_s={result.pass_s:.1f} start_s={result.start_s:.1f} "
-                   f"load1={result.load1:.2f}")
+                   f"cpu_s={result.cpu_s:.1f} load1={result.load1:.2f}")
         print(f"    {summary}")
     return summary
 
