@@ -132,11 +132,15 @@ class SkipReport:
 
     @classmethod
     def from_json(cls, text: str) -> tuple[str, SkipReport]:
-        """`(jobs_dir, report)` of a kept report; ValueError/KeyError/TypeError when it is not one."""
+        """`(jobs_dir, report)` of a kept report; ValueError/KeyError/TypeError when it is not one.
+
+        Bounded as written, whatever the text says (anyone who may edit Variables could write one).
+        """
         data = json.loads(text)
-        report = cls(str(data["dag_file"]), tuple(map(str, data["skipped"])), int(data["built"]),
-                     float(data["spent_seconds"]), float(data["budget_seconds"]), int(data["left_out"]),
-                     str(data.get("host", "")), float(data.get("at", 0.0)))
+        cut = MAX_PATH_CHARS
+        report = cls(str(data["dag_file"])[:cut], tuple(str(path)[:cut] for path in data["skipped"][:NAMED_SKIPPED]),
+                     int(data["built"]), float(data["spent_seconds"]), float(data["budget_seconds"]),
+                     int(data["left_out"]), str(data.get("host", ""))[:cut], float(data.get("at", 0.0)))
         return str(data["jobs_dir"]), report
 
 

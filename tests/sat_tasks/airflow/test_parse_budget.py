@@ -148,6 +148,9 @@ def test_a_report_names_a_few_skipped_files_and_counts_the_rest(caplog):
     assert kept.left_out == 5000 and len(kept.skipped) == NAMED_SKIPPED
     assert f"  ... and {5000 - NAMED_SKIPPED} more spec file(s)" in kept.lines()
     assert _report().lines()[1:] == ["  /jobs/a.yaml", "  /jobs/b.yaml"]
+    forged = json.loads(value) | {"skipped": ["x" * 100_000] * 1000, "host": "h" * 100_000}
+    store.put(variable_key("sat_jobs_03.py"), json.dumps(forged))  # a Variable edited by hand: still small
+    assert len("\n".join(read_reports("/jobs", store=store)[0].lines())) < 4096
 
 
 def test_a_store_that_fails_costs_the_pass_nothing(caplog):
