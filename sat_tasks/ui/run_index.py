@@ -17,22 +17,27 @@ ADR 0022 (and 0033: GPU-hours, columns added in place). Call order, per list req
 The job page asks `run_facts(session, run)`: who created the run, its queue time and the goodput
 `finalize` published (the metadata DB only).
 
-`SpecCache` parses each spec file once per change (path, mtime, size). `parse_query` turns a
-request's query string into a `ListQuery`, or a `ListQueryError` naming the field and rule.
+`SpecCache` parses each spec file once per change (path, mtime, size); the list's (`SPECS`) stats the
+jobs directory alone between rechecks (issue 48.5: a request's cost does not grow with the number of
+specs). `parse_query` turns a request's query string into a `ListQuery`, or a `ListQueryError`
+naming the field and rule.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
+from time import monotonic, time_ns
 from typing import Any
 
-from airflow.models.dag import DagModel
+from airflow.models.dag import DagModel, DagTag
 from airflow.models.dagrun import DagRun
 from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
 from airflow.utils.sqlalchemy import UtcDateTime
@@ -50,6 +55,7 @@ from sqlalchemy import (
     case,
     delete,
     exists,
+    false,
     func,
     insert,
     inspect,
@@ -78,6 +84,8 @@ from sat_tasks.ui.jobs import ReadJson, job_of, read_history, read_progress
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "sat_job_index"
+# The tag every SAT DAG has (`airflow.dag_factory.build_dag`): the index's sync finds their runs by it.
+JOB_DAG_TAG = "training-job"
 TERMINAL_WORDS = frozenset(status.value for status in TERMINAL)
 TERMINAL_STATES = ("success", "failed")
 PER_PAGE = 50
@@ -177,50 +185,95 @@ def _columns(bind: Any) -> set[str]:
 
 
 # ---- specs, parsed once per file change ------------------------------------------------------------
+# How long the spec cache answers from the jobs directory's own mtime before it looks at each file again (issue
+# 48.5): a file added, removed or renamed (an editor's save, `git pull`) changes the directory and counts at once;
+# a file rewritten in place changes only itself and counts within this many seconds.
+SPEC_RECHECK_S = 5.0
+# A directory whose mtime is this close to the last look may change again within the same mtime tick unseen
+# (git's "racy" index entries): the cache looks at each file until it is older than that.
+RACY_NS = 2_000_000_000
+
+
 class SpecCache:
     """The job DAGs' specs by DAG id from a jobs directory; a file is parsed again only when its mtime or size changes.
 
     As `load_job_dags(build=False)`: files in name order, a bad file left out, a second
     file with a name already used left out.
+
+    `recheck_s` > 0 (the list's `SPECS`, issue 48.5): a call costs one `stat` of the directory, not one per
+    file, while the directory's mtime is the one of the last full look, that look is less than `recheck_s` old,
+    and the directory had not changed just before it; otherwise each file is looked at (and parsed when changed).
+    0: each call looks at each file.
     """
 
-    def __init__(self, load: Callable[[Path], TrainingJob] = load_spec) -> None:
+    def __init__(self, load: Callable[[Path], TrainingJob] = load_spec, *, recheck_s: float = 0.0,
+                 clock: Callable[[], float] = monotonic, wall_ns: Callable[[], int] = time_ns) -> None:
         self._load = load
-        self._files: dict[Path, tuple[tuple[int, int], TrainingJob | None]] = {}
+        self._recheck_s = recheck_s
+        self._clock, self._wall_ns = clock, wall_ns
+        self._files: dict[str, tuple[tuple[int, int], TrainingJob | None]] = {}
         self._lock = threading.Lock()
+        # the last full look: (directory, its mtime then, when, whether racy) and its answer
+        self._looked: tuple[str, int, float, bool] | None = None
+        self._found: dict[str, TrainingJob] = {}
+        self.full_looks = 0  # how many calls looked at each file (the tests count them)
 
     def jobs(self, jobs_dir: str | Path) -> dict[str, TrainingJob]:
-        found: dict[str, TrainingJob] = {}
-        paths = sorted(Path(jobs_dir).glob("*.y*ml"))
-        keys: dict[Path, tuple[int, int]] = {}
-        for path in paths:
+        directory = os.fspath(jobs_dir)
+        try:
+            dir_mtime = os.stat(directory).st_mtime_ns
+        except OSError:
+            dir_mtime = -1
+        with self._lock:
+            looked, found = self._looked, self._found
+        if (looked is not None and self._recheck_s > 0 and looked[0] == directory and looked[1] == dir_mtime
+                and not looked[3] and self._clock() - looked[2] < self._recheck_s):
+            return dict(found)
+        return self._look(directory, dir_mtime)
+
+    def _look(self, directory: str, dir_mtime: int) -> dict[str, TrainingJob]:
+        """Look at each spec file of `directory` (parse the new and changed ones); keep the answer."""
+        started, wall = self._clock(), self._wall_ns()
+        keys: dict[str, tuple[int, int]] = {}
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            entries = []
+        for entry in entries:
+            if not fnmatch.fnmatchcase(entry.name, "*.y*ml"):
+                continue
             try:
-                stat = path.stat()
+                stat = entry.stat()  # follows a link, as Path.stat
             except OSError:
                 continue
-            keys[path] = (stat.st_mtime_ns, stat.st_size)
+            keys[entry.path] = (stat.st_mtime_ns, stat.st_size)
+        paths = sorted(keys)  # one directory: the path order is the name order (`spec_paths`)
         with self._lock:
             files = dict(self._files)
         # Parsed outside the lock (issue 44.6): one slow file holds up no other request.
-        for path, key in keys.items():
+        for path in paths:
             cached = files.get(path)
-            if cached is None or cached[0] != key:
+            if cached is None or cached[0] != keys[path]:
                 try:
-                    files[path] = (key, self._load(path))
+                    files[path] = (keys[path], self._load(Path(path)))
                 except (SpecError, OSError):
-                    files[path] = (key, None)
-        with self._lock:
-            self._files.update({path: files[path] for path in keys})
-            for gone in set(self._files) - set(paths):
-                del self._files[gone]
-        for path in keys:
+                    files[path] = (keys[path], None)
+        found: dict[str, TrainingJob] = {}
+        for path in paths:
             job = files[path][1]
             if job is not None and dag_id_for(job) not in found:
                 found[dag_id_for(job)] = job
-        return found
+        with self._lock:
+            self._files.update({path: files[path] for path in paths})
+            for gone in set(self._files) - set(keys):
+                del self._files[gone]
+            self._looked = (directory, dir_mtime, started, dir_mtime < 0 or wall - dir_mtime < RACY_NS)
+            self._found = found
+            self.full_looks += 1
+        return dict(found)
 
 
-SPECS = SpecCache()
+SPECS = SpecCache(recheck_s=SPEC_RECHECK_S)
 
 
 # ---- the list's query --------------------------------------------------------------------------------
@@ -342,8 +395,21 @@ def creators(session: Any, dag_id: str) -> set[str]:
         select(C.creator).where(C.dag_id == dag_id, C.creator.is_not(None)).distinct())}
 
 
-def _where(query: ListQuery, dag_ids: set[str], owners: Owners | None = None) -> list[Any]:
-    clauses: list[Any] = [C.listed.is_(True), C.dag_id.in_(sorted(dag_ids)), *_owned(owners)]
+def _scope(session: Any, dag_ids: set[str]) -> list[Any]:
+    """The listed rows of `dag_ids`, as clauses whose size does not grow with `dag_ids` (issue 48.5).
+
+    `dag_ids` is every Training Job DAG the person may read, a spec file's worth each (2,000 specs: an `IN` of
+    2,000 names in each query, its expansion and binding a third of the request); only the DAGs with indexed
+    runs are named: `IN` those of them in `dag_ids`. Never `NOT IN` the others: a row of another DAG indexed
+    meanwhile (another server's sync, READ COMMITTED) would then show.
+    """
+    indexed = set(session.scalars(select(C.dag_id).where(C.listed.is_(True)).distinct()))
+    inside = sorted(indexed & dag_ids)
+    return [C.listed.is_(True), C.dag_id.in_(inside) if inside else false()]
+
+
+def _where(query: ListQuery, scope: list[Any], owners: Owners | None = None) -> list[Any]:
+    clauses: list[Any] = [*scope, *_owned(owners)]
     for name in ("status", "framework", "learning_type", "workspace", "creator"):
         if getattr(query, name):
             clauses.append(C[name] == getattr(query, name))
@@ -403,7 +469,7 @@ def list_runs(session: Any, query: ListQuery, dag_ids: set[str], *, now: datetim
     """The page `query` asks for, over every indexed run of `dag_ids` (the DAGs the person may read; of the
     `owners` DAG, the runs its creators triggered)."""
     now = now or datetime.now(UTC)
-    where = _where(query, dag_ids, owners)
+    where = _where(query, _scope(session, dag_ids), owners)
     total = session.execute(select(func.count()).select_from(INDEX).where(*where)).scalar_one()
     column = _SORT_COLUMNS[query.sort]
     ordered = column.asc() if query.order == "asc" else column.desc()
@@ -445,7 +511,7 @@ def usage_by_workspace(session: Any, dag_ids: set[str], *, now: datetime | None 
     Every attempt's time in `Running` counts (failovers included); a run that runs now adds
     its open interval up to `now`. The Workspaces page's totals (the list's are over its filter).
     """
-    return _usage(session, [C.listed.is_(True), C.dag_id.in_(sorted(dag_ids))], now or datetime.now(UTC))
+    return _usage(session, _scope(session, dag_ids), now or datetime.now(UTC))
 
 
 def _usage(session: Any, where: list[Any], now: datetime) -> dict[str, dict[str, float]]:
@@ -737,11 +803,10 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
             reader.append(read_json())
         return reader[0](uri)
 
-    dag_ids = sorted(set(jobs) | {generic_dag_id})
     joined = and_(C.dag_id == DagRun.dag_id, C.run_id == DagRun.run_id)
 
     # 1. runs not indexed yet
-    new_runs = session.scalars(select(DagRun).where(DagRun.dag_id.in_(dag_ids), ~exists().where(joined))).all()
+    new_runs = _new_runs(session, jobs, generic_dag_id, joined)
     if new_runs:
         summaries = _latest_summaries(session, XComModel.dag_run_id.in_([run.id for run in new_runs]))
         validated = dag_runs.validated_specs(session, list(new_runs))
@@ -797,6 +862,24 @@ def sync(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, *,
     if counts.added or counts.summaries or counts.changed or counts.removed or counts.validated:
         session.commit()
     return counts
+
+
+def _new_runs(session: Any, jobs: Mapping[str, TrainingJob], generic_dag_id: str, joined: Any) -> list[Any]:
+    """The runs of the generic DAG and of the job DAGs in `jobs` that the index has not yet.
+
+    Asked of the SAT DAGs by their tag (and the generic DAG by its id), not by an `IN` of every spec's DAG id
+    (issue 48.5); a run of a DAG whose spec is gone (its tag stays) is left out here, as before: its DAG id is
+    read, not its row. The runs are then read by the DAGs that have new ones (as many names as those DAGs).
+    """
+    sat_dags = or_(DagRun.dag_id == generic_dag_id,
+                   DagRun.dag_id.in_(select(DagTag.dag_id).where(DagTag.name == JOB_DAG_TAG)))
+    waiting = {dag_id for (dag_id,) in session.execute(
+        select(DagRun.dag_id).where(sat_dags, ~exists().where(joined)).distinct())}
+    dag_ids = sorted(dag_id for dag_id in waiting if dag_id == generic_dag_id or dag_id in jobs)
+    if not dag_ids:
+        return []
+    return list(session.scalars(select(DagRun).where(DagRun.dag_id.in_(dag_ids), ~exists().where(joined))
+                                .order_by(DagRun.id)))
 
 
 def _insert_new(session: Any, records: list[dict[str, Any]]) -> int:
@@ -861,12 +944,22 @@ def next_runs(session: Any, dag_ids: set[str]) -> dict[str, datetime | None]:
                                 .where(DagModel.dag_id.in_(sorted(dag_ids)))).all())
 
 
+def note_next_runs(session: Any, rows: list[dict[str, Any]], jobs: Mapping[str, TrainingJob]) -> None:
+    """Each row of a scheduled job's DAG gets its next run (`next_runs` of the page's DAGs alone, not of every
+    scheduled spec: issue 48.5)."""
+    scheduled = {row["dag_id"] for row in rows if (job := jobs.get(row["dag_id"])) is not None and job.schedule}
+    found = next_runs(session, scheduled)
+    for row in rows:
+        if row["dag_id"] in found:
+            row["next_run"] = _iso(found[row["dag_id"]])
+
+
 def choices(session: Any, dag_ids: set[str], owners: Owners | None = None) -> dict[str, list[str]]:
     """The values the filter menus offer (those in the index of the runs listed: workspaces, creators)."""
     out = {}
+    scope = _scope(session, dag_ids)
     for name in ("workspace", "creator"):
         out[name] = [value for (value,) in session.execute(
-            select(C[name]).where(C.listed.is_(True), C.dag_id.in_(sorted(dag_ids)), *_owned(owners),
-                                  C[name].is_not(None))
+            select(C[name]).where(*scope, *_owned(owners), C[name].is_not(None))
             .distinct().order_by(C[name]))]
     return out

@@ -27,8 +27,8 @@ from sat_tasks.ui.run_index import SPECS
 
 
 def job_specs() -> dict[str, TrainingJob]:
-    """The job DAGs' specs by DAG id, from `[sat] jobs_dir` (a new or changed file counts at once; each is parsed
-    once per change: `run_index.SPECS`)."""
+    """The job DAGs' specs by DAG id, from `[sat] jobs_dir` (a new, removed or renamed file counts at once, a file
+    rewritten in place within `run_index.SPEC_RECHECK_S`; each is parsed once per change: `run_index.SPECS`)."""
     return SPECS.jobs(sat_setting("jobs_dir"))
 
 

@@ -2,6 +2,16 @@
 
 Run: make bench-jobs-list
   or PYTHONPATH=. .venv/bin/python tests/benchmarks/bench_jobs_list.py [--sizes 10,100,1000] [--rounds 15]
+     [--specs 2000]
+
+`--specs N` (issue 48.5): after the last size, N spec files are put in the jobs directory (copies
+of the demo spec under other names: N more Training Job DAGs, none of them run); once the DAG
+processor has serialized their DAGs (`--specs-wait` seconds at most; the bench says how many it
+found: on a busy machine a DAG file's pass may run out of its parse budget and leave some out),
+the same paired rounds again at the largest size, both lists now answering over about N + 1 SAT
+DAGs. The list's cost must not grow with them (a stat per spec file, an `IN` of every DAG id were
+its cost before). The runs are seeded before the specs are added: with 2,000 DAGs being parsed,
+seeding on a 2-core machine took about 5 s a run.
 
 One run, in this order: a `ServiceStack` starts as `make up` starts it (API server,
 scheduler, DAG processor, triggerer; free loopback ports, a temporary home); once the
@@ -22,7 +32,9 @@ rounds, alternating, of `GET /sat/api/jobs` and Airflow's `GET /api/v2/dags/~/da
 (both one page of 50 runs, as the admin, over HTTP with a bearer token); medians.
 The machine may be shared with other work: the numbers say what they are on it.
 
-Last line: ratio_1000_vs_10=<x> p50_ms_1000=<y> airflow_p50_ms_1000=<z>
+Last line: ratio_1000_vs_10=<x> p50_ms_1000=<y> airflow_p50_ms_1000=<z> sat_vs_airflow_1000=<y/z>
+and with `--specs N`: specs=<N> p50_ms_1000_specs=<a> airflow_p50_ms_1000_specs=<b>
+sat_vs_airflow_1000_specs=<a/b> specs_vs_none=<a/y> (sat's p50 with the specs over without)
 """
 
 from __future__ import annotations
@@ -42,6 +54,27 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 GENERIC = "sat_training_job"
 PAGE = 50
+SPEC_PREFIX = "bench-spec-"
+
+
+def write_specs(jobs_dir: Path, count: int) -> None:
+    """`count` spec files in `jobs_dir`: the demo spec under other names (`bench-spec-00000` ...)."""
+    text = (ROOT / "include" / "jobs" / "tiny-llama-demo.yaml").read_text()
+    assert "\nname: tiny-llama-demo\n" in text
+    for n in range(count):
+        name = f"{SPEC_PREFIX}{n:05d}"
+        (jobs_dir / f"{name}.yaml").write_text(text.replace("\nname: tiny-llama-demo\n", f"\nname: {name}\n"))
+
+
+def wait_for_dags(http, url: str, count: int, wait_s: float) -> int:
+    """Wait until Airflow has `count` DAGs tagged `training-job` (the generic one too); how many it has then."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = http.get(f"{url}/api/v2/dags", params={"tags": "training-job", "limit": 1}, timeout=120).json()
+        total = int(found.get("total_entries", 0))
+        if total >= count or time.monotonic() > deadline:
+            return total
+        time.sleep(5)
 
 
 def seed(first: int, last: int) -> None:
@@ -106,10 +139,26 @@ def _timed_get(session, url: str, params: dict) -> float:
     return elapsed
 
 
+def _rounds(http, url: str, size: int, rounds: int) -> tuple[float, tuple[float, float]]:
+    """The first list call's time (it brings the index, and the spec cache, in step), then `rounds` paired
+    rounds of the two lists: (first, (sat p50 ms, airflow p50 ms))."""
+    first = _timed_get(http, f"{url}/sat/api/jobs", {"per_page": PAGE})
+    listed = http.get(f"{url}/sat/api/jobs", params={"per_page": PAGE}, timeout=300).json()
+    assert listed["total"] == size, (listed["total"], size)
+    sat, airflow = [], []
+    for _ in range(rounds):
+        sat.append(_timed_get(http, f"{url}/sat/api/jobs", {"per_page": PAGE}))
+        airflow.append(_timed_get(http, f"{url}/api/v2/dags/~/dagRuns", {"limit": PAGE, "order_by": "-run_after"}))
+    return first, (_median_ms(sat), _median_ms(airflow))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--specs", type=int, default=0, help="spec files (job DAGs) to add besides the generic DAG")
+    parser.add_argument("--specs-wait", type=float, default=600.0,
+                        help="seconds to wait at most for the DAG processor to serialize their DAGs")
     parser.add_argument("--seed", nargs=2, type=int, help=argparse.SUPPRESS)  # first last: the seeding subprocess
     args = parser.parse_args()
     if args.seed:
@@ -152,26 +201,33 @@ def main() -> int:
                     subprocess.run([sys.executable, __file__, "--seed", str(seeded), str(size)], env=env, check=True,
                                    stdout=out, stderr=subprocess.STDOUT)
                 seed_s, seeded = time.monotonic() - started, size
-                first = _timed_get(http, f"{stack.url}/sat/api/jobs", {"per_page": PAGE})
-                listed = http.get(f"{stack.url}/sat/api/jobs", params={"per_page": PAGE}, timeout=300).json()
-                assert listed["total"] == size, (listed["total"], size)
-                sat, airflow = [], []
-                for _ in range(args.rounds):
-                    sat.append(_timed_get(http, f"{stack.url}/sat/api/jobs", {"per_page": PAGE}))
-                    airflow.append(_timed_get(http, f"{stack.url}/api/v2/dags/~/dagRuns",
-                                              {"limit": PAGE, "order_by": "-run_after"}))
-                results[size] = (_median_ms(sat), _median_ms(airflow))
+                first, results[size] = _rounds(http, stack.url, size, args.rounds)
                 print(f"{size:>6} {seed_s:>8.1f} {first * 1000:>14.1f} {results[size][0]:>11.1f} "
                       f"{results[size][1]:>15.1f}", flush=True)
             small, large = min(sizes), max(sizes)
+            if args.specs:
+                write_specs(root / "jobs", args.specs)
+                started = time.monotonic()
+                dags = wait_for_dags(http, stack.url, args.specs + 1, args.specs_wait)
+                print(f"{dags} SAT DAGs serialized ({args.specs} spec files + the generic DAG) after "
+                      f"{time.monotonic() - started:.0f} s", flush=True)
+                first, with_specs = _rounds(http, stack.url, large, args.rounds)
+                print(f"{large:>6} {'+' + str(args.specs) + ' specs':>8} {first * 1000:>14.1f} {with_specs[0]:>11.1f} "
+                      f"{with_specs[1]:>15.1f}", flush=True)
             filtered = [_timed_get(http, f"{stack.url}/sat/api/jobs", {"status": "Failed", "q": "bench", "tag": "team=t3",
                                                                         "sort": "gpu_hours", "page": 2, "per_page": 10})
                         for _ in range(args.rounds)]
             print(f"filtered and sorted at {large} runs (status, name, tag, sort by GPU-hours, page 2): "
                   f"p50 {_median_ms(filtered)} ms")
             print(f"(cpus: {os.cpu_count()}; the machine may be shared with other work)")
+            print(f"(load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
             print(f"ratio_{large}_vs_{small}={results[large][0] / results[small][0]:.2f} "
-                  f"p50_ms_{large}={results[large][0]} airflow_p50_ms_{large}={results[large][1]}")
+                  f"p50_ms_{large}={results[large][0]} airflow_p50_ms_{large}={results[large][1]} "
+                  f"sat_vs_airflow_{large}={results[large][0] / results[large][1]:.2f}"
+                  + (f" specs={args.specs} p50_ms_{large}_specs={with_specs[0]} "
+                     f"airflow_p50_ms_{large}_specs={with_specs[1]} "
+                     f"sat_vs_airflow_{large}_specs={with_specs[0] / with_specs[1]:.2f} "
+                     f"specs_vs_none={with_specs[0] / results[large][0]:.2f}" if args.specs else ""))
         finally:
             stack.stop()
     return 0

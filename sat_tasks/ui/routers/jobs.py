@@ -165,14 +165,15 @@ def jobs_page(user: Any, session: Any, query: run_index.ListQuery) -> run_index.
     """The page of the list `query` asks for, over every run of the Training Job DAGs the person may read.
 
     The index follows Airflow and the pipeline first (`run_index.sync`: the metadata DB only,
-    unless a run must be read once); specs come from the cache (parsed once per file change).
+    unless a run must be read once); specs come from the cache (parsed once per file change). Its cost does not
+    grow with the number of specs (issue 48.5): the cache stats the jobs directory, not each file; the queries
+    name the DAGs with indexed runs, not every spec's DAG.
     """
     jobs = synced_index(session)
     readable = readable_dag_ids(user, set(jobs) | {GENERIC_DAG_ID})
-    scheduled = {dag_id for dag_id, job in jobs.items() if job.schedule} & readable
     owners = generic_owners(user, session)
-    found = run_index.list_runs(session, query, readable, next_runs=run_index.next_runs(session, scheduled),
-                                owners=owners)
+    found = run_index.list_runs(session, query, readable, owners=owners)
+    run_index.note_next_runs(session, found.rows, jobs)  # the page's scheduled DAGs alone (issue 48.5)
     found.readable, found.owners = readable, owners
     return found
 
