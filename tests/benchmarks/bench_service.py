@@ -1,6 +1,7 @@
 """Benchmark: the demo job under the running service (`make up`) against `dag.test()` (`make demo`), in one run.
 
 Run: .venv/bin/python tests/benchmarks/bench_service.py [--rounds 1] [--service-only]
+     .venv/bin/python tests/benchmarks/bench_service.py --burst 50 [--threads 16]
 
 For each round, in this order:
 - service: a `ServiceStack` as `make up` starts it (free loopback ports, a temporary
@@ -22,6 +23,12 @@ next attempt's first step, by phase), for each run: under the scheduler `detect`
 that `dag.test` makes in one process. Last, the DAG processor's CPU (its file parses, forked, included)
 per second of the demo's wall. `--service-only` leaves `dag.test` out: an A/B of a change to the
 service (ADR 0011's addendum on the preload ran the service side alone, alternating the two trees).
+
+`--burst N` measures something else (issue 48): N runs of the generic DAG, each the smallest job
+(tests/e2e/scripts/fake_train.py), triggered at once through the REST API from `--threads` threads against a
+`ServiceStack` on `make up`'s metadata DB (PostgreSQL), as tests/e2e/test_service_burst.py does (without its kill of
+the DAG processor): the HTTP statuses, the submission latency's p50 and p95, the 5xx count, and the time from the
+first submission until every run is final.
 """
 
 from __future__ import annotations
@@ -145,6 +152,58 @@ def run_service(keep: Path | None = None) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def run_burst(count: int, threads: int) -> dict:
+    """`--burst N`: the figures of `count` submissions at once and of their runs (see the module's docstring)."""
+    import airflow_client.client as af
+
+    from sat_tasks.airflow.params import params_from_spec
+    from sat_tasks.io.local_s3 import DEMO_BUCKET, free_port, state_file_name
+    from sat_tasks.service.database import SERVICE_DEFAULT
+    from sat_tasks.service.postgres import cluster_dir
+    from sat_tasks.service.secrets import load_or_create
+    from sat_tasks.service.stack import ServiceStack
+    from sat_tasks.spec import parse_spec
+    from tests.e2e.test_service import _fast_spec, _token, _wait_for_dags
+    from tests.e2e.test_service_burst import burst, figures, states_of
+
+    root = Path(tempfile.mkdtemp(prefix="sat-bench-burst-"))
+    kept = root / "object-storage" / DEMO_BUCKET  # the job's script, restored by the storage at start
+    kept.mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "e2e" / "scripts" / "fake_train.py", kept / state_file_name("scripts/fake_train.py"))
+    stack = ServiceStack(home=root / "home", port=free_port(), storage_port=free_port(),
+                         storage_dir=root / "object-storage", work_dir=root / "work", default_db=SERVICE_DEFAULT,
+                         log=lambda _line: None)
+    try:
+        stack.start()
+        config = af.Configuration(host=stack.url, access_token=_token(stack.url,
+                                                                      load_or_create(stack.home).admin_password))
+        config.connection_pool_maxsize = threads
+        with af.ApiClient(config) as api:
+            _wait_for_dags(api, ["sat_training_job"], deadline=time.monotonic() + 300)
+            conf = params_from_spec(parse_spec(_fast_spec("bench-burst")))
+            began = time.monotonic()
+            answers = burst(api, conf, runs=count, threads=threads)
+            answered_s = time.monotonic() - began
+            accepted = {a["run_id"] for a in answers if a["status"] == 200}
+            polls: list[int] = []
+            while True:
+                states = states_of(api, polls)
+                if accepted <= {run for run, state in states.items() if state in ("success", "failed")}:
+                    break
+                if time.monotonic() - began > 3600:
+                    raise SystemExit(f"not all final within an hour: {states}")
+                time.sleep(2)
+            final_s = time.monotonic() - began
+        return {**figures(answers), "answered_s": answered_s, "final_s": final_s,
+                "succeeded": sum(1 for run in accepted if states[run] == "success"), "accepted": len(accepted),
+                "poll_server_errors": sum(1 for status in polls if status == 0 or status >= 500),
+                "load": os.getloadavg()}
+    finally:
+        stack.stop()
+        shutil.rmtree(cluster_dir(stack.home), ignore_errors=True)  # outside the temporary home when run as root
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds of process `pid` and its live descendants, with what their reaped children used."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -229,7 +288,17 @@ def main() -> None:
     parser.add_argument("--keep-logs", type=Path, help="copy each service run's logs (Airflow's home) here")
     parser.add_argument("--service-only", action="store_true",
                         help="run only the service side (an A/B of a change to the service, not to dag.test)")
+    parser.add_argument("--burst", type=int, metavar="N", help="N submissions at once (issue 48) instead of the demo")
+    parser.add_argument("--threads", type=int, default=16, help="--burst: the submitting threads")
     args = parser.parse_args()
+    if args.burst:
+        row = run_burst(args.burst, args.threads)
+        print(f"burst of {args.burst} from {args.threads} threads (metadata DB: PostgreSQL): HTTP statuses "
+              f"{row['statuses']}, 5xx or no answer {row['server_errors']}, submission latency p50 "
+              f"{row['p50_s']:.2f} s p95 {row['p95_s']:.2f} s, all answered {row['answered_s']:.1f} s, all final "
+              f"{row['final_s']:.0f} s, {row['succeeded']}/{row['accepted']} succeeded, polls 5xx "
+              f"{row['poll_server_errors']}, load average {' '.join(f'{x:.1f}' for x in row['load'])}")
+        return
     results: dict[str, list[dict]] = {"service": [], "dag.test": []}
     for number in range(1, args.rounds + 1):
         for name, fn in (("service", lambda: run_service(args.keep_logs)),
