@@ -89,6 +89,11 @@ SETTINGS: tuple[Setting, ...] = (
             "host's environment; the image is not used), or auto (container wherever podman is installed and SAT "
             "runs as root). `sat run --runtime` and `sat demo --runtime` choose for one run.",
             choices=("host", "container", "auto"), shipped="auto"),
+    Setting("local_launch_watch", "choice", "worker", "Local backend: what watches a running attempt (issue 48.3, "
+            "ADR 0044). worker: its launch task, holding a worker slot for the whole training; triggerer: a "
+            "process of the attempt's own runs it and the launch task defers to the triggerer (no worker slot "
+            "held meanwhile; opt-in until the Celery test of issue 48 passes in this mode).",
+            choices=("worker", "triggerer")),
     Setting("local_host_mode", "choice", "allowed", "forbidden: no attempt runs on this host outside a container "
             "(a deployment for more than one trusted team).", choices=("allowed", "forbidden"), shipped="allowed"),
     Setting("containers_dir", "path", "", "Local backend: the project's podman configuration and image store. "
