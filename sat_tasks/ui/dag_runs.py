@@ -83,9 +83,10 @@ def find_run(session: Any, dag_id: str, run_id: str) -> DagRun | None:
 
 
 def training_launched(session: Any, dag_id: str, run_id: str) -> bool:
-    """Whether one of the run's attempts is in its `launch` task now (the training may be running)."""
+    """Whether one of the run's attempts is in its `launch` task now (the training may be running): the task
+    runs, or it deferred to the triggerer while the training runs (`[sat] local_launch_watch = triggerer`)."""
     return bool(session.scalars(select(TaskInstance.task_id).where(
-        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.state == "running",
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.state.in_(("running", "deferred")),
         TaskInstance.task_id.like("attempt_%.launch"))).all())
 
 
