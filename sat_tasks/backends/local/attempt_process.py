@@ -11,6 +11,7 @@ Its files, beside the attempt's record in the run's `attempts/` folder on this h
 
     attempt-<k>.supervisor-input.json   what to run (the job, the plan, the run id), 0600: the task writes it
     attempt-<k>.supervisor.json         its pid, the pid's start time and the host: the task writes it
+    attempt-<k>.supervisor.lock         held while it runs (one process per attempt), with the same three
     attempt-<k>.supervisor.log          what it logs (today's task log lines of the attempt)
     attempt-<k>.started                 written once the attempt's Running entry is recorded
     attempt-<k>.outcome.json            written last: ended | interrupted | failed | error
@@ -24,6 +25,7 @@ Run as `python -m sat_tasks.backends.local.attempt_process <input file>`.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -33,7 +35,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import now_utc
@@ -61,6 +63,10 @@ def input_path(run: JobRun, attempt: int) -> Path:
 
 def state_path(run: JobRun, attempt: int) -> Path:
     return attempt_file(attempts_dir(run), attempt, ".supervisor.json")
+
+
+def lock_path(run: JobRun, attempt: int) -> Path:
+    return attempt_file(attempts_dir(run), attempt, ".supervisor.lock")
 
 
 def log_path(run: JobRun, attempt: int) -> Path:
@@ -110,13 +116,37 @@ def is_alive(pid: int, start_ticks: int) -> bool:
 
 
 def running(run: JobRun, attempt: int) -> Supervisor | None:
-    """The attempt's process when one runs on this host (its state file names a live one); else None."""
+    """The attempt's process when one runs on this host; else None.
+
+    The one holding the attempt's lock first (it wrote itself there), then the one the task
+    started (its state file): a process only just started has not taken the lock yet.
+    """
+    for path in (lock_path(run, attempt), state_path(run, attempt)):
+        try:
+            noted = json.loads(path.read_text(encoding="utf-8"))
+            found = Supervisor(int(noted["pid"]), int(noted["start_ticks"]), str(noted["host"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if found.host == socket.gethostname() and is_alive(found.pid, found.start_ticks):
+            return found
+    return None
+
+
+def _hold_lock(run: JobRun, attempt: int) -> IO[str] | None:
+    """Take the attempt's lock for this process's life and write this process into it; None when another
+    process of the attempt holds it (two would stop each other's training: only one runs an attempt)."""
+    handle = open(lock_path(run, attempt), "a+", encoding="utf-8")  # noqa: SIM115 - held until the process ends
     try:
-        noted = json.loads(state_path(run, attempt).read_text(encoding="utf-8"))
-        found = Supervisor(int(noted["pid"]), int(noted["start_ticks"]), str(noted["host"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
         return None
-    return found if found.host == socket.gethostname() and is_alive(found.pid, found.start_ticks) else None
+    handle.seek(0)
+    handle.truncate()
+    ticks = process_start_ticks(os.getpid())
+    handle.write(json.dumps(Supervisor(os.getpid(), -1 if ticks is None else ticks, socket.gethostname()).to_json()))
+    handle.flush()
+    return handle
 
 
 def read_outcome(attempts: Path, attempt: int) -> dict[str, Any] | None:
@@ -201,14 +231,19 @@ def main(argv: list[str] | None = None) -> int:
         def log(line: str) -> None:
             handle.write(f"{now_utc().isoformat()} {line}\n")
 
-        log(f"[sat] attempt {plan.attempt} of {run.job.name} ({run.run_id}): process {os.getpid()} starts")
-        try:
-            outcome = supervise(run, plan, log, interrupt)
-        except BaseException as exc:  # noqa: BLE001 - said in the outcome: the task reports it and is retried
-            log("".join(traceback.format_exception(exc)).rstrip())
-            outcome = {"outcome": ERROR, "message": f"{type(exc).__name__}: {exc}"}
-        log(f"[sat] attempt {plan.attempt}: process {os.getpid()} ends ({outcome['outcome']})")
-        _write_outcome(attempts_dir(run), plan.attempt, outcome)
+        lock = _hold_lock(run, plan.attempt)
+        if lock is None:  # no outcome: the task finds the one that runs (`running`) and watches it
+            log(f"[sat] attempt {plan.attempt}: another process runs it; process {os.getpid()} exits")
+            return 0
+        with lock:
+            log(f"[sat] attempt {plan.attempt} of {run.job.name} ({run.run_id}): process {os.getpid()} starts")
+            try:
+                outcome = supervise(run, plan, log, interrupt)
+            except BaseException as exc:  # noqa: BLE001 - said in the outcome: the task reports it and is retried
+                log("".join(traceback.format_exception(exc)).rstrip())
+                outcome = {"outcome": ERROR, "message": f"{type(exc).__name__}: {exc}"}
+            log(f"[sat] attempt {plan.attempt}: process {os.getpid()} ends ({outcome['outcome']})")
+            _write_outcome(attempts_dir(run), plan.attempt, outcome)
     return 0
 
 

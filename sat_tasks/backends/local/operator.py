@@ -150,6 +150,10 @@ class LocalLaunchOperator(AttemptLaunch, BaseOperator):
         if status == attempt_process.ERROR:  # an error of SAT's own: the task's retries run the attempt again
             raise RuntimeError(f"attempt {plan.attempt}: its process stopped with an error: {event.get('message')} "
                                f"(its log: {attempt_process.log_path(run, plan.attempt)})")
+        if status == "gone" and (other := attempt_process.running(run, plan.attempt)) is not None:
+            self.log.info("[sat] attempt %s runs in process %s (not %s): watched", plan.attempt, other.pid,
+                          event.get("pid"))  # the task started one while another held the attempt's lock
+            self._defer_to(run, plan, other, relaunches=relaunches, announced=False, log_offset=log_offset)
         if status == "gone":
             relaunches += 1
             if relaunches > LAUNCH_RETRIES:

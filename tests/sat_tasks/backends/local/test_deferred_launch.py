@@ -384,3 +384,20 @@ def test_a_stop_request_mid_training_ends_the_job_stopped(scripts, triggerer_mod
     assert "a test" in report["history"][-1]["reason"]
     assert attempts[0]["last_committed_step"] is not None and attempts[0]["step_at_end"] < 1500
     assert ("attempt_1.launch", "deferred") in watch.task_ends
+
+
+def test_a_second_process_for_a_running_attempt_exits_and_the_task_watches_the_first(run, monkeypatch):
+    """A task that started one while another ran the attempt (it died between the start and its state file):
+    the second cannot take the attempt's lock, exits with no outcome, and the task watches the first."""
+    launch = _launch(run, monkeypatch)
+    first = _deferred(lambda: launch.execute({"run_id": run.run_id}))
+    _wait_for("the first process holding the attempt's lock", lambda: attempt_process.lock_path(run, 1).exists()
+              and json.loads(attempt_process.lock_path(run, 1).read_text() or "{}").get("pid") == first.pid)
+    second = attempt_process.start(run, Plan(attempt=1), lambda _line: None)
+    trigger = AttemptEndTrigger(**{**first.serialize()[1], "pid": second.pid, "start_ticks": second.start_ticks,
+                                   "poll_seconds": 0.1})
+    event = _fire(trigger)
+    assert event["status"] == "gone" and second.pid != first.pid
+    assert "another process runs it" in attempt_process.log_path(run, 1).read_text()
+    watched = _deferred(lambda: launch.execute_complete({"run_id": run.run_id}, event))
+    assert (watched.pid, watched.relaunches) == (first.pid, 0)
