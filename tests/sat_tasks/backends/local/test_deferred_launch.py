@@ -358,6 +358,18 @@ def test_a_job_fails_over_and_completes_with_its_launch_tasks_deferred(scripts, 
         assert states[:-1] and set(states[:-1]) == {"deferred"} and states[-1] == ended, watch.task_ends
     # and the training went on while a launch task was deferred, with no task process running
     assert any(after > before for _task, before, after in watch.triggers), watch.triggers
+    # the attempts' processes wrote their Running entries outside any task: the launch tasks published them
+    # (the run list's index, ADR 0022)
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    from sat_tasks.core.run_summary import SUMMARY_KEY
+
+    with create_session() as session:
+        published = {task for (task,) in session.query(XComModel.task_id).filter(
+            XComModel.run_id == report["run_id"], XComModel.key == SUMMARY_KEY,
+            XComModel.task_id.like("attempt_%.launch"))}
+    assert published == {"attempt_1.launch", "attempt_2.launch"}, published
 
 
 def test_a_stop_request_mid_training_ends_the_job_stopped(scripts, triggerer_mode, monkeypatch):
@@ -401,3 +413,20 @@ def test_a_second_process_for_a_running_attempt_exits_and_the_task_watches_the_f
     assert "another process runs it" in attempt_process.log_path(run, 1).read_text()
     watched = _deferred(lambda: launch.execute_complete({"run_id": run.run_id}, event))
     assert (watched.pid, watched.relaunches) == (first.pid, 0)
+
+
+def test_a_preempted_spot_attempt_resumes_when_capacity_returns(scripts, triggerer_mode, monkeypatch):
+    from tests.e2e.test_job_dags import make_job, statuses
+    from tests.e2e.test_job_dags import run as run_dag
+
+    job = make_job("defer-e2e-spot", learning_type="spot", job_failover=False,
+                   faults=[{"kind": "preemption", "attempt": 1, "at_step": 12, "capacity_delay_seconds": 3}],
+                   spot={"max_resumes": 3, "max_wait_seconds": 120, "poll_seconds": 1},
+                   env={"FAKE_STEPS": "40", "FAKE_SAVE_EVERY": "5", "FAKE_STEP_SECONDS": "0.1"})
+    watch = _Watch(monkeypatch, job)
+    report, attempts = run_dag(job)
+    assert report["status"] == "Completed", statuses(report)
+    assert [a["verdict"] for a in attempts] == ["PREEMPTED", "SUCCEEDED"]
+    assert "Pending - preempted" in statuses(report)
+    assert attempts[1]["resumed_from"] == attempts[0]["last_committed_step"] >= 10  # its final checkpoint
+    assert ("attempt_1.launch", "deferred") in watch.task_ends and ("attempt_2.launch", "deferred") in watch.task_ends
