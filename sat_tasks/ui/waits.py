@@ -41,6 +41,7 @@ TERMINAL_WORDS = frozenset(status.value for status in TERMINAL)
 UNFINISHED = ("scheduled", "queued", "running", "up_for_retry", "up_for_reschedule", "deferred", "restarting",
               "awaiting_input")
 WORKING = ("running", "restarting")  # a task of the run works: the run does not wait
+LAUNCH_TASK = "launch"  # an attempt's launch task id within its group; deferred, it watches a running training
 SPOT_TASK = "wait_for_capacity"  # the Spot sensor's task id within an attempt's group (`airflow.dag_factory`)
 DEFAULT_POOL = "default_pool"
 
@@ -124,7 +125,8 @@ def why_waiting(facts: RunFacts) -> str | None:
                 + (f" since {_clock(seen.since)}" if seen.since else "")
                 + (f"; next check at {_clock(seen.next_check)}" if seen.next_check else "")
                 + f" ({spot.task_id})")
-    if any(t.state in WORKING for t in facts.tasks):
+    if any(t.state in WORKING or (t.state == "deferred" and t.task_id.rsplit(".", 1)[-1] == LAUNCH_TASK)
+           for t in facts.tasks):  # a deferred launch: its attempt's own process runs the training (ADR 0044)
         return None
     waiting = sorted((t for t in facts.tasks if t.state in ("scheduled", "queued")),
                      key=lambda t: (t.since or datetime.max.replace(tzinfo=UTC), t.task_id))

@@ -195,6 +195,27 @@ def test_a_launch_in_line_on_the_board_says_it_waits_for_a_node_slot(client, adm
         _end(*runs.values())
 
 
+def test_a_launch_deferred_to_the_triggerer_trains_and_its_run_is_stopped_through_its_request(client,  # noqa: F811
+                                                                                               admin):  # noqa: F811
+    """`[sat] local_launch_watch = triggerer` (ADR 0044): the launch task is deferred while its attempt's own process
+    trains. The run says no wait, and Stop counts the training as launched (its request, not the run's end)."""
+    from airflow.utils.session import create_session
+
+    from sat_tasks.ui import dag_runs
+
+    run_id = _trigger(client, admin, GENERIC, _conf("wait-deferred"))
+    _start(run_id, tasks={"attempt_1.launch": "deferred"})
+    try:
+        assert _said(client, admin, run_id) is None
+        with create_session() as session:
+            assert dag_runs.training_launched(session, GENERIC, run_id)
+        _start(run_id, tasks={"attempt_1.launch": "up_for_retry"})
+        with create_session() as session:
+            assert not dag_runs.training_launched(session, GENERIC, run_id)
+    finally:
+        _end(run_id)
+
+
 def test_a_scheduled_task_with_nothing_running_waits_for_an_airflow_worker_slot(client, admin):  # noqa: F811
     from airflow.configuration import conf
 
@@ -274,6 +295,10 @@ def test_the_rule_names_each_wait():
         "Waiting for workspace team-a: queued in workspace team-a: position 2, behind j1")
     launch = TaskFacts("attempt_1.launch", "running")
     assert why_waiting(RunFacts("d", "running", tasks=(launch,))) is None
+    # a launch deferred to the triggerer while its attempt's own process runs the training (ADR 0044): no wait
+    assert why_waiting(RunFacts("d", "running", tasks=(TaskFacts("attempt_1.launch", "deferred"),))) is None
+    assert why_waiting(RunFacts("d", "running", tasks=(TaskFacts("notify", "deferred"),))) == (
+        "Waiting on Airflow's triggerer: task notify is deferred")
     assert why_waiting(RunFacts("d", "running", tasks=(TaskFacts("attempt_2.wait_for_capacity", "up_for_reschedule"),),
                                 spot=SpotFacts(0))) == (
         "Waiting for Spot capacity: 0 check(s) found none (attempt_2.wait_for_capacity)")
