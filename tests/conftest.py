@@ -49,6 +49,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_demo_job.py",  # ~80-240 s
     "tests/e2e/test_node_health.py",  # ~60 s: two jobs meet a bad node (relocation, quarantine, release)
     "tests/sat_tasks/backends/local/test_runner.py",  # ~170 s
+    "tests/sat_tasks/backends/local/test_deferred_launch.py",  # ~60-130 s: two dag.test() runs, detached processes
     "tests/sat_tasks/backends/kubernetes/test_launch_and_records.py",
     "tests/harness/test_user_repo.py",
     "tests/sat_tasks/backends/kubernetes/test_pods.py",
