@@ -318,13 +318,18 @@ def generated_files(root: Path) -> dict[Path, str]:
             root / "docs" / "configuration.md": markdown()}
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m sat_tasks.settings --write | --check`
-    project = Path(__file__).resolve().parents[1]
-    stale = [p for p, text in generated_files(project).items() if not p.exists() or p.read_text() != text]
-    if "--write" in sys.argv:
-        for path, text in generated_files(project).items():
-            path.write_text(text, encoding="utf-8")
+def regenerate(files: dict[Path, str], project: Path, argv: list[str]) -> int:
+    """A generator's command line: with `--write`, write the stale `files`; else name them (exit status 1)."""
+    stale = [p for p, text in files.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+    if "--write" in argv:
+        for path in stale:
+            path.write_text(files[path], encoding="utf-8")
         print("\n".join(f"wrote {p.relative_to(project)}" for p in stale) or "up to date")
-    else:
-        print("\n".join(f"stale: {p.relative_to(project)}" for p in stale) or "up to date")
-        sys.exit(1 if stale else 0)
+        return 0
+    print("\n".join(f"stale: {p.relative_to(project)}" for p in stale) or "up to date")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m sat_tasks.settings --write | --check`
+    _project = Path(__file__).resolve().parents[1]
+    sys.exit(regenerate(generated_files(_project), _project, sys.argv))

@@ -239,12 +239,7 @@ def generated_files(root: Path) -> dict[Path, str]:
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m sat_tasks.spec.reference --write | --check`
-    project = Path(__file__).resolve().parents[2]
-    stale = [p for p, text in generated_files(project).items() if not p.exists() or p.read_text() != text]
-    if "--write" in sys.argv:
-        for path, text in generated_files(project).items():
-            path.write_text(text, encoding="utf-8")
-        print("\n".join(f"wrote {p.relative_to(project)}" for p in stale) or "up to date")
-    else:
-        print("\n".join(f"stale: {p.relative_to(project)}" for p in stale) or "up to date")
-        sys.exit(1 if stale else 0)
+    from sat_tasks.settings import regenerate
+
+    _project = Path(__file__).resolve().parents[2]
+    sys.exit(regenerate(generated_files(_project), _project, sys.argv))

@@ -109,3 +109,17 @@ def test_the_helm_values_set_only_declared_settings_with_valid_values():
     values = yaml.safe_load((REPO / "docker" / "helm-values.yaml").read_text())
     section = {key: str(value) for key, value in values["config"]["sat"].items()}
     assert section and settings.problems(section, {}) == []
+
+
+def test_a_generators_command_line_names_stale_files_and_writes_them(tmp_path, capsys):
+    from sat_tasks.settings import regenerate
+
+    fresh, stale, missing = tmp_path / "fresh.md", tmp_path / "stale.md", tmp_path / "missing.md"
+    fresh.write_text("same", encoding="utf-8")
+    stale.write_text("old", encoding="utf-8")
+    files = {fresh: "same", stale: "new", missing: "made"}
+    assert regenerate(files, tmp_path, ["prog"]) == 1 and stale.read_text() == "old" and not missing.exists()
+    assert capsys.readouterr().out.split() == ["stale:", "stale.md", "stale:", "missing.md"]
+    assert regenerate(files, tmp_path, ["prog", "--write"]) == 0
+    assert (stale.read_text(), missing.read_text()) == ("new", "made")
+    assert regenerate(files, tmp_path, ["prog"]) == 0
