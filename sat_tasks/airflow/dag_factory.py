@@ -22,7 +22,7 @@ from sat_tasks.airflow.notify import job_end_callbacks
 from sat_tasks.backends import Backend, backend_for
 from sat_tasks.backends.launch import ended_task_state
 from sat_tasks.core.attempt import attempt_group_id, attempt_in_task_id
-from sat_tasks.core.contracts import Action, Decision, Plan, Verdict
+from sat_tasks.core.handoffs import Action, Decision, Plan, Verdict
 from sat_tasks.core.policy import plan_attempt
 from sat_tasks.errors import JobStopped, NotApplicable
 from sat_tasks.pipeline import steps

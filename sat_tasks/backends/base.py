@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Decision, Log, Plan
+from sat_tasks.core.handoffs import Decision, Log, Plan
 from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.core.warm_pool import Claim, WarmState

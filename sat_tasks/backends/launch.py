@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 
-from sat_tasks.core.contracts import Decision, Plan
+from sat_tasks.core.handoffs import Decision, Plan
 from sat_tasks.core.policy import plan_attempt
 from sat_tasks.errors import NotApplicable
 from sat_tasks.spec import TrainingJob

@@ -26,7 +26,7 @@ from sat_tasks.classify.rules import (
     NOT_A_NODE_FAULT_XIDS,
     PEER_STOP_REASON,
 )
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 
 __all__ = [
     "APPLICATION_XIDS",

@@ -64,7 +64,7 @@ from sat_tasks.classify.rules import (
     PEER_STOP_REASON,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 
 
 def _verdict(kind: VerdictKind, findings: list[Finding], limit: int = 8) -> Verdict:

@@ -57,7 +57,7 @@ from sat_tasks.classify.rules import (
     SHUTDOWN_WORDS,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import INTERRUPTED  # noqa: F401 - re-exported: the "interrupted:" prefix lives here too
+from sat_tasks.core.handoffs import INTERRUPTED  # noqa: F401 - re-exported: the "interrupted:" prefix lives here too
 
 
 class Ender(str, Enum):

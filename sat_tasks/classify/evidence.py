@@ -91,7 +91,7 @@ from sat_tasks.classify.rules import (
 )
 from sat_tasks.config import sat_setting
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from sat_tasks.classify.classifier import classify
 from sat_tasks.classify.ended import INTERRUPTED
 from sat_tasks.classify.rules import PEER_STOP_REASON
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Log, VerdictKind
+from sat_tasks.core.handoffs import Log, VerdictKind
 
 # Verdict reasons that a healthy rank shows when a *peer* (or the network between them)
 # failed, and the exit of a rank stopped from outside by the gang teardown. A rank with

@@ -19,7 +19,7 @@ from sat_tasks.classify.catalogues import (
     Catalogue,
     Fault,
 )
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 
 HW, INT = VerdictKind.HARDWARE, VerdictKind.INTERNAL
 

@@ -40,7 +40,7 @@ def render_command(args: argparse.Namespace) -> int:
     from sat_tasks.backends.kubernetes.pods import render_attempt_manifests, render_run_volume_claim
     from sat_tasks.backends.kubernetes.settings import KubernetesSettings
     from sat_tasks.config import sat_setting
-    from sat_tasks.core.contracts import Plan
+    from sat_tasks.core.handoffs import Plan
     from sat_tasks.io.run_layout import scoped
     from sat_tasks.spec import SpecError, dag_id_for, load_spec
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 from sat_tasks.core.node_health import FaultEvent
 
 HEALTH_CHECK = "health check:"  # the reason's prefix of a verdict a failed health check decided

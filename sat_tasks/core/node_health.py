@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 
 AMBIGUOUS = "ambiguous:"
 RELOCATION = "relocation:"  # the reason of a verdict the relocation rule decided

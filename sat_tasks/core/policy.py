@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sat_tasks.core.contracts import (
+from sat_tasks.core.handoffs import (
     INTERRUPTED,
     Action,
     Decision,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ckpt_engine import contract
 from sat_tasks.config import sat_setting
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.spec import TrainingJob
 
 # Where the training image carries the vendored checkpoint engine (docker/training.Dockerfile).

@@ -22,7 +22,7 @@ from ckpt_engine.contract import (
     STATUS_NAME,
 )
 from sat_tasks.core.bounded import ObjectTooLargeError, json_objects, read_file
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 
 
 @dataclass

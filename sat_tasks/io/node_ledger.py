@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sat_tasks.config import safe_run_id, sat_setting
-from sat_tasks.core.contracts import Log, Verdict
+from sat_tasks.core.handoffs import Log, Verdict
 from sat_tasks.core.health_check import ProbeResult, decide_with_probe, probe_event
 from sat_tasks.core.node_health import (
     LEDGER_KINDS,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sat_tasks.core import bounded
 from sat_tasks.core.bounded import fmt_bytes, too_large
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.errors import SatError
 from sat_tasks.spec import split_s3_uri
 

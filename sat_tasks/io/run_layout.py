@@ -39,7 +39,7 @@ from ckpt_engine import contract
 from sat_tasks import config
 from sat_tasks.core import run_summary
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Log, Plan, Verdict
+from sat_tasks.core.handoffs import Log, Plan, Verdict
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.io import object_storage as storage
 from sat_tasks.spec import TrainingJob, split_s3_uri

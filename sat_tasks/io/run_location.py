@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sat_tasks import config
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.errors import SatError
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io.run_layout import JobRun

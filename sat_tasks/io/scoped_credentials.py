@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_engine import contract
 from sat_tasks.config import sat_setting
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.object_policy import (
     PolicyInputError,
     policy_json,

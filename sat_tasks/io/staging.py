@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.io import object_storage as storage
 from sat_tasks.spec import split_s3_uri
 

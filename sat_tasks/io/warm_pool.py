@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.warm_pool import (  # noqa: F401 - the records and rules, re-exported for the store's callers
     Claim,
     WarmState,

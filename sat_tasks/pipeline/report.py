@@ -21,7 +21,7 @@ from ckpt_engine.contract import (
     checkpoint_dir,
     parse_step,
 )
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 from sat_tasks.core.where_ran import runtime_of
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import split_s3_uri

@@ -21,7 +21,7 @@ from sat_tasks.backends.base import node_probe_of, watch_growth_of, workspace_po
 from sat_tasks.config import sat_setting, shared_registry_connections
 from sat_tasks.core import run_summary
 from sat_tasks.core.clock import now_utc
-from sat_tasks.core.contracts import Action, Decision, Log, Plan, Verdict, VerdictKind
+from sat_tasks.core.handoffs import Action, Decision, Log, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import (
     decide_next,
     grow_verdict,

@@ -18,7 +18,7 @@ from typing import Any
 
 from sat_tasks.backends import Backend, backend_for, get_backend
 from sat_tasks.backends.base import KeepsWarm, release_warm_on
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.warm_pool import WarmState, reuse_lines, validation_reuse
 from sat_tasks.io import warm_pool
 from sat_tasks.io.object_storage import read_json

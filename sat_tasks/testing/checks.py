@@ -169,14 +169,14 @@ class Expected:
     """What SAT must do in a rehearsal: the first attempt's verdict, the decision, the final status."""
 
     verdict: str
-    action: str  # failover, resume or stop (sat_tasks.core.contracts.Action)
+    action: str  # failover, resume or stop (sat_tasks.core.handoffs.Action)
     decision_status: str | None  # the status the decision records (None: none)
     final_status: str
 
 
 def expected_outcome(job: TrainingJob, rehearsal: Rehearsal) -> Expected:
     """SAT's restart policy applied to this job and the rehearsal's verdict."""
-    from sat_tasks.core.contracts import Action, Plan, Verdict, VerdictKind
+    from sat_tasks.core.handoffs import Action, Plan, Verdict, VerdictKind
     from sat_tasks.core.policy import decide_next
 
     verdict = VERDICT_OF[rehearsal.scenario]

@@ -38,7 +38,7 @@ from ckpt_engine.contract import (
 from ckpt_engine.errors import CheckpointError
 from sat_tasks.airflow.params import generic_params, spec_from_params
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 from sat_tasks.core.policy import GROW_BACK
 from sat_tasks.core.run_summary import (
     running_seconds,

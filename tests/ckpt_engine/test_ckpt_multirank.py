@@ -336,7 +336,7 @@ def test_spot_notice_to_one_pod_of_a_rendered_two_node_deepspeed_job(tmp_path: P
     pytest.importorskip("deepspeed")
     from sat_tasks.backends.kubernetes import pods as k8s_pods
     from sat_tasks.backends.kubernetes import settings as k8s_settings
-    from sat_tasks.core.contracts import Plan
+    from sat_tasks.core.handoffs import Plan
     from sat_tasks.spec import parse_spec
 
     out = tmp_path / "shared"  # the run's volume, shared by both pods

@@ -12,7 +12,7 @@ from __future__ import annotations
 from sat_tasks.airflow.dag_factory import GENERIC_DAG_ID
 from sat_tasks.backends.local.workspace import attempt_nodes
 from sat_tasks.cli import main
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.io.node_ledger import NodeLedger
 from sat_tasks.io.object_storage import read_json
 from sat_tasks.io.run_layout import JobRun

@@ -8,7 +8,7 @@ import pytest
 
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.spec import parse_spec
 
 RUN_ID = "manual__2026-12-02T05:00:00+00:00"

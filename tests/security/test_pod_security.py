@@ -27,7 +27,7 @@ from sat_tasks.backends.kubernetes import probe as k8s_probe
 from sat_tasks.backends.kubernetes import staging as k8s_staging
 from sat_tasks.backends.kubernetes import warm as k8s_warm
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings, SettingError
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.spec import SpecError, parse_spec
 from sat_tasks.spec.file_storage import FileStorageSettingError, parse_volumes
 from tests.support.k8s_api import RecordedCluster

@@ -17,7 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sat_tasks.backends.local.launch import launch_attempt
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.object_policy import (
     PolicyInputError,
     grant_of,

@@ -13,7 +13,7 @@ from ckpt_engine import contract
 from sat_tasks.backends.local import runner as local_runner
 from sat_tasks.backends.local import warm as local_warm
 from sat_tasks.backends.local.runner import LocalAttempt
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.runtime_env import TrainingPaths, host_environment, training_environment
 from sat_tasks.service import secrets as service_secrets
 from sat_tasks.service.stack import SERVICE_MARK_ENV

@@ -32,7 +32,7 @@ from sat_tasks.backends.base import (
 )
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import parse_time
-from sat_tasks.core.contracts import Decision, Log, Plan
+from sat_tasks.core.handoffs import Decision, Log, Plan
 from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.core.live_log import LiveCursor, LiveLog
 from sat_tasks.core.status import JobStatus

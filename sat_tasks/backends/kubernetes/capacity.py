@@ -29,7 +29,7 @@ from sat_tasks.backends.kubernetes.client import core_v1_client
 from sat_tasks.backends.kubernetes.client import namespace as default_namespace
 from sat_tasks.backends.kubernetes.pods import render_attempt_manifests
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.handoffs import Log, Plan
 from sat_tasks.errors import SatError
 from sat_tasks.spec import TrainingJob
 

@@ -57,7 +57,7 @@ from sat_tasks.backends.kubernetes.workspace import (
     local_queue_name,
     pool_name,
 )
-from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.handoffs import Log, Plan
 from sat_tasks.core.policy import GrowBack, elastic_shrink, grow_back, shrink_reason
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.errors import SatError

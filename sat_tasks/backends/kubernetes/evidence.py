@@ -20,7 +20,7 @@ from sat_tasks.classify.loaders import (
     NODECLAIM_AT_START_ANNOTATION,
 )
 from sat_tasks.classify.window import MAX_EVENTS_PER_OBJECT, AttemptWindow, by_time
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 
 #: Events of cluster-scoped objects (Node, Karpenter's NodeClaim) live in this namespace.
 NODE_EVENT_NAMESPACE = "default"

@@ -43,7 +43,7 @@ from sat_tasks.backends.kubernetes.settings import DEFAULT_NAMESPACE, Kubernetes
 from sat_tasks.backends.launch import AttemptLaunch, ended_task_state, state_name
 from sat_tasks.config import sat_setting
 from sat_tasks.core.attempt import MAIN_CONTAINER_NAME
-from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.handoffs import Log, Plan
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob
 

@@ -55,7 +55,7 @@ from sat_tasks.backends.kubernetes.workspace import (
     workspace_scheduling,
 )
 from sat_tasks.core.attempt import MAIN_CONTAINER_NAME
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.runtime_env import (
     IMAGE_VENDOR_DIR,
     POD_CODE_DIR,

@@ -35,7 +35,7 @@ from sat_tasks.backends.kubernetes.staging import (
     _delete_leftover,
     _read_log,
 )
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.spec import TrainingJob
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from sat_tasks.backends.kubernetes import names
 from sat_tasks.config import shared_registry_connections
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.errors import JobStopped, SatError
 from sat_tasks.spec import TrainingJob
 from sat_tasks.spec.model import registry_conn_id_problem

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from sat_tasks.config import sat_setting
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 
 TAINT_KEY = "sat.io/quarantined"
 RBAC_HINT = "SAT's account needs a ClusterRole with get and patch on nodes"

@@ -26,7 +26,7 @@ from sat_tasks.core.attempt import (
     progress_of_attempt,
 )
 from sat_tasks.core.clock import now_utc, parse_time
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, split_s3_uri

@@ -38,7 +38,7 @@ from sat_tasks.backends.kubernetes.settings import (
     container_security_context,
     pod_security_context,
 )
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.runtime_env import POD_CODE_DIR, POD_DATA_DIR, POD_OUTPUT_DIR
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun

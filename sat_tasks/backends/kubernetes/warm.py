@@ -35,7 +35,7 @@ from sat_tasks.backends.kubernetes.settings import (
     container_security_context,
     pod_security_context,
 )
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.warm_pool import WarmState
 from sat_tasks.spec import SERVER_TYPES, TrainingJob
 

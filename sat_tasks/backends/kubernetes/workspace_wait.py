@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sat_tasks.backends.kubernetes.capacity import CapacityForbidden, cluster_capacity
-from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.handoffs import Log, Plan
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.errors import JobStopped
 from sat_tasks.spec import TrainingJob

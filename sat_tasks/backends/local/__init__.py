@@ -31,7 +31,7 @@ from sat_tasks.backends.base import (
     WarmState,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Action, Decision, Log
+from sat_tasks.core.handoffs import Action, Decision, Log
 from sat_tasks.core.health_check import ProbeResult
 from sat_tasks.core.workspaces import Admission
 from sat_tasks.io import object_storage as storage

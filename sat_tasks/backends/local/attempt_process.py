@@ -39,7 +39,7 @@ from typing import IO, Any
 
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import now_utc
-from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.handoffs import Log, Plan
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sat_tasks.backends.local.containers import podman, podman_env
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.errors import SatError
 
 # The user a training runs as inside its container, and the host ids its user namespace maps to: root in the

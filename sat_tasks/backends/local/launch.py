@@ -50,7 +50,7 @@ from sat_tasks.backends.local.workspace import attempt_nodes, growth_watch
 from sat_tasks.core.attempt import AttemptRecord, Interruption
 from sat_tasks.core.bounded import read_file
 from sat_tasks.core.clock import now_utc
-from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.handoffs import Log, Plan
 from sat_tasks.core.policy import resume_interrupted
 from sat_tasks.core.runtime_env import (
     IMAGE_VENDOR_DIR,

@@ -19,7 +19,7 @@ from pathlib import Path
 from ckpt_engine.contract import METRICS_DIR_ENV
 from ckpt_engine.contract import METRICS_SIDECAR_ENV as SIDECAR_ENV
 from sat_tasks.core.bounded import tail_lines
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 
 __all__ = ["SIDECAR_ENV", "MetricsSidecar"]
 

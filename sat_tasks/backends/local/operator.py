@@ -17,7 +17,7 @@ from sat_tasks.backends.local import attempt_process
 from sat_tasks.backends.local.attempt_trigger import AttemptEndTrigger
 from sat_tasks.backends.local.launch import AttemptInterrupted, launch_attempt
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.errors import SatError
 from sat_tasks.io.run_layout import JobRun
 

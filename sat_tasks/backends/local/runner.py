@@ -44,7 +44,7 @@ from sat_tasks.backends.local.metrics_sidecar import (
 from sat_tasks.core.attempt import AttemptRecord, progress_of_attempt
 from sat_tasks.core.bounded import read_file
 from sat_tasks.core.clock import now_utc
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.core.policy import GrowBack
 from sat_tasks.core.procs import carries, marked, state_of, terminate

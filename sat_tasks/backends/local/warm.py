@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from sat_tasks import config
-from sat_tasks.core.contracts import Log
+from sat_tasks.core.handoffs import Log
 from sat_tasks.core.runtime_env import process_environment
 from sat_tasks.core.warm_pool import WarmState
 from sat_tasks.io import warm_pool

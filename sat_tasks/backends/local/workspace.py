@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from sat_tasks import config
 from sat_tasks.backends.local.runner import pick_node
-from sat_tasks.core.contracts import Log, Plan
+from sat_tasks.core.handoffs import Log, Plan
 from sat_tasks.core.policy import GrowBack, elastic_shrink, grow_back, shrink_reason
 from sat_tasks.core.status import JobStatus
 from sat_tasks.core.workspaces import Admission, workspace_nodes

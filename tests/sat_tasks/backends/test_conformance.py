@@ -34,7 +34,7 @@ from sat_tasks.backends.base import (
     workspace_pool_name,
 )
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Action, Decision
+from sat_tasks.core.handoffs import Action, Decision
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import SpecError, TrainingJob, parse_spec
 from sat_tasks.spec.model import (

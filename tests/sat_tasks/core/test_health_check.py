@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 from sat_tasks.core.health_check import (
     PROBE_RULE,
     Check,

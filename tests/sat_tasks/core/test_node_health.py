@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sat_tasks.core.contracts import Action, Plan, Verdict, VerdictKind
+from sat_tasks.core.handoffs import Action, Plan, Verdict, VerdictKind
 from sat_tasks.core.node_health import (
     ACROSS_NODES,
     CLEARED,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sat_tasks.core.contracts import Action, Decision, Plan, Verdict, VerdictKind
+from sat_tasks.core.handoffs import Action, Decision, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import decide_next, plan_attempt
 from sat_tasks.core.status import JobStatus
 from sat_tasks.errors import NotApplicable

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from sat_tasks.classify import classify
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 from sat_tasks.core.health_check import PROBE_RULE
 from sat_tasks.io.node_ledger import NodeLedger, diagnose_attempt
 from sat_tasks.io.node_probe import FAKE_DEVICE_FILE, FakeDeviceProbe

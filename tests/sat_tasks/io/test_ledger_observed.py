@@ -9,7 +9,7 @@ import pytest
 
 from sat_tasks.classify import classify, node_evidence
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 from sat_tasks.io.node_ledger import NodeLedger, diagnose_attempt
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec

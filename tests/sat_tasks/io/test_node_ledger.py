@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 from sat_tasks.core.node_health import FaultEvent
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.node_ledger import NodeLedger, diagnose_attempt, ledger_root, quarantined_nodes

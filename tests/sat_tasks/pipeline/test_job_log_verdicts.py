@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sat_tasks.core.contracts import Verdict, VerdictKind
+from sat_tasks.core.handoffs import Verdict, VerdictKind
 from sat_tasks.pipeline.steps import VERDICT_LINE_LIMIT, _with_verdict_lines
 
 LOG = """2026-12-07T10:00:00+00:00 [sat] attempt 1 of job j on node local-1: log of rank 0 follows

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sat_tasks.core.contracts import Action, Decision, VerdictKind
+from sat_tasks.core.handoffs import Action, Decision, VerdictKind
 from sat_tasks.errors import JobStopped
 from sat_tasks.io import object_storage as storage
 from sat_tasks.io import run_location

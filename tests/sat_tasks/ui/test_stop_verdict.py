@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import Plan, VerdictKind
+from sat_tasks.core.handoffs import Plan, VerdictKind
 from sat_tasks.core.policy import decide_next
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun

@@ -12,7 +12,7 @@ from sat_tasks.backends.kubernetes import names as k8s_names
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import warm as k8s_warm
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.io import warm_pool
 from sat_tasks.pipeline import steps
 from sat_tasks.pipeline import warm_pool as pipeline_warm

@@ -251,7 +251,7 @@ def test_sat_warm_pool_list_and_release(warm_job, lines, monkeypatch, capsys):
 def test_the_next_run_starts_on_the_node_it_took_over(warm_job, lines):
     from sat_tasks.backends.local.warm import warm_node_first
     from sat_tasks.backends.local.workspace import attempt_nodes
-    from sat_tasks.core.contracts import Plan
+    from sat_tasks.core.handoffs import Plan
 
     job, _ = _first_run(warm_job, lines)  # its attempt ran on local-node-2
     run_id = warm_job.run_id()

@@ -62,7 +62,7 @@ def test_a_failover_without_a_healthy_node_in_its_workspace_says_so_until_the_de
 def test_the_local_launch_runs_on_its_workspaces_node_and_gives_it_back(s3_hook, demo_bucket, tmp_path, monkeypatch):
     """What the `launch` task calls (`launch_attempt`), with a real run layout: the node, the status, the release."""
     from sat_tasks.backends.local.launch import launch_attempt
-    from sat_tasks.core.contracts import Plan
+    from sat_tasks.core.handoffs import Plan
     from sat_tasks.io.run_layout import JobRun
 
     monkeypatch.setenv("AIRFLOW__SAT__WORKSPACES_DIR", str(tmp_path / "workspaces"))
@@ -89,7 +89,7 @@ def test_a_workspace_job_taking_a_node_releases_another_jobs_warm_state_there(s3
     import time
 
     from sat_tasks.backends.local.launch import launch_attempt
-    from sat_tasks.core.contracts import Plan
+    from sat_tasks.core.handoffs import Plan
     from sat_tasks.io import warm_pool
     from sat_tasks.io.run_layout import JobRun
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sat_tasks.backends.local.workspace import attempt_nodes
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.io.workspaces import SlotBoard, WorkspaceStore
 from sat_tasks.spec import parse_spec

@@ -9,7 +9,7 @@ import pytest
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import workspace as k8s_ws
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings, SettingError
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.spec import parse_spec
 from sat_tasks.spec.workspace import parse_workspace
 from tests.sat_tasks.workspaces.conftest import WORKSPACE, job_spec

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sat_tasks.backends.local.workspace import attempt_nodes, node_pool
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.workspaces import (

@@ -23,7 +23,7 @@ from sat_tasks.backends.kubernetes.capacity import (
     NOT_SELECTED,
     TAINTED,
 )
-from sat_tasks.core.contracts import Action, Decision, Plan, VerdictKind
+from sat_tasks.core.handoffs import Action, Decision, Plan, VerdictKind
 from sat_tasks.core.status import JobStatus
 from sat_tasks.errors import JobStopped
 from sat_tasks.io.run_layout import JobRun

@@ -26,7 +26,7 @@ from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import records as k8s_records
 from sat_tasks.backends.kubernetes.operator import make_launch_operators
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-from sat_tasks.core.contracts import Action, Decision, Plan
+from sat_tasks.core.handoffs import Action, Decision, Plan
 from sat_tasks.core.status import JobStatus
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import TrainingJob, parse_spec
@@ -480,7 +480,7 @@ def test_a_shrunk_attempt_grows_back_once_the_excluded_node_is_released(launch_e
     assert verdict["kind"] == "PLANNED_RESTART" and verdict["reason"] == why
     record = run.load_record(2)
     assert record.planned_restart == why and record.readmitted_nodes == ["node-b"]
-    from sat_tasks.core.contracts import Verdict
+    from sat_tasks.core.handoffs import Verdict
 
     decision = Decision.from_xcom(steps.decide(job, RUN_ID, plan, Verdict.from_xcom(verdict), log=lambda _m: None))
     assert decision.action is Action.FAILOVER and decision.exclude_nodes == [] and decision.failovers == 1

@@ -31,7 +31,7 @@ from sat_tasks.classify import VerdictKind, classify, combine_rank_records
 from sat_tasks.classify.multirank import PEER_SYMPTOM_REASONS
 from sat_tasks.core.attempt import AttemptRecord
 from sat_tasks.core.clock import parse_time
-from sat_tasks.core.contracts import Action, Decision, Plan
+from sat_tasks.core.handoffs import Action, Decision, Plan
 from sat_tasks.core.joblog import job_log_footer, job_log_header
 from sat_tasks.io import object_storage
 from sat_tasks.io.run_layout import JobRun

@@ -25,7 +25,7 @@ from sat_tasks.backends.kubernetes import settings as k8s_settings
 from sat_tasks.backends.kubernetes import supervisor as k8s_supervisor
 from sat_tasks.cli.render import register as register_render
 from sat_tasks.config import sat_setting
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.runtime_env import (
     IMAGE_VENDOR_DIR,
     POD_CODE_DIR,

@@ -11,7 +11,7 @@ import pytest
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import quarantine
 from sat_tasks.backends.kubernetes.settings import KubernetesSettings
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.spec import parse_spec
 from tests.support.k8s_api import RecordedCluster, _Response, _status
 

@@ -12,7 +12,7 @@ from sat_tasks.backends.kubernetes import names as k8s_names
 from sat_tasks.backends.kubernetes import pods as k8s_pods
 from sat_tasks.backends.kubernetes import settings as k8s_settings
 from sat_tasks.backends.kubernetes import staging as k8s_staging
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.runtime_env import POD_CODE_DIR, POD_DATA_DIR
 from sat_tasks.errors import JobStopped
 from sat_tasks.io import staging as stage_cli

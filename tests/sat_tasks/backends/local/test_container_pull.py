@@ -25,7 +25,7 @@ from sat_tasks.backends.local.container_run import (
 from sat_tasks.backends.local.containers import podman, podman_installed
 from sat_tasks.classify import classify
 from sat_tasks.core.attempt import AttemptRecord
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 from sat_tasks.core.policy import decide_next
 from sat_tasks.core.status import JobStatus
 from sat_tasks.service.tls import ensure_ca, server_certificate
@@ -103,7 +103,7 @@ def test_a_failed_pull_ends_in_imagepullbackoff_with_the_registrys_words(registr
 
 
 def test_the_policy_stops_an_image_pull_failure_as_imagepullbackoff():
-    from sat_tasks.core.contracts import Plan, Verdict
+    from sat_tasks.core.handoffs import Plan, Verdict
 
     decision = decide_next(_job("sat_registry_pull-job"), Plan(attempt=1), Verdict(
         kind=VerdictKind.IMAGE_PULL, evidence=["Back-off pulling image: manifest unknown"], reason="pull"), now=0)

@@ -30,7 +30,7 @@ from sat_tasks.backends.local.container_run import (
 from sat_tasks.backends.local.containers import podman, podman_installed
 from sat_tasks.backends.local.runner import LocalAttempt
 from sat_tasks.classify import classify
-from sat_tasks.core.contracts import VerdictKind
+from sat_tasks.core.handoffs import VerdictKind
 from sat_tasks.spec import Fault
 from tests.support.tcp_listener import Listener
 

@@ -27,7 +27,7 @@ from ckpt_engine.contract import CONCURRENT_DIR, PROGRESS_NAME
 from sat_tasks.backends.local import attempt_process, operator
 from sat_tasks.backends.local.attempt_trigger import AttemptEndTrigger
 from sat_tasks.backends.local.launch import stop_left_running
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec
 

@@ -7,7 +7,7 @@ import pytest
 from sat_tasks.backends.local.launch import elastic_command
 from sat_tasks.backends.local.pool import NodePool, place
 from sat_tasks.backends.local.workspace import attempt_nodes
-from sat_tasks.core.contracts import Action, Plan, Verdict, VerdictKind
+from sat_tasks.core.handoffs import Action, Plan, Verdict, VerdictKind
 from sat_tasks.core.policy import (
     GROW_BACK,
     GrowBack,

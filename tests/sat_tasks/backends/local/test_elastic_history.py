@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sat_tasks.backends.local.launch import launch_attempt
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.run_summary import summarize_history
 from sat_tasks.io.run_layout import JobRun
 from sat_tasks.spec import parse_spec

@@ -27,7 +27,7 @@ from sat_tasks.backends.local.launch import (
 )
 from sat_tasks.backends.local.runner import ATTEMPT_TAG_ENV, SIDECAR_TAG_ENV
 from sat_tasks.classify import classify
-from sat_tasks.core.contracts import Action, Plan
+from sat_tasks.core.handoffs import Action, Plan
 from sat_tasks.core.policy import decide_next
 from sat_tasks.core.procs import marked, state_of, terminate
 from sat_tasks.io.run_layout import JobRun

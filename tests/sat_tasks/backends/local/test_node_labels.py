@@ -32,7 +32,7 @@ def test_the_record_carries_the_labels_given_at_start(tmp_path):
 def test_the_launch_task_records_the_node_it_picked(s3_hook, demo_bucket, tmp_path):
     """`launch_attempt` (the local `launch` task) passes the picked node's labels; the stored record keeps them."""
     from sat_tasks.backends.local.launch import launch_attempt
-    from sat_tasks.core.contracts import Plan
+    from sat_tasks.core.handoffs import Plan
     from sat_tasks.io.run_layout import JobRun
     from sat_tasks.spec import parse_spec
 

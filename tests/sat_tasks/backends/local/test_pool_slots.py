@@ -15,7 +15,7 @@ from sat_tasks.backends.local.pool import (
     place,
 )
 from sat_tasks.backends.local.workspace import attempt_nodes
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.status import JobStatus, StatusHistory
 from sat_tasks.core.workspaces import Holding, SlotRequest
 from sat_tasks.spec import parse_spec

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from sat_tasks.backends.local.workspace import attempt_nodes
-from sat_tasks.core.contracts import Plan
+from sat_tasks.core.handoffs import Plan
 from sat_tasks.core.node_health import FaultEvent
 from sat_tasks.io.node_ledger import NodeLedger
 from sat_tasks.io.run_layout import JobRun
