@@ -239,8 +239,9 @@ def test_the_task_process_exits_while_the_training_runs_and_the_task_ends_as_the
     assert run.job_log.read_text().count("Starting dataset initialization") == 1
 
 
-# The mode is opt-in (ADR 0044): in make test, the failover DAG run and the task-exits test cover the path;
-# the restart, Stop and Spot trials (25-80 s each on 2 cores) run in make test-slow until it is the default.
+# The mode is opt-in (ADR 0044): in make test, the trigger, the operator and the task-exits test cover the
+# path; the DAG runs (failover, Stop, Spot) and the restart trials (25-80 s each on 2 cores) run in
+# make test-slow until it is the default.
 _OPT_IN_TRIAL = pytest.mark.slow
 
 
@@ -345,6 +346,7 @@ class _Watch:
         monkeypatch.setattr(dag_module, "_run_inline_trigger", run_inline_trigger)
 
 
+@_OPT_IN_TRIAL
 def test_a_job_fails_over_and_completes_with_its_launch_tasks_deferred(scripts, s3_hook, triggerer_mode, monkeypatch):
     from tests.e2e.test_job_dags import make_job, statuses
     from tests.e2e.test_job_dags import run as run_dag
