@@ -175,14 +175,21 @@ class Boards:
 
     def __init__(self, pool: Callable[[], dict[tuple[str, str], Admission]] | None = None,
                  workspace: Callable[[str], dict[tuple[str, str], Admission]] | None = None) -> None:
+        # The deployment's backend's boards (none where it keeps none: Kubernetes queues in Kueue and pools).
+        self._pool = pool or (lambda: self._backend_board(None))
+        self._workspace = workspace or self._backend_board
+        self._read: dict[str | None, dict[tuple[str, str], Admission]] = {}
+        self._backend: Any = None
+
+    def _backend_board(self, workspace: str | None) -> dict[tuple[str, str], Admission]:
+        """The backend's board of `workspace` (None: the shared pool); the backend is looked up once per request."""
         from sat_tasks.backends import get_backend
         from sat_tasks.backends.base import slot_waits_of
         from sat_tasks.config import sat_setting
 
-        # The deployment's backend's boards (none where it keeps none: Kubernetes queues in Kueue and pools).
-        self._pool = pool or (lambda: slot_waits_of(get_backend(sat_setting("backend")), None))
-        self._workspace = workspace or (lambda name: slot_waits_of(get_backend(sat_setting("backend")), name))
-        self._read: dict[str | None, dict[tuple[str, str], Admission]] = {}
+        if self._backend is None:
+            self._backend = get_backend(sat_setting("backend"))
+        return slot_waits_of(self._backend, workspace)
 
     def waits(self, workspace: str | None) -> dict[tuple[str, str], Admission]:
         if workspace not in self._read:

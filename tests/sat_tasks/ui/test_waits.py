@@ -329,3 +329,30 @@ def test_the_workspace_board_is_read_with_the_workspaces_rule(tmp_path, monkeypa
     waits = workspace_waits("team-a", tmp_path / "boards")
     assert set(waits) == {("j2", "r2")}  # the entry of a process that died is left out, as the board drops it
     assert waits[("j2", "r2")].reason == "workspace team-a: 1 node(s) needed, 0 free of 1 (1 used by j1)"
+
+
+def test_one_request_looks_the_backend_up_once_for_every_board(monkeypatch):
+    from sat_tasks import backends
+    from sat_tasks.backends.base import QueuesOnSlots
+    from sat_tasks.ui.waits import Boards
+
+    asked: list[str | None] = []
+    looked_up: list[str] = []
+
+    class Board(QueuesOnSlots):
+        def slot_waits(self, workspace):
+            asked.append(workspace)
+            return {}
+
+        def concurrent_attempts(self, setting):  # pragma: no cover - not asked here
+            return None
+
+    def get_backend(name):
+        looked_up.append(name)
+        return Board()
+
+    monkeypatch.setattr(backends, "get_backend", get_backend)
+    boards = Boards()
+    for workspace in (None, "team-a", "team-b", None, "team-a"):
+        boards.waits(workspace)
+    assert asked == [None, "team-a", "team-b"] and len(looked_up) == 1
